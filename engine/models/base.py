@@ -1,0 +1,54 @@
+"""What every model family offers the engine: the output type and the diffusion-model interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class ModelOutput:
+    """`logits` `[B, q, V]`; `kv` `[n_layers, 2, B, H_kv, q, D]` of the query tokens when asked."""
+
+    logits: torch.Tensor
+    kv: torch.Tensor | None = None
+
+
+class DiffusionLM(nn.Module):
+    """Base class of the model families.
+
+    Subclasses set `config` (a dict-like with `mask_token_id`, `eos_token_id`) and implement
+    `forward(input_ids=None, inputs_embeds=None, past_kv=None, replace=None, use_cache=False,
+    attention_mask=None) -> ModelOutput` and `embedding_weight()`.
+    """
+
+    # "pre" for dense LLaDA (cache holds keys before RoPE), "post" for the MoE families.
+    kv_rope: str = "pre"
+    # Parameter-name endings kept in fp32 whatever the model dtype (MoE routers run in fp32).
+    fp32_suffixes: tuple[str, ...] = ()
+    # True for LLaDA2: attention is block-causal and the prefix cache is exact.
+    block_causal: bool = False
+
+    def embedding_weight(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(input_ids, self.embedding_weight())
+
+    @property
+    def mask_token_id(self) -> int:
+        return int(self.config["mask_token_id"])
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.config["eos_token_id"])
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding_weight().device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding_weight().dtype

@@ -1,0 +1,84 @@
+"""Building blocks shared by the model families: RMSNorm, rotary embeddings, attention with a
+diffusion KV cache, SwiGLU.
+
+The cache contract (see engine/cache.py): a model forward may be given `past_kv`, a tensor
+`[n_layers, 2, B, H_kv, T, D]` holding keys and values for all `T` canvas positions, plus
+`replace=(a, b)`: the query tokens are canvas positions `[a, b)` and their fresh K/V replace
+that slice of the past (out of place, so the stored cache is untouched). The forward returns
+the fresh K/V of its query tokens when asked; the cache manager decides whether to store them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA/OLMo order)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX rotate-half RoPE, tables in fp32, applied in fp32.
+
+    `rotary_dim` may be smaller than the head dim (partial rotary): the remaining dims pass through.
+    The cos/sin table is a non-persistent buffer grown on demand, so checkpoints never carry it.
+    """
+
+    def __init__(self, rotary_dim: int, theta: float) -> None:
+        super().__init__()
+        self.rotary_dim = rotary_dim
+        self.theta = theta
+        self.register_buffer("_cos", torch.empty(0), persistent=False)
+        self.register_buffer("_sin", torch.empty(0), persistent=False)
+
+    def _table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos.shape[0] < length or self._cos.device != device:
+            size = max(length, 2 * self._cos.shape[0], 256)
+            inv_freq = 1.0 / (
+                self.theta
+                ** (torch.arange(0, self.rotary_dim, 2, device=device, dtype=torch.float32) / self.rotary_dim)
+            )
+            freqs = torch.outer(torch.arange(size, device=device, dtype=torch.float32), inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._cos, self._sin = emb.cos(), emb.sin()
+        return self._cos, self._sin
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Rotate `x` `[B, H, T, D]` as if its tokens sit at positions `[start, start + T)`."""
+        length = x.shape[2]
+        cos, sin = self._table(start + length, x.device)
+        cos, sin = cos[start : start + length], sin[start : start + length]
+        rot, rest = x[..., : self.rotary_dim].float(), x[..., self.rotary_dim :]
+        half = self.rotary_dim // 2
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        out = (rot * cos + rotated * sin).to(x.dtype)
+        return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+def merge_past(past: torch.Tensor, fresh: torch.Tensor, replace: tuple[int, int]) -> torch.Tensor:
+    """Keys (or values) `[B, H, T, D]` with positions `[a, b)` replaced by `fresh`, out of place."""
+    a, b = replace
+    return torch.cat([past[:, :, :a], fresh, past[:, :, b:]], dim=2)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Bidirectional SDPA with grouped-query heads; `attention_mask` is boolean (True = may attend)."""
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(repeat, dim=1)
+        v = v.repeat_interleave(repeat, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False)

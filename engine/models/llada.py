@@ -1,0 +1,146 @@
+"""LLaDA dense (LLaDA-8B-Base/Instruct, LLaDA-1.5): a bidirectional Llama-style transformer.
+
+Module names reproduce the real checkpoint's state-dict keys (`model.transformer.wte.weight`,
+`model.transformer.blocks.{i}.q_proj.weight`, ...), so a Hugging Face folder loads with a strict
+`load_state_dict` and nothing renamed. The cache holds keys *before* RoPE (as LLaDA's own code
+does): RoPE is applied after the merge, to all keys at `[0, T)` and to the queries at `[a, b)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EngineError
+from .base import DiffusionLM, ModelOutput
+from .layers import RMSNorm, RotaryEmbedding, attend, merge_past
+
+# config.json fields this class reads, with the defaults of LLaDA-8B where the field is optional.
+_DEFAULTS: dict[str, Any] = {
+    "n_kv_heads": None,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "embedding_size": None,
+    "weight_tying": False,
+    "mlp_ratio": 4,
+    "mlp_hidden_size": None,
+    "max_sequence_length": 4096,
+}
+_REQUIRED = ("d_model", "n_heads", "n_layers", "vocab_size", "mask_token_id", "eos_token_id")
+
+
+def llada_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` config.json with defaults filled in and the derived sizes checked."""
+    missing = [k for k in _REQUIRED if raw.get(k) is None]
+    if missing:
+        raise EngineError(f"config.json lacks required LLaDA field(s): {', '.join(missing)}")
+    cfg = {**_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    cfg["n_kv_heads"] = cfg["n_kv_heads"] or cfg["n_heads"]
+    cfg["embedding_size"] = cfg["embedding_size"] or cfg["vocab_size"]
+    cfg["mlp_hidden_size"] = cfg["mlp_hidden_size"] or cfg["mlp_ratio"] * cfg["d_model"]
+    if cfg["d_model"] % cfg["n_heads"] or cfg["n_heads"] % cfg["n_kv_heads"]:
+        raise EngineError("config.json: d_model must divide by n_heads, and n_heads by n_kv_heads")
+    return cfg
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        d, h, hkv = cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"]
+        self.n_heads, self.n_kv_heads, self.head_dim = h, hkv, d // h
+        self.attn_norm = RMSNorm(d, cfg["rms_norm_eps"])
+        self.q_proj = nn.Linear(d, h * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, hkv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, hkv * self.head_dim, bias=False)
+        self.attn_out = nn.Linear(h * self.head_dim, d, bias=False)
+        self.ff_norm = RMSNorm(d, cfg["rms_norm_eps"])
+        # LLaDA names its SwiGLU gate `ff_proj` and the down projection `ff_out`.
+        hidden = cfg["mlp_hidden_size"]
+        self.ff_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.ff_out = nn.Linear(hidden, d, bias=False)
+
+    def _split(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        b, q, _ = t.shape
+        return t.view(b, q, heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        past: torch.Tensor | None,
+        replace: tuple[int, int],
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = self.attn_norm(x)
+        q = self._split(self.q_proj(n), self.n_heads)
+        k_new = self._split(self.k_proj(n), self.n_kv_heads)
+        v_new = self._split(self.v_proj(n), self.n_kv_heads)
+        if past is None:
+            k, v = k_new, v_new
+        else:
+            k, v = merge_past(past[0], k_new, replace), merge_past(past[1], v_new, replace)
+        q = rope(q, replace[0])
+        k_rot = rope(k, 0)
+        att = attend(q, k_rot, v, attention_mask)
+        h = x + self.attn_out(att.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+        n = self.ff_norm(h)
+        return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n)), k_new, v_new
+
+
+class LLaDAModelLM(DiffusionLM):
+    """LLaDA dense. `config` is the checkpoint's config.json as a dict."""
+
+    kv_rope = "pre"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = llada_config(config)
+        cfg = self.config
+        self.model = nn.Module()
+        self.model.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(cfg["embedding_size"], cfg["d_model"]),
+                "blocks": nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg["n_layers"])),
+                "ln_f": RMSNorm(cfg["d_model"], cfg["rms_norm_eps"]),
+            }
+        )
+        if not cfg["weight_tying"]:
+            self.model.transformer["ff_out"] = nn.Linear(cfg["d_model"], cfg["embedding_size"], bias=False)
+        self.rope = RotaryEmbedding(cfg["d_model"] // cfg["n_heads"], cfg["rope_theta"])
+
+    @property
+    def n_layers(self) -> int:
+        return self.config["n_layers"]
+
+    def embedding_weight(self) -> torch.Tensor:
+        return self.model.transformer["wte"].weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_kv: torch.Tensor | None = None,
+        replace: tuple[int, int] | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        t = self.model.transformer
+        x = t["wte"](input_ids) if inputs_embeds is None else inputs_embeds
+        q_len = x.shape[1]
+        if replace is None:
+            replace = (0, q_len)
+        if replace[1] - replace[0] != q_len:
+            raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
+        kvs = []
+        for i, block in enumerate(t["blocks"]):
+            x, k, v = block(x, self.rope, None if past_kv is None else past_kv[i], replace, attention_mask)
+            if use_cache:
+                kvs.append(torch.stack([k, v]))
+        x = t["ln_f"](x)
+        head = t["ff_out"] if "ff_out" in t else None
+        logits = head(x) if head is not None else x @ t["wte"].weight.T
+        return ModelOutput(logits=logits, kv=torch.stack(kvs) if use_cache else None)

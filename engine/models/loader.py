@@ -1,0 +1,175 @@
+"""Hugging Face checkpoint folders: config.json + safetensors (single file or sharded), both ways.
+
+No pickle anywhere: weights are read and written with safetensors only. Every failure names the
+file or the tensor at fault, because a user with a 16 GB download needs to know which piece is bad.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import EngineError
+from .base import DiffusionLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# (family name, does this config belong to it?, class). Families register themselves on import.
+_FAMILIES: list[tuple[str, Callable[[dict[str, Any]], bool], type[DiffusionLM]]] = []
+
+
+def register_family(name: str, matches: Callable[[dict[str, Any]], bool], cls: type[DiffusionLM]) -> None:
+    _FAMILIES.append((name, matches, cls))
+
+
+def family_names() -> list[str]:
+    return [name for name, _, _ in _FAMILIES]
+
+
+def resolve_model_path(path: str | os.PathLike) -> Path:
+    """A local folder as is; an `org/name` hub id through huggingface_hub (needs a network)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    text = str(path)
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not local.exists()
+    if not looks_like_hub_id:
+        raise EngineError(f"model folder not found: {text}")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(text, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.py"])
+        )
+    except Exception as exc:  # network, auth or unknown repo: one message either way
+        raise EngineError(f"model folder not found and hub download of '{text}' failed: {exc}") from exc
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    file = folder / "config.json"
+    if not file.is_file():
+        raise EngineError(f"missing file: {file}")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise EngineError(f"{file} is not valid JSON: {exc}") from exc
+
+
+def model_class(config: dict[str, Any]) -> type[DiffusionLM]:
+    for _, matches, cls in _FAMILIES:
+        if matches(config):
+            return cls
+    raise EngineError(
+        f"unsupported model: model_type={config.get('model_type')!r}, "
+        f"architectures={config.get('architectures')}; supported families: {', '.join(family_names())}"
+    )
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise EngineError(f"{index} has no weight_map")
+        files = {name: folder / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise EngineError(f"missing file: {shard} (listed in {index})")
+        return files
+    single = folder / SINGLE_FILE
+    if not single.is_file():
+        raise EngineError(f"missing file: {single} (and no {INDEX_FILE})")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def load_state_dict(
+    folder: Path,
+    expected: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: str | torch.device,
+    fp32_suffixes: tuple[str, ...] = (),
+) -> dict[str, torch.Tensor]:
+    """Read every tensor `expected` names, checking names and shapes against it.
+
+    Tensors whose names end with one of `fp32_suffixes` (MoE routers) stay in fp32.
+    """
+    files = _weight_files(folder)
+    missing = sorted(set(expected) - set(files))
+    extra = sorted(set(files) - set(expected))
+    if missing:
+        raise EngineError(f"checkpoint lacks tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if extra:
+        raise EngineError(f"checkpoint has unexpected tensor {extra[0]} in {files[extra[0]].name}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    state: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name, file in files.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in names:
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != tuple(expected[name].shape):
+                    raise EngineError(
+                        f"tensor {name} in {file.name} has shape {tuple(tensor.shape)}, "
+                        f"config.json implies {tuple(expected[name].shape)}"
+                    )
+                target = torch.float32 if name.endswith(fp32_suffixes) else dtype
+                state[name] = tensor.to(device=device, dtype=target)
+    return state
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """float32 on CPU (bf16 matmuls are slow there), bfloat16 on accelerators."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DiffusionLM:
+    """Build the model family named by config.json and fill it from the folder's safetensors."""
+    folder = resolve_model_path(path)
+    config = read_config(folder)
+    cls = model_class(config)
+    dtype = dtype or default_dtype(device)
+    with torch.device("meta"):
+        model = cls(config)
+    expected = {name: t for name, t in model.state_dict().items()}
+    state = load_state_dict(folder, expected, dtype, device, cls.fp32_suffixes)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.name_or_path = str(path)
+    return model.eval().requires_grad_(False)
+
+
+def save_model(model: DiffusionLM, folder: str | os.PathLike, max_shard_bytes: int | None = None) -> Path:
+    """Write `model` as a Hugging Face folder: config.json plus one or several safetensors files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if max_shard_bytes is None:
+        save_file(state, folder / SINGLE_FILE, metadata={"format": "pt"})
+        return folder
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, folder / file, metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    return folder

@@ -1,0 +1,103 @@
+"""Text in, text out: a model folder's model and tokenizer, with its special ids and chat template."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .config import GenerationConfig
+from .errors import EngineError
+from .iteration import GenerationOutput, generate
+from .models import DiffusionLM, load_model
+from .models.loader import resolve_model_path
+from .trace import IterationRecord
+
+# Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
+_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The folder's tokenizer through transformers.AutoTokenizer (tokenizer.json and friends)."""
+    from transformers import AutoTokenizer
+
+    folder = resolve_model_path(path)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as exc:  # transformers raises many types for a missing or broken tokenizer
+        raise EngineError(f"cannot load the tokenizer from {folder}: {exc}") from exc
+
+
+def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:
+    """EOS first (it pads finished rows), then EoT and the tokenizer's own EOS when they differ."""
+    ids = [model.eos_token_id]
+    candidates = [tokenizer.eos_token_id] + [tokenizer.convert_tokens_to_ids(t) for t in _END_OF_TURN_TOKENS if t in tokenizer.get_vocab()]
+    for i in candidates:
+        if i is not None and i not in ids and i != model.mask_token_id:
+            ids.append(int(i))
+    return ids
+
+
+@dataclass
+class TextResult:
+    texts: list[str]
+    output: GenerationOutput
+
+    @property
+    def text(self) -> str:
+        return self.texts[0]
+
+
+class Engine:
+    """A loaded model with its tokenizer: `Engine(path).generate("Q: 48+57=? A:", config)`."""
+
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None) -> None:
+        self.path = str(path)
+        self.model = load_model(path, device=device, dtype=dtype)
+        self.tokenizer = load_tokenizer(path)
+        self.stop_ids = stop_ids_for(self.model, self.tokenizer)
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name or self.path
+
+    def encode(self, prompt: str, use_chat_template: bool = True) -> list[int]:
+        if not prompt or not prompt.strip():
+            raise EngineError("empty prompt")
+        if use_chat_template and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            return list(ids)
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_strings(self, ids: set[int]) -> dict[str, str]:
+        """id -> displayable string, for the trace header."""
+        return {str(i): self.tokenizer.convert_ids_to_tokens(i) or "" for i in sorted(ids)}
+
+    def generate(
+        self,
+        prompts: str | list[str],
+        config: GenerationConfig,
+        *,
+        trace: bool = False,
+        on_iteration: Callable[[IterationRecord], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TextResult:
+        config.validate()
+        batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        encoded = [self.encode(p, config.use_chat_template) for p in batch]
+        out = generate(self.model, encoded, config, stop_ids=self.stop_ids, trace=trace, on_iteration=on_iteration, cancel=cancel)
+        if out.trace is not None:
+            out.trace.model = self.name
+            seen = {i for row in out.trace.final for i in row} | {i for rec in out.trace.iterations for row in rec.top1 for i in row}
+            out.trace.tokens = self.token_strings(seen | set(self.stop_ids) | {self.model.mask_token_id})
+        return TextResult([self.decode(ids) for ids in out.token_ids], out)

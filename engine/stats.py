@@ -1,0 +1,52 @@
+"""Counting rules (algorithms.md §7, with the model's own EOS/EoT ids).
+
+- nfe: every model forward of the call (warm-up, refresh, cached, window, unrolled no-ops).
+- tokens: per row, the generated positions (after the row's prompt) that hold neither an
+  EOS/EoT id nor [MASK]; summed over rows.
+- seconds: wall time of the generate call (canvas allocation, forwards, decodes, early stop),
+  device synchronised, minus the time spent recording the trace (reported separately).
+- tps = tokens / seconds / batch (tokens per second per sequence); tpf = tokens / nfe / batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class GenerationStats:
+    nfe: int
+    tokens: int
+    seconds: float
+    batch: int = 1
+    trace_seconds: float = 0.0
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds / self.batch if self.seconds > 0 else 0.0
+
+    @property
+    def tpf(self) -> float:
+        return self.tokens / self.nfe / self.batch if self.nfe else 0.0
+
+    @property
+    def forwards_per_second(self) -> float:
+        return self.nfe / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tps": self.tps, "tpf": self.tpf, "forwards_per_second": self.forwards_per_second}
+
+
+def generated_mask(canvas: torch.Tensor, prompt_lengths: list[int], stop_ids: list[int], mask_id: int) -> torch.Tensor:
+    """`[B, N]` True where a row holds a generated token that counts (after its prompt, not EOS/EoT/MASK)."""
+    positions = torch.arange(canvas.shape[1], device=canvas.device)
+    after_prompt = positions.unsqueeze(0) >= torch.tensor(prompt_lengths, device=canvas.device).unsqueeze(1)
+    stop = torch.isin(canvas, torch.tensor(stop_ids + [mask_id], device=canvas.device))
+    return after_prompt & ~stop
+
+
+def count_tokens(canvas: torch.Tensor, prompt_lengths: list[int], stop_ids: list[int], mask_id: int) -> list[int]:
+    return generated_mask(canvas, prompt_lengths, stop_ids, mask_id).sum(dim=1).tolist()
