@@ -29,7 +29,8 @@ def load_tokenizer(path: str | os.PathLike):
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as exc:  # transformers raises many types for a missing or broken tokenizer
-        raise EngineError(f"cannot load the tokenizer from {folder}: {exc}") from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EngineError(f"cannot load the tokenizer from {folder}: {first_line}") from exc
 
 
 def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:

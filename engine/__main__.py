@@ -1,0 +1,96 @@
+"""`python -m engine generate ...`: the engine's command line (thin: argparse -> API).
+
+Every GenerationConfig field is a flag (`gen_length` -> `--gen-length`, booleans as
+`--smoothing/--no-smoothing`), so a setting added to the config is on the CLI at once.
+Errors print one line to stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+
+import torch
+
+from .config import GenerationConfig
+from .errors import EngineError
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per GenerationConfig field, typed from its annotation, default from the dataclass."""
+    hints = typing.get_type_hints(GenerationConfig)
+    for field in dataclasses.fields(GenerationConfig):
+        flag = "--" + field.name.replace("_", "-")
+        kind = hints[field.name]
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            continue
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+        parser.add_argument(flag, type=base, default=field.default, metavar=base.__name__.upper())
+
+
+def config_from_args(args: argparse.Namespace) -> GenerationConfig:
+    return GenerationConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig)}).validate()
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .pipeline import Engine
+
+    config = config_from_args(args)  # validate before the (slow) model load
+    if not args.prompt or not args.prompt.strip():
+        raise EngineError("empty prompt")
+    dtype = _DTYPES[args.dtype] if args.dtype else None
+    engine = Engine(args.model, device=args.device, dtype=dtype)
+    result = engine.generate(args.prompt, config, trace=bool(args.trace))
+    out = result.output
+    if args.trace:
+        Path(args.trace).write_text(out.trace.to_json())
+    if args.json:
+        print(json.dumps({"text": result.text, "token_ids": out.token_ids[0], **out.stats.to_dict()}))
+    else:
+        s = out.stats
+        print(result.text)
+        print(f"[nfe {s.nfe}  tokens {s.tokens}  {s.seconds:.3f}s  tps {s.tps:.1f}  tpf {s.tpf:.2f}]", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="dinfer-viz engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="generate from one prompt")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_flags(gen)
+    gen.set_defaults(run=_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The iteration manager: schedule, early stop, batching, stats and trace."""
+
+import threading
+
+import pytest
+import torch
+
+from engine import EngineError, GenerationCancelled, GenerationConfig, Trace, generate
+from engine.iteration import block_ranges
+
+from .conftest import tiny_llada
+from .scripted import EOS, MASK, ScriptedLM
+
+
+def test_block_ranges_aligned_and_unaligned():
+    assert block_ranges([5], 5 + 8, 4, align=True) == [(4, 8), (8, 12), (12, 13)]
+    assert block_ranges([5], 5 + 8, 4, align=False) == [(5, 9), (9, 13)]
+    assert block_ranges([9, 6], 9 + 8, 4, align=True) == [(4, 8), (8, 12), (12, 16), (16, 17)]
+
+
+def _script(prompt_len, answer, total):
+    """Prompt positions predict themselves; then the answer; then EOS to the end."""
+    return list(range(prompt_len)) + answer + [EOS] * (total - prompt_len - len(answer))
+
+
+def test_early_stop_skips_later_blocks_and_counts_forwards():
+    prompt = [1, 2, 3, 4]
+    answer = [5, 6, 7]  # EOS appears at position 7, inside block [4, 8)
+    model = ScriptedLM(_script(4, answer, 4 + 16), [5.0] * 20)
+    cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5)
+    out = generate(model, [prompt], cfg, stop_ids=[EOS])
+    assert out.stats.nfe == 1 == model.forwards  # one confident forward fills the block; later blocks skipped
+    assert out.token_ids == [answer]
+    assert out.stats.tokens == 3
+    assert out.canvas[0, 8:].eq(EOS).all()
+
+
+def test_without_early_stop_every_block_is_decoded():
+    model = ScriptedLM(_script(4, [5, 6, 7], 20), [5.0] * 20)
+    cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5, early_stop=False)
+    out = generate(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS])
+    assert out.stats.nfe == 4  # one per block
+    assert out.stats.tokens == 3
+
+
+def test_eos_in_prompt_does_not_stop_generation():
+    """Chat templates put EoT inside the prompt; only generated positions can end a row."""
+    prompt = [1, EOS, 3]  # position 1 holds EOS, in the first (aligned) block [0, 4)
+    model = ScriptedLM([1, EOS, 3, 10] + [11] * 8 + [EOS] * 4, [5.0] * 16)
+    cfg = GenerationConfig(gen_length=12, block_length=4, decoder="threshold", threshold=0.5)
+    out = generate(model, [prompt], cfg, stop_ids=[EOS])
+    assert out.token_ids == [[10] + [11] * 8]
+
+
+def test_batch_rows_stop_independently():
+    """Rows share the canvas; a row that finished is padded with EOS while the other goes on."""
+    model = ScriptedLM(_script(4, [5, 6, 7, 8, 9, 10, 11], 26), [5.0] * 26)  # canvas: 10 + 16
+    cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5)
+    out = generate(model, [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], cfg, stop_ids=[EOS])
+    assert out.prompt_lengths == [4, 10]
+    # row 0 generates from position 4; row 1's prompt already covers 4..9 and generates from 10
+    assert out.token_ids[0] == [5, 6, 7, 8, 9, 10, 11]
+    assert out.token_ids[1] == [11]
+    assert out.stats.tokens == 8
+    assert out.stats.batch == 2
+
+
+def test_stats_definitions():
+    model = ScriptedLM(_script(4, [5, 6, 7, 8, 9], 20), [0.1] * 20)  # low confidence: one token per forward
+    cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.99)
+    out = generate(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS])
+    s = out.stats
+    assert s.tokens == 5
+    assert s.nfe == 8  # blocks [4,8) and [8,12), one commit each; EOS at 9 stops the rest
+    assert s.tpf == pytest.approx(5 / 8)
+    assert s.tps == pytest.approx(5 / s.seconds)
+
+
+def test_trace_replays_to_the_final_canvas_and_round_trips_json():
+    model = tiny_llada()
+    cfg = GenerationConfig(gen_length=16, block_length=8, decoder="threshold", threshold=0.3, early_stop=False)
+    out = generate(model, [[1, 2, 3, 4, 5]], cfg, stop_ids=[48], trace=True)
+    trace = Trace.from_json(out.trace.to_json())
+    assert len(trace.iterations) == out.stats.nfe
+    assert trace.canvas_at(-1) == trace.initial
+    assert trace.canvas_at(len(trace.iterations) - 1) == out.canvas.tolist() == trace.final
+    rec = trace.iterations[0]
+    assert rec.forward == "full" and rec.recomputed == [[0, 21]]
+    assert len(rec.top1[0]) == len(rec.confidence[0]) == 8
+    assert set(rec.forced[0]) <= set(rec.committed[0])
+    committed = sorted(p for r in trace.iterations for p in r.committed[0])
+    assert committed == sorted(set(committed))  # every position committed once
+
+
+def test_forced_commits_are_those_below_threshold():
+    model = ScriptedLM(_script(4, [5, 6, 7, 8], 12), [0.0] * 4 + [0.5, 9.0, 0.4, 0.3] + [0.0] * 4)
+    cfg = GenerationConfig(gen_length=8, block_length=4, decoder="threshold", threshold=0.99, early_stop=False)
+    out = generate(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS], trace=True)
+    first = out.trace.iterations[0]
+    assert first.committed == [[5]] and first.forced == [[]]  # 9.0 logit: confidence ~0.998 >= 0.99
+    second = out.trace.iterations[1]
+    assert len(second.committed[0]) == 1 and second.forced == second.committed
+
+
+def test_cancel_stops_between_iterations():
+    model = tiny_llada()
+    cancel = threading.Event()
+    seen = []
+
+    def on_iteration(rec):
+        seen.append(rec)
+        cancel.set()
+
+    cfg = GenerationConfig(gen_length=16, block_length=8, decoder="fixed")
+    with pytest.raises(GenerationCancelled):
+        generate(model, [[1, 2, 3]], cfg, stop_ids=[48], on_iteration=on_iteration, cancel=cancel)
+    assert len(seen) == 1
+
+
+def test_empty_prompt_is_rejected():
+    with pytest.raises(EngineError, match="empty prompt"):
+        generate(tiny_llada(), [[]], GenerationConfig(), stop_ids=[48])
+
+
+def test_predicted_mask_is_never_committed():
+    """A model that always prefers [MASK] still finishes: the decoder takes the best real token."""
+    model = ScriptedLM([MASK] * 12, [9.0] * 12)
+    for decoder in ("threshold", "fixed"):
+        out = generate(model, [[1, 2, 3, 4]], GenerationConfig(gen_length=8, block_length=4, decoder=decoder), stop_ids=[EOS])
+        assert not out.canvas.eq(MASK).any()
