@@ -1,0 +1,62 @@
+"""`python -m engine generate`: JSON output on a tiny checkpoint; one-line errors with exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine import save_model
+from engine.__main__ import main
+from engine.tokenizer import save_tokenizer, special_ids
+
+from .conftest import tiny_llada
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-ckpt")
+    save_model(tiny_llada(vocab_size=99, embedding_size=99, **special_ids()), folder)
+    save_tokenizer(folder)
+    return folder
+
+
+def test_generate_json_in_a_real_process(checkpoint, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    cmd = [sys.executable, "-m", "engine", "generate", "--model", str(checkpoint), "--prompt", "Q: 12+34=? A:",
+           "--gen-length", "16", "--block-length", "8", "--threshold", "0.5", "--trace", str(trace_file), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert {"text", "token_ids", "nfe", "tokens", "seconds", "tps", "tpf"} <= set(out)
+    assert out["tokens"] == len(out["token_ids"]) and out["nfe"] >= 2
+    assert out["tpf"] == pytest.approx(out["tokens"] / out["nfe"])
+    trace = json.loads(trace_file.read_text())
+    assert len(trace["iterations"]) == out["nfe"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gen-length", "10", "--block-length", "4"], "gen_length (10) must be a multiple of block_length (4)"),
+        (["--threshold", "0"], "threshold must be in (0, 1]"),
+        (["--threshold", "1.5"], "threshold must be in (0, 1]"),
+        (["--decoder", "greedy"], "unknown decoder 'greedy'"),
+        (["--prompt", "   "], "empty prompt"),
+        (["--model", "./no/such/folder"], "model folder not found: ./no/such/folder"),
+        (["--steps", "3"], "steps (3) must be a positive multiple of the number of blocks (2)"),
+    ],
+)
+def test_bad_arguments_exit_nonzero_with_one_line(checkpoint, capsys, args, message):
+    argv = ["generate", "--model", str(checkpoint), "--prompt", "hi", "--gen-length", "64", "--block-length", "32", *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_unparseable_number_exits_nonzero_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--prompt", "hi", "--gen-length", "many"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--gen-length" in err
