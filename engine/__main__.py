@@ -54,9 +54,22 @@ def _generate(args: argparse.Namespace) -> int:
     if not args.prompt or not args.prompt.strip():
         raise EngineError("empty prompt")
     dtype = _DTYPES[args.dtype] if args.dtype else None
-    engine = Engine(args.model, device=args.device, dtype=dtype)
+    parallel = args.tp > 1 or args.ep > 1
+    device = args.device
+    if parallel:  # under torchrun: one process per device, each keeps its shard (engine/parallel.py)
+        from .parallel import init_distributed, shard_model
+
+        device = str(init_distributed(args.device))
+    engine = Engine(args.model, device=device, dtype=dtype)
+    if parallel:
+        shard_model(engine.model, args.tp, args.ep)
     result = engine.generate(args.prompt, config, trace=bool(args.trace))
     out = result.output
+    if parallel:  # every rank decided the same tokens; rank 0 reports them
+        rank = torch.distributed.get_rank()
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            return 0
     if args.trace:
         Path(args.trace).write_text(out.trace.to_json())
     if args.json:
@@ -78,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: the number of torchrun processes")
+    gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): the number of torchrun processes")
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
     return parser

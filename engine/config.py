@@ -111,6 +111,9 @@ class GenerationConfig:
         need(self.refresh_every is None or self.refresh_every >= 1, "refresh_every must be >= 1")
         need(0.0 <= self.cont_weight <= 1.0, f"cont_weight must be in [0, 1], got {self.cont_weight}")
         need(self.expected_tpf >= 1 and self.max_unroll >= 1, "expected_tpf and max_unroll must be >= 1")
-        need(0.0 < self.credit_beta <= 1.0 and self.credit_alpha >= 0.0, "credit_beta must be in (0, 1], credit_alpha >= 0")
+        need(
+            0.0 < self.credit_beta <= 1.0 and self.credit_alpha >= 0.0 and self.credit_gamma >= 0.0,
+            "credit_beta must be in (0, 1], credit_alpha and credit_gamma >= 0",
+        )
         need(self.factor > 0.0, f"factor must be positive, got {self.factor}")
         return self

@@ -8,17 +8,26 @@ Every decoder sets the [MASK] logit to -inf before the softmax and the argmax, s
 [MASK] is never committed and confidences are over real tokens.
 
 Plug-in API: subclass `Decoder`, set `name`, and decorate with `@register_decoder`. The class is
-built once per generate call with the GenerationConfig and the mask id.
+built once per generate call with the GenerationConfig and the mask id. A decoder in a file of
+its own is picked up by the CLI and the app when its path (or module name) is listed in the
+`DINFER_VIZ_DECODERS` environment variable (several separated by `os.pathsep`); see
+examples/entropy_decoder.py.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from .config import GenerationConfig
+from .errors import EngineError
 
 
 @dataclass
@@ -57,7 +66,7 @@ def top1(
 
     The [MASK] logit is -inf first; the confidence uses the unnoised logits (LLaDA's rule).
     """
-    logits = logits.float()
+    logits = logits.to(torch.float32, copy=True)  # a copy: `.float()` of fp32 logits would alias the model's output
     logits[..., mask_id] = float("-inf")
     tokens = gumbel_argmax(logits, temperature, generator)
     probs = torch.softmax(logits, dim=-1)
@@ -83,10 +92,41 @@ def threshold_commit(confidence: torch.Tensor, masked: torch.Tensor, threshold: 
     return commit, commit & ~above
 
 
+def rank_in_row(score: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """`[B, W]` 0-based rank of each masked position by descending score within its row (ties: lower
+    position first); unmasked positions rank after every masked one."""
+    scored = torch.where(masked, score, torch.full_like(score, float("-inf")))
+    order = scored.argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return rank
+
+
+def masked_runs(masked: torch.Tensor) -> torch.Tensor:
+    """`[B, W]` index (0-based, per row) of the maximal run of consecutive masked positions each
+    position belongs to; -1 where unmasked."""
+    before = torch.cat([torch.zeros_like(masked[:, :1]), masked[:, :-1]], dim=1)
+    run = (masked & ~before).long().cumsum(dim=1) - 1
+    return torch.where(masked, run, torch.full_like(run, -1))
+
+
+def reduce_per_run(values: torch.Tensor, runs: torch.Tensor, reduce: str, empty: float) -> torch.Tensor:
+    """`[B, W]`: for each masked position, `reduce` ("amax"/"amin") of `values` over its run;
+    `empty` at unmasked positions. A row has at most W runs, so slot `b * W + run` is unique."""
+    b, w = runs.shape
+    slots = torch.arange(b, device=runs.device).unsqueeze(1) * w + runs
+    slots = torch.where(runs >= 0, slots, torch.full_like(slots, b * w))  # unmasked -> a spare slot
+    table = torch.full((b * w + 1,), empty, dtype=values.dtype, device=values.device)
+    table = table.scatter_reduce(0, slots.flatten(), values.flatten(), reduce=reduce, include_self=True)
+    return torch.where(runs >= 0, table[slots], torch.full_like(values, empty))
+
+
 class Decoder:
     """Base class. Subclasses implement `decode`; `block_init`/`block_done` are optional hooks."""
 
     name: ClassVar[str] = ""
+    # False for decoders whose rule has no confidence threshold (the trace then records None).
+    uses_threshold: ClassVar[bool] = True
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         self.config = config
@@ -118,24 +158,53 @@ def register_decoder(cls: type[Decoder]) -> type[Decoder]:
     return cls
 
 
+PLUGIN_ENV = "DINFER_VIZ_DECODERS"
+_loaded_plugins: set[str] = set()
+
+
+def load_plugins(spec: str | None = None) -> None:
+    """Import decoder plug-ins so that their `@register_decoder` runs: `.py` paths or module names,
+    separated by `os.pathsep`; by default those listed in $DINFER_VIZ_DECODERS. Each loads once."""
+    spec = os.environ.get(PLUGIN_ENV, "") if spec is None else spec
+    for item in (part.strip() for part in spec.split(os.pathsep)):
+        if not item or item in _loaded_plugins:
+            continue
+        try:
+            if item.endswith(".py"):
+                module_spec = importlib.util.spec_from_file_location(f"dinfer_viz_plugin_{Path(item).stem}", item)
+                if module_spec is None or module_spec.loader is None:
+                    raise ImportError("not a Python file")
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[module_spec.name] = module  # as `import` would (dataclasses look it up)
+                module_spec.loader.exec_module(module)
+            else:
+                importlib.import_module(item)
+        except Exception as exc:  # any failure in user code becomes one readable line
+            raise EngineError(f"cannot load decoder plug-in '{item}': {exc}") from exc
+        _loaded_plugins.add(item)
+
+
 def decoder_names() -> list[str]:
+    load_plugins()
     return list(_REGISTRY)
 
 
 def make_decoder(config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> Decoder:
+    load_plugins()
     return _REGISTRY[config.decoder](config, mask_id, generator)
 
 
 @register_decoder
 class FixedStepDecoder(Decoder):
-    """LLaDA's reference sampler: a fixed number of steps per block, top-k_i commits per step.
+    """Commits a fixed number of the most confident (or random) masked positions per step, LLaDA's schedule.
 
-    With `n` masks at block start and `s = steps / num_blocks` steps, step `i` commits
+    LLaDA's reference sampler (algorithms.md §1.1-1.2). With `n` masks at block start and `s = steps / num_blocks` steps, step `i` commits
     `n // s + (1 if i < n % s else 0)` positions, chosen by confidence (`low_confidence`) or at
     random (`random`). Per-row counts are tensors, so a batch needs no host sync.
     """
 
     name = "fixed"
+    uses_threshold = False
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
@@ -158,19 +227,16 @@ class FixedStepDecoder(Decoder):
             score = torch.rand(masked.shape, device=masked.device, generator=self.generator)
         else:
             score = confidence
-        score = torch.where(masked, score, torch.full_like(score, float("-inf")))
-        # rank of each position within its row, best first; commit the k best masked ones
-        order = score.argsort(dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order)
-        rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-        commit = masked & (rank < k.unsqueeze(1))
+        commit = masked & (rank_in_row(score, masked) < k.unsqueeze(1))
         return DecodeResult(tokens, confidence, commit, torch.zeros_like(commit))
 
 
 @register_decoder
 class ThresholdDecoder(Decoder):
-    """Fast-dLLM / dInfer threshold decoding: commit every masked position with confidence >= tau,
-    and at least the row's most confident one."""
+    """Commits every masked position whose confidence reaches the threshold, and at least the row's most confident one.
+
+    Fast-dLLM / dInfer threshold decoding (algorithms.md §1.5, §3.2).
+    """
 
     name = "threshold"
 
@@ -179,3 +245,124 @@ class ThresholdDecoder(Decoder):
         commit, forced = threshold_commit(confidence, masked, threshold)
         return DecodeResult(tokens, confidence, commit, forced)
 
+
+
+@register_decoder
+class HierarchicalDecoder(Decoder):
+    """Commits one anchor per run of consecutive masks, every position above the threshold, and the row's best.
+
+    dInfer's hierarchical decoding (algorithms.md §3.4), for any batch size: an anchor is a run's
+    position with confidence > `low_threshold`, chosen by `anchor`: "confidence" (the run's most
+    confident position, every exact tie included, as dInfer's code) or "centre" (the eligible
+    position nearest the run's centre; ties go to the more confident, then the left one, as the
+    report describes centre-first splitting). Committing an anchor splits its run, so later
+    iterations work on ever smaller runs. The high threshold is strict (`>`), as in dInfer.
+    Extras: `runs` (run index per position, -1 unmasked) and `anchors` (bool).
+    """
+
+    name = "hierarchical"
+
+    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+        tokens, confidence, _ = self.predict(logits)
+        runs = masked_runs(masked)
+        eligible = masked & (confidence > self.config.low_threshold)
+        if self.config.anchor == "confidence":
+            anchors = eligible & (confidence == reduce_per_run(confidence, runs, "amax", float("-inf")))
+        else:
+            anchors = self._centre_anchors(confidence, runs, eligible)
+        above = masked & (confidence > threshold)
+        best = best_per_row(confidence, masked)
+        commit = anchors | above | best
+        return DecodeResult(tokens, confidence, commit, commit & ~(anchors | above), {"runs": runs, "anchors": anchors})
+
+    @staticmethod
+    def _centre_anchors(confidence: torch.Tensor, runs: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+        w = runs.shape[1]
+        position = torch.arange(w, device=runs.device).expand_as(runs)
+        first = reduce_per_run(position, runs, "amin", w)
+        last = reduce_per_run(position, runs, "amax", -1)
+        distance = (2 * position - first - last).abs()  # twice the distance to the run's centre: an integer
+        distance = torch.where(eligible, distance, torch.full_like(distance, 2 * w + 1))
+        nearest = eligible & (distance == reduce_per_run(distance, runs, "amin", 2 * w + 1))
+        score = torch.where(nearest, confidence, torch.full_like(confidence, float("-inf")))
+        chosen = nearest & (score == reduce_per_run(score, runs, "amax", float("-inf")))
+        leftmost = reduce_per_run(torch.where(chosen, position, torch.full_like(position, w)), runs, "amin", w)
+        return chosen & (position == leftmost)
+
+
+@register_decoder
+class CreditDecoder(Decoder):
+    """Commits by the threshold rule on logits boosted by each token's credit, earned by staying the top-1 across iterations.
+
+    CreditDecoding (algorithms.md §3.3): per block a credit `C[b, j, v]` decays by `credit_beta`
+    every iteration, and the raw top-1 token of each masked position gains `p1 ** credit_gamma`;
+    the fused logits `l + credit_alpha * log(1 + C)` choose both the token and the commit.
+    Memory is one `[B, W, V]` fp32 tensor for the current block only, freed when the block
+    completes; no host sync (dInfer's version ends each call with one). Extras: `credit` (credit of
+    each position's candidate token) and `raw_confidence` (its probability before fusion).
+    """
+
+    name = "credit"
+
+    def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
+        super().__init__(config, mask_id, generator)
+        self.credit: torch.Tensor | None = None
+
+    def block_init(self, masked: torch.Tensor, block_index: int) -> None:
+        self.credit = None
+
+    def block_done(self, block_index: int) -> None:
+        self.credit = None
+
+    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+        cfg = self.config
+        raw = logits.to(torch.float32, copy=True)
+        raw[..., self.mask_id] = float("-inf")
+        probs = torch.softmax(raw, dim=-1)
+        if self.credit is None:  # first call of the block (a Python attribute: no device read)
+            self.credit = torch.zeros_like(raw)
+        else:
+            self.credit.mul_(cfg.credit_beta)
+        p1, v1 = probs.max(dim=-1)
+        boost = p1.pow(cfg.credit_gamma) * masked
+        self.credit.scatter_add_(-1, v1.unsqueeze(-1), boost.unsqueeze(-1))
+        fused = raw + cfg.credit_alpha * torch.log1p(self.credit)
+        tokens, confidence, _ = top1(fused, self.mask_id, cfg.temperature, self.generator)
+        commit, forced = threshold_commit(confidence, masked, threshold)
+        extras = {
+            "credit": self.credit.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
+            "raw_confidence": probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
+        }
+        return DecodeResult(tokens, confidence, commit, forced, extras)
+
+
+@register_decoder
+class FactorDecoder(Decoder):
+    """Commits the n most confident masks while the n-th confidence stays above 1 - factor/(n+1), at least one.
+
+    Fast-dLLM's factor rule as dInfer's `get_transfer_index_dynamic` implements it (algorithms.md
+    §1.5): with the K masked confidences sorted, `c_(1) >= c_(2) >= ...`, and thresholds
+    `t_n = 1 - factor / (n + 1)` (`t_1 = -1`), take the leading run of ranks with `c_(n) >= t_n`;
+    when it stops at rank K - 1 or covers all K, take all K (the reference's quirk that also admits
+    a failing last token). `forced` marks commits below their rank's threshold (rank 1 against
+    `1 - factor / 2`). Extras: `rank` (0-based, -1 unmasked) and `factor_threshold` (the threshold
+    of each masked position's rank; meaningful where `rank >= 0`).
+    """
+
+    name = "factor"
+    uses_threshold = False
+
+    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+        tokens, confidence, _ = self.predict(logits)
+        rank = rank_in_row(confidence, masked)
+        nominal = 1.0 - self.config.factor / (rank + 2).to(confidence.dtype)  # t_(rank+1)
+        passes = masked & ((confidence >= nominal) | (rank == 0))  # t_1 = -1: rank 1 always passes
+        # leading run of passing ranks: sort the pass flags by rank and count the prefix of Trues
+        by_rank = torch.zeros_like(passes).scatter_(1, rank, passes)
+        leading = by_rank.long().cumprod(dim=1).sum(dim=1, keepdim=True)
+        k = masked.sum(dim=1, keepdim=True)
+        take = torch.where(leading >= k - 1, k, leading)
+        commit = masked & (rank < take)
+        forced = commit & (confidence < nominal)
+        extras = {"rank": torch.where(masked, rank, torch.full_like(rank, -1)), "factor_threshold": nominal}
+        return DecodeResult(tokens, confidence, commit, forced, extras)

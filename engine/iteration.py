@@ -8,9 +8,12 @@ the commits, updates the smoothing embeddings and records the trace. Early stop 
 block after one that holds an EOS/EoT with EOS.
 
 Host syncs: one per group of iterations (the "any mask left in this block?" check) and one per
-block (early stop). With `unroll`, a group is `clamp(masks // expected_tpf, 1, max_unroll)`
-iterations queued back to back; iterations on a finished block are no-ops but still forwards,
-counted in `nfe` as dInfer counts them.
+block (early stop), counted in `stats.host_syncs`. With `unroll`, a group is
+`clamp(masks // expected_tpf, 1, max_unroll)` iterations queued back to back; iterations on a
+finished block are no-ops but still forwards, counted in `nfe` as dInfer counts them. They also
+advance the per-request iteration counter and the cache's refresh counter (as in dInfer), so where
+those decide something (smoothing's ramps, `refresh_every`, the vicinity warm-up) unrolled and
+plain runs can differ; otherwise they give the same tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager
+from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
 from .config import GenerationConfig
 from .decoders import DecodeResult, make_decoder
 from .errors import EngineError
@@ -86,6 +89,7 @@ class _Request:
         self.embeds = model.embed(self.x) if config.smoothing else None
         self.nfe = 0
         self.iteration = 0
+        self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
         self.on_iteration, self.cancel = on_iteration, cancel
         self.trace: Trace | None = None
@@ -103,37 +107,48 @@ class _Request:
             )
             self.recorder = TraceRecorder(self.trace)
 
-    # ---- one iteration: one forward, one decode -------------------------------------------
+    # ---- one step: one iteration, or a refresh and the iteration after it ---------------------
     def step(self, block_index: int, s: int, e: int) -> None:
+        """One call of dInfer's iteration (§2.5): a refresh and its decode are followed, in the same
+        call, by the next forward and its decode, so the block's mask check never falls between
+        them and a block entry costs two forwards even when the refresh's decode completes it."""
+        if self._iterate(block_index, s, e) == REFRESH:
+            self._iterate(block_index, s, e)
+
+    def _iterate(self, block_index: int, s: int, e: int) -> str:
+        """One iteration: one forward, one decode. Returns the forward's kind."""
         cfg = self.cfg
         plan = self.cache.plan(self.iteration, block_index, s, e)
         threshold, weight = cfg.threshold, 0.0
         if cfg.smoothing:  # dInfer's ramps, on the per-request iteration counter
             weight = min(cfg.cont_weight_init + cfg.cont_weight_growth * self.iteration, cfg.cont_weight)
+        if cfg.smoothing and cfg.cont_weight > 0:
+            # The decay from 1.0 belongs to the soft iteration, which dInfer selects only when
+            # cont_weight > 0 (§2.7); at weight 0 the soft inputs are plain [MASK] embeddings.
             threshold = max(1.0 - self.iteration * cfg.threshold_decay, cfg.threshold)
         t0 = time.perf_counter()
         a, b = plan.start, plan.end
         inputs = {"inputs_embeds": self.embeds[:, a:b]} if self.embeds is not None else {"input_ids": self.x[:, a:b]}
-        out = self.model(
-            **inputs,
-            past_kv=self.cache.past(plan),
-            replace=(a, b) if plan.uses_cache else None,
-            use_cache=self.cache.wants_kv(plan),
-        )
+        out = self.cache.forward(self.model, plan, block_index, **inputs)
         self.nfe += 1
         logits = out.logits[:, s - a : e - a]
-        staleness = self._staleness(plan, s, e, logits) if cfg.measure_staleness else {}
+        probe_start = time.perf_counter()
+        measured = self._staleness(plan, s, e, logits) if cfg.measure_staleness else {}
+        probe_seconds = time.perf_counter() - probe_start
+        self.excluded_seconds += probe_seconds
         masked = self.x[:, s:e] == self.mask_id
         result = self.decoder.decode(logits, masked, threshold)
+        if cfg.smoothing:
+            result.extras["cont_weight"] = weight  # the w_t a viewer plots next to the threshold
         self.x[:, s:e] = torch.where(result.commit, result.tokens, self.x[:, s:e])
-        self.cache.update(plan, block_index, out.kv)
         if self.embeds is not None:
             self._smooth(a, b, out.logits, weight)
         if self.recorder is not None:
             _sync(self.device)
-            seconds = time.perf_counter() - t0
-            self._record(block_index, s, e, plan, threshold, result, seconds, staleness)
+            seconds = time.perf_counter() - t0 - probe_seconds
+            self._record(block_index, s, e, plan, threshold, result, seconds, measured)
         self.iteration += 1
+        return plan.kind
 
     def _smooth(self, a: int, b: int, logits: torch.Tensor, weight: float) -> None:
         """Still-masked positions in `[a, b)` get `E[M] + w * softmax(logits) @ W_e` (additive, as
@@ -162,7 +177,7 @@ class _Request:
             block_range=(s, e),
             forward=plan.kind,
             recomputed=[(plan.start, plan.end)],
-            threshold=None if self.cfg.decoder == "fixed" else threshold,
+            threshold=threshold if self.decoder.uses_threshold else None,
             commit=result.commit,
             forced=result.forced,
             tokens=result.tokens,
@@ -175,22 +190,17 @@ class _Request:
         self.excluded_seconds += time.perf_counter() - t0
 
     def _staleness(self, plan: ForwardPlan, s: int, e: int, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        """KL(exact || cached) and top-1 agreement per block position, against an exact (uncached)
-        forward on the same input; zero on forwards that were exact. Not counted in nfe or seconds."""
-        t0 = time.perf_counter()
-        if plan.kind in (FULL, REFRESH):
-            kl = torch.zeros(logits.shape[:2], device=logits.device)
-            agree = torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
-        else:
-            inputs = {"inputs_embeds": self.embeds} if self.embeds is not None else {"input_ids": self.x}
-            exact = self.model(**inputs).logits[:, s:e].float()
-            exact[..., self.mask_id] = float("-inf")
-            cached = logits.float().clone()
-            cached[..., self.mask_id] = float("-inf")
-            log_p, log_q = torch.log_softmax(exact, -1), torch.log_softmax(cached, -1)
-            kl = (log_p.exp() * (log_p - log_q)).nan_to_num(0.0).sum(-1).clamp_min(0.0)
-            agree = exact.argmax(-1) == cached.argmax(-1)
-        self.excluded_seconds += time.perf_counter() - t0
+        """KL(exact || this forward) and top-1 agreement per block position, against an uncached
+        forward on the same input, for every forward that touches the cache (a refresh included,
+        so its zero is measured too); a FULL forward is the exact one. Not counted in nfe."""
+        if plan.kind == FULL:
+            return {
+                "staleness_kl": torch.zeros(logits.shape[:2], device=logits.device),
+                "staleness_agree": torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device),
+            }
+        inputs = {"inputs_embeds": self.embeds} if self.embeds is not None else {"input_ids": self.x}
+        kl, agree = staleness(logits, self.model(**inputs).logits[:, s:e], self.mask_id)
+        _sync(self.device)  # so the caller's timer, which excludes this probe, sees all of it
         return {"staleness_kl": kl, "staleness_agree": agree}
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -208,6 +218,7 @@ class _Request:
             forwards = 0
             while True:
                 remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
+                self.host_syncs += 1
                 if remaining == 0:
                     break
                 if self.cancel is not None and self.cancel.is_set():
@@ -226,6 +237,9 @@ class _Request:
                 generated = positions >= prompt_len
                 finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
                 self.x[:, e:] = torch.where(finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
+                if self.embeds is not None:  # the filled EOS feed their plain embedding from now on
+                    self.embeds[:, e:] = torch.where(finished[:, None, None], self.model.embed(self.x[:, e:]), self.embeds[:, e:])
+                self.host_syncs += 1
                 if bool(finished.all()):
                     break
         keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)
@@ -238,6 +252,7 @@ class _Request:
             seconds=elapsed,
             batch=self.x.shape[0],
             trace_seconds=self.excluded_seconds,
+            host_syncs=self.host_syncs,
         )
         if self.trace is not None:
             self.trace.final = self.x.cpu().tolist()
@@ -260,12 +275,18 @@ def generate(
     """Generate for a batch of tokenised prompts.
 
     `stop_ids`: the ids that end a row (EOS first, then EoT); defaults to the model's EOS.
-    `trace`: record one IterationRecord per iteration (`on_iteration` is called with each).
+    `trace`: record one IterationRecord per iteration (`on_iteration` is called with each);
+    `config.measure_staleness` records one too, since the trace is where the staleness goes.
     `cancel`: checked between groups of iterations; when set, GenerationCancelled is raised.
     """
     config.validate()
     if not prompts or any(len(p) == 0 for p in prompts):
         raise EngineError("empty prompt")
     stop_ids = stop_ids or [model.eos_token_id]
-    request = _Request(model, prompts, config, stop_ids, trace or on_iteration is not None, on_iteration, cancel)
+    record = trace or on_iteration is not None or config.measure_staleness
+    if model.block_causal:  # LLaDA2: block diffusion (imported here because it builds on _Request)
+        from .block_diffusion import BlockDiffusionRequest
+
+        return BlockDiffusionRequest(model, prompts, config, stop_ids, record, on_iteration, cancel).run()
+    request = _Request(model, prompts, config, stop_ids, record, on_iteration, cancel)
     return request.run()

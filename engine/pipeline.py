@@ -19,18 +19,29 @@ from .trace import IterationRecord
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
 _END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
+# Any of these makes a folder's tokenizer loadable by AutoTokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def load_tokenizer(path: str | os.PathLike):
     """The folder's tokenizer through transformers.AutoTokenizer (tokenizer.json and friends)."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     folder = resolve_model_path(path)
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise EngineError(f"missing file: {folder / 'tokenizer.json'} (the model folder has no tokenizer files)")
+    # AutoTokenizer reads config.json and warns that `llada` is not a transformers model type;
+    # true but irrelevant (only the tokenizer is loaded through it), so keep it off the console.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as exc:  # transformers raises many types for a missing or broken tokenizer
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise EngineError(f"cannot load the tokenizer from {folder}: {first_line}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:

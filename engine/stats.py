@@ -5,6 +5,8 @@
   EOS/EoT id nor [MASK]; summed over rows.
 - seconds: wall time of the generate call (canvas allocation, forwards, decodes, early stop),
   device synchronised, minus the time spent recording the trace (reported separately).
+- host_syncs: device-to-host reads the block loop waited on (one per group of iterations, one per
+  block for early stop); loop unrolling exists to lower it.
 - tps = tokens / seconds / batch (tokens per second per sequence); tpf = tokens / nfe / batch.
 """
 
@@ -23,6 +25,7 @@ class GenerationStats:
     seconds: float
     batch: int = 1
     trace_seconds: float = 0.0
+    host_syncs: int = 0
 
     @property
     def tps(self) -> float:

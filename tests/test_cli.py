@@ -60,3 +60,10 @@ def test_unparseable_number_exits_nonzero_with_one_line(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--gen-length" in err
+
+
+def test_model_folder_without_tokenizer_is_named(tmp_path, capsys):
+    save_model(tiny_llada(), tmp_path)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "hi", "--gen-length", "8", "--block-length", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tokenizer.json" in err

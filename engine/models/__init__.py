@@ -2,6 +2,8 @@
 
 from .base import DiffusionLM, ModelOutput
 from .llada import LLaDAModelLM
+from .llada2 import LLaDA2MoeModelLM
+from .llada_moe import LLaDAMoEModelLM
 from .loader import family_names, load_model, model_class, register_family, save_model
 
 register_family(
@@ -9,9 +11,23 @@ register_family(
     lambda cfg: cfg.get("model_type") == "llada" and "num_experts" not in cfg,
     LLaDAModelLM,
 )
+# LLaDA-MoE's own config class declares model_type "llada" (a third-party port says "lladamoe");
+# the expert count tells it from dense LLaDA.
+register_family(
+    "llada-moe",
+    lambda cfg: cfg.get("model_type") in ("llada", "lladamoe") and "num_experts" in cfg,
+    LLaDAMoEModelLM,
+)
+register_family(
+    "llada2",
+    lambda cfg: cfg.get("model_type") == "llada2_moe" or "LLaDA2MoeModelLM" in (cfg.get("architectures") or []),
+    LLaDA2MoeModelLM,
+)
 
 __all__ = [
     "DiffusionLM",
+    "LLaDA2MoeModelLM",
+    "LLaDAMoEModelLM",
     "LLaDAModelLM",
     "ModelOutput",
     "family_names",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Collection
 
 import torch
 from torch import nn
@@ -16,15 +17,26 @@ class ModelOutput:
     kv: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class DerivedTensor:
+    """A model tensor that a checkpoint stores in another layout: built by `build` from the
+    checkpoint tensors named in `sources` (read in that order)."""
+
+    sources: tuple[str, ...]
+    build: Callable[[list[torch.Tensor]], torch.Tensor]
+
+
 class DiffusionLM(nn.Module):
     """Base class of the model families.
 
     Subclasses set `config` (a dict-like with `mask_token_id`, `eos_token_id`) and implement
     `forward(input_ids=None, inputs_embeds=None, past_kv=None, replace=None, use_cache=False,
-    attention_mask=None) -> ModelOutput` and `embedding_weight()`.
+    attention_mask=None, persist=False) -> ModelOutput` and `embedding_weight()`; the cache
+    arguments are those of layers.cached_attention, which every family's attention calls.
     """
 
-    # "pre" for dense LLaDA (cache holds keys before RoPE), "post" for the MoE families.
+    # "pre" for dense LLaDA (cache holds keys before RoPE), "post" for the MoE families; read by
+    # layers.cached_attention. Both give the same logits; mixing them up corrupts positions.
     kv_rope: str = "pre"
     # Parameter-name endings kept in fp32 whatever the model dtype (MoE routers run in fp32).
     fp32_suffixes: tuple[str, ...] = ()
@@ -33,6 +45,12 @@ class DiffusionLM(nn.Module):
 
     def embedding_weight(self) -> torch.Tensor:
         raise NotImplementedError
+
+    def checkpoint_sources(self, names: Collection[str]) -> dict[str, DerivedTensor]:
+        """Model tensors the checkpoint (whose tensor `names` are given) stores in another layout,
+        e.g. one tensor per MoE expert where the model stacks them. The loader builds these and
+        still checks every name and shape strictly. Default: the checkpoint matches the model."""
+        return {}
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(input_ids, self.embedding_weight())

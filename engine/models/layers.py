@@ -4,8 +4,11 @@ diffusion KV cache, SwiGLU.
 The cache contract (see engine/cache.py): a model forward may be given `past_kv`, a tensor
 `[n_layers, 2, B, H_kv, T, D]` holding keys and values for all `T` canvas positions, plus
 `replace=(a, b)`: the query tokens are canvas positions `[a, b)` and their fresh K/V replace
-that slice of the past (out of place, so the stored cache is untouched). The forward returns
-the fresh K/V of its query tokens when asked; the cache manager decides whether to store them.
+that slice of the past, out of place (the stored cache is untouched), or in place with
+`persist=True` (written into the store, and attention reads the store itself: no merged copy).
+The forward returns the fresh K/V of its query tokens when asked (`use_cache`), in the form the
+cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Every family
+runs its attention through `cached_attention`, so the ordering lives in one place.
 """
 
 from __future__ import annotations
@@ -71,6 +74,45 @@ def merge_past(past: torch.Tensor, fresh: torch.Tensor, replace: tuple[int, int]
     """Keys (or values) `[B, H, T, D]` with positions `[a, b)` replaced by `fresh`, out of place."""
     a, b = replace
     return torch.cat([past[:, :, :a], fresh, past[:, :, b:]], dim=2)
+
+
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: RotaryEmbedding,
+    kv_rope: str,
+    past: torch.Tensor | None,
+    replace: tuple[int, int],
+    persist: bool,
+    attention_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention of the query tokens at canvas positions `[a, b)` over every canvas key.
+
+    `q`, `k`, `v` `[B, H, q, D]` are the query tokens' projections, before RoPE. `past`
+    `[2, B, H_kv, T, D]` (one layer of the store) supplies the other positions' keys and values.
+    `kv_rope="pre"` (dense LLaDA): the cache holds keys before RoPE, which is applied after the
+    merge to all `T` keys at `[0, T)`, as LLaDA's own code does. `"post"` (the MoE families):
+    each key is rotated once, at its absolute position, before it is cached (algorithms.md §4.1).
+    Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form.
+    """
+    a, b = replace
+    q = rope(q, a)
+    if kv_rope == "post":
+        k = rope(k, a)
+    elif kv_rope != "pre":
+        raise ValueError(f"kv_rope must be 'pre' or 'post', got {kv_rope!r}")
+    if past is None:
+        keys, values = k, v
+    elif persist:
+        past[0, :, :, a:b] = k
+        past[1, :, :, a:b] = v
+        keys, values = past[0], past[1]
+    else:
+        keys, values = merge_past(past[0], k, replace), merge_past(past[1], v, replace)
+    if kv_rope == "pre":
+        keys = rope(keys, 0)
+    return attend(q, keys, values, attention_mask), k, v
 
 
 def attend(

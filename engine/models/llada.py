@@ -2,8 +2,9 @@
 
 Module names reproduce the real checkpoint's state-dict keys (`model.transformer.wte.weight`,
 `model.transformer.blocks.{i}.q_proj.weight`, ...), so a Hugging Face folder loads with a strict
-`load_state_dict` and nothing renamed. The cache holds keys *before* RoPE (as LLaDA's own code
-does): RoPE is applied after the merge, to all keys at `[0, T)` and to the queries at `[a, b)`.
+`load_state_dict` and nothing renamed. The cache holds keys *before* RoPE (`kv_rope = "pre"`, as
+LLaDA's own code does): RoPE is applied after the merge, to all keys at `[0, T)` and to the queries
+at `[a, b)` (layers.cached_attention).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DiffusionLM, ModelOutput
-from .layers import RMSNorm, RotaryEmbedding, attend, merge_past
+from .layers import RMSNorm, RotaryEmbedding, cached_attention
 
 # config.json fields this class reads, with the defaults of LLaDA-8B where the field is optional.
 _DEFAULTS: dict[str, Any] = {
@@ -71,24 +72,20 @@ class LLaDABlock(nn.Module):
         self,
         x: torch.Tensor,
         rope: RotaryEmbedding,
+        kv_rope: str,
         past: torch.Tensor | None,
         replace: tuple[int, int],
+        persist: bool,
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = self.attn_norm(x)
         q = self._split(self.q_proj(n), self.n_heads)
-        k_new = self._split(self.k_proj(n), self.n_kv_heads)
-        v_new = self._split(self.v_proj(n), self.n_kv_heads)
-        if past is None:
-            k, v = k_new, v_new
-        else:
-            k, v = merge_past(past[0], k_new, replace), merge_past(past[1], v_new, replace)
-        q = rope(q, replace[0])
-        k_rot = rope(k, 0)
-        att = attend(q, k_rot, v, attention_mask)
+        k = self._split(self.k_proj(n), self.n_kv_heads)
+        v = self._split(self.v_proj(n), self.n_kv_heads)
+        att, k, v = cached_attention(q, k, v, rope, kv_rope, past, replace, persist, attention_mask)
         h = x + self.attn_out(att.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
         n = self.ff_norm(h)
-        return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n)), k_new, v_new
+        return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n)), k, v
 
 
 class LLaDAModelLM(DiffusionLM):
@@ -127,6 +124,7 @@ class LLaDAModelLM(DiffusionLM):
         replace: tuple[int, int] | None = None,
         use_cache: bool = False,
         attention_mask: torch.Tensor | None = None,
+        persist: bool = False,
     ) -> ModelOutput:
         t = self.model.transformer
         x = t["wte"](input_ids) if inputs_embeds is None else inputs_embeds
@@ -135,9 +133,12 @@ class LLaDAModelLM(DiffusionLM):
             replace = (0, q_len)
         if replace[1] - replace[0] != q_len:
             raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
+        if persist and past_kv is None:
+            raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
         kvs = []
         for i, block in enumerate(t["blocks"]):
-            x, k, v = block(x, self.rope, None if past_kv is None else past_kv[i], replace, attention_mask)
+            past = None if past_kv is None else past_kv[i]
+            x, k, v = block(x, self.rope, self.kv_rope, past, replace, persist, attention_mask)
             if use_cache:
                 kvs.append(torch.stack([k, v]))
         x = t["ln_f"](x)

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import EngineError
-from .base import DiffusionLM
+from .base import DerivedTensor, DiffusionLM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -91,39 +92,55 @@ def _weight_files(folder: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
+def _more(names: list[str]) -> str:
+    return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+
+
 def load_state_dict(
     folder: Path,
     expected: dict[str, torch.Tensor],
     dtype: torch.dtype,
     device: str | torch.device,
     fp32_suffixes: tuple[str, ...] = (),
+    derive: Callable[[Collection[str]], dict[str, DerivedTensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read every tensor `expected` names, checking names and shapes against it.
 
-    Tensors whose names end with one of `fp32_suffixes` (MoE routers) stay in fp32.
+    `derive` (the model's `checkpoint_sources`) names the tensors the checkpoint stores in another
+    layout and how to build them; their source tensors count as used, and every other checkpoint
+    tensor must be expected. Tensors whose names end with one of `fp32_suffixes` (MoE routers) stay
+    in fp32.
     """
     files = _weight_files(folder)
-    missing = sorted(set(expected) - set(files))
-    extra = sorted(set(files) - set(expected))
+    derived = {k: d for k, d in (derive(list(files)) if derive else {}).items() if k not in files}
+    sources = {s for d in derived.values() for s in d.sources}
+    missing = sorted((set(expected) - set(files) - set(derived)) | (sources - set(files)))
+    extra = sorted(set(files) - set(expected) - sources)
     if missing:
-        raise EngineError(f"checkpoint lacks tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise EngineError(f"checkpoint lacks tensor {missing[0]}" + _more(missing))
     if extra:
-        raise EngineError(f"checkpoint has unexpected tensor {extra[0]} in {files[extra[0]].name}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+        raise EngineError(f"checkpoint has unexpected tensor {extra[0]} in {files[extra[0]].name}" + _more(extra))
     state: dict[str, torch.Tensor] = {}
-    by_file: dict[Path, list[str]] = {}
-    for name, file in files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in names:
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != tuple(expected[name].shape):
-                    raise EngineError(
-                        f"tensor {name} in {file.name} has shape {tuple(tensor.shape)}, "
-                        f"config.json implies {tuple(expected[name].shape)}"
-                    )
-                target = torch.float32 if name.endswith(fp32_suffixes) else dtype
-                state[name] = tensor.to(device=device, dtype=target)
+    with ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(f, framework="pt", device="cpu")) for f in sorted(set(files.values()))}
+
+        def read(name: str) -> torch.Tensor:
+            return handles[files[name]].get_tensor(name)
+
+        for name, want in expected.items():
+            if name in derived:
+                recipe = derived[name]
+                origin = f"built from {recipe.sources[0]} and {len(recipe.sources) - 1} more"
+                try:
+                    tensor = recipe.build([read(s) for s in recipe.sources])
+                except RuntimeError as exc:  # the sources' shapes do not fit together
+                    raise EngineError(f"tensor {name} cannot be {origin}: {exc}") from exc
+            else:
+                tensor, origin = read(name), f"in {files[name].name}"
+            if tuple(tensor.shape) != tuple(want.shape):
+                raise EngineError(f"tensor {name} {origin} has shape {tuple(tensor.shape)}, config.json implies {tuple(want.shape)}")
+            target = torch.float32 if name.endswith(fp32_suffixes) else dtype
+            state[name] = tensor.to(device=device, dtype=target)
     return state
 
 
@@ -141,7 +158,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
     with torch.device("meta"):
         model = cls(config)
     expected = {name: t for name, t in model.state_dict().items()}
-    state = load_state_dict(folder, expected, dtype, device, cls.fp32_suffixes)
+    state = load_state_dict(folder, expected, dtype, device, cls.fp32_suffixes, model.checkpoint_sources)
     model.load_state_dict(state, strict=True, assign=True)
     model.name_or_path = str(path)
     return model.eval().requires_grad_(False)

@@ -1,0 +1,262 @@
+"""Pieces shared by the MoE families (LLaDA-MoE, LLaDA2): routers, the expert bank, a SwiGLU MLP,
+the fused-expert checkpoint layout, and the decoder stack's forward.
+
+Experts are stored stacked, as dInfer's fused checkpoints hold them: `w1` `[E, 2I, H]` (each
+expert's gate rows, then its up rows) and `w2` `[E, H, I]`. A checkpoint with one tensor per
+expert (`mlp.experts.{j}.{gate,up,down}_proj.weight`, the Hugging Face layout) is stacked at load
+time (`fused_expert_sources`). Tokens are grouped by expert: the (token, expert) pairs are sorted
+by expert and each active expert runs its SwiGLU (two matmuls) once over all its tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import EngineError
+from .base import DerivedTensor, DiffusionLM, ModelOutput
+
+# dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
+# used only when config.json does not name them.
+LING_MASK_TOKEN_ID = 156895
+LING_EOS_TOKEN_ID = 156892
+
+
+def family_config(raw: dict[str, Any], family: str, required: Iterable[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """`raw` config.json with `defaults` filled in where a field is absent or null."""
+    missing = [k for k in required if raw.get(k) is None]
+    if missing:
+        raise EngineError(f"config.json lacks required {family} field(s): {', '.join(missing)}")
+    cfg = {**defaults, **{k: v for k, v in raw.items() if v is not None}}
+    cfg.setdefault("mask_token_id", LING_MASK_TOKEN_ID)
+    cfg.setdefault("eos_token_id", LING_EOS_TOKEN_ID)
+    if isinstance(cfg["eos_token_id"], list):  # some configs list several; the first pads rows
+        cfg["eos_token_id"] = cfg["eos_token_id"][0]
+    return cfg
+
+
+def reject_unsupported(cfg: dict[str, Any], family: str, checks: dict[str, bool]) -> None:
+    """Raise for the first config field (name -> is its value unsupported?) this implementation
+    does not cover, rather than silently computing something else."""
+    for field, bad in checks.items():
+        if bad:
+            raise EngineError(f"config.json: {family} with {field}={cfg.get(field)!r} is not supported")
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP with Hugging Face names: `down_proj(silu(gate_proj(x)) * up_proj(x))`."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SoftmaxTopKRouter(nn.Module):
+    """OLMoE router (LLaDA-MoE): softmax over all experts in fp32, top-k, renormalised only when
+    `norm_topk_prob` (LLaDA-MoE's config says false: the k weights sum to less than 1)."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, norm_topk_prob: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` `[T, H]` -> (expert ids `[T, k]`, fp32 weights `[T, k]`)."""
+        probs = torch.softmax(F.linear(x.float(), self.weight.float()), dim=-1)
+        weight, idx = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weight = weight / weight.sum(dim=-1, keepdim=True)
+        return idx, weight
+
+
+class GroupedSigmoidRouter(nn.Module):
+    """BailingMoeV2 router (LLaDA2): sigmoid scores in fp32; the expert bias steers the choice only.
+
+    The experts form `n_group` groups; a group scores the sum of its two best biased scores and the
+    `topk_group` best groups stay eligible; the top-k experts by biased score among them are chosen.
+    Their weights are the unbiased scores, normalised to sum to 1 when `norm_topk_prob`, times
+    `routed_scaling_factor`.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        n_group: int,
+        topk_group: int,
+        norm_topk_prob: bool,
+        routed_scaling_factor: float,
+        expert_bias: bool,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts))
+        else:
+            self.expert_bias = None
+        self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
+        self.norm_topk_prob, self.scale = norm_topk_prob, routed_scaling_factor
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` `[T, H]` -> (expert ids `[T, k]`, fp32 weights `[T, k]`)."""
+        scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
+        biased = scores if self.expert_bias is None else scores + self.expert_bias.float()
+        tokens, experts = biased.shape
+        group_score = biased.view(tokens, self.n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+        best_groups = group_score.topk(self.topk_group, dim=-1).indices
+        eligible = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best_groups, True)
+        eligible = eligible.repeat_interleave(experts // self.n_group, dim=1)
+        idx = biased.masked_fill(~eligible, float("-inf")).topk(self.top_k, dim=-1).indices
+        weight = scores.gather(1, idx)
+        if self.norm_topk_prob and self.top_k > 1:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        return idx, weight * self.scale
+
+
+class SparseMoE(nn.Module):
+    """Routed SwiGLU experts (stacked `w1`/`w2`), plus an optional shared expert added to every token.
+
+    Under expert parallelism this rank holds experts `[first_expert, first_expert + E_local)`;
+    under tensor parallelism a slice of every expert's hidden units. Either way its routed sum is
+    partial, and `engine.parallel` sets `sharded` so that it is all-reduced (in fp32) before the
+    replicated shared expert's output is added.
+    """
+
+    def __init__(self, gate: nn.Module, num_experts: int, hidden: int, intermediate: int, shared: GatedMLP | None) -> None:
+        super().__init__()
+        self.gate = gate
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        nn.init.uniform_(self.w1, -1 / math.sqrt(hidden), 1 / math.sqrt(hidden))
+        nn.init.uniform_(self.w2, -1 / math.sqrt(intermediate), 1 / math.sqrt(intermediate))
+        self.shared_experts = shared
+        self.first_expert = 0
+        self.sharded = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        idx, weight = self.gate(flat)
+        routed = self.experts(flat, idx, weight)
+        if self.sharded:
+            dist.all_reduce(routed)
+        out = routed.to(x.dtype)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view_as(x)
+
+    def experts(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Σ_k weight[t, k] · expert_{idx[t, k]}(x[t]) over this rank's experts, in fp32 `[T, H]`.
+
+        The `T·k` (token, expert) pairs are sorted by expert; each local expert with tokens runs one
+        SwiGLU over its contiguous run. Results land in a `[T·k, H]` buffer at their pair's slot and
+        are summed over k in a fixed order, so the sum is deterministic (no atomic scatter-add).
+        Reading the per-expert counts is one host sync per MoE layer.
+        """
+        tokens, k = idx.shape
+        pairs = idx.reshape(-1)
+        order = pairs.argsort(stable=True)
+        counts = torch.bincount(pairs, minlength=self.num_experts)
+        starts = counts.cumsum(0) - counts
+        local = slice(self.first_expert, self.first_expert + self.w1.shape[0])
+        runs = torch.stack([starts[local], counts[local]]).tolist()
+        slots = x.new_zeros(tokens * k, x.shape[-1], dtype=torch.float32)
+        pair_weight = weight.reshape(-1, 1).float()
+        for j, (start, count) in enumerate(zip(*runs)):
+            if count == 0:
+                continue
+            pick = order[start : start + count]
+            gate, up = F.linear(x[pick // k], self.w1[j]).chunk(2, dim=-1)
+            slots[pick] = F.linear(F.silu(gate) * up, self.w2[j]).float() * pair_weight[pick]
+        return slots.view(tokens, k, -1).sum(dim=1)
+
+
+_EXPERT_KEY = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fused_expert_sources(names: Iterable[str], num_experts: int) -> dict[str, DerivedTensor]:
+    """For a checkpoint with one tensor per expert: how to build each layer's stacked `w1`/`w2`.
+
+    `w1[j] = cat(gate_proj_j, up_proj_j)` and `w2[j] = down_proj_j`, dInfer's fused layout
+    (tools/transfer.py). Layers already stored fused (`mlp.w1`/`mlp.w2`) need nothing.
+    """
+    prefixes = sorted({m.group(1) for m in map(_EXPERT_KEY.match, names) if m})
+    sources: dict[str, DerivedTensor] = {}
+    for p in prefixes:
+        experts = range(num_experts)
+        sources[f"{p}.w1"] = DerivedTensor(
+            tuple(f"{p}.experts.{j}.{proj}.weight" for j in experts for proj in ("gate_proj", "up_proj")),
+            lambda ts: torch.stack([torch.cat(ts[i : i + 2]) for i in range(0, len(ts), 2)]),
+        )
+        sources[f"{p}.w2"] = DerivedTensor(
+            tuple(f"{p}.experts.{j}.down_proj.weight" for j in experts),
+            torch.stack,
+        )
+    return sources
+
+
+class DecoderStackLM(DiffusionLM):
+    """The forward both MoE families share: embeddings, `model.layers`, `model.norm`, `lm_head`.
+
+    Subclasses build `self.model` (with `layers` and `norm`), `self.rope`, `self.lm_head` (None when
+    the embeddings are tied) and implement `embedding_weight`. A layer is called as
+    `layer(x, rope, past, replace, persist, attention_mask) -> (x, k, v)`; K/V are cached after
+    RoPE (`kv_rope = "post"`).
+    """
+
+    kv_rope = "post"
+    lm_head: nn.Linear | None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_kv: torch.Tensor | None = None,
+        replace: tuple[int, int] | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        persist: bool = False,
+    ) -> ModelOutput:
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        q_len = x.shape[1]
+        replace = replace or (0, q_len)
+        if replace[1] - replace[0] != q_len:
+            raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
+        if persist and past_kv is None:
+            raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
+        kvs = []
+        for i, layer in enumerate(self.model.layers):
+            past = None if past_kv is None else past_kv[i]
+            x, k, v = layer(x, self.rope, past, replace, persist, attention_mask)
+            if use_cache:
+                kvs.append(torch.stack([k, v]))
+        x = self.model.norm(x)
+        logits = self.lm_head(x) if self.lm_head is not None else x @ self.embedding_weight().T
+        return ModelOutput(logits=logits, kv=torch.stack(kvs) if use_cache else None)
+
+
+def split_heads(t: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """`[B, T, heads·D]` -> `[B, heads, T, D]`."""
+    b, q, _ = t.shape
+    return t.view(b, q, heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(t: torch.Tensor) -> torch.Tensor:
+    """`[B, heads, T, D]` -> `[B, T, heads·D]`."""
+    b, _, q, _ = t.shape
+    return t.transpose(1, 2).reshape(b, q, -1)
+

@@ -1,0 +1,104 @@
+"""LLaDA2 block diffusion: the exact prefix cache equals the attention-mask reference token for
+token; the masked store is exact where a zero-padded one is not; forwards are counted as run."""
+
+import pytest
+import torch
+
+from engine import GenerationConfig, generate
+from engine.block_diffusion import block_causal_mask
+from engine.errors import EngineError
+
+from .moe_models import EOS, MASK, tiny_llada2
+
+PROMPTS = {
+    "batch, prefill": [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]],
+    "first block at 0": [[5, 6, 7]],
+}
+VARIANTS = {
+    "threshold": dict(),
+    "fixed": dict(decoder="fixed", steps=12),
+    "unrolled": dict(unroll=True, expected_tpf=1, max_unroll=4, threshold=0.3),
+    "smoothing": dict(smoothing=True),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llada2()
+
+
+@pytest.mark.parametrize("prompts", PROMPTS.values(), ids=PROMPTS.keys())
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_cached_path_equals_the_attention_mask_path(model, prompts, variant):
+    config = GenerationConfig(gen_length=12, block_length=4, early_stop=False, **variant)
+    reference = generate(model, prompts, config.replace(cache="none"), trace=True)
+    cached = generate(model, prompts, config.replace(cache="prefix"), trace=True)
+    assert cached.canvas.equal(reference.canvas)
+    assert (cached.canvas != MASK).all()
+    assert {r.forward for r in reference.trace.iterations} == {"full"}
+    assert {r.forward for r in cached.trace.iterations} == {"prefix"}
+    assert all(r.recomputed == [r.block_range] for r in cached.trace.iterations)
+    assert all(r.recomputed == [[0, r.block_range[1]]] for r in reference.trace.iterations)
+
+
+def test_masked_store_is_exact_and_a_zero_padded_one_is_not(model):
+    x = torch.randint(0, 38, (2, 16))
+    s, e, n = 8, 12, 16
+    mask = block_causal_mask(n, 4, x.device)
+    exact = model(x[:, :e], attention_mask=mask[:e, :e]).logits[:, s:e]
+    store = torch.zeros_like(model(x, use_cache=True).kv)  # [layers, 2, B, H_kv, N, D], slots [s, N) zero
+    store[..., :s, :] = model(x[:, :s], attention_mask=mask[:s, :s], use_cache=True).kv
+    keys = (torch.arange(n) < e).view(1, 1, 1, -1)
+    cached = model(x[:, s:e], past_kv=store, replace=(s, e), attention_mask=keys).logits
+    torch.testing.assert_close(cached, exact, rtol=1e-5, atol=1e-5)
+    zero_padded = model(x[:, s:e], past_kv=store, replace=(s, e)).logits  # SGLang-style: slots unmasked
+    assert (zero_padded - exact).abs().max() > 1e-3
+
+
+def test_staleness_probe_measures_the_cache_as_exact(model):
+    config = GenerationConfig(gen_length=8, block_length=4, cache="prefix", measure_staleness=True)
+    out = generate(model, PROMPTS["batch, prefill"], config)
+    kl = [v for r in out.trace.iterations for row in r.extras["staleness_kl"] for v in row]
+    agree = [v for r in out.trace.iterations for row in r.extras["staleness_agree"] for v in row]
+    assert max(kl) < 1e-6 and all(agree)
+
+
+def _final_kv_forwards(trace, last_block: int) -> int:
+    """Blocks (but the last) whose last iteration still committed, i.e. ran on masked input."""
+    last = {}
+    for r in trace.iterations:
+        last[r.block] = r
+    return sum(1 for b, r in last.items() if b != last_block and any(r.committed))
+
+
+@pytest.mark.parametrize("variant", ["threshold", "unrolled"])
+def test_forwards_are_counted_prefill_iterations_and_final_block_kv(model, variant):
+    config = GenerationConfig(gen_length=12, block_length=4, cache="prefix", early_stop=False, **VARIANTS[variant])
+    out = generate(model, PROMPTS["batch, prefill"], config, trace=True)
+    blocks = sorted({r.block for r in out.trace.iterations})
+    finals = _final_kv_forwards(out.trace, blocks[-1])
+    assert out.stats.nfe == 1 + len(out.trace.iterations) + finals  # 1: the prefill of [0, 4)
+    if variant == "unrolled":  # a no-op forward on a finished block already wrote its final K/V
+        assert finals < len(blocks) - 1
+    else:
+        assert finals == len(blocks) - 1
+
+
+def test_early_stop_fills_the_rest_with_eos_on_both_paths(model):
+    prompts = PROMPTS["batch, prefill"]
+    config = GenerationConfig(gen_length=12, block_length=4, early_stop=False)
+    free = generate(model, prompts, config)
+    stop = int(free.canvas[0, 8])  # a token row 0 generates in its first block [8, 12)
+    runs = {
+        cache: generate(model, prompts, config.replace(cache=cache, early_stop=True), stop_ids=[stop, EOS])
+        for cache in ("none", "prefix")
+    }
+    assert runs["none"].canvas.equal(runs["prefix"].canvas)
+    assert (runs["prefix"].canvas[0, 12:] == stop).all()
+    assert runs["prefix"].stats.nfe < generate(model, prompts, config.replace(cache="prefix"), stop_ids=[stop, EOS]).stats.nfe
+
+
+@pytest.mark.parametrize("setting", [dict(cache="dual"), dict(cache="vicinity"), dict(align_blocks=False)])
+def test_settings_that_do_not_apply_are_refused(model, setting):
+    with pytest.raises(EngineError):
+        generate(model, [[1, 2, 3]], GenerationConfig(gen_length=8, block_length=4, **setting))
