@@ -1,0 +1,68 @@
+"""`python app.py`: the dinfer-viz visual debugger on the embedded model (CPU, no download).
+
+    python app.py                                          # assets/tiny-llada on CPU
+    python app.py --model GSAI-ML/LLaDA-8B-Instruct --device cuda
+    python app.py --no-model                               # replay downloaded traces only
+
+A model that cannot be loaded ends the program with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import typing
+from pathlib import Path
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-llada")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dinfer_viz.host import DTYPES
+
+    p = _Parser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    p.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: float32 on CPU, bfloat16 on GPUs")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--fps", type=float, default=20.0, help="most live frames per second (grid and readouts)")
+    p.add_argument("--plot-hz", type=float, default=3.0, help="most live plot redraws per second")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
+    p.add_argument("--no-model", action="store_true", help="start without loading a model (trace replay, or load one in the page)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.fps <= 0 or args.plot_hz <= 0 or (args.threads is not None and args.threads < 1):
+        print("error: --fps, --plot-hz and --threads must be positive", file=sys.stderr)
+        return 2
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from dinfer_viz.handlers import Handlers
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import build_demo, launch_kwargs
+
+    host = EngineHost(ModelSpec(args.model, args.device, args.dtype))
+    if not args.no_model:
+        host.preload()
+        if host.default_error:
+            print(f"error: {host.default_error} (use --no-model to start without one)", file=sys.stderr)
+            return 2
+    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz))
+    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Threshold sweep: accuracy against TPF for each decoder over a range of its knob (the Pareto view).
+
+    python -m benchmarks.sweep --model assets/tiny-llada --prompts heldout --limit 20 \\
+        --decoders fixed,threshold,hierarchical,credit,factor --thresholds 0.5,0.7,0.8,0.9,0.95
+
+Each decoder sweeps the knob that trades accuracy for parallelism: `threshold` for the decoders
+that use one (threshold, hierarchical, credit, and plug-ins that declare `uses_threshold`),
+tokens per step for `fixed` (steps = gen_length / k), `factor` for `factor`. Every point is one
+pass over the prompt set (batch 1) through the same runner as `benchmarks.run`; the Pareto
+front is the set of points no other point beats on both accuracy and TPF. `sweep()` returns the
+rows, for the app; the CLI prints them and writes JSON and a chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine.__main__ import _DTYPES, DEFAULT_MODEL, _Parser
+from engine.config import GenerationConfig
+from engine.decoders import decoder_names, make_decoder
+from engine.errors import EngineError
+from engine.pipeline import Engine
+
+from . import charts, machine
+from .presets import parse_assignment
+from .prompts import PromptSet, load_prompt_set
+from .run import Scorer, encode_all, run_pass, total
+
+DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+DEFAULT_TOKENS_PER_STEP = (1, 2, 4, 8)
+DEFAULT_FACTORS = (0.5, 1.0, 2.0, 4.0)
+
+
+@dataclass
+class SweepRow:
+    decoder: str
+    knob: str  # "threshold", "tokens_per_step" or "factor"
+    value: float
+    accuracy: float
+    tpf: float
+    tps: float
+    tokens: int
+    nfe: int
+    seconds: float
+    pareto: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sweep_points(
+    decoder: str,
+    base: GenerationConfig,
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS,
+    tokens_per_step: tuple[int, ...] = DEFAULT_TOKENS_PER_STEP,
+    factors: tuple[float, ...] = DEFAULT_FACTORS,
+) -> list[tuple[str, float, GenerationConfig]]:
+    """(knob, value, config) for each point of `decoder`'s sweep."""
+    if decoder == "fixed":
+        # steps per block must be whole: k must divide the block length
+        ks = [k for k in tokens_per_step if k >= 1 and base.block_length % k == 0]
+        return [("tokens_per_step", k, base.replace(decoder=decoder, steps=base.gen_length // k)) for k in ks]
+    if decoder == "factor":
+        return [("factor", f, base.replace(decoder=decoder, factor=f)) for f in factors]
+    probe = base.replace(decoder=decoder)
+    if not make_decoder(probe, mask_id=0).uses_threshold:  # a plug-in with a knob of its own
+        return [("default", 0.0, probe)]
+    return [("threshold", t, base.replace(decoder=decoder, threshold=t)) for t in thresholds]
+
+
+def mark_pareto(rows: list[SweepRow]) -> list[SweepRow]:
+    """Set `pareto` on the rows no other row dominates (at least as good on accuracy and TPF, better on one)."""
+    for row in rows:
+        row.pareto = not any(
+            o.accuracy >= row.accuracy and o.tpf >= row.tpf and (o.accuracy > row.accuracy or o.tpf > row.tpf) for o in rows
+        )
+    return rows
+
+
+def sweep(
+    engine: Engine,
+    prompt_set: PromptSet,
+    base: GenerationConfig,
+    decoders: list[str],
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS,
+    tokens_per_step: tuple[int, ...] = DEFAULT_TOKENS_PER_STEP,
+    factors: tuple[float, ...] = DEFAULT_FACTORS,
+    on_row: Callable[[SweepRow], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> list[SweepRow]:
+    """One pass over `prompt_set` per sweep point of every decoder; rows in sweep order, Pareto marked.
+
+    `on_row` sees each row as it is measured (before the Pareto marks, which need them all);
+    `cancel` stops between generate calls (GenerationCancelled)."""
+    if not prompt_set.scored:
+        raise EngineError(f"prompt set '{prompt_set.name}' has no answers: a sweep needs accuracy")
+    unknown = [d for d in decoders if d not in decoder_names()]
+    if unknown:
+        raise EngineError(f"unknown decoder '{unknown[0]}'; choose from {', '.join(decoder_names())}")
+    points = [p for d in decoders for p in sweep_points(d, base, thresholds, tokens_per_step, factors)]
+    if not points:
+        raise EngineError("the sweep has no points (no tokens-per-step value divides the block length?)")
+    encoded = encode_all(engine, prompt_set.items, base.use_chat_template)
+    scorer = Scorer()
+    rows = []
+    for knob, value, config in points:
+        calls = run_pass(engine, prompt_set.items, encoded, config, scorer, cancel=cancel)
+        stats = total([c.stats for c in calls])
+        accuracy = sum(bool(c.correct) for c in calls) / len(calls)
+        row = SweepRow(config.decoder, knob, value, accuracy, stats.tpf, stats.tps, stats.tokens, stats.nfe, stats.seconds)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return mark_pareto(rows)
+
+
+def format_rows(rows: list[SweepRow]) -> str:
+    lines = ["| decoder | knob | value | accuracy | TPF | TPS | tokens | NFE | Pareto |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r.decoder} | {r.knob} | {r.value:g} | {100 * r.accuracy:.1f}% | {r.tpf:.2f} | {r.tps:.1f} | {r.tokens} | {r.nfe} | {'*' if r.pareto else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def _numbers(kind: type) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__} values, got '{text}'") from None
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m benchmarks.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--prompts", default="heldout", help="a prompt set with answers (see benchmarks/prompts.py)")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--decoders", default="fixed,threshold,hierarchical,credit", help="comma-separated")
+    parser.add_argument("--thresholds", type=_numbers(float), default=DEFAULT_THRESHOLDS)
+    parser.add_argument("--tokens-per-step", type=_numbers(int), default=DEFAULT_TOKENS_PER_STEP, help="fixed decoder")
+    parser.add_argument("--factors", type=_numbers(float), default=DEFAULT_FACTORS, help="factor decoder")
+    parser.add_argument("--gen-length", type=int, default=64)
+    parser.add_argument("--block-length", type=int, default=32)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every point")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default="runs/bench")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        changes = dict(parse_assignment(s, "=") for s in args.set)
+        base = GenerationConfig(gen_length=args.gen_length, block_length=args.block_length).replace(**changes)
+        if args.limit is not None and args.limit < 1:
+            raise EngineError(f"--limit must be positive, got {args.limit}")
+        prompt_set = load_prompt_set(args.prompts, args.limit)
+        engine = Engine(args.model, device=args.device, dtype=_DTYPES[args.dtype] if args.dtype else None)
+        decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+        rows = sweep(
+            engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors,
+            on_row=lambda r: print(f"{r.decoder} {r.knob} {r.value:g}: accuracy {r.accuracy:.3f} TPF {r.tpf:.2f}", file=sys.stderr),
+        )
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    document = {
+        "model": engine.path,
+        "prompt_set": prompt_set.name,
+        "machine": machine.describe(args.device),
+        "arguments": vars(args),
+        "rows": [r.to_dict() for r in rows],
+    }
+    print(format_rows(rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(document, indent=2) + "\n")
+    figure = charts.sweep_figure(document["rows"], title=f"{engine.name} on {prompt_set.name}: accuracy vs TPF")
+    for path in [out / "sweep.json", *charts.write_figure(figure, out / "sweep")]:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

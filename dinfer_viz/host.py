@@ -1,0 +1,82 @@
+"""The engines the app has loaded, and the one lock that every use of them takes.
+
+Concurrency rule (stated in the README): one device, one generate at a time. Every run, compare,
+sweep and model load holds `EngineHost.lock` for its whole duration, so browser sessions never
+interleave on the shared engine; the Gradio queue (concurrency id "engine", limit 1) makes the
+others wait in line and shows them their position. Each session names its own model, so one
+session loading another model never changes what another session's next run uses.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine import Engine, EngineError
+
+DTYPES: dict[str, torch.dtype | None] = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load: a folder or hub id, a device, a dtype name, and extra Engine options."""
+
+    path: str
+    device: str = "cpu"
+    dtype: str = "auto"
+    options: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.options)
+        return f"{self.path} on {self.device} ({self.dtype}{extra})"
+
+
+def load_engine(spec: ModelSpec) -> Engine:
+    if spec.dtype not in DTYPES:
+        raise EngineError(f"unknown dtype '{spec.dtype}'; choose from {', '.join(DTYPES)}")
+    return Engine(spec.path, device=spec.device, dtype=DTYPES[spec.dtype], **dict(spec.options))
+
+
+class EngineHost:
+    """Loaded engines by spec: the default one stays, plus at most `keep_others` more (LRU), so a
+    session trying an 8B model does not evict the embedded one, and two 8B models never coexist."""
+
+    def __init__(self, default: ModelSpec, load: Callable[[ModelSpec], Engine] = load_engine, keep_others: int = 1) -> None:
+        self.default = default
+        self.lock = threading.Lock()
+        self._load = load
+        self._keep_others = keep_others
+        self._engines: OrderedDict[ModelSpec, Engine] = OrderedDict()
+        self.default_error: str | None = None  # why the default model could not be loaded
+
+    def is_loaded(self, spec: ModelSpec) -> bool:
+        return spec in self._engines
+
+    def peek(self, spec: ModelSpec) -> Engine | None:
+        """The engine for `spec` if loaded (no loading, no lock needed: for the tokenizer)."""
+        return self._engines.get(spec)
+
+    def get(self, spec: ModelSpec) -> Engine:
+        """The engine for `spec`, loading it if needed. Call with `lock` held."""
+        if spec in self._engines:
+            self._engines.move_to_end(spec)
+            return self._engines[spec]
+        others = [s for s in self._engines if s != self.default]
+        while len(others) >= self._keep_others and others:
+            del self._engines[others.pop(0)]
+        engine = self._load(spec)
+        self._engines[spec] = engine
+        return engine
+
+    def preload(self) -> None:
+        """Load the default model now (first run starts at once); remember why if it fails."""
+        with self.lock:
+            try:
+                self.get(self.default)
+                self.default_error = None
+            except EngineError as exc:
+                self.default_error = str(exc)

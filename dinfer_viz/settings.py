@@ -1,0 +1,265 @@
+"""The generation controls and their mapping to `engine.GenerationConfig`.
+
+Choices come from the engine's registries (`decoder_names()`, `engine.config.CACHE_MODES`...),
+never from lists kept here, and every GenerationConfig field without a hand-made control gets an
+automatic one under "Other engine settings", so a setting added to the engine is in the app at
+once. A run's settings travel as one JSON object, which is also the API's input:
+
+    {"model": {"path": ..., "device": "cpu", "dtype": "auto"}, "config": {<GenerationConfig fields>}}
+
+Any part may be left out: missing config fields take the engine's defaults, a missing model is
+the app's default model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from engine import EngineError, GenerationConfig, decoder_names
+from engine import config as engine_config
+
+from .host import DTYPES, ModelSpec
+
+
+@dataclass(frozen=True)
+class Control:
+    field: str
+    label: str
+    kind: str  # "choice" | "slider" | "int" | "float" | "bool" | "text"
+    info: str = ""
+    choices: Callable[[], Sequence[str]] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    none_as_zero: bool = False  # an optional int: 0 in the control means "off" (None)
+
+
+def _c(field: str, label: str, kind: str, info: str = "", **kw: Any) -> Control:
+    return Control(field, label, kind, info, **kw)
+
+
+SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
+    (
+        "Decoder",
+        (
+            _c("decoder", "decoder", "choice", "which masked positions to commit each iteration", choices=decoder_names),
+            _c("threshold", "threshold τ", "slider", "commit every masked position with confidence ≥ τ (and always the most confident one)", minimum=0.05, maximum=1.0, step=0.01),
+            _c("low_threshold", "low threshold", "slider", "hierarchical: a span's anchor must exceed this", minimum=0.0, maximum=1.0, step=0.01),
+            _c("anchor", "anchor rule", "choice", "hierarchical: most confident position of a span, or the one nearest its centre", choices=lambda: engine_config.ANCHORS),
+            _c("credit_alpha", "credit α", "slider", "credit: weight of log(1 + credit) added to the logits", minimum=0.0, maximum=2.0, step=0.05),
+            _c("credit_beta", "credit β (decay)", "slider", "credit: per-iteration decay of the accumulated credit", minimum=0.05, maximum=1.0, step=0.05),
+            _c("credit_gamma", "credit γ (boost)", "slider", "credit: the top-1 token gains p^γ each iteration", minimum=0.0, maximum=1.0, step=0.05),
+            _c("factor", "factor", "slider", "factor: commit the n best while the n-th clears 1 - factor/(n+1)", minimum=0.1, maximum=4.0, step=0.1),
+            _c("steps", "steps (0 = one token per step)", "int", "fixed decoder only: total steps over the generation; must be a multiple of the number of blocks", minimum=0, none_as_zero=True),
+            _c("remasking", "remasking", "choice", "fixed decoder only: commit the most confident positions, or random ones", choices=lambda: engine_config.REMASKING),
+        ),
+    ),
+    (
+        "Blocks and length",
+        (
+            _c("gen_length", "generation length", "int", "positions to generate; a multiple of the block length", minimum=1),
+            _c("block_length", "block length", "int", "blocks are decoded left to right; parallel decoding happens inside a block", minimum=1),
+            _c("align_blocks", "align blocks to multiples of the block length", "bool", "dInfer's block alignment: the first block may start inside the prompt"),
+            _c("early_stop", "early stop", "bool", "after a block that holds an end-of-text token, fill the rest with it and stop"),
+            _c("use_chat_template", "use the chat template", "bool", "wrap the prompt in the tokenizer's chat template (ignored when it has none)"),
+        ),
+    ),
+    (
+        "KV cache",
+        (
+            _c("cache", "cache mode", "choice", "which K/V each forward recomputes and which it reuses", choices=lambda: engine_config.CACHE_MODES),
+            _c("prefix_look", "prefix look", "int", "vicinity: window starts this many positions before the block", minimum=0),
+            _c("after_look", "after look", "int", "vicinity: window ends this many positions after the block", minimum=0),
+            _c("warmup", "warm-up iterations", "int", "vicinity: uncached full forwards at the start of a request", minimum=0),
+            _c("refresh_every", "refresh every N iterations (0 = off)", "int", "cached modes: an extra full refresh every N iterations", minimum=0, none_as_zero=True),
+            _c("persist_window", "persist the window's K/V", "bool", "vicinity: write the recomputed window back into the cache (dInfer discards it)"),
+            _c("measure_staleness", "measure staleness", "bool", "cached modes: compare every cached forward with an exact one (KL, top-1 agreement); slower, excluded from the timings"),
+        ),
+    ),
+    (
+        "Iteration smoothing",
+        (
+            _c("smoothing", "smoothing", "bool", "feed still-masked positions a mix of [MASK] and the expected embedding of the last prediction"),
+            _c("cont_weight", "continuation weight (max)", "slider", "smoothing: ceiling of the mixing weight", minimum=0.0, maximum=1.0, step=0.01),
+            _c("cont_weight_init", "weight at start", "slider", "smoothing: mixing weight at iteration 0", minimum=0.0, maximum=1.0, step=0.01),
+            _c("cont_weight_growth", "weight growth per iteration", "float", "smoothing", minimum=0.0, step=0.005),
+            _c("threshold_decay", "threshold decay per iteration", "float", "smoothing: the threshold starts at 1 and falls to τ by this much per iteration", minimum=0.0, step=0.005),
+        ),
+    ),
+    (
+        "Loop unrolling",
+        (
+            _c("unroll", "unroll", "bool", "queue several iterations per host check (fewer device syncs)"),
+            _c("expected_tpf", "expected TPF", "int", "unroll: iterations queued = masks left / expected TPF", minimum=1),
+            _c("max_unroll", "max unroll", "int", "unroll: at most this many iterations per host check", minimum=1),
+        ),
+    ),
+    (
+        "Sampling",
+        (
+            _c("temperature", "temperature", "slider", "0 = greedy (argmax); > 0 samples with Gumbel noise", minimum=0.0, maximum=2.0, step=0.05),
+            _c("seed", "seed", "int", "seeds sampling and random remasking", minimum=0),
+        ),
+    ),
+]
+
+# Which decoder settings each decoder reads; a decoder missing here shows them all.
+DECODER_FIELDS: dict[str, set[str]] = {
+    "fixed": {"steps", "remasking"},
+    "threshold": {"threshold"},
+    "hierarchical": {"threshold", "low_threshold", "anchor"},
+    "credit": {"threshold", "credit_alpha", "credit_beta", "credit_gamma"},
+    "factor": {"factor"},
+}
+# Which cache settings each cache mode reads; a mode missing here shows them all.
+CACHE_FIELDS: dict[str, set[str]] = {
+    "none": set(),
+    "prefix": {"refresh_every", "measure_staleness"},
+    "dual": {"refresh_every", "measure_staleness"},
+    "vicinity": {"prefix_look", "after_look", "warmup", "refresh_every", "persist_window", "measure_staleness"},
+}
+OTHER_SECTION = "Other engine settings"
+
+
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(GenerationConfig)
+
+
+def _base_type(hint: Any) -> type:
+    """`int | None` -> int; plain types as they are."""
+    args = [t for t in typing.get_args(hint) if t is not type(None)]
+    return args[0] if args else hint
+
+
+def sections() -> list[tuple[str, tuple[Control, ...]]]:
+    """The hand-made sections (fields the engine no longer has dropped), then one automatic control
+    per GenerationConfig field that has none."""
+    hints = _hints()
+    known = {f.name for f in dataclasses.fields(GenerationConfig)}
+    out = [(title, tuple(c for c in ctrls if c.field in known)) for title, ctrls in SECTIONS]
+    covered = {c.field for _, ctrls in out for c in ctrls}
+    other = []
+    for f in dataclasses.fields(GenerationConfig):
+        if f.name in covered:
+            continue
+        base = _base_type(hints[f.name])
+        kind = {bool: "bool", int: "int", float: "float"}.get(base, "text")
+        optional = base is not hints[f.name]
+        other.append(Control(f.name, f.name.replace("_", " ") + (" (0 = off)" if optional and kind == "int" else ""), kind, "", none_as_zero=optional and kind == "int"))
+    if other:
+        out.append((OTHER_SECTION, tuple(other)))
+    return out
+
+
+def all_controls() -> list[Control]:
+    return [c for _, ctrls in sections() for c in ctrls]
+
+
+def control_value(control: Control, config: GenerationConfig) -> Any:
+    """The control's initial value from a config (None shown as 0 for optional ints)."""
+    value = getattr(config, control.field)
+    return 0 if value is None and control.none_as_zero else value
+
+
+def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
+    """A control's or a JSON value as the type GenerationConfig declares for `field`."""
+    hints = _hints()
+    if field not in hints:
+        raise EngineError(f"unknown generation setting: {field}")
+    hint = hints[field]
+    base = _base_type(hint)
+    optional = base is not hint
+    if value is None or (optional and none_as_zero and value == 0):
+        if optional:
+            return None
+        raise EngineError(f"{field} needs a value")
+    try:
+        if base is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1")
+            return bool(value)
+        if base is int:
+            number = float(value)
+            if number != int(number):
+                raise ValueError(value)
+            return int(number)
+        if base is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise EngineError(f"{field}: expected {base.__name__}, got {value!r}") from None
+
+
+def config_from_values(values: Sequence[Any]) -> dict[str, Any]:
+    """Control values (in `all_controls()` order) -> a config dict (not yet validated)."""
+    controls = all_controls()
+    if len(values) != len(controls):
+        raise ValueError(f"expected {len(controls)} control values, got {len(values)}")
+    return {c.field: coerce(c.field, v, c.none_as_zero) for c, v in zip(controls, values)}
+
+
+def build_config(config: dict[str, Any] | None) -> GenerationConfig:
+    """A validated GenerationConfig from a (partial) settings dict; EngineError if anything is off."""
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise EngineError(f"settings 'config' must be an object, got {type(config).__name__}")
+    known = {f.name for f in dataclasses.fields(GenerationConfig)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
+    typed = {k: coerce(k, v) for k, v in config.items()}
+    return GenerationConfig.from_dict(typed)
+
+
+def build_spec(model: dict[str, Any] | None, default: ModelSpec) -> ModelSpec:
+    """The model a run asks for; fields left out are the app's default."""
+    model = model or {}
+    if not isinstance(model, dict):
+        raise EngineError(f"settings 'model' must be an object, got {type(model).__name__}")
+    path = str(model.get("path") or default.path).strip()
+    device = str(model.get("device") or default.device)
+    dtype = str(model.get("dtype") or default.dtype)
+    if dtype not in DTYPES:
+        raise EngineError(f"unknown dtype '{dtype}'; choose from {', '.join(DTYPES)}")
+    options = tuple(sorted((k, v) for k, v in model.items() if k not in ("path", "device", "dtype") and _option_is_set(v)))
+    return ModelSpec(path, device, dtype, options)
+
+
+def _option_is_set(value: Any) -> bool:
+    """System options left at their neutral value (off, degree 1) are not passed to Engine."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value > 1
+    return value not in (None, "")
+
+
+def parse_settings(settings: dict[str, Any] | None, default: ModelSpec) -> tuple[ModelSpec, GenerationConfig]:
+    """Both halves of a run's settings JSON, validated."""
+    settings = settings or {}
+    if not isinstance(settings, dict):
+        raise EngineError("settings must be a JSON object with 'model' and 'config'")
+    unknown = sorted(set(settings) - {"model", "config"})
+    if unknown:
+        raise EngineError(f"unknown settings key(s): {', '.join(unknown)} (expected 'model' and 'config')")
+    return build_spec(settings.get("model"), default), build_config(settings.get("config"))
+
+
+def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:
+    """The fields whose controls matter for this combination (the others are hidden)."""
+    names = {c.field for c in all_controls()}
+    decoder_section = {c.field for c in dict(SECTIONS)["Decoder"]} - {"decoder"}
+    cache_section = {c.field for c in dict(SECTIONS)["KV cache"]} - {"cache"}
+    hidden = decoder_section - DECODER_FIELDS.get(decoder, decoder_section)
+    hidden |= cache_section - CACHE_FIELDS.get(cache, cache_section)
+    if not smoothing:
+        hidden |= {c.field for c in dict(SECTIONS)["Iteration smoothing"]} - {"smoothing"}
+    if not unroll:
+        hidden |= {c.field for c in dict(SECTIONS)["Loop unrolling"]} - {"unroll"}
+    return names - hidden

@@ -1,0 +1,160 @@
+"""Sweep one decoder setting (the threshold, by default) over prompts with known answers.
+
+Each prompt runs alone (batch 1), so TPF is the per-sequence figure a user sees, not one diluted
+by rows that finish early in a batch. Prompts are the held-out split of the embedded model's task
+families (engine/tasks.py), which training never samples. Per value: accuracy, TPF and TPS from
+the engine's stats; each wrong answer keeps its trace, to open in the Run tab at the first wrong
+commit.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from engine import Engine, EngineError, GenerationConfig, Trace
+from engine.tasks import Example, get_task, held_out_examples
+
+from .answers import WrongCommit, expected_ids, first_wrong
+from .host import EngineHost, ModelSpec
+from .runner import POLL_SECONDS, Failed, Finished, Loading, Waiting, start_worker
+from .timeline import Timeline
+
+MAX_KEPT_FAILURES = 50  # traces of wrong answers kept for inspection
+
+
+@dataclass
+class Outcome:
+    """One prompt at one value of the swept setting."""
+
+    value: float
+    example: Example
+    text: str
+    correct: bool
+    tokens: int
+    nfe: int
+    seconds: float
+    trace: Trace | None = None  # kept for wrong answers only
+    expected: list[int] | None = None
+    wrong: WrongCommit | None = None
+
+
+@dataclass
+class SweepState:
+    parameter: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    done: bool = False
+    failed: bool = False  # ended by an error (message says which)
+    message: str = ""
+
+    def points(self) -> list[dict]:
+        """Per value: accuracy, TPF, TPS (sums over prompts, so long answers weigh more), count."""
+        rows: dict[float, dict] = {}
+        for o in self.outcomes:
+            r = rows.setdefault(o.value, {"value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "seconds": 0.0})
+            r["correct"] += o.correct
+            r["examples"] += 1
+            r["tokens"] += o.tokens
+            r["nfe"] += o.nfe
+            r["seconds"] += o.seconds
+        for r in rows.values():
+            r["accuracy"] = r["correct"] / r["examples"]
+            r["tpf"] = r["tokens"] / r["nfe"] if r["nfe"] else 0.0
+            r["tps"] = r["tokens"] / r["seconds"] if r["seconds"] > 0 else 0.0
+        return sorted(rows.values(), key=lambda r: r["value"])
+
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.correct]
+
+
+def parse_values(text: str) -> list[float]:
+    """'0.5, 0.7 0.9' -> [0.5, 0.7, 0.9]."""
+    items = [t for t in text.replace(",", " ").split() if t]
+    if not items:
+        raise EngineError("give at least one value to sweep, e.g. 0.5, 0.7, 0.9")
+    try:
+        return [float(t) for t in items]
+    except ValueError:
+        raise EngineError(f"sweep values must be numbers, got {text!r}") from None
+
+
+def sweep_configs(config: GenerationConfig, parameter: str, values: list[float]) -> list[GenerationConfig]:
+    """One validated config per value (a bad value fails the sweep before anything runs)."""
+    if not hasattr(config, parameter):
+        raise EngineError(f"unknown setting to sweep: {parameter}")
+    return [config.replace(**{parameter: v}) for v in values]
+
+
+def sweep_examples(tasks: list[str], per_task: int, seed: int = 0) -> list[Example]:
+    if not tasks:
+        raise EngineError("choose at least one task family")
+    if per_task < 1:
+        raise EngineError(f"prompts per task must be at least 1, got {per_task}")
+    for name in tasks:
+        get_task(name)  # EngineError for an unknown family
+    return held_out_examples(tasks, limit=per_task, seed=seed)
+
+
+def run_sweep(
+    host: EngineHost,
+    spec: ModelSpec,
+    config: GenerationConfig,
+    parameter: str,
+    values: list[float],
+    examples: list[Example],
+    interval: float = 0.5,
+) -> Iterator[SweepState]:
+    """Yield the growing SweepState at most every `interval` seconds, and when done."""
+    configs = sweep_configs(config, parameter, values)
+    state = SweepState(parameter)
+    cancel = threading.Event()
+
+    def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
+        kept = 0
+        for value, cfg in zip(values, configs):
+            for ex in examples:
+                if cancel.is_set():
+                    return
+                result = engine.generate(ex.prompt, cfg, trace=True, cancel=cancel)
+                stats = result.output.stats
+                correct = get_task(ex.task).check(ex, result.text)
+                outcome = Outcome(value, ex, result.text, correct, stats.tokens, stats.nfe, stats.seconds)
+                if not correct and kept < MAX_KEPT_FAILURES:
+                    kept += 1
+                    outcome.trace = result.output.trace
+                    outcome.expected = expected_ids(engine, ex.response)
+                    outcome.wrong = first_wrong(Timeline(outcome.trace), outcome.expected)
+                post(outcome)
+
+    events = start_worker(host, spec, job, cancel)
+    last = time.perf_counter()
+    try:
+        while True:
+            try:
+                event = events.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
+            if isinstance(event, Outcome):
+                state.outcomes.append(event)
+                state.message = f"{len(state.outcomes)}/{len(values) * len(examples)} prompts run"
+                if time.perf_counter() - last >= interval:
+                    last = time.perf_counter()
+                    yield state
+            elif isinstance(event, (Waiting, Loading)):
+                state.message = "waiting for the engine: another session is running" if isinstance(event, Waiting) else f"loading {event.spec.describe()}"
+                yield state
+            elif isinstance(event, Finished):
+                state.done = True
+                state.message = f"done: {len(state.outcomes)} prompts"
+                yield state
+                return
+            elif isinstance(event, Failed):
+                state.done = state.failed = True
+                state.message = event.message
+                yield state
+                return
+    finally:
+        cancel.set()

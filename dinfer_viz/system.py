@@ -1,0 +1,70 @@
+"""What this machine and this engine build support: devices, dtypes, parallelism, compilation.
+
+The app offers a system setting only where both hold: the engine's public `Engine` takes the
+option (read from its signature, so an option added to the engine shows up here) and the machine
+can use it. Otherwise the control is shown disabled with the reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from engine import Engine
+
+
+@dataclass(frozen=True)
+class SystemOption:
+    name: str  # the Engine keyword argument
+    label: str
+    kind: type  # int (a degree) or bool (a switch)
+    available: bool
+    reason: str  # why it is unavailable (empty when available)
+
+
+# Engine keyword arguments the app knows how to offer, with what they need from the machine.
+_KNOWN_OPTIONS = (
+    ("tp_size", "tensor-parallel degree", int, 2),
+    ("ep_size", "expert-parallel degree", int, 2),
+    ("compile", "torch.compile", bool, 0),
+    ("cuda_graphs", "CUDA graphs", bool, 1),
+)
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def devices() -> list[str]:
+    return ["cpu"] + [f"cuda:{i}" for i in range(cuda_count())]
+
+
+def engine_parameters() -> set[str]:
+    return set(inspect.signature(Engine.__init__).parameters) - {"self", "path", "device", "dtype"}
+
+
+def system_options() -> list[SystemOption]:
+    params, gpus = engine_parameters(), cuda_count()
+    out = []
+    for name, label, kind, gpus_needed in _KNOWN_OPTIONS:
+        if name not in params:
+            reason = f"this engine build has no `{name}` option"
+        elif gpus < gpus_needed:
+            reason = f"needs {gpus_needed} CUDA GPU{'s' if gpus_needed > 1 else ''}; this machine has {gpus}"
+        else:
+            reason = ""
+        out.append(SystemOption(name, label, kind, not reason, reason))
+    return out
+
+
+def describe_machine() -> str:
+    """Markdown: the devices found (each system option's control states its own availability)."""
+    lines = [f"- CPU: {torch.get_num_threads()} torch threads"]
+    for i in range(cuda_count()):
+        props = torch.cuda.get_device_properties(i)
+        lines.append(f"- cuda:{i}: {props.name}, {props.total_memory / 2**30:.0f} GiB")
+    if not cuda_count():
+        lines.append("- no CUDA device")
+    return "\n".join(lines)

@@ -1,0 +1,215 @@
+"""Held-out evaluation of a model on the embedded tasks, through the real engine's generate.
+
+    python -m engine.eval --model assets/tiny-llada --decoder threshold --gen-length 64 --block-length 32
+
+Reports, per task: exact-match accuracy (the response, stop tokens removed, must be exactly the
+task's sentence with the right number), mean tokens per forward, TPS, the mean committed
+confidence of right and of wrong answers, and accuracy by confidence bucket. Each generated
+non-stop token has the probability it had when it was committed (read from the engine's trace);
+an answer's mean confidence averages them, its min confidence is the weakest one (the template
+tokens are near-certain, so the min is what separates right from wrong, and buckets use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import GenerationConfig
+from .errors import EngineError
+from .iteration import GenerationOutput, generate
+from .models import DiffusionLM
+from .stats import generated_mask
+from .tasks import TASKS, Example, get_task, held_out_examples
+
+CONFIDENCE_BUCKETS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
+DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
+
+
+@dataclass(frozen=True)
+class AnswerConfidence:
+    mean: float
+    min: float
+    right: bool
+
+
+@dataclass
+class TaskScore:
+    """Running totals of one task under one generation config."""
+
+    n: int = 0
+    correct: int = 0
+    tokens: int = 0
+    nfe: int = 0  # forwards each row would take alone (see per_row_commits)
+    seconds: float = 0.0  # each row's share of its batch's wall time
+    answers: list[AnswerConfidence] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def tpf(self) -> float:
+        return self.tokens / self.nfe if self.nfe else 0.0
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def mean_confidence(self, right: bool, kind: str = "mean") -> float | None:
+        """Mean over right (or wrong) answers of their `kind` ("mean" or "min") confidence."""
+        values = [getattr(a, kind) for a in self.answers if a.right == right]
+        return sum(values) / len(values) if values else None
+
+    def buckets(self) -> list[tuple[float, float, int, float]]:
+        """(low, high, count, accuracy) for each non-empty bucket of answer min confidence."""
+        out = []
+        for low, high in zip(CONFIDENCE_BUCKETS, CONFIDENCE_BUCKETS[1:]):
+            inside = [a.right for a in self.answers if low <= a.min < high]
+            if inside:
+                out.append((low, min(high, 1.0), len(inside), sum(inside) / len(inside)))
+        return out
+
+
+def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int) -> list[tuple[list[float], int]]:
+    """Per row, from the trace: (confidence at commit time of each generated non-stop token,
+    forwards in which it committed something).
+
+    Every forward of a lone row commits at least one token (fixed and threshold decoders), and
+    rows decode independently, so the second number is the forwards the row would take alone:
+    tokens per forward computed from it do not depend on the evaluation batch size.
+    """
+    at_commit: list[dict[int, float]] = [{} for _ in output.prompt_lengths]
+    forwards = [0] * len(output.prompt_lengths)
+    for rec in output.trace.iterations:
+        s = rec.block_range[0]
+        for row, positions in enumerate(rec.committed):
+            forwards[row] += bool(positions)
+            for p in positions:
+                at_commit[row][p] = rec.confidence[row][p - s]
+    keep = generated_mask(output.canvas, output.prompt_lengths, stop_ids, mask_id).cpu()
+    out = []
+    for row, kept in enumerate(keep):
+        out.append(([at_commit[row][p] for p in kept.nonzero().flatten().tolist() if p in at_commit[row]], forwards[row]))
+    return out
+
+
+def evaluate(
+    model: DiffusionLM,
+    tokenizer,
+    examples: list[Example],
+    config: GenerationConfig,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> dict[str, TaskScore]:
+    """Score `examples` (any mix of tasks) with `config`; rows are batched in order."""
+    stop_ids = [model.eos_token_id]
+    scores: dict[str, TaskScore] = {}
+    batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc=f"{config.decoder} gen {config.gen_length} block {config.block_length}", leave=False)
+    for batch in batches:
+        prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in batch]
+        out = generate(model, prompts, config, stop_ids=stop_ids, trace=True)
+        commits = per_row_commits(out, stop_ids, model.mask_token_id)
+        share = out.stats.seconds / len(batch)
+        for example, ids, (confidences, forwards) in zip(batch, out.token_ids, commits):
+            score = scores.setdefault(example.task, TaskScore())
+            ok = get_task(example.task).check(example, tokenizer.decode(ids, skip_special_tokens=True))
+            score.n += 1
+            score.correct += ok
+            score.tokens += len(ids)
+            score.nfe += forwards
+            score.seconds += share
+            mean = sum(confidences) / len(confidences) if confidences else 0.0
+            score.answers.append(AnswerConfidence(mean, min(confidences, default=0.0), ok))
+    return scores
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def format_table(rows: list[tuple[GenerationConfig, dict[str, TaskScore]]], batch_size: int) -> str:
+    header = (
+        f"{'decoder':<10}{'gen':>5}{'block':>6}  {'task':<5}{'n':>6}{'acc %':>8}{'TPF':>7}{'TPS':>9}"
+        f"{'mean conf R/W':>16}{'min conf R/W':>16}"
+    )
+    lines = [header, "-" * len(header)]
+    for config, scores in rows:
+        name = config.decoder if config.decoder != "threshold" else f"thr {config.threshold:g}"
+        for task, s in scores.items():
+            lines.append(
+                f"{name:<10}{config.gen_length:>5}{config.block_length:>6}  {task:<5}{s.n:>6}{100 * s.accuracy:>8.1f}"
+                f"{s.tpf:>7.2f}{s.tps:>9.1f}"
+                f"{_fmt(s.mean_confidence(True)) + '/' + _fmt(s.mean_confidence(False)):>16}"
+                f"{_fmt(s.mean_confidence(True, 'min')) + '/' + _fmt(s.mean_confidence(False, 'min')):>16}"
+            )
+    lines.append(f"TPF: generated non-EOS tokens per forward of one row; TPS: tokens per second per sequence at batch size {batch_size}")
+    lines.append("")
+    lines.append("accuracy by answer min confidence (tasks pooled): [low, high) answers acc%")
+    for config, scores in rows:
+        pooled = TaskScore(answers=[a for s in scores.values() for a in s.answers])
+        cells = "  ".join(f"[{lo:g},{hi:g}) {n} {100 * acc:.1f}" for lo, hi, n, acc in pooled.buckets())
+        lines.append(f"{config.decoder:<10}{config.gen_length:>5}{config.block_length:>6}  {cells}")
+    return "\n".join(lines)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m engine.eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model folder (config.json, safetensors, tokenizer)")
+    parser.add_argument("--decoder", nargs="+", default=["fixed", "threshold"], help="one or more decoders")
+    parser.add_argument("--gen-length", nargs="+", type=_positive, default=[64, 96])
+    parser.add_argument("--block-length", nargs="+", type=_positive, default=[8, 32])
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--limit", type=_positive, default=None, help="held-out examples per task (seeded sample); default all")
+    parser.add_argument("--batch-size", type=_positive, default=64, help="rows per generate call; TPF does not depend on it, TPS is per sequence at this batch size (1: as one user sees it)")
+    parser.add_argument("--threads", type=_positive, default=None, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+
+        from .pipeline import load_tokenizer
+        from .models import load_model
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        examples = held_out_examples(args.tasks, args.limit)
+        configs = [
+            GenerationConfig(gen_length=g, block_length=b, decoder=d, threshold=args.threshold).validate()
+            for d in args.decoder
+            for g in args.gen_length
+            for b in args.block_length
+        ]
+        model = load_model(args.model)
+        tokenizer = load_tokenizer(args.model)
+        rows = [(c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for c in configs]
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(rows, args.batch_size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

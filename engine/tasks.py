@@ -1,0 +1,140 @@
+"""The embedded model's tasks: prompts with checkable answers, answered by a short sentence.
+
+Prompt format (documented in assets/tiny-llada/README.md):
+
+    add  `Q: 48+57=? A:`  ->  ` The sum is 105.`
+    sub  `Q: 48-57=? A:`  ->  ` The difference is -9.`
+
+`add` and `sub` (operands 10-99) are the required families. `add_small` and `sub_small` use the
+same format with at least one single-digit operand (`Q: 8+57=? A:`); they share no pair with
+the required families. They are there to be learned from: with operand digits at varying
+positions, a model must find "the last digit of each operand" by content, which is the circuit
+the units digit and the carry of the two-digit families need (a two-digit-only run was measured
+to learn the tens digit but leave the units digit at chance).
+
+Each family has a seeded generator, a checker that extracts the answer from the exact sentence
+template, and a held-out split chosen by a hash of the operands, so the split is the same on
+every machine and training (which samples only the train split) never sees it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import EngineError
+
+HELD_OUT_PERCENT = 10  # of each family's operand pairs
+OPERAND_RANGE = range(10, 100)  # the required families
+SMALL_OPERAND_RANGE = range(0, 100)  # the small families: pairs of this range with an operand < 10
+
+
+@dataclass(frozen=True)
+class Example:
+    task: str
+    prompt: str
+    response: str  # what the model should generate before EOS
+    answer: int
+
+
+def is_held_out(task: str, a: int, b: int) -> bool:
+    """A stable hash (not Python's salted `hash`) so the split never changes between runs."""
+    digest = hashlib.sha256(f"{task}:{a}:{b}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100 < HELD_OUT_PERCENT
+
+
+@functools.cache
+def _split_pairs(task: str, small: bool, held_out: bool) -> tuple[tuple[int, int], ...]:
+    operands = SMALL_OPERAND_RANGE if small else OPERAND_RANGE
+    return tuple(
+        (a, b)
+        for a in operands
+        for b in operands
+        if (min(a, b) < 10 or not small) and is_held_out(task, a, b) == held_out
+    )
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """Two-operand arithmetic answered by `<sentence> <result>.`"""
+
+    name: str
+    symbol: str
+    sentence: str
+    compute: Callable[[int, int], int]
+    small: bool = False  # at least one single-digit operand instead of both in 10-99
+
+    def example(self, a: int, b: int) -> Example:
+        result = self.compute(a, b)
+        return Example(self.name, f"Q: {a}{self.symbol}{b}=? A:", f" {self.sentence} {result}.", result)
+
+    def pairs(self, split: str) -> list[tuple[int, int]]:
+        if split not in ("train", "held_out"):
+            raise EngineError(f"unknown split '{split}'; choose train or held_out")
+        return list(_split_pairs(self.name, self.small, split == "held_out"))
+
+    def examples(self, split: str) -> list[Example]:
+        return [self.example(a, b) for a, b in self.pairs(split)]
+
+    def extract(self, response: str) -> int | None:
+        """The number of an exactly templated response (surrounding whitespace aside), else None."""
+        match = re.fullmatch(rf"\s*{re.escape(self.sentence)} (-?\d+)\.\s*", response)
+        return int(match.group(1)) if match else None
+
+    def check(self, example: Example, response: str) -> bool:
+        return self.extract(response) == example.answer
+
+
+TASKS: dict[str, ArithmeticTask] = {
+    task.name: task
+    for task in (
+        ArithmeticTask("add", "+", "The sum is", lambda a, b: a + b),
+        ArithmeticTask("sub", "-", "The difference is", lambda a, b: a - b),
+        ArithmeticTask("add_small", "+", "The sum is", lambda a, b: a + b, small=True),
+        ArithmeticTask("sub_small", "-", "The difference is", lambda a, b: a - b, small=True),
+    )
+}
+
+
+def get_task(name: str) -> ArithmeticTask:
+    if name not in TASKS:
+        raise EngineError(f"unknown task '{name}'; choose from {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+class ExampleSampler:
+    """Seeded stream of training examples: a family uniformly, then one of its train pairs."""
+
+    def __init__(self, task_names: list[str], seed: int, split: str = "train") -> None:
+        self.tasks = [get_task(n) for n in task_names]
+        self.pairs = {t.name: t.pairs(split) for t in self.tasks}
+        self.rng = random.Random(seed)
+
+    def sample(self) -> Example:
+        task = self.rng.choice(self.tasks)
+        a, b = self.rng.choice(self.pairs[task.name])
+        return task.example(a, b)
+
+    def batch(self, size: int) -> list[Example]:
+        return [self.sample() for _ in range(size)]
+
+    def state(self) -> object:
+        return self.rng.getstate()
+
+    def restore(self, state: object) -> None:
+        self.rng.setstate(state)
+
+
+def held_out_examples(task_names: list[str], limit: int | None = None, seed: int = 0) -> list[Example]:
+    """Each family's held-out examples, a seeded sample of `limit` per family when given."""
+    out: list[Example] = []
+    for name in task_names:
+        examples = get_task(name).examples("held_out")
+        if limit is not None and limit < len(examples):
+            examples = random.Random(seed).sample(examples, limit)
+        out.extend(examples)
+    return out

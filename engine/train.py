@@ -1,0 +1,309 @@
+"""Train the embedded model: a small LLaDA on the tasks of engine/tasks.py, on CPU or GPU.
+
+    python -m engine.train --out assets/tiny-llada --run-dir runs/tiny-llada --steps 4000 --max-minutes 50 --compile
+
+The objective is LLaDA's SFT masked diffusion: per sample t ~ U(eps, 1), every response token
+(the answer sentence and its EOS padding) is replaced by [MASK] with probability t, the prompt
+never is, and the loss is the cross-entropy on masked positions weighted by 1/t, normalised by
+the response length. Responses are padded with EOS to a length drawn per batch from
+[min_gen, max_gen], so the model sees every canvas length the app offers (one fixed length was
+measured to fail at every other length). AdamW with linear warm-up and cosine decay; with
+`--max-minutes` the cosine runs on wall time (or steps, whichever is further), so a run on a
+shared CPU ends on time with its learning rate decayed.
+
+Every `eval_every` steps the model is scored on held-out prompts through the engine's own
+generate, the model folder is written (safetensors) and a resume file (weights, optimizer, step,
+elapsed minutes, RNG states; torch.save, kept in the run folder only, never shipped) is saved;
+`--resume` continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .config import GenerationConfig
+from .errors import EngineError
+from .eval import OneLineParser, evaluate
+from .models import LLaDAModelLM, save_model
+from .tasks import TASKS, Example, ExampleSampler, held_out_examples
+from .tokenizer import build_tokenizer, hf_tokenizer, save_tokenizer, special_ids
+
+RESUME_FILE = "resume.pt"
+
+
+@dataclass
+class TrainConfig:
+    out: str = "assets/tiny-llada"
+    run_dir: str = "runs/tiny-llada"
+    tasks: tuple[str, ...] = tuple(TASKS)
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_hidden_size: int = 384
+    steps: int = 4000
+    max_minutes: float = 0.0  # > 0: also stop (and finish the cosine) when this much wall time has passed
+    batch_size: int = 64
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 200
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    min_gen: int = 32
+    max_gen: int = 128
+    eps: float = 1e-3
+    eval_every: int = 500
+    eval_per_task: int = 64
+    seed: int = 0
+    threads: int = 2
+    compile: bool = False
+    resume: bool = False
+
+
+def model_config(cfg: TrainConfig) -> dict:
+    """config.json in the real LLaDA field names (the reference modeling code reads these)."""
+    vocab_size = build_tokenizer().get_vocab_size()
+    return {
+        "architectures": ["LLaDAModelLM"],
+        "model_type": "llada",
+        "activation_type": "silu",
+        "alibi": False,
+        "attention_layer_norm": False,
+        "block_type": "llama",
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_heads,
+        "n_layers": cfg.n_layers,
+        "mlp_hidden_size": cfg.mlp_hidden_size,
+        "mlp_ratio": cfg.mlp_hidden_size // cfg.d_model,
+        "vocab_size": vocab_size,
+        "embedding_size": vocab_size,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "layer_norm_type": "rms",
+        "layer_norm_with_affine": True,
+        "rms_norm_eps": 1e-5,
+        "rope": True,
+        "rope_full_precision": True,
+        "rope_theta": 10000.0,
+        "max_sequence_length": 512,
+        "scale_logits": False,
+        "weight_tying": False,
+        "use_cache": False,
+        "torch_dtype": "float32",
+        **special_ids(),
+    }
+
+
+def init_weights(model: torch.nn.Module, seed: int) -> None:
+    """Normal(0, 0.02) for linear and embedding weights (the usual small-transformer init)."""
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            with torch.no_grad():
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
+
+
+def make_batch(examples: list[Example], tokenizer, gen_length: int, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, response_mask) `[B, P_max + gen_length]`: prompt, response, EOS to the end.
+
+    A shorter prompt gets a longer response region, as the engine's canvas gives it.
+    """
+    prompts = [tokenizer.encode(e.prompt, add_special_tokens=False).ids for e in examples]
+    responses = [tokenizer.encode(e.response, add_special_tokens=False).ids for e in examples]
+    width = max(map(len, prompts)) + gen_length
+    ids = torch.full((len(examples), width), eos_id, dtype=torch.long)
+    response = torch.ones((len(examples), width), dtype=torch.bool)
+    for row, (p, r) in enumerate(zip(prompts, responses)):
+        if len(r) >= gen_length:
+            raise EngineError(f"response of {len(r)} tokens does not fit gen length {gen_length}: {examples[row]}")
+        ids[row, : len(p) + len(r)] = torch.tensor(p + r)
+        response[row, : len(p)] = False
+    return ids, response
+
+
+def mask_responses(
+    ids: torch.Tensor, response: torch.Tensor, mask_id: int, eps: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(noisy ids, masked, p_mask): per row t ~ U(eps, 1); each response token masked w.p. t."""
+    b, n = ids.shape
+    t = (1 - eps) * torch.rand(b, generator=generator) + eps
+    p_mask = t.unsqueeze(1).expand(b, n)
+    masked = (torch.rand(b, n, generator=generator) < p_mask) & response
+    return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask
+
+
+def diffusion_loss(
+    model: torch.nn.Module, ids: torch.Tensor, response: torch.Tensor, mask_id: int, eps: float, generator: torch.Generator
+) -> torch.Tensor:
+    """LLaDA SFT loss: CE on masked response tokens / t, / response length, mean over rows."""
+    noisy, masked, p_mask = mask_responses(ids, response, mask_id, eps, generator)
+    logits = model(input_ids=noisy).logits
+    token_loss = F.cross_entropy(logits[masked], ids[masked], reduction="none") / p_mask[masked]
+    lengths = response.sum(dim=1, keepdim=True).expand_as(ids)[masked]
+    return (token_loss / lengths).sum() / ids.shape[0]
+
+
+def schedule_progress(cfg: TrainConfig, step: int, minutes: float) -> float:
+    """Fraction of the run done: by steps, or by wall time under a time budget, whichever is further.
+
+    The time budget lets a run on a shared CPU finish its cosine decay on time however fast it goes.
+    """
+    by_time = minutes / cfg.max_minutes if cfg.max_minutes > 0 else 0.0
+    return min(1.0, max(step / cfg.steps, by_time))
+
+
+def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
+    """Linear warm-up over `warmup` steps times a cosine from `lr` to `min_lr_ratio * lr` over the run."""
+    warm = min(1.0, (step + 1) / cfg.warmup)
+    return cfg.lr * warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def held_out_accuracy(model: LLaDAModelLM, tokenizer, cfg: TrainConfig) -> dict[str, float]:
+    """Threshold decoder at 0.9, gen 64, block 32, on a fixed sample of held-out prompts."""
+    examples = held_out_examples(list(cfg.tasks), cfg.eval_per_task, seed=cfg.seed)
+    config = GenerationConfig(gen_length=64, block_length=32, decoder="threshold", threshold=0.9)
+    model.eval()
+    scores = evaluate(model, tokenizer, examples, config, batch_size=len(examples))
+    model.train()
+    return {task: s.accuracy for task, s in scores.items()}
+
+
+def save_resume(
+    path: Path, step: int, minutes: float, model, optimizer, sampler: ExampleSampler, generator: torch.Generator
+) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "step": step,
+            "minutes": minutes,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "sampler": sampler.state(),
+            "generator": generator.get_state(),
+            "python_random": random.getstate(),
+        },
+        tmp,
+    )
+    tmp.replace(path)
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Run (or resume) training; returns a summary with the final loss and held-out accuracy."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    run_dir, out = Path(cfg.run_dir), Path(cfg.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    evaluation_tokenizer = hf_tokenizer()
+    ids = special_ids(tokenizer)
+    model = LLaDAModelLM(model_config(cfg))
+    init_weights(model, cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+    )
+    sampler = ExampleSampler(list(cfg.tasks), cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    start, minutes_before = 0, 0.0
+    resume_path = run_dir / RESUME_FILE
+    if cfg.resume:
+        if not resume_path.is_file():
+            raise EngineError(f"--resume given but {resume_path} does not exist")
+        state = torch.load(resume_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.restore(state["sampler"])
+        generator.set_state(state["generator"])
+        random.setstate(state["python_random"])
+        start, minutes_before = state["step"], state["minutes"]
+        log(f"resumed from {resume_path} at step {start}")
+    (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    params = sum(p.numel() for p in model.parameters())
+    log(f"model: {params / 1e6:.2f}M parameters; {cfg.steps} steps of {cfg.batch_size}")
+    forward = torch.compile(model, dynamic=True) if cfg.compile else model
+    model.train()
+
+    from tqdm import tqdm
+
+    bar = tqdm(initial=start, total=cfg.steps, desc="train", mininterval=10)
+    t0, ema, accuracy, step = time.perf_counter(), None, {}, start
+
+    def minutes() -> float:
+        return minutes_before + (time.perf_counter() - t0) / 60
+
+    progress = schedule_progress(cfg, step, minutes())
+    while progress < 1.0:
+        gen_length = random.randint(cfg.min_gen, cfg.max_gen)
+        batch, response = make_batch(sampler.batch(cfg.batch_size), tokenizer, gen_length, ids["eos_token_id"])
+        lr = learning_rate(cfg, step, progress)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = diffusion_loss(forward, batch, response, ids["mask_token_id"], cfg.eps, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        step += 1
+        bar.update()
+        bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", refresh=False)
+        progress = schedule_progress(cfg, step, minutes())
+        if step % cfg.eval_every == 0 or progress >= 1.0:
+            accuracy = held_out_accuracy(model, evaluation_tokenizer, cfg)
+            log(f"step {step} loss {ema:.4f} held-out acc " + " ".join(f"{k} {100 * v:.1f}%" for k, v in accuracy.items()) + f" ({minutes():.1f} min)")
+            save_model(model, out)
+            save_tokenizer(out)
+            save_resume(resume_path, step, minutes(), model, optimizer, sampler, generator)
+    bar.close()
+    summary = {"steps": step, "loss": ema, "held_out_accuracy": accuracy, "minutes": minutes(), "parameters": params}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def parse_args(argv: list[str] | None) -> TrainConfig:
+    defaults = TrainConfig()
+    parser = OneLineParser(prog="python -m engine.train", description=__doc__.split("\n\n")[0])
+    for name, value in asdict(defaults).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(flag, action="store_true", default=value)
+        elif isinstance(value, tuple):
+            parser.add_argument(flag, nargs="+", default=list(value), choices=list(TASKS))
+        else:
+            parser.add_argument(flag, type=type(value), default=value)
+    args = vars(parser.parse_args(argv))
+    args["tasks"] = tuple(args["tasks"])
+    cfg = TrainConfig(**args)
+    if not (1 <= cfg.min_gen <= cfg.max_gen):
+        parser.error("need 1 <= --min-gen <= --max-gen")
+    if min(cfg.steps, cfg.batch_size, cfg.eval_every, cfg.threads) < 1:
+        parser.error("--steps, --batch-size, --eval-every and --threads must be positive")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    try:
+        summary = train(cfg, log=lambda m: print(m, flush=True))
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

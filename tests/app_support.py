@@ -1,0 +1,91 @@
+"""Helpers for the app's tests: the model they run, a launched app, a hand-made trace.
+
+The model is the embedded one (assets/tiny-llada) when it is there, else a small random LLaDA
+with the embedded model's character tokenizer, written by the test into a temp folder.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import torch
+
+from engine import IterationRecord, Trace, save_model
+from engine.models import LLaDAModelLM
+from engine.tokenizer import build_tokenizer, save_tokenizer, special_ids
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def random_char_model(folder: Path) -> Path:
+    """A random 2-layer LLaDA with the character tokenizer, as a Hugging Face folder."""
+    torch.manual_seed(0)
+    config = dict(model_type="llada", d_model=64, n_heads=4, n_layers=2, mlp_hidden_size=96, vocab_size=build_tokenizer().get_vocab_size(), rope_theta=10000.0, **special_ids())
+    model = LLaDAModelLM(config)
+    with torch.no_grad():  # default init gives near-uniform logits; widen them so confidences vary
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    save_model(model, folder)
+    save_tokenizer(folder)
+    return folder
+
+
+def app_model(tmp_factory) -> str:
+    """The embedded model if trained and present, else a random one built now."""
+    if (EMBEDDED_MODEL / "config.json").is_file():
+        return str(EMBEDDED_MODEL)
+    return str(random_char_model(tmp_factory.mktemp("char-llada")))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0):
+    """(demo, url, host): the app on the test model, served on a free local port."""
+    from dinfer_viz.handlers import Handlers
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import build_demo, launch_kwargs
+
+    host = EngineHost(ModelSpec(app_model(tmp_factory)))
+    host.preload()
+    assert host.default_error is None, host.default_error
+    demo = build_demo(Handlers(host, fps=fps, plot_hz=plot_hz))
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    return demo, url, host
+
+
+def handmade_trace() -> Trace:
+    """Prompt [A B C] (ids 10-12), 8 positions to generate in blocks [3, 7) and [7, 11); mask 1,
+    EOS 0. Four records: a refresh and a window forward per block; positions 4 and 7 are forced,
+    the last record commits three EOS; credit and cont_weight extras on every record."""
+    mask = 1
+    tokens = {"0": "<|endoftext|>", "1": "<|mdm_mask|>", "10": "A", "11": "B", "12": "C", "20": "x", "21": "Ġy", "22": "z"}
+
+    def rec(i, block, rng, forward, recomputed, committed, forced, top1, conf, credit):
+        return IterationRecord(
+            iteration=i, block=block, block_range=list(rng), forward=forward, recomputed=recomputed,
+            threshold=0.9, committed=[committed], forced=[forced], top1=[top1], confidence=[conf],
+            seconds=0.01 * (i + 1), extras={"credit": [credit], "cont_weight": 0.1 * i},
+        )
+
+    records = [
+        rec(0, 0, (3, 7), "refresh", [[0, 11]], [3, 5], [], [20, 21, 22, 20], [0.95, 0.4, 0.92, 0.3], [1.0, 0.2, 0.9, 0.1]),
+        rec(1, 0, (3, 7), "window", [[2, 9]], [4, 6], [4], [20, 21, 22, 22], [0.99, 0.6, 0.98, 0.91], [1.5, 0.6, 1.2, 0.8]),
+        rec(2, 1, (7, 11), "refresh", [[0, 11]], [7], [7], [20, 0, 0, 0], [0.7, 0.5, 0.5, 0.5], [0.3, 0.2, 0.2, 0.2]),
+        rec(3, 1, (7, 11), "window", [[6, 11]], [8, 9, 10], [], [20, 0, 0, 0], [0.99, 0.95, 0.95, 0.95], [0.5, 0.9, 0.9, 0.9]),
+    ]
+    initial = [10, 11, 12] + [mask] * 8
+    final = [10, 11, 12, 20, 21, 22, 22, 20, 0, 0, 0]
+    return Trace(
+        model="handmade", mask_id=mask, eos_ids=[0], prompt_lengths=[3], canvas_length=11, block_length=4,
+        config={"decoder": "threshold", "cache": "vicinity", "threshold": 0.9}, initial=[initial], tokens=tokens,
+        iterations=records, final=[final],
+        stats={"nfe": 4, "tokens": 5, "seconds": 0.1, "batch": 1, "trace_seconds": 0.002, "tps": 50.0, "tpf": 1.25, "forwards_per_second": 40.0},
+        trace_seconds=0.002,
+    )

@@ -1,0 +1,176 @@
+"""The app through its Gradio API (gradio_client), against a server launched by the fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.utils import Status
+
+from dinfer_viz.handlers import RUN_VIEW, Handlers
+from dinfer_viz.host import EngineHost, ModelSpec
+from engine import GenerationConfig, Trace
+
+from .app_support import handmade_trace, launch_app
+
+# gradio's queue calls a pandas option that pandas 3 deprecates: noise, not ours
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")
+API_RUN = [name for name in RUN_VIEW if name != "state"]  # gr.State is not part of the API
+PROMPT = "Q: 48+57=? A:"
+SMALL = {"gen_length": 32, "block_length": 8, "threshold": 0.9}
+
+
+def out(result, name):
+    return result[API_RUN.index(name)]
+
+
+def readout_cells(markdown: str) -> list[str]:
+    """The data row of the readout table: TPS, TPF, NFE, forwards/s, seconds, tokens, overhead, wall."""
+    return [c.strip() for c in markdown.split("\n")[2].strip("|").split("|")]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    demo, url, host = launch_app(tmp_path_factory, fps=100)  # fast frames: a short run still streams several
+    yield SimpleNamespace(url=url, host=host)
+    demo.close()
+
+
+def direct(app, prompt, config):
+    """The same generation straight through the engine, for comparison."""
+    with app.host.lock:
+        return app.host.get(app.host.default).generate(prompt, config, trace=True)
+
+
+def test_run_streams_frames_and_ends_with_the_engine_text(app):
+    client = Client(app.url, verbose=False)
+    job = client.submit(PROMPT, {"config": SMALL}, "", api_name="/run")
+    result = job.result(timeout=120)
+    frames = job.outputs()
+    expected = direct(app, PROMPT, GenerationConfig(**SMALL))
+    stats = expected.output.stats
+    assert len(frames) >= 3
+    assert out(result, "text") == expected.text
+    assert out(result, "message").startswith("done")
+    assert f"| {stats.tpf:.2f} | {stats.nfe} |" in out(result, "readout") and "engine stats" in out(result, "readout")
+    assert out(result, "scrub")["maximum"] == len(expected.output.trace.iterations) - 1
+    grid = out(result, "grid")
+    covered = sum(int(c["t"][2:]) if c["t"].startswith("∎×") else 1 for c in grid["cells"])  # early-stop fill runs are one cell
+    assert covered == expected.output.trace.canvas_length and grid["caption"].startswith(f"iteration {stats.nfe}/{stats.nfe}")
+    assert any("masked" in c["k"] for c in frames[0][0]["cells"])  # the first frame is the canvas before decoding
+    assert json.loads(out(result, "raster")["plot"])["data"][0]["type"] == "heatmap"
+
+
+def test_invalid_setting_returns_the_message_and_the_session_goes_on(app):
+    client = Client(app.url, verbose=False)
+    bad = client.predict(PROMPT, {"config": {"gen_length": 10, "block_length": 3}}, "", api_name="/run")
+    assert "gen_length (10) must be a multiple of block_length (3)" in out(bad, "message")
+    unknown = client.predict(PROMPT, {"config": {"nonsense": 1}}, "", api_name="/run")
+    assert "unknown generation setting" in out(unknown, "message")
+    missing = client.predict(PROMPT, {"model": {"path": "/no/such/model"}}, "", api_name="/run")
+    assert "model folder not found" in out(missing, "message")
+    good = client.predict(PROMPT, {"config": {"gen_length": 8, "block_length": 8}}, "", api_name="/run")
+    assert out(good, "message").startswith("done")
+
+
+def test_stop_cancels_the_engine_and_frees_it(app):
+    client = Client(app.url, verbose=False)
+    n = 448  # one block of 448 iterations
+    job = client.submit(PROMPT, {"config": {"gen_length": n, "block_length": n, "decoder": "fixed", "align_blocks": False}}, "", api_name="/run")
+    deadline = time.time() + 60
+    while len(job.outputs()) < 4 and time.time() < deadline:
+        time.sleep(0.02)
+    live = readout_cells(out(job.outputs()[-1], "readout"))
+    nfe, seconds = int(live[2]), float(live[4])
+    assert 0 < nfe < n
+    t0 = time.time()
+    assert job.cancel()
+    assert app.host.lock.acquire(timeout=60)  # the worker holds the lock until the engine returns
+    freed = time.time() - t0
+    app.host.lock.release()
+    assert freed < min(3.0 + 20 * seconds / nfe, 0.5 * (n - nfe) * seconds / nfe)  # stopped early
+    deadline = time.time() + 10
+    while job.status().code != Status.CANCELLED and time.time() < deadline:
+        time.sleep(0.05)
+    assert job.status().code == Status.CANCELLED
+    after = client.predict(PROMPT, {"config": {"gen_length": 8, "block_length": 8}}, "", api_name="/run")
+    assert out(after, "message").startswith("done")
+
+
+def test_trace_download_and_upload_round_trip(app):
+    client = Client(app.url, verbose=False)
+    result = client.predict(PROMPT, {"config": SMALL}, "", api_name="/run")
+    path = out(result, "download")
+    trace = Trace.from_json(open(path).read())
+    assert trace.model and trace.tokens and len(trace.iterations) == trace.stats["nfe"]
+    loaded = client.predict(handle_file(path), api_name="/load_trace")
+    assert out(loaded, "message").startswith("loaded a trace")
+    assert readout_cells(out(loaded, "readout"))[:7] == readout_cells(out(result, "readout"))[:7]  # all but the UI wall time
+    assert out(loaded, "grid") == out(result, "grid")
+    replay = client.predict(0, api_name="/replay")  # the session now holds the loaded trace
+    assert out(replay, "grid")["caption"].startswith(f"iteration 1/{trace.stats['nfe']}")
+
+
+def test_a_trace_loads_and_replays_with_no_model(tmp_path):
+    handlers = Handlers(EngineHost(ModelSpec(str(tmp_path / "absent"))))
+    handlers.host.preload()
+    assert "model folder not found" in handlers.model_status()
+    file = tmp_path / "t.json"
+    file.write_text(handmade_trace().to_json())
+    view = dict(zip(RUN_VIEW, handlers.load_trace(str(file))))
+    assert view["message"].startswith("loaded a trace") and len(view["grid"]["cells"]) == 11
+    replay = dict(zip(RUN_VIEW, handlers.replay(1, view["state"])))
+    assert replay["grid"]["caption"].startswith("iteration 2/4")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 99}')
+    assert "cannot load this trace" in dict(zip(RUN_VIEW, handlers.load_trace(str(bad))))["message"]
+
+
+def test_two_sessions_at_once_get_their_own_runs(app):
+    prompts = ["Q: 12+34=? A:", "Q: 90-45=? A:"]
+    results: dict[int, tuple] = {}
+
+    def session(k: int) -> None:
+        client = Client(app.url, verbose=False)
+        results[k] = client.predict(prompts[k], {"config": SMALL}, "", api_name="/run")
+        results[k + 10] = client.predict(3, api_name="/replay")
+
+    threads = [threading.Thread(target=session, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    for k, prompt in enumerate(prompts):
+        assert out(results[k], "text") == direct(app, prompt, GenerationConfig(**SMALL)).text
+        prompt_cells = "".join(c["t"] for c in out(results[k + 10], "grid")["cells"] if c["k"] == "prompt")
+        assert prompt.replace(" ", "·") in prompt_cells  # each session replays its own run
+
+
+def test_compare_runs_both_settings(app):
+    client = Client(app.url, verbose=False)
+    a = {"config": {**SMALL, "decoder": "fixed"}}
+    b = {"config": {**SMALL, "cache": "dual"}}
+    job = client.submit(PROMPT, a, b, api_name="/compare")
+    result = job.result(timeout=180)
+    message = result[7]
+    assert message.startswith("done") and "A: fixed" in message and "B: threshold" in message
+    assert json.loads(result[6]["plot"])["data"][0]["type"] == "scatter"
+
+
+def test_sweep_reports_accuracy_and_tpf_per_value(app):
+    client = Client(app.url, verbose=False)
+    chart, table, failures, message = client.predict({"config": {"gen_length": 32, "block_length": 16}}, ["add"], 2, "threshold", "0.5, 0.9", api_name="/sweep")
+    assert message.startswith("done: 4 prompts")
+    assert [row[0] for row in table["data"]] == [0.5, 0.9]
+    assert all(0.0 <= row[1] <= 1.0 and row[2] >= 1.0 and row[4] == 2 for row in table["data"])
+    wrong = round(sum((1 - row[1]) * row[4] for row in table["data"]))
+    assert len(failures["data"]) == wrong
+    bad = client.predict({}, ["add"], 2, "threshold", "0.5, 7", api_name="/sweep")
+    assert "threshold must be in (0, 1]" in bad[3]

@@ -1,0 +1,96 @@
+"""The app in a real browser: Debian's chromium driven by Playwright (never a downloaded browser).
+
+In CI (CI set) a missing chromium or playwright is a failure; elsewhere these tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+
+from engine import GenerationConfig
+
+from .app_support import BROWSER_ARGS, handmade_trace, launch_app
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
+
+
+def _unavailable() -> str:
+    if not shutil.which(CHROMIUM):
+        return f"{CHROMIUM} is missing (apt-get install chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed (pip install playwright)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    """(page, host): a browser page on the app, and the app's engine host."""
+    reason = _unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser test cannot run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+        page.goto(url)
+        yield SimpleNamespace(page=page, host=host)
+        browser.close()
+    demo.close()
+
+
+def test_run_in_the_browser_renders_grid_and_plots(session, tmp_path):
+    from playwright.sync_api import expect
+
+    page, host = session.page, session.host
+    page.fill("#prompt textarea", "Q: 23+45=? A:")
+    page.click("#run-btn")
+    expect(page.locator("#message")).to_contain_text("done", timeout=90_000)
+    expect(page.locator("#grid .cells .cell").first).to_be_visible()
+    assert page.locator("#grid .cells .cell.masked").count() == 0  # the final frame: nothing left masked
+    assert page.locator("#grid .cells .cell.prompt").count() >= len("Q: 23+45=? A:")
+    expect(page.locator("#stats")).to_contain_text("engine stats")
+    with host.lock:  # the page's settings (collected in the browser) are the engine's defaults
+        text = host.get(host.default).generate("Q: 23+45=? A:", GenerationConfig()).text
+    assert page.locator("#output textarea").input_value() == text
+    expect(page.locator("#raster .js-plotly-plot .heatmaplayer image")).to_have_count(1)  # the heatmap was drawn
+    expect(page.locator("#iterations .js-plotly-plot .barlayer")).to_have_count(1)
+    shot = tmp_path / "app.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+
+    with page.expect_download() as download:
+        page.click("#download")
+    trace = json.loads(open(download.value.path()).read())
+    assert trace["version"] == 1 and len(trace["iterations"]) == trace["stats"]["nfe"]
+
+
+def test_a_loaded_trace_replays_in_the_browser(session, tmp_path):
+    from playwright.sync_api import expect
+
+    page = session.page
+    file = tmp_path / "trace.json"
+    file.write_text(handmade_trace().to_json())
+    with page.expect_file_chooser() as chooser:
+        page.click("#upload")
+    chooser.value.set_files(str(file))
+    caption = page.locator("#grid .caption")
+    expect(page.locator("#message")).to_contain_text("loaded a trace: handmade, 4 iterations")
+    expect(caption).to_contain_text("iteration 4/4")
+    page.locator("#scrub input[type=number]").fill("1")
+    page.keyboard.press("Enter")
+    expect(caption).to_contain_text("iteration 2/4 · block 0 [3, 7) · window forward")
+    page.click("#play-btn")
+    expect(caption).to_contain_text("iteration 4/4", timeout=10_000)

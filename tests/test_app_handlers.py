@@ -1,0 +1,73 @@
+"""Handler-level behaviour that needs no model: playback, scrubbing, opening a sweep failure."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr
+import pytest
+
+from dinfer_viz.answers import first_wrong
+from dinfer_viz.handlers import RUN_VIEW, Handlers, RunState
+from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.sweep import Outcome, SweepState
+from dinfer_viz.timeline import Timeline
+from engine.tasks import Example
+
+from .app_support import handmade_trace
+
+
+@pytest.fixture
+def handlers(tmp_path) -> Handlers:
+    return Handlers(EngineHost(ModelSpec(str(tmp_path / "never-loaded"))))
+
+
+@pytest.fixture
+def state() -> RunState:
+    return RunState(Timeline(handmade_trace()), expected=None)
+
+
+def test_playback_steps_and_stops_at_the_end(handlers, state):
+    it, grid, text, timer = handlers.step(1, state)
+    assert it == 2 and grid["caption"].startswith("iteration 3/4") and timer.active
+    it, grid, text, timer = handlers.step(2, state)
+    assert it == 3 and text == "x yzzx" and not timer.active  # reached the last iteration
+    *_, timer = handlers.step(3, state)
+    assert not timer.active
+
+
+def test_play_restarts_from_the_beginning_at_the_end(handlers, state):
+    start, timer = handlers.play(3, state)
+    assert start == -1 and timer.active
+    start, timer = handlers.play(1, state)
+    assert isinstance(start, type(gr.skip())) and timer.active
+
+
+def test_scrubbing_marks_the_iteration_on_the_figures(handlers, state):
+    view = dict(zip(RUN_VIEW, handlers.replay(1, state)))
+    assert view["grid"]["caption"].startswith("iteration 2/4")
+    assert any(s.line.color == "#dc2626" for s in view["raster"].layout.shapes)  # the highlight line
+    grid, text = handlers.glance(0, state)
+    assert grid["caption"].startswith("iteration 1/4") and text == "x░z░░░░░"
+
+
+def test_nothing_to_replay_is_a_message(handlers):
+    view = dict(zip(RUN_VIEW, handlers.replay(0, None)))
+    assert "nothing to replay" in view["message"]
+
+
+def test_a_sweep_failure_opens_at_its_first_wrong_commit(handlers):
+    trace = handmade_trace()
+    expected = [20, 21, 20, 22, 0]  # offset 2 (position 5) should be 20; it was committed as 22 at iteration 0
+    example = Example("add", "Q: 1+2=? A:", " The sum is 3.", 3)
+    outcome = Outcome(0.7, example, "x yzzx", False, 5, 4, 0.1, trace=trace, expected=expected, wrong=first_wrong(Timeline(trace), expected))
+    state = SweepState("threshold", outcomes=[outcome], done=True)
+    result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 2], "value": "x"}))
+    view = dict(zip(RUN_VIEW, result[: len(RUN_VIEW)]))
+    prompt, response, tabs = result[len(RUN_VIEW) :]
+    assert (prompt, response) == (example.prompt, example.response)
+    assert view["grid"]["caption"].startswith("iteration 1/4") and view["scrub"]["value"] == 0
+    assert "wrong" in view["grid"]["cells"][5]["k"] and "confidence 0.920" in view["message"]
+    assert view["state"].expected == expected

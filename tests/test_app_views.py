@@ -1,0 +1,229 @@
+"""The app's pure parts, from a hand-made trace: timeline, grid, figures, readouts, settings, text."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dinfer_viz.explain import explain
+from dinfer_viz.figures import compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras, sweep_figure
+from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_TEMPLATE, grid_value
+from dinfer_viz.readouts import readout
+from dinfer_viz.settings import all_controls, build_config, parse_settings, sections, visible_fields
+from dinfer_viz.host import ModelSpec
+from dinfer_viz.sweep import Outcome, SweepState, parse_values
+from dinfer_viz.system import engine_parameters, system_options
+from dinfer_viz.answers import first_wrong
+from dinfer_viz.timeline import Timeline
+from dinfer_viz.tokens import glyph, readable
+from engine import EngineError, GenerationConfig, Trace, decoder_names
+from engine.config import CACHE_MODES
+from engine.tasks import Example
+
+from .app_support import handmade_trace
+
+
+@pytest.fixture
+def timeline() -> Timeline:
+    return Timeline(handmade_trace())
+
+
+def test_timeline_matches_trace_canvas(timeline):
+    trace = timeline.trace
+    for i in range(-1, 3):  # before the last record the rebuild is exactly Trace.canvas_at
+        assert timeline.canvas_at(i) == trace.canvas_at(i)[0]
+    assert timeline.canvas_at(3) == trace.final[0]
+    assert timeline.commits[4].forced and timeline.commits[4].iteration == 1 and timeline.commits[4].confidence == 0.6
+    assert timeline.committed_tokens == 5  # the three EOS do not count
+    assert timeline.text_at(0) == "x░z░░░░░"  # no end of text yet: masks as ░ up to the canvas end
+    assert timeline.text_at(3) == "x yzzx"  # 'Ġy' reads ' y'; stops at the first EOS
+
+
+def test_timeline_live_growth_equals_whole(timeline):
+    trace = handmade_trace()
+    records, trace.iterations = trace.iterations, []
+    live = Timeline(trace)
+    for rec in records:
+        live.add(rec)
+    assert live.commits == timeline.commits and live.iterations == 4
+
+
+def test_grid_states_and_marks(timeline):
+    value = grid_value(timeline, 1, expected=[20, 21, 20, 22, 0])
+    cells = value["cells"]
+    assert len(cells) == 11 and [c["k"].split()[0] for c in cells[:3]] == ["prompt"] * 3
+    kinds = {i: c["k"].split() for i, c in enumerate(cells)}
+    assert kinds[3][0] == "old" and kinds[4][0] == "forced" and kinds[6][0] == "new"
+    assert kinds[7][0] == "masked" and "blk" not in kinds[7]  # next block, not current
+    assert "blk" in kinds[4] and "win" in kinds[2] and "win" not in kinds[10]  # window [2, 9)
+    assert "wrong" in kinds[5] and "wrong" not in kinds[3]  # expected 20 at offset 2, got 22
+    assert cells[4]["t"] == "·y" and cells[4]["c"] == 0.6
+    assert "confidence then 0.600" in cells[4]["tip"] and "credit 0.6" in cells[4]["tip"]
+    assert value["caption"].startswith("iteration 2/4 · block 0 [3, 7) · window forward over [2, 9)")
+
+
+def test_grid_before_first_and_final(timeline):
+    before = grid_value(timeline, -1)["cells"]
+    assert [c["k"] for c in before[3:]] == ["masked"] * 8
+    final = grid_value(timeline, 3)["cells"]
+    assert [c["t"] for c in final[8:]] == ["∎"] * 3
+    assert all(c["k"].split()[0] in CELL_COLOURS for c in final)
+
+
+def test_grid_collapses_early_stop_fill():
+    trace = handmade_trace()
+    trace.iterations = trace.iterations[:2]  # block 0 only; early stop filled positions 7-10
+    trace.final = [[10, 11, 12, 20, 21, 22, 22, 0, 0, 0, 0]]
+    cells = grid_value(Timeline(trace), 1)["cells"]
+    assert cells[-1] == {"t": "∎×4", "k": "fill", "tip": "pos 7–10: filled with end-of-text by early stop", "c": 0.0}
+    assert len(cells) == 8 and all("p" not in c for c in cells)
+    assert grid_value(Timeline(trace), 0)["cells"][-1]["k"] == "masked"  # before the last record: still masks
+    assert confidence_raster(Timeline(trace)).layout.xaxis.range[1] == 6.5  # figures stop at the last block decoded
+
+
+def test_grid_template_has_an_explicit_colour_for_every_state():
+    for kind, (colour, label) in CELL_COLOURS.items():
+        assert f".cell.{kind}{{background:{colour}}}" in GRID_CSS
+        assert label in GRID_TEMPLATE  # the legend names it
+    assert "{{#each value.cells}}" in GRID_TEMPLATE
+
+
+def test_raster_structure(timeline):
+    fig = confidence_raster(timeline, highlight=2)
+    heat, above, forced = fig.data
+    z = np.asarray(heat.z, dtype=float)
+    assert z.shape == (4, 8) and heat.x0 == 3 and heat.zmin == 0 and heat.zmax == 1  # columns from the first block
+    assert z[0, 0] == pytest.approx(0.95) and math.isnan(z[1, 0])  # position 3 committed in iteration 0
+    assert z[1, 1] == pytest.approx(0.6) and math.isnan(z[0, 4])  # position 4 masked until 1; 7 not in block 0
+    assert sorted(zip(above.x, above.y)) == [(3, 0), (5, 0), (6, 1), (8, 3), (9, 3), (10, 3)]
+    assert sorted(zip(forced.x, forced.y)) == [(4, 1), (7, 2)]
+    kinds = [(s.type, s.line.dash) for s in fig.layout.shapes]
+    assert kinds.count(("rect", None)) == 2  # two refresh bands
+    assert kinds.count(("rect", "dash")) == 2  # two windows
+    assert kinds.count(("line", None)) == 3  # two block starts and the highlight
+
+
+def test_raster_upto_and_live_window_cut_rows(timeline):
+    assert np.asarray(confidence_raster(timeline, upto=1).data[0].z).shape == (2, 8)
+    live = confidence_raster(timeline, last_rows=2)
+    assert np.asarray(live.data[0].z).shape == (2, 8) and live.data[0].y0 == 2
+    assert list(live.layout.yaxis.range) == [3.5, 1.5]
+    assert sorted(live.data[1].y) == [3, 3, 3] and list(live.data[2].y) == [2]  # commits of iterations 2-3 only
+
+
+def test_iteration_chart(timeline):
+    fig = iteration_chart(timeline)
+    by_uid = {t.uid: t for t in fig.data}
+    assert list(by_uid["above"].y) == [2, 1, 0, 3] and list(by_uid["forced"].y) == [0, 1, 1, 0]
+    assert list(by_uid["threshold"].y) == pytest.approx([0.9] * 4)
+    assert list(by_uid["scalar-cont_weight"].y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert list(by_uid["ms-refresh"].x) == [0, 2] and list(by_uid["ms-window"].y) == pytest.approx([20, 40])
+
+
+def test_extras_figure(timeline):
+    assert plottable_extras(timeline) == ["credit"]
+    fig = extras_figure(timeline)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert z.shape == (4, 8) and z[1, 1] == pytest.approx(0.6) and z[1, 0] == pytest.approx(1.5)  # every block position
+    trace = handmade_trace()
+    for rec in trace.iterations:
+        rec.extras = {}
+    assert "no per-position extras" in extras_figure(Timeline(trace)).layout.annotations[0].text
+
+
+def test_compare_and_sweep_figures(timeline):
+    fig = compare_figure([timeline, timeline], ["a", "b"])
+    assert list(fig.data[0].y) == [2, 4, 5, 5]  # EOS commits do not count
+    assert list(fig.data[0].x) == pytest.approx([0.01, 0.03, 0.06, 0.10])
+    sweep = sweep_figure([{"value": 0.9, "accuracy": 1.0, "tpf": 1.5, "tps": 10.0, "examples": 4}, {"value": 0.5, "accuracy": 0.5, "tpf": 3.0, "tps": 20.0, "examples": 4}])
+    assert list(sweep.data[0].x) == [3.0, 1.5] and list(sweep.data[0].text) == ["τ=0.5", "τ=0.9"]
+
+
+def test_readout_uses_engine_stats(timeline):
+    text = readout(timeline, wall_seconds=9.0)
+    assert "| **50.0** | 1.25 | 4 | 40.0 | 0.100 | 5 | 2.0 ms (2.0%) | 9.00 |" in text
+    trace = handmade_trace()
+    trace.final, trace.stats = [], {}
+    live = readout(Timeline(trace))  # live: sums of per-iteration engine seconds (0.1 s, 5 tokens)
+    assert "| 50.0 | 1.25 | 4 | 40.0 | 0.100 | 5 |" in live and "live" in live
+
+
+def test_trace_json_round_trip_keeps_the_view(timeline):
+    again = Timeline(Trace.from_json(timeline.trace.to_json()))
+    assert grid_value(again, 2) == grid_value(timeline, 2)
+
+
+def test_first_wrong_commit(timeline):
+    wrong = first_wrong(timeline, [20, 21, 22, 20, 0])  # position 6 should be 20, got 22 at iteration 1
+    assert (wrong.position, wrong.iteration, wrong.confidence) == (6, 1, 0.91)
+    assert first_wrong(timeline, [20, 21, 22, 22, 20, 0]) is None
+
+
+def test_tokens_readable():
+    assert readable("Ġthe") == " the" and readable("▁the") == " the" and readable("Ċ") == "\n"
+    assert readable("é") == "é" and readable("<|endoftext|>") == "<|endoftext|>"
+    assert glyph(" a\n") == "·a↵"
+
+
+def test_settings_choices_come_from_the_engine():
+    by_field = {c.field: c for c in all_controls()}
+    assert list(by_field["decoder"].choices()) == decoder_names()
+    assert tuple(by_field["cache"].choices()) == tuple(CACHE_MODES)
+    fields = {c.field for c in all_controls()}
+    assert fields == set(GenerationConfig().to_dict())  # every engine setting has a control
+    assert all(title for title, _ in sections())
+
+
+def test_settings_validation_messages():
+    spec, cfg = parse_settings({"config": {"gen_length": "32", "block_length": 8.0, "refresh_every": None}}, ModelSpec("m"))
+    assert (cfg.gen_length, cfg.block_length, spec.path) == (32, 8, "m")
+    with pytest.raises(EngineError, match="multiple of block_length"):
+        build_config({"gen_length": 10, "block_length": 3})
+    with pytest.raises(EngineError, match="unknown generation setting"):
+        build_config({"nope": 1})
+    with pytest.raises(EngineError, match="gen_length: expected int"):
+        build_config({"gen_length": "abc"})
+    with pytest.raises(EngineError, match="unknown settings key"):
+        parse_settings({"cfg": {}}, ModelSpec("m"))
+
+
+def test_visible_fields_follow_decoder_and_cache():
+    shown = visible_fields("fixed", "none", smoothing=False, unroll=False)
+    assert {"steps", "remasking"} <= shown and "threshold" not in shown and "prefix_look" not in shown
+    shown = visible_fields("threshold", "vicinity", smoothing=True, unroll=False)
+    assert {"threshold", "prefix_look", "after_look", "cont_weight"} <= shown and "steps" not in shown and "max_unroll" not in shown
+    assert "credit_alpha" in visible_fields("some_new_decoder", "none", False, False)  # unknown: show all
+
+
+def test_explain_covers_every_registered_decoder_and_cache_mode():
+    for name in decoder_names():
+        assert "No explanation" not in explain(name, "none")
+    for mode in CACHE_MODES:
+        assert "No explanation" not in explain("threshold", mode)
+    assert "No explanation" in explain("unheard_of", "none")
+
+
+def test_sweep_points_and_values():
+    ex = Example("add", "Q: 1+2=? A:", " The sum is 3.", 3)
+    state = SweepState("threshold")
+    state.outcomes = [
+        Outcome(0.9, ex, " The sum is 3.", True, tokens=10, nfe=10, seconds=1.0),
+        Outcome(0.9, ex, " The sum is 4.", False, tokens=10, nfe=5, seconds=1.0),
+        Outcome(0.5, ex, " The sum is 3.", True, tokens=9, nfe=3, seconds=0.5),
+    ]
+    points = state.points()
+    assert [p["value"] for p in points] == [0.5, 0.9]
+    assert points[1]["accuracy"] == 0.5 and points[1]["tpf"] == pytest.approx(20 / 15) and points[1]["tps"] == 10.0
+    assert parse_values("0.5, 0.7 0.9") == [0.5, 0.7, 0.9]
+    with pytest.raises(EngineError):
+        parse_values("a, b")
+
+
+def test_system_options_say_why_they_are_off():
+    params = engine_parameters()
+    for opt in system_options():
+        assert opt.available == (not opt.reason)
+        if opt.name not in params:
+            assert not opt.available and f"`{opt.name}`" in opt.reason

@@ -1,0 +1,295 @@
+"""benchmarks/: the runner's table and JSON, its counting, the presets, the scorers, the sweep, gpu_check --tiny."""
+
+import json
+import statistics
+
+import pytest
+import torch
+
+from benchmarks import gpu_check, scoring
+from benchmarks.presets import parse_configs
+from benchmarks.prompts import gsm8k_set, humaneval_set, load_prompt_set, mbpp_set
+from benchmarks.run import Call, ConfigRun, main, summarize, total
+from benchmarks.sweep import SweepRow, mark_pareto, sweep
+from engine import Engine, GenerationConfig, GenerationStats, save_model
+from engine.errors import EngineError
+from engine.stats import count_tokens
+from engine.tasks import get_task
+from engine.tokenizer import save_tokenizer, special_ids
+
+from .conftest import tiny_llada
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and far faster on a machine whose cores are busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench-ckpt")
+    save_model(tiny_llada(vocab_size=99, embedding_size=99, **special_ids()), folder)
+    save_tokenizer(folder)
+    return folder
+
+
+# ---- the runner ----------------------------------------------------------------------------------
+def test_runner_writes_table_and_json_with_the_engines_counts(checkpoint, tmp_path, capsys):
+    argv = ["--model", str(checkpoint), "--prompts", "heldout:add,sub", "--limit", "1", "--configs", "llada,fastdllm",
+            "--gen-length", "16", "--block-length", "8", "--repeats", "2", "--trace-overhead", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| config |" in table and "| llada |" in table and "| fastdllm |" in table
+
+    doc = json.loads((tmp_path / "benchmark.json").read_text())
+    assert (tmp_path / "benchmark.html").stat().st_size > 0 and (tmp_path / "benchmark.md").read_text().startswith("| config")
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["torch"] == torch.__version__
+    llada, fast = doc["results"]
+    assert [llada["name"], fast["name"]] == ["llada", "fastdllm"]
+    assert llada["config"]["decoder"] == "fixed" and fast["config"]["cache"] == "dual"
+    for row in doc["results"]:
+        calls = doc["calls"][row["name"]]
+        assert row["prompts"] == len(calls) == 2 and row["repeats"] == 2
+        # greedy: every pass makes the same tokens and forwards, so a pass's totals are the calls' sums
+        assert row["tokens"] == sum(c["tokens"] for c in calls) and row["nfe"] == sum(c["nfe"] for c in calls)
+        assert row["tpf"] == pytest.approx(row["tokens"] / row["nfe"])
+        assert row["tps_min"] <= row["tps_median"] <= row["tps_max"] and len(row["tps_passes"]) == 2
+        assert row["trace_overhead"] > 0
+        right = [get_task(c["prompt"].split(":")[0]).check(_example(c["prompt"]), c["text"]) for c in calls]
+        assert row["correct"] == 2 * sum(right) and row["scored"] == 4
+    assert llada["tps_ratio"] == 1.0 and llada["tpf_ratio"] == 1.0
+    assert fast["tpf_ratio"] == pytest.approx(fast["tpf"] / llada["tpf"])
+
+
+def _example(prompt_id: str):
+    task, prompt = prompt_id.split(":", 1)
+    return next(e for e in get_task(task).examples("held_out") if e.prompt == prompt)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--configs", "llada,nope"], "unknown configuration 'nope'"),
+        (["--configs", "a=threshold:2"], "threshold must be in (0, 1]"),
+        (["--prompts", "gsm8k"], "needs a file"),
+        (["--prompts", "gsm8k:/no/such.jsonl"], "prompt file not found"),
+        (["--set", "cache=disk"], "unknown cache mode 'disk'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+# ---- counting on hand-made outputs --------------------------------------------------------------
+def test_tokens_are_the_engines_count_of_a_hand_made_canvas():
+    # prompt 2 | generated: 5 7 EOS 9 (after EOS, same block: counts) EOT MASK
+    canvas = torch.tensor([[1, 2, 5, 7, 48, 9, 47, 49]])
+    assert count_tokens(canvas, [2], stop_ids=[48, 47], mask_id=49) == [3]
+
+
+def _call(tokens, nfe, seconds, correct=None, wall=None):
+    return Call("p", GenerationStats(nfe=nfe, tokens=tokens, seconds=seconds), wall or seconds, "", correct)
+
+
+def test_totals_are_sums_and_rates_are_ratios_of_sums():
+    both = total([GenerationStats(nfe=5, tokens=10, seconds=1.0), GenerationStats(nfe=5, tokens=30, seconds=3.0)])
+    assert (both.tokens, both.nfe, both.seconds) == (40, 10, 4.0)
+    assert both.tps == 10.0 and both.tpf == 4.0  # not the mean of per-call rates (10 and 10; 2 and 6)
+
+
+def test_summary_medians_ratios_accuracy_and_trace_overhead():
+    base = ConfigRun(parse_configs("llada", GenerationConfig(gen_length=8, block_length=8))[0])
+    fast = ConfigRun(parse_configs("fastdllm", GenerationConfig(gen_length=8, block_length=8))[0])
+    # three passes of one prompt; the baseline runs at 10, 20, 10 TPS, the other at 30, 40, 50
+    base.passes = [[_call(10, 10, 1.0, True)], [_call(10, 10, 0.5, True)], [_call(10, 10, 1.0, True)]]
+    fast.passes = [[_call(10, 4, 1 / 3, False)], [_call(10, 4, 0.25, True)], [_call(10, 4, 0.2, True)]]
+    fast.traced_passes = [[_call(10, 4, 0.1, wall=w)] for w in (0.5, 0.5, 0.4)]
+    rows = summarize([base, fast])
+    assert rows[0]["tps_median"] == 10.0 and rows[0]["tps_ratio"] == 1.0 and rows[0]["accuracy"] == 1.0
+    assert rows[1]["tps_median"] == pytest.approx(40.0)
+    assert rows[1]["tps_ratio"] == pytest.approx(statistics.median([3.0, 2.0, 5.0]))  # per pass, then median
+    assert rows[1]["tpf"] == 2.5 and rows[1]["tpf_ratio"] == 2.5
+    assert (rows[1]["correct"], rows[1]["scored"]) == (2, 3)
+    assert rows[1]["trace_overhead"] == pytest.approx(statistics.median([0.5 * 3, 0.5 / 0.25, 0.4 / 0.2]))
+    assert rows[0]["trace_overhead"] is None
+
+
+# ---- presets ------------------------------------------------------------------------------------
+def test_presets_and_user_configurations():
+    base = GenerationConfig(gen_length=64, block_length=32)
+    named = parse_configs("llada,fastdllm,dinfer,d8=dinfer,threshold:0.8,cache:dual,k2=steps:32", base)
+    by_name = {n.name: n.config for n in named}
+    assert list(by_name) == ["llada", "fastdllm", "dinfer", "d8", "k2"]
+    assert by_name["llada"].decoder == "fixed" and by_name["llada"].total_steps() == 64 and by_name["llada"].cache == "none"
+    assert (by_name["fastdllm"].threshold, by_name["fastdllm"].cache, by_name["fastdllm"].smoothing) == (0.9, "dual", False)
+    d = by_name["dinfer"]
+    assert (d.cache, d.prefix_look, d.after_look, d.warmup, d.smoothing, d.unroll) == ("vicinity", 16, 16, 4, True, True)
+    assert (by_name["d8"].threshold, by_name["d8"].cache, by_name["d8"].smoothing) == (0.8, "dual", True)
+    assert by_name["k2"].steps == 32 and by_name["k2"].decoder == base.decoder
+    assert all(c.gen_length == 64 and c.block_length == 32 for c in by_name.values())
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("threshold:0.5", "changes no configuration"),
+        ("a=dinfer,colour:red", "unknown generation setting 'colour'"),
+        ("a=steps:many", "steps takes a int"),
+        ("a=smoothing:maybe", "smoothing takes true or false"),
+        ("llada,llada", "named twice"),
+    ],
+)
+def test_bad_configuration_specs(spec, message):
+    with pytest.raises(EngineError, match=message):
+        parse_configs(spec, GenerationConfig())
+
+
+# ---- scorers and loaders ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "response,gold,right",
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", "7", True),
+        ("So the answer is 1,234.", "1234", True),
+        ("The total is \\boxed{18}", "18", True),
+        ("First 12, then 30, so 42 dollars.", "42", True),  # flexible: the last number
+        ("#### 41", "42", False),
+        ("The answer is 42.5", "42", False),
+        ("I do not know.", "42", False),
+    ],
+)
+def test_gsm8k_exact_numeric_match(response, gold, right):
+    assert scoring.numeric_match(response, gold) is right
+
+
+def test_gsm8k_gold_and_loader(tmp_path):
+    assert scoring.gsm8k_gold("48/2 = 24 clips\n#### 1,072") == "1,072"
+    path = tmp_path / "gsm.jsonl"
+    path.write_text('{"question": "2+2?", "answer": "2+2=4\\n#### 4"}\n{"question": "3*3?", "answer": "#### 9"}\n')
+    items = gsm8k_set(path).items
+    assert [i.check("#### 4") for i in items] == [True, False] and "3*3?" in items[1].prompt
+    path.write_text('{"question": "2+2?", "answer": "4"}\n')
+    with pytest.raises(EngineError, match="no '####'"):
+        gsm8k_set(path)
+    path.write_text("{not json\n")
+    with pytest.raises(EngineError, match="gsm.jsonl:1: not JSON"):
+        gsm8k_set(path)
+
+
+PROBLEM = {
+    "task_id": "Toy/0",
+    "prompt": 'def add(a, b):\n    """Sum of a and b."""\n',
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+    "entry_point": "add",
+}
+
+
+@pytest.mark.parametrize(
+    "response,passes",
+    [
+        ("    return a + b\n", True),  # completes the prompt
+        ("```python\ndef add(a, b):\n    return b + a\n```\nDone.", True),  # restates the function
+        ("    return a - b\n", False),
+        ("    return a +\n", False),  # syntax error
+        ("    import os\n    os._exit(3)\n", False),
+    ],
+)
+def test_humaneval_scorer_runs_the_tests(response, passes):
+    assert scoring.humaneval_passes(PROBLEM, response, timeout=20) is passes
+
+
+def test_code_that_hangs_fails_at_the_timeout():
+    assert scoring.run_python("while True:\n    pass\n", timeout=1.0) is False
+
+
+def test_humaneval_and_mbpp_loaders(tmp_path):
+    he = tmp_path / "he.jsonl"
+    he.write_text(json.dumps(PROBLEM) + "\n")
+    item = humaneval_set(he).items[0]
+    assert item.id == "Toy/0" and item.check("    return a + b\n") and not item.check("    return 0\n")
+    mbpp = tmp_path / "mbpp.jsonl"
+    mbpp.write_text(json.dumps({"task_id": 2, "text": "Write a function to double a number.", "test_list": ["assert double(4) == 8"]}) + "\n")
+    item = mbpp_set(mbpp).items[0]
+    assert "assert double(4) == 8" in item.prompt
+    assert item.check("```python\ndef double(x):\n    return 2 * x\n```") and not item.check("def double(x):\n    return x\n")
+    with pytest.raises(EngineError, match="unknown prompt set"):
+        load_prompt_set("squad:x.jsonl")
+
+
+def test_heldout_set_is_the_embedded_tasks_held_out_split():
+    prompts = load_prompt_set("heldout:add", limit=3)
+    assert len(prompts.items) == 3 and prompts.scored
+    example = _example(prompts.items[0].id)
+    assert prompts.items[0].check(example.response) and not prompts.items[0].check(" The sum is 0.")
+
+
+# ---- sweep --------------------------------------------------------------------------------------
+def test_pareto_front_on_hand_made_rows():
+    rows = [SweepRow("t", "threshold", v, acc, tpf, 0, 0, 0, 0) for v, acc, tpf in
+            [(0.9, 0.9, 1.0), (0.7, 0.8, 2.0), (0.5, 0.5, 1.5), (0.3, 0.8, 1.9)]]
+    assert [r.pareto for r in mark_pareto(rows)] == [True, True, False, False]
+
+
+def test_sweep_rows_on_a_model(checkpoint):
+    engine = Engine(checkpoint)
+    seen = []
+    rows = sweep(engine, load_prompt_set("heldout:add", limit=2), GenerationConfig(gen_length=16, block_length=8, early_stop=False, align_blocks=False),
+                 ["fixed", "threshold"], thresholds=(0.5, 0.95), tokens_per_step=(1, 2, 3), on_row=seen.append)
+    assert [(r.decoder, r.knob, r.value) for r in rows] == [
+        ("fixed", "tokens_per_step", 1), ("fixed", "tokens_per_step", 2), ("threshold", "threshold", 0.5), ("threshold", "threshold", 0.95)
+    ]  # k=3 does not divide the block
+    assert seen == rows and any(r.pareto for r in rows)
+    fixed1, fixed2 = rows[0], rows[1]
+    assert fixed1.nfe == 2 * 16 and fixed2.nfe == 2 * 8  # two prompts, 16 masks, one or two tokens per forward
+    assert all(r.tpf == pytest.approx(r.tokens / r.nfe) for r in rows)
+    with pytest.raises(EngineError, match="has no answers"):
+        from benchmarks.prompts import PromptItem, PromptSet
+
+        sweep(engine, PromptSet("t", [PromptItem("0", "hi")]), GenerationConfig(), ["threshold"])
+
+
+# ---- gpu_check ----------------------------------------------------------------------------------
+def test_gpu_check_tiny_on_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    assert gpu_check.main(["--tiny", "--repeats", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    results = {r["model"]: r for r in doc["results"]}
+    assert set(results) == {"llada-8b", "llada-moe-7b-a1b"}
+    for result in results.values():
+        assert [r["mode"] for r in result["block_forward"]] == ["full", "refresh", "prefix", "dual", "window"]
+        assert all(r["rel_error"] < 1e-4 and r["ms"] > 0 and r["floor_ms"] > 0 for r in result["block_forward"])
+        # gen 16 in blocks of 8, 4 tokens per step: 2 forwards per block in every mode
+        assert [(g["cache"], g["nfe"]) for g in result["generate"]] == [("none", 4), ("prefix", 4), ("dual", 4), ("vicinity", 4)]
+
+
+def test_gpu_check_catches_a_wrong_cache_merge(monkeypatch):
+    from engine.models import layers
+
+    def off_by_one(past, fresh, replace):  # writes the fresh K/V one slot to the right
+        a, b = replace
+        return torch.cat([past[:, :, : a + 1], fresh, past[:, :, b + 1 :]], dim=2)
+
+    monkeypatch.setattr(layers, "merge_past", off_by_one)
+    model = gpu_check.build(gpu_check.TINY_LLADA, torch.device("cpu"), torch.float32)
+    x = gpu_check.canvas(model, 24, 16, 4, torch.device("cpu"))
+    with torch.inference_mode():
+        rows = gpu_check.block_forwards(model, x, (24, 32), 16, 8, 1, 1e9, None, torch.device("cpu"))
+    errors = {r["mode"]: r["rel_error"] for r in rows}
+    assert errors["full"] == 0.0 and errors["refresh"] == 0.0
+    assert min(errors["prefix"], errors["dual"], errors["window"]) > 1e-3
+
+
+def test_floor_reproduces_the_performance_doc_numbers():
+    with torch.device("meta"):
+        dense = gpu_check.model_class(gpu_check.LLADA_8B)(gpu_check.LLADA_8B).to(torch.bfloat16)
+        moe = gpu_check.model_class(gpu_check.LLADA_MOE_7B)(gpu_check.LLADA_MOE_7B).to(torch.bfloat16)
+    # performance.md §4: 32 query tokens on a cached 512-token prefix, 4.8 TB/s
+    floor = gpu_check.Shape.of(dense).floor(32, 544, 512, True, 4.8e12, None)
+    assert floor["bytes"] == pytest.approx(15.28e9, rel=1e-3) and floor["floor_s"] == pytest.approx(3.18e-3, rel=1e-2)
+    floor = gpu_check.Shape.of(moe).floor(32, 544, 512, True, 4.8e12, None)
+    assert floor["floor_s"] == pytest.approx(2.91e-3, rel=1e-2)

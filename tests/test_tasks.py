@@ -1,0 +1,95 @@
+"""The embedded model's tasks: prompt format, checkers, held-out split, seeded sampling."""
+
+import pytest
+
+from engine import EngineError
+import re
+
+from engine.tasks import OPERAND_RANGE, TASKS, ExampleSampler, get_task, held_out_examples, is_held_out
+
+
+def test_prompt_and_response_format():
+    add = get_task("add").example(48, 57)
+    assert (add.prompt, add.response, add.answer) == ("Q: 48+57=? A:", " The sum is 105.", 105)
+    sub = get_task("sub").example(48, 57)
+    assert (sub.prompt, sub.response, sub.answer) == ("Q: 48-57=? A:", " The difference is -9.", -9)
+    small = get_task("sub_small").example(3, 57)
+    assert (small.prompt, small.response, small.answer) == ("Q: 3-57=? A:", " The difference is -54.", -54)
+
+
+@pytest.mark.parametrize(
+    "task, a, b, text, ok",
+    [
+        ("add", 48, 57, " The sum is 105.", True),
+        ("add", 48, 57, "The sum is 105.  ", True),  # surrounding whitespace is not part of the answer
+        ("add", 48, 57, " The sum is 104.", False),
+        ("add", 48, 57, " The sum is 105", False),  # the sentence must end
+        ("add", 48, 57, " The sum is 105.5.", False),
+        ("add", 48, 57, " The sum is 1055.", False),
+        ("add", 48, 57, " The difference is 105.", False),  # wrong template
+        ("add", 48, 57, " The sum is 105. The sum is 105.", False),
+        ("add", 48, 57, "", False),
+        ("sub", 48, 57, " The difference is -9.", True),
+        ("sub", 48, 57, " The difference is 9.", False),
+        ("sub", 57, 48, " The difference is 9.", True),
+        ("sub", 50, 50, " The difference is 0.", True),
+    ],
+)
+def test_checker_accepts_only_the_exact_answer(task, a, b, text, ok):
+    t = get_task(task)
+    assert t.check(t.example(a, b), text) is ok
+
+
+def test_every_generated_response_passes_its_own_checker():
+    for task in TASKS.values():
+        for split in ("train", "held_out"):
+            assert all(task.check(e, e.response) for e in task.examples(split))
+
+
+def _operands(prompt: str) -> tuple[int, int]:
+    a, b = re.fullmatch(r"Q: (\d+)[+-](\d+)=\? A:", prompt).groups()
+    return int(a), int(b)
+
+
+def test_held_out_split_is_disjoint_complete_and_about_ten_percent():
+    for task in TASKS.values():
+        train, held = set(task.pairs("train")), set(task.pairs("held_out"))
+        everything = train | held
+        assert not train & held
+        if task.small:
+            assert len(everything) == 100 * 100 - 90 * 90 and all(min(p) < 10 for p in everything)
+        else:
+            assert everything == {(a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE}
+        assert 0.07 < len(held) / len(everything) < 0.13
+    # the split depends on the family, so add and sub hold out different pairs
+    assert set(TASKS["add"].pairs("held_out")) != set(TASKS["sub"].pairs("held_out"))
+    with pytest.raises(EngineError):
+        TASKS["add"].pairs("test")
+
+
+def test_sampler_is_seeded_and_never_draws_held_out_pairs():
+    a, b = ExampleSampler(list(TASKS), seed=3), ExampleSampler(list(TASKS), seed=3)
+    first = a.batch(500)
+    assert first == b.batch(500)
+    assert first != ExampleSampler(list(TASKS), seed=4).batch(500)
+    assert {e.task for e in first} == set(TASKS)
+    for e in first:
+        assert not is_held_out(e.task, *_operands(e.prompt))
+        assert e.answer == TASKS[e.task].compute(*_operands(e.prompt))
+    state = a.state()
+    nxt = a.batch(5)
+    a.restore(state)
+    assert a.batch(5) == nxt
+
+
+def test_held_out_examples_limit_is_a_seeded_sample_per_task():
+    sample = held_out_examples(["add", "sub"], limit=10, seed=1)
+    assert [e.task for e in sample] == ["add"] * 10 + ["sub"] * 10
+    assert sample == held_out_examples(["add", "sub"], limit=10, seed=1)
+    assert all(e in get_task(e.task).examples("held_out") for e in sample)
+    assert len(held_out_examples(["sub"])) == len(TASKS["sub"].pairs("held_out"))
+
+
+def test_unknown_task_is_an_engine_error():
+    with pytest.raises(EngineError, match="unknown task"):
+        get_task("mul")

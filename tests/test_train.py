@@ -1,0 +1,124 @@
+"""Training the embedded model: batches, masking, schedule, a few steps that lower the loss, resume."""
+
+import json
+
+import pytest
+import torch
+
+from engine import load_model, load_tokenizer
+from engine.models import LLaDAModelLM
+from engine.tasks import TASKS, get_task
+from engine.tokenizer import build_tokenizer, special_ids
+from engine.train import (
+    RESUME_FILE,
+    TrainConfig,
+    diffusion_loss,
+    init_weights,
+    learning_rate,
+    make_batch,
+    mask_responses,
+    model_config,
+    parse_args,
+    schedule_progress,
+    train,
+)
+
+IDS = special_ids()
+TINY = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=16, min_gen=24, max_gen=32, eval_per_task=2, threads=1)
+
+
+def test_make_batch_pads_responses_with_eos_and_marks_the_prompt():
+    examples = [get_task("add").example(48, 57), get_task("sub").example(10, 99)]
+    ids, response = make_batch(examples, build_tokenizer(), 24, IDS["eos_token_id"])
+    assert ids.shape == response.shape == (2, 13 + 24)
+    tok = build_tokenizer()
+    assert tok.decode(ids[0, :13].tolist()) == "Q: 48+57=? A:"
+    assert tok.decode(ids[0, 13:29].tolist()) == " The sum is 105."
+    assert (ids[0, 29:] == IDS["eos_token_id"]).all()
+    assert not response[:, :13].any() and response[:, 13:].all()
+
+
+def test_masking_never_touches_the_prompt_and_follows_t():
+    ids = torch.randint(3, 90, (400, 60))
+    response = torch.zeros_like(ids, dtype=torch.bool)
+    response[:, 20:] = True
+    noisy, masked, p_mask = mask_responses(ids, response, IDS["mask_token_id"], 1e-3, torch.Generator().manual_seed(0))
+    assert not masked[:, :20].any()
+    assert torch.equal(noisy[:, :20], ids[:, :20])
+    assert (noisy[masked] == IDS["mask_token_id"]).all() and torch.equal(noisy[~masked], ids[~masked])
+    # the masked fraction of each row's response tracks that row's t
+    fraction = masked[:, 20:].float().mean(dim=1)
+    assert torch.corrcoef(torch.stack([fraction, p_mask[:, 0]]))[0, 1] > 0.95
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(lr=1e-3, warmup=10, steps=100, min_lr_ratio=0.1)
+    assert learning_rate(cfg, 0, 0.0) == pytest.approx(1e-4)
+    assert learning_rate(cfg, 9, 0.0) == pytest.approx(1e-3)
+    assert learning_rate(cfg, 50, 0.5) == pytest.approx(0.55e-3)
+    assert learning_rate(cfg, 99, 1.0) == pytest.approx(1e-4)
+
+
+def test_progress_follows_steps_or_the_time_budget_whichever_is_further():
+    assert schedule_progress(TrainConfig(steps=100), 25, minutes=99.0) == 0.25  # no budget: steps only
+    budget = TrainConfig(steps=100, max_minutes=10.0)
+    assert schedule_progress(budget, 25, minutes=5.0) == 0.5
+    assert schedule_progress(budget, 75, minutes=5.0) == 0.75
+    assert schedule_progress(budget, 10, minutes=12.0) == 1.0
+
+
+def test_time_budget_stops_the_run(tmp_path):
+    cfg = TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=10_000, max_minutes=0.02, eval_every=10_000, **TINY)
+    summary = train(cfg, log=lambda _: None)
+    assert 0 < summary["steps"] < 10_000
+    assert (tmp_path / "m" / "model.safetensors").is_file()  # the final save happens on a time stop too
+
+
+def test_config_json_uses_llada_field_names():
+    cfg = model_config(TrainConfig())
+    assert cfg["model_type"] == "llada" and cfg["architectures"] == ["LLaDAModelLM"]
+    assert cfg["vocab_size"] == build_tokenizer().get_vocab_size()
+    assert {k: cfg[k] for k in IDS} == IDS
+
+
+def _fixed_batch_loss(model) -> float:
+    examples = [get_task("add").example(a, 31) for a in range(20, 36)]
+    ids, response = make_batch(examples, build_tokenizer(), 32, IDS["eos_token_id"])
+    with torch.no_grad():
+        return diffusion_loss(model, ids, response, IDS["mask_token_id"], 1e-3, torch.Generator().manual_seed(0)).item()
+
+
+def test_a_few_steps_lower_the_loss_and_write_a_loadable_folder(tmp_path):
+    cfg = TrainConfig(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), steps=30, warmup=5, lr=1e-2, eval_every=30, **TINY)
+    start = LLaDAModelLM(model_config(cfg))
+    init_weights(start, cfg.seed)
+    summary = train(cfg, log=lambda _: None)
+    trained = load_model(cfg.out)
+    assert _fixed_batch_loss(trained) < 0.7 * _fixed_batch_loss(start)
+    assert set(summary["held_out_accuracy"]) == set(TASKS)
+    assert load_tokenizer(cfg.out).mask_token_id == IDS["mask_token_id"]
+    assert (tmp_path / "run" / RESUME_FILE).is_file()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 30
+
+
+def test_resume_continues_from_the_saved_step(tmp_path):
+    common = dict(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), eval_every=4, **TINY)
+    train(TrainConfig(steps=4, **common), log=lambda _: None)
+    logs: list[str] = []
+    train(TrainConfig(steps=8, resume=True, **common), log=logs.append)
+    assert any("resumed" in line and "step 4" in line for line in logs)
+    assert any(line.startswith("step 8 ") for line in logs)
+    assert not any(line.startswith("step 4 ") for line in logs)
+
+
+def test_resume_without_a_checkpoint_is_an_engine_error(tmp_path):
+    from engine import EngineError
+
+    with pytest.raises(EngineError, match="resume"):
+        train(TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=2, resume=True, **TINY), log=lambda _: None)
+
+
+def test_cli_rejects_bad_lengths():
+    with pytest.raises(SystemExit):
+        parse_args(["--min-gen", "64", "--max-gen", "32"])
+    assert parse_args(["--steps", "7", "--tasks", "add"]).tasks == ("add",)
