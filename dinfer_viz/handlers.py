@@ -80,7 +80,7 @@ class Handlers:
         self.host = host
         self.fps = fps
         self.plot_hz = plot_hz
-        self.trace_dir = Path(tempfile.mkdtemp(prefix="dinfer-viz-traces-"))
+        self._trace_dir: Path | None = None  # made on the first trace written
         self.option_names = [o.name for o in system_options()]
 
     # ---- settings -------------------------------------------------------------------------------
@@ -178,8 +178,11 @@ class Handlers:
         return gr.update(minimum=-1, maximum=max(timeline.iterations - 1, 0), value=timeline.clamp(value), interactive=True)
 
     def _write_trace(self, trace: Trace) -> str:
+        """The trace as a JSON file for the download button (Gradio serves files from the temp dir)."""
+        if self._trace_dir is None:
+            self._trace_dir = Path(tempfile.mkdtemp(prefix="dinfer-viz-traces-"))
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", trace.model or "model")
-        path = self.trace_dir / f"trace-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6}.json"
+        path = self._trace_dir / f"trace-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6}.json"
         path.write_text(trace.to_json())
         return str(path)
 

@@ -88,24 +88,29 @@ def start_worker(host: EngineHost, spec: ModelSpec, job: Job, cancel: threading.
 
 class FrameClock:
     """Decides when a frame (and its plots) is due: at most `fps` frames and `plot_hz` plot
-    redraws per second, and never so often that the UI's share of the wall time (the time from
-    a frame's yield to the generator's resumption: building the views, Gradio's diff and send)
-    exceeds `budget`, so a slow machine gets fewer frames instead of a slower engine."""
+    redraws per second, and not so often that the UI's share of the wall time (a frame's yield
+    to the generator's resumption: building the views, Gradio's diff and send) exceeds `budget`,
+    so a slow machine gets fewer frames instead of a slower engine. Costs are smoothed, and the
+    gaps capped, so one slow frame (a GC pause, a busy CPU) never freezes the view for long."""
+
+    MAX_FRAME_GAP = 1.0  # seconds
+    MAX_PLOT_GAP = 2.0
+    SMOOTHING = 0.3  # weight of the newest cost
 
     def __init__(self, fps: float, plot_hz: float, budget: float = 0.25) -> None:
         self.fps, self.plot_hz, self.budget = fps, plot_hz, budget
         self.last_frame = float("-inf")
         self.last_plot = float("-inf")
-        self.frame_cost = 0.0  # UI seconds of the last frame without plots
+        self.frame_cost = 0.0  # smoothed UI seconds of a frame without plots
         self.plot_cost = 0.0  # ... and with plots
 
     @property
     def frame_interval(self) -> float:
-        return max(1.0 / self.fps, self.frame_cost / self.budget)
+        return min(max(1.0 / self.fps, self.frame_cost / self.budget), max(self.MAX_FRAME_GAP, 1.0 / self.fps))
 
     @property
     def plot_interval(self) -> float:
-        return max(1.0 / self.plot_hz, self.plot_cost / self.budget)
+        return min(max(1.0 / self.plot_hz, self.plot_cost / self.budget), max(self.MAX_PLOT_GAP, 1.0 / self.plot_hz))
 
     def wait(self, now: float) -> float:
         """Seconds until the next frame may go."""
@@ -124,9 +129,9 @@ class FrameClock:
     def spent(self, seconds: float, plots: bool) -> None:
         """What the UI took for the frame just sent."""
         if plots:
-            self.plot_cost = seconds
+            self.plot_cost += self.SMOOTHING * (seconds - self.plot_cost)
         else:
-            self.frame_cost = seconds
+            self.frame_cost += self.SMOOTHING * (seconds - self.frame_cost)
 
 
 @dataclass

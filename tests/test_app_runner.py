@@ -30,10 +30,13 @@ def test_frame_clock_limits_rates():
     assert clock.wait(0.15) == pytest.approx(0.05)
     assert clock.tick(0.5) == (True, True)
     assert clock.tick(0.51, force=True) == (True, True)  # the final frame always goes
-    clock.spent(0.2, plots=True)  # plots took 0.2 s of UI time: at a 25% budget, one per 0.8 s
-    clock.spent(0.05, plots=False)
+    for _ in range(50):  # frames with plots keep taking 0.2 s of UI time: at a 25% budget, one per 0.8 s
+        clock.spent(0.2, plots=True)
+        clock.spent(0.05, plots=False)
     assert clock.plot_interval == pytest.approx(0.8) and clock.frame_interval == pytest.approx(0.2)
     assert clock.tick(0.6) == (False, False) and clock.tick(0.72) == (True, False) and clock.tick(1.32) == (True, True)
+    clock.spent(30.0, plots=False)  # one pathological frame: smoothed, and the gap is capped
+    assert clock.frame_interval == clock.MAX_FRAME_GAP
 
 
 def test_frames_are_throttled_and_the_last_is_the_engine_result(host):
