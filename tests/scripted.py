@@ -27,7 +27,7 @@ class ScriptedLM(DiffusionLM):
     def embedding_weight(self) -> torch.Tensor:
         return self.wte.weight
 
-    def forward(self, input_ids=None, inputs_embeds=None, past_kv=None, replace=None, use_cache=False, attention_mask=None):
+    def forward(self, input_ids=None, inputs_embeds=None, past_kv=None, replace=None, use_cache=False, attention_mask=None, persist=False):
         self.forwards += 1
         x = input_ids if input_ids is not None else inputs_embeds[..., 0]
         b, q = x.shape[:2]
