@@ -53,6 +53,10 @@ def _generate(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # validate before the (slow) model load
     if not args.prompt or not args.prompt.strip():
         raise EngineError("empty prompt")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise EngineError(f"threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     dtype = _DTYPES[args.dtype] if args.dtype else None
     parallel = args.tp > 1 or args.ep > 1
     device = args.device
@@ -91,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (small models on a busy CPU run faster with 1)"
+    )
     gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: the number of torchrun processes")
     gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): the number of torchrun processes")
     add_config_flags(gen)

@@ -45,6 +45,7 @@ def test_generate_json_in_a_real_process(checkpoint, tmp_path):
         (["--prompt", "   "], "empty prompt"),
         (["--model", "./no/such/folder"], "model folder not found: ./no/such/folder"),
         (["--steps", "3"], "steps (3) must be a positive multiple of the number of blocks (2)"),
+        (["--threads", "0"], "threads must be >= 1"),
     ],
 )
 def test_bad_arguments_exit_nonzero_with_one_line(checkpoint, capsys, args, message):
