@@ -34,9 +34,8 @@ import torch
 from .cache import FULL, PREFIX, ForwardPlan, staleness
 from .config import GenerationConfig
 from .errors import EngineError
-from .iteration import GenerationCancelled, GenerationOutput, _Request, _sync
+from .iteration import GenerationOutput, _Request, _sync
 from .models.base import DiffusionLM
-from .stats import GenerationStats, count_tokens, generated_mask
 from .trace import IterationRecord
 
 CACHE_MODES = ("none", "prefix")
@@ -160,59 +159,13 @@ class BlockDiffusionRequest(_Request):
         if self.cached and first > 0:  # prefill: the K/V of every block before the first decoded one
             self._write(self._exact_forward(first, use_cache=True).kv, 0, first)
             self.nfe += 1
-        prompt_len = torch.tensor(self.prompt_lengths, device=self.device).unsqueeze(1)
-        stop = torch.tensor(self.stop_ids, device=self.device)
         finished = torch.zeros(self.x.shape[0], dtype=torch.bool, device=self.device)
-        steps_per_block = cfg.total_steps() // cfg.num_blocks()
         for block_index, (s, e) in enumerate(blocks):
-            self.decoder.block_init(self.x[:, s:e] == self.mask_id, block_index)
-            guard = (e - s) + steps_per_block + cfg.max_unroll + 2
-            forwards = 0
-            while True:
-                remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
-                self.host_syncs += 1
-                if remaining == 0:
-                    break
-                if self.cancel is not None and self.cancel.is_set():
-                    raise GenerationCancelled("generation cancelled")
-                group = min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll) if cfg.unroll else 1
-                for _ in range(group):
-                    self.step(block_index, s, e)
-                forwards += group
-                if forwards > guard:
-                    raise EngineError(
-                        f"block {block_index} still has masks after {forwards} forwards: decoder '{cfg.decoder}' made no progress"
-                    )
-            self.decoder.block_done(block_index)
+            self.decode_block(block_index, s, e)
             if e == self.length:
                 break
-            if cfg.early_stop:
-                generated = self.positions[s:e].unsqueeze(0) >= prompt_len
-                finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
-                self.x[:, e:] = torch.where(finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
-                if self.embeds is not None:
-                    self.embeds[:, e:] = torch.where(finished[:, None, None], self.model.embed(self.x[:, e:]), self.embeds[:, e:])
-                self.host_syncs += 1
-                if bool(finished.all()):
-                    break
+            if cfg.early_stop and self.stop_rows(s, e, finished):
+                break
             if self.cached:  # only when another block follows: the last block's K/V are never read
                 self._finish_block(s, e)
-        return self._output(start)
-
-    def _output(self, start: float) -> GenerationOutput:
-        keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)
-        token_ids = [row[k].tolist() for row, k in zip(self.x.cpu(), keep.cpu())]
-        _sync(self.device)
-        stats = GenerationStats(
-            nfe=self.nfe,
-            tokens=sum(count_tokens(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)),
-            seconds=time.perf_counter() - start - self.excluded_seconds,
-            batch=self.x.shape[0],
-            trace_seconds=self.excluded_seconds,
-            host_syncs=self.host_syncs,
-        )
-        if self.trace is not None:
-            self.trace.final = self.x.cpu().tolist()
-            self.trace.stats = stats.to_dict()
-            self.trace.trace_seconds = self.excluded_seconds
-        return GenerationOutput(self.x, self.prompt_lengths, token_ids, stats, self.trace)
+        return self.output(start)

@@ -208,48 +208,64 @@ class _Request:
         cfg = self.cfg
         start = time.perf_counter()
         blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
-        prompt_len = torch.tensor(self.prompt_lengths, device=self.device).unsqueeze(1)
-        stop = torch.tensor(self.stop_ids, device=self.device)
         finished = torch.zeros(self.x.shape[0], dtype=torch.bool, device=self.device)
-        steps_per_block = cfg.total_steps() // cfg.num_blocks()
         for block_index, (s, e) in enumerate(blocks):
-            self.decoder.block_init(self.x[:, s:e] == self.mask_id, block_index)
-            guard = (e - s) + steps_per_block + cfg.warmup + cfg.max_unroll + 2
-            forwards = 0
-            while True:
-                remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
-                self.host_syncs += 1
-                if remaining == 0:
-                    break
-                if self.cancel is not None and self.cancel.is_set():
-                    raise GenerationCancelled("generation cancelled")
-                group = min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll) if cfg.unroll else 1
-                for _ in range(group):
-                    self.step(block_index, s, e)
-                forwards += group
-                if forwards > guard:
-                    raise EngineError(
-                        f"block {block_index} still has masks after {forwards} forwards: decoder '{cfg.decoder}' made no progress"
-                    )
-            self.decoder.block_done(block_index)
-            if cfg.early_stop and e < self.length:
-                positions = torch.arange(s, e, device=self.device).unsqueeze(0)
-                generated = positions >= prompt_len
-                finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
-                self.x[:, e:] = torch.where(finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
-                if self.embeds is not None:  # the filled EOS feed their plain embedding from now on
-                    self.embeds[:, e:] = torch.where(finished[:, None, None], self.model.embed(self.x[:, e:]), self.embeds[:, e:])
-                self.host_syncs += 1
-                if bool(finished.all()):
-                    break
+            self.decode_block(block_index, s, e, extra_forwards=cfg.warmup)
+            if cfg.early_stop and e < self.length and self.stop_rows(s, e, finished):
+                break
+        return self.output(start)
+
+    def decode_block(self, block_index: int, s: int, e: int, extra_forwards: int = 0) -> None:
+        """Iterate until block `[s, e)` has no masks: one host sync per group of iterations.
+
+        A guard on forwards (the block width plus the fixed decoder's steps plus `extra_forwards`
+        that the schedule may add) turns a decoder that stops making progress into an error.
+        """
+        cfg = self.cfg
+        self.decoder.block_init(self.x[:, s:e] == self.mask_id, block_index)
+        guard = (e - s) + cfg.total_steps() // cfg.num_blocks() + extra_forwards + cfg.max_unroll + 2
+        forwards = 0
+        while True:
+            remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
+            self.host_syncs += 1
+            if remaining == 0:
+                break
+            if self.cancel is not None and self.cancel.is_set():
+                raise GenerationCancelled("generation cancelled")
+            group = min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll) if cfg.unroll else 1
+            for _ in range(group):
+                self.step(block_index, s, e)
+            forwards += group
+            if forwards > guard:
+                raise EngineError(
+                    f"block {block_index} still has masks after {forwards} forwards: decoder '{cfg.decoder}' made no progress"
+                )
+        self.decoder.block_done(block_index)
+
+    def stop_rows(self, s: int, e: int, finished: torch.Tensor) -> bool:
+        """Early stop: rows that generated an EOS/EoT in `[s, e)` get EOS everywhere after `e`.
+
+        Updates `finished` in place; returns whether every row has finished (one host sync).
+        """
+        positions = torch.arange(s, e, device=self.device).unsqueeze(0)
+        generated = positions >= torch.tensor(self.prompt_lengths, device=self.device).unsqueeze(1)
+        stop = torch.tensor(self.stop_ids, device=self.device)
+        finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
+        self.x[:, e:] = torch.where(finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
+        if self.embeds is not None:  # the filled EOS feed their plain embedding from now on
+            self.embeds[:, e:] = torch.where(finished[:, None, None], self.model.embed(self.x[:, e:]), self.embeds[:, e:])
+        self.host_syncs += 1
+        return bool(finished.all())
+
+    def output(self, start: float) -> GenerationOutput:
+        """Token ids, stats (timed from `start`, minus excluded time) and the trace's footer."""
         keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)
         token_ids = [row[k].tolist() for row, k in zip(self.x.cpu(), keep.cpu())]
         _sync(self.device)
-        elapsed = time.perf_counter() - start - self.excluded_seconds
         stats = GenerationStats(
             nfe=self.nfe,
             tokens=sum(count_tokens(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)),
-            seconds=elapsed,
+            seconds=time.perf_counter() - start - self.excluded_seconds,
             batch=self.x.shape[0],
             trace_seconds=self.excluded_seconds,
             host_syncs=self.host_syncs,

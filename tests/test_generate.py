@@ -3,7 +3,6 @@
 import threading
 
 import pytest
-import torch
 
 from engine import EngineError, GenerationCancelled, GenerationConfig, Trace, generate
 from engine.iteration import block_ranges

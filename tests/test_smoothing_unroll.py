@@ -7,7 +7,7 @@ from engine import GenerationConfig, generate
 from engine.models.llada import LLaDAModelLM
 
 from .conftest import TINY_CONFIG, tiny_llada
-from .scripted import EOS, MASK, ScriptedLM
+from .scripted import EOS, ScriptedLM
 
 DECODERS = ("fixed", "threshold", "hierarchical", "credit", "factor")
 CACHES = ("none", "prefix", "dual", "vicinity")
