@@ -135,6 +135,10 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _decoder_label(config: GenerationConfig) -> str:
+    return f"thr {config.threshold:g}" if config.decoder == "threshold" else config.decoder
+
+
 def format_table(rows: list[tuple[GenerationConfig, dict[str, TaskScore]]], batch_size: int) -> str:
     header = (
         f"{'decoder':<10}{'gen':>5}{'block':>6}  {'task':<5}{'n':>6}{'acc %':>8}{'TPF':>7}{'TPS':>9}"
@@ -142,7 +146,7 @@ def format_table(rows: list[tuple[GenerationConfig, dict[str, TaskScore]]], batc
     )
     lines = [header, "-" * len(header)]
     for config, scores in rows:
-        name = config.decoder if config.decoder != "threshold" else f"thr {config.threshold:g}"
+        name = _decoder_label(config)
         for task, s in scores.items():
             lines.append(
                 f"{name:<10}{config.gen_length:>5}{config.block_length:>6}  {task:<5}{s.n:>6}{100 * s.accuracy:>8.1f}"
@@ -156,7 +160,7 @@ def format_table(rows: list[tuple[GenerationConfig, dict[str, TaskScore]]], batc
     for config, scores in rows:
         pooled = TaskScore(answers=[a for s in scores.values() for a in s.answers])
         cells = "  ".join(f"[{lo:g},{hi:g}) {n} {100 * acc:.1f}" for lo, hi, n, acc in pooled.buckets())
-        lines.append(f"{config.decoder:<10}{config.gen_length:>5}{config.block_length:>6}  {cells}")
+        lines.append(f"{_decoder_label(config):<10}{config.gen_length:>5}{config.block_length:>6}  {cells}")
     return "\n".join(lines)
 
 

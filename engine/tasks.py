@@ -2,19 +2,18 @@
 
 Prompt format (documented in assets/tiny-llada/README.md):
 
-    add  `Q: 48+57=? A:`  ->  ` The sum is 105.`
-    sub  `Q: 48-57=? A:`  ->  ` The difference is -9.`
+    add  `Q: 48+57=? A:`  ->  ` The sum is 105.`   ` The sum is  98.`
+    sub  `Q: 48-57=? A:`  ->  ` The difference is  -9.`   ` The difference is  34.`
 
-`add` and `sub` (operands 10-99) are the required families. `add_small` and `sub_small` use the
-same format with at least one single-digit operand (`Q: 8+57=? A:`); they share no pair with
-the required families. They are there to be learned from: with operand digits at varying
-positions, a model must find "the last digit of each operand" by content, which is the circuit
-the units digit and the carry of the two-digit families need (a two-digit-only run was measured
-to learn the tens digit but leave the units digit at chance).
+Operands are 10-99. The result is right-aligned in a field of three characters, so each digit
+of the answer sits at the same position in every response: measured on this project's CPU, a
+small model trained with left-aligned results (whose units digit moves with the result's length)
+left the units digit at chance after 3,400 steps, while the right-aligned format learned the
+arithmetic within the hour (assets/tiny-llada/README.md).
 
-Each family has a seeded generator, a checker that extracts the answer from the exact sentence
-template, and a held-out split chosen by a hash of the operands, so the split is the same on
-every machine and training (which samples only the train split) never sees it.
+Each family has a seeded generator, a checker that accepts exactly the templated sentence, and a
+held-out split chosen by a hash of the operands, so the split is the same on every machine and
+training (which samples only the train split) never sees it.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from typing import Callable
 from .errors import EngineError
 
 HELD_OUT_PERCENT = 10  # of each family's operand pairs
-OPERAND_RANGE = range(10, 100)  # the required families
-SMALL_OPERAND_RANGE = range(0, 100)  # the small families: pairs of this range with an operand < 10
+OPERAND_RANGE = range(10, 100)
+RESULT_WIDTH = 3  # "105", " 98", "-34", " -9": every result digit at a fixed position
 
 
 @dataclass(frozen=True)
@@ -48,42 +47,41 @@ def is_held_out(task: str, a: int, b: int) -> bool:
 
 
 @functools.cache
-def _split_pairs(task: str, small: bool, held_out: bool) -> tuple[tuple[int, int], ...]:
-    operands = SMALL_OPERAND_RANGE if small else OPERAND_RANGE
-    return tuple(
-        (a, b)
-        for a in operands
-        for b in operands
-        if (min(a, b) < 10 or not small) and is_held_out(task, a, b) == held_out
-    )
+def _split_pairs(task: str, held_out: bool) -> tuple[tuple[int, int], ...]:
+    return tuple((a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE if is_held_out(task, a, b) == held_out)
 
 
 @dataclass(frozen=True)
 class ArithmeticTask:
-    """Two-operand arithmetic answered by `<sentence> <result>.`"""
+    """Two-operand arithmetic answered by `<sentence> <result right-aligned in 3 characters>.`"""
 
     name: str
     symbol: str
     sentence: str
     compute: Callable[[int, int], int]
-    small: bool = False  # at least one single-digit operand instead of both in 10-99
 
     def example(self, a: int, b: int) -> Example:
         result = self.compute(a, b)
-        return Example(self.name, f"Q: {a}{self.symbol}{b}=? A:", f" {self.sentence} {result}.", result)
+        return Example(self.name, f"Q: {a}{self.symbol}{b}=? A:", f" {self.sentence} {result:>{RESULT_WIDTH}}.", result)
 
     def pairs(self, split: str) -> list[tuple[int, int]]:
         if split not in ("train", "held_out"):
             raise EngineError(f"unknown split '{split}'; choose train or held_out")
-        return list(_split_pairs(self.name, self.small, split == "held_out"))
+        return list(_split_pairs(self.name, split == "held_out"))
 
     def examples(self, split: str) -> list[Example]:
         return [self.example(a, b) for a, b in self.pairs(split)]
 
     def extract(self, response: str) -> int | None:
-        """The number of an exactly templated response (surrounding whitespace aside), else None."""
-        match = re.fullmatch(rf"\s*{re.escape(self.sentence)} (-?\d+)\.\s*", response)
-        return int(match.group(1)) if match else None
+        """The number of an exactly templated response (surrounding whitespace aside), else None.
+
+        The number's field must be exactly as the template writes it: right-aligned, 3 wide.
+        """
+        match = re.fullmatch(rf"\s*{re.escape(self.sentence)} ( *-?\d+)\.\s*", response)
+        if not match:
+            return None
+        value = int(match.group(1))
+        return value if match.group(1) == f"{value:>{RESULT_WIDTH}}" else None
 
     def check(self, example: Example, response: str) -> bool:
         return self.extract(response) == example.answer
@@ -94,8 +92,6 @@ TASKS: dict[str, ArithmeticTask] = {
     for task in (
         ArithmeticTask("add", "+", "The sum is", lambda a, b: a + b),
         ArithmeticTask("sub", "-", "The difference is", lambda a, b: a - b),
-        ArithmeticTask("add_small", "+", "The sum is", lambda a, b: a + b, small=True),
-        ArithmeticTask("sub_small", "-", "The difference is", lambda a, b: a - b, small=True),
     )
 }
 

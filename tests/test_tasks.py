@@ -12,9 +12,10 @@ def test_prompt_and_response_format():
     add = get_task("add").example(48, 57)
     assert (add.prompt, add.response, add.answer) == ("Q: 48+57=? A:", " The sum is 105.", 105)
     sub = get_task("sub").example(48, 57)
-    assert (sub.prompt, sub.response, sub.answer) == ("Q: 48-57=? A:", " The difference is -9.", -9)
-    small = get_task("sub_small").example(3, 57)
-    assert (small.prompt, small.response, small.answer) == ("Q: 3-57=? A:", " The difference is -54.", -54)
+    assert (sub.prompt, sub.response, sub.answer) == ("Q: 48-57=? A:", " The difference is  -9.", -9)
+    # results are right-aligned in three characters: every digit keeps its position
+    assert get_task("add").example(40, 58).response == " The sum is  98."
+    assert get_task("sub").example(57, 48).response == " The difference is   9."
 
 
 @pytest.mark.parametrize(
@@ -29,10 +30,14 @@ def test_prompt_and_response_format():
         ("add", 48, 57, " The difference is 105.", False),  # wrong template
         ("add", 48, 57, " The sum is 105. The sum is 105.", False),
         ("add", 48, 57, "", False),
-        ("sub", 48, 57, " The difference is -9.", True),
-        ("sub", 48, 57, " The difference is 9.", False),
-        ("sub", 57, 48, " The difference is 9.", True),
-        ("sub", 50, 50, " The difference is 0.", True),
+        ("sub", 48, 57, " The difference is  -9.", True),
+        ("sub", 48, 57, " The difference is -9.", False),  # not right-aligned
+        ("sub", 48, 57, " The difference is   9.", False),
+        ("sub", 57, 48, " The difference is   9.", True),
+        ("sub", 50, 50, " The difference is   0.", True),
+        ("add", 40, 58, " The sum is  98.", True),
+        ("add", 40, 58, " The sum is 98.", False),
+        ("add", 40, 58, " The sum is 098.", False),
     ],
 )
 def test_checker_accepts_only_the_exact_answer(task, a, b, text, ok):
@@ -56,10 +61,7 @@ def test_held_out_split_is_disjoint_complete_and_about_ten_percent():
         train, held = set(task.pairs("train")), set(task.pairs("held_out"))
         everything = train | held
         assert not train & held
-        if task.small:
-            assert len(everything) == 100 * 100 - 90 * 90 and all(min(p) < 10 for p in everything)
-        else:
-            assert everything == {(a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE}
+        assert everything == {(a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE}
         assert 0.07 < len(held) / len(everything) < 0.13
     # the split depends on the family, so add and sub hold out different pairs
     assert set(TASKS["add"].pairs("held_out")) != set(TASKS["sub"].pairs("held_out"))

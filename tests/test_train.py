@@ -122,3 +122,14 @@ def test_cli_rejects_bad_lengths():
     with pytest.raises(SystemExit):
         parse_args(["--min-gen", "64", "--max-gen", "32"])
     assert parse_args(["--steps", "7", "--tasks", "add"]).tasks == ("add",)
+
+
+def test_token_budget_batches_hold_more_examples_on_short_canvases():
+    from engine.train import batch_size
+
+    fixed = TrainConfig(batch_size=48)
+    assert batch_size(fixed, 32) == batch_size(fixed, 128) == 48
+    budget = TrainConfig(batch_size=48, tokens_per_batch=8000)
+    assert batch_size(budget, 32) == 8000 // (13 + 32) == 177
+    assert batch_size(budget, 128) == 56
+    assert batch_size(TrainConfig(batch_size=48, tokens_per_batch=100), 128) == 16  # the floor
