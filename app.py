@@ -12,21 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import typing
-from pathlib import Path
 
-DEFAULT_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-llada")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {message}\n")
+from engine.cli import DEFAULT_MODEL, OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     from dinfer_viz.host import DTYPES
 
-    p = _Parser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
+    p = OneLineParser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: float32 on CPU, bfloat16 on GPUs")

@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from pathlib import Path
+from engine.cli import DEFAULT_MODEL
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
-DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
 # One block of 256 positions, one commit per iteration: a run long enough to measure a rate.
 SETTINGS = {"gen_length": "256", "block_length": "256", "decoder": "fixed", "align_blocks": False}
 

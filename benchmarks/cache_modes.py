@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from engine.__main__ import _DTYPES, DEFAULT_MODEL, _Parser
+from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser
 from engine.cache import FULL, KVCacheManager
 from engine.config import GenerationConfig
 from engine.errors import EngineError
@@ -167,7 +167,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m benchmarks.cache_modes", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.cache_modes", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model folder (default: the embedded model)")
     parser.add_argument("--prompts", default="heldout", help="prompt set (benchmarks/prompts.py)")
     parser.add_argument("--limit", type=int, default=8, help="prompts to keep (heldout: per task)")
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every configuration")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--persist-cost", action="store_true", help="time cached forwards with and without persist_window instead")
     parser.add_argument("--shape", default="512,8,2048", help="--persist-cost model: d_model,n_layers,canvas")
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         configs = parse_configs(args.configs, base_config(args.gen_length, args.block_length, args.set))
         prompt_set = load_prompt_set(args.prompts, args.limit)
-        engine = Engine(args.model, device=args.device, dtype=_DTYPES[args.dtype] if args.dtype else None)
+        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
         prompts = encode_all(engine, prompt_set.items, configs[0].config.use_chat_template)
         rows = measure(engine, prompts, configs, prompt_set.items, args.repeats)
     except EngineError as exc:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.__main__ import _DTYPES, DEFAULT_MODEL, _Parser
+from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import generate
@@ -269,7 +269,7 @@ def base_config(gen_length: int, block_length: int, settings: list[str]) -> Gene
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model folder (default: the embedded model)")
     parser.add_argument("--prompts", default="heldout", help="prompt set: heldout[:TASKS], gsm8k:FILE, humaneval[:FILE], mbpp:FILE, text:FILE")
     parser.add_argument("--limit", type=int, default=None, help="prompts to keep (heldout: per task, a seeded sample)")
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per configuration")
     parser.add_argument("--trace-overhead", action="store_true", help="also run every pass with tracing and report the ratio")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", default="runs/bench", help="folder for benchmark.json/.md/.html")
     return parser
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None and args.limit < 1:
             raise EngineError(f"--limit must be positive, got {args.limit}")
         prompt_set = load_prompt_set(args.prompts, args.limit)
-        engine = Engine(args.model, device=args.device, dtype=_DTYPES[args.dtype] if args.dtype else None)
+        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
         runs = benchmark(
             engine, prompt_set, configs, args.repeats, args.warmup, args.trace_overhead, progress=lambda m: print(m, file=sys.stderr)
         )

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.__main__ import _DTYPES, DEFAULT_MODEL, _Parser
+from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser
 from engine.config import GenerationConfig
 from engine.decoders import decoder_names, make_decoder
 from engine.errors import EngineError
@@ -142,7 +142,7 @@ def _numbers(kind: type) -> Callable[[str], tuple]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m benchmarks.sweep", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--prompts", default="heldout", help="a prompt set with answers (see benchmarks/prompts.py)")
     parser.add_argument("--limit", type=int, default=None)
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every point")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="runs/bench")
     return parser
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit is not None and args.limit < 1:
             raise EngineError(f"--limit must be positive, got {args.limit}")
         prompt_set = load_prompt_set(args.prompts, args.limit)
-        engine = Engine(args.model, device=args.device, dtype=_DTYPES[args.dtype] if args.dtype else None)
+        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
         rows = sweep(
             engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors,

@@ -16,18 +16,10 @@ from pathlib import Path
 
 import torch
 
+from .cli import DEFAULT_MODEL, DTYPES, OneLineParser
 from .config import GenerationConfig
 from .errors import EngineError
 
-DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (no usage dump) and exits 2."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {message}\n")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +49,7 @@ def _generate(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise EngineError(f"threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    dtype = _DTYPES[args.dtype] if args.dtype else None
+    dtype = DTYPES[args.dtype] if args.dtype else None
     parallel = args.tp > 1 or args.ep > 1
     device = args.device
     if parallel:  # under torchrun: one process per device, each keeps its shard (engine/parallel.py)
@@ -86,13 +78,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m engine", description="dinfer-viz engine")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m engine", description="dinfer-viz engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     gen = sub.add_parser("generate", help="generate from one prompt")
     gen.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    gen.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument(

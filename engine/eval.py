@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from .cli import DEFAULT_MODEL, OneLineParser
 from .config import GenerationConfig
 from .errors import EngineError
 from .iteration import GenerationOutput, generate
@@ -26,7 +25,6 @@ from .stats import generated_mask
 from .tasks import TASKS, Example, get_task, held_out_examples
 
 CONFIDENCE_BUCKETS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
-DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
 
 
 @dataclass(frozen=True)
@@ -162,13 +160,6 @@ def format_table(rows: list[tuple[GenerationConfig, dict[str, TaskScore]]], batc
         cells = "  ".join(f"[{lo:g},{hi:g}) {n} {100 * acc:.1f}" for lo, hi, n, acc in pooled.buckets())
         lines.append(f"{_decoder_label(config):<10}{config.gen_length:>5}{config.block_length:>6}  {cells}")
     return "\n".join(lines)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (no usage dump) and exits 2."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {message}\n")
 
 
 def _positive(text: str) -> int:

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from .config import GenerationConfig
 from .errors import EngineError
-from .eval import OneLineParser, evaluate
+from .cli import OneLineParser
+from .eval import evaluate
 from .models import LLaDAModelLM, save_model
 from .tasks import TASKS, Example, ExampleSampler, held_out_examples
 from .tokenizer import build_tokenizer, hf_tokenizer, save_tokenizer, special_ids
