@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import EngineError
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA/OLMo order)."""
@@ -124,3 +126,28 @@ def attend(
         k = k.repeat_interleave(repeat, dim=1)
         v = v.repeat_interleave(repeat, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False)
+
+
+def split_heads(t: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """`[B, T, heads·D]` -> `[B, heads, T, D]`."""
+    b, q, _ = t.shape
+    return t.view(b, q, heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(t: torch.Tensor) -> torch.Tensor:
+    """`[B, heads, T, D]` -> `[B, T, heads·D]`."""
+    b, _, q, _ = t.shape
+    return t.transpose(1, 2).reshape(b, q, -1)
+
+
+def query_range(
+    replace: tuple[int, int] | None, q_len: int, persist: bool, past_kv: torch.Tensor | None
+) -> tuple[int, int]:
+    """The canvas range `[a, b)` of a forward's `q_len` query tokens (the whole input when no
+    `replace` is given), checked against the cache arguments every model family takes."""
+    replace = replace or (0, q_len)
+    if replace[1] - replace[0] != q_len:
+        raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
+    if persist and past_kv is None:
+        raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
+    return replace

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DiffusionLM, ModelOutput
-from .layers import RMSNorm, RotaryEmbedding, cached_attention
+from .layers import RMSNorm, RotaryEmbedding, cached_attention, merge_heads, query_range, split_heads
 
 # config.json fields this class reads, with the defaults of LLaDA-8B where the field is optional.
 _DEFAULTS: dict[str, Any] = {
@@ -64,10 +64,6 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, hidden, bias=False)
         self.ff_out = nn.Linear(hidden, d, bias=False)
 
-    def _split(self, t: torch.Tensor, heads: int) -> torch.Tensor:
-        b, q, _ = t.shape
-        return t.view(b, q, heads, self.head_dim).transpose(1, 2)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -79,11 +75,11 @@ class LLaDABlock(nn.Module):
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = self.attn_norm(x)
-        q = self._split(self.q_proj(n), self.n_heads)
-        k = self._split(self.k_proj(n), self.n_kv_heads)
-        v = self._split(self.v_proj(n), self.n_kv_heads)
+        q = split_heads(self.q_proj(n), self.n_heads, self.head_dim)
+        k = split_heads(self.k_proj(n), self.n_kv_heads, self.head_dim)
+        v = split_heads(self.v_proj(n), self.n_kv_heads, self.head_dim)
         att, k, v = cached_attention(q, k, v, rope, kv_rope, past, replace, persist, attention_mask)
-        h = x + self.attn_out(att.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+        h = x + self.attn_out(merge_heads(att))
         n = self.ff_norm(h)
         return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n)), k, v
 
@@ -128,13 +124,7 @@ class LLaDAModelLM(DiffusionLM):
     ) -> ModelOutput:
         t = self.model.transformer
         x = t["wte"](input_ids) if inputs_embeds is None else inputs_embeds
-        q_len = x.shape[1]
-        if replace is None:
-            replace = (0, q_len)
-        if replace[1] - replace[0] != q_len:
-            raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
-        if persist and past_kv is None:
-            raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
+        replace = query_range(replace, x.shape[1], persist, past_kv)
         kvs = []
         for i, block in enumerate(t["blocks"]):
             past = None if past_kv is None else past_kv[i]

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor
-from .layers import RMSNorm, RotaryEmbedding, cached_attention
+from .layers import RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 from .moe import (
     DecoderStackLM,
     GatedMLP,
@@ -33,9 +33,7 @@ from .moe import (
     SparseMoE,
     family_config,
     fused_expert_sources,
-    merge_heads,
     reject_unsupported,
-    split_heads,
 )
 
 _REQUIRED = (

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor, DiffusionLM, ModelOutput
+from .layers import query_range
 
 # dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
 # used only when config.json does not name them.
@@ -232,12 +233,7 @@ class DecoderStackLM(DiffusionLM):
         persist: bool = False,
     ) -> ModelOutput:
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        q_len = x.shape[1]
-        replace = replace or (0, q_len)
-        if replace[1] - replace[0] != q_len:
-            raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
-        if persist and past_kv is None:
-            raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
+        replace = query_range(replace, x.shape[1], persist, past_kv)
         kvs = []
         for i, layer in enumerate(self.model.layers):
             past = None if past_kv is None else past_kv[i]
@@ -247,16 +243,3 @@ class DecoderStackLM(DiffusionLM):
         x = self.model.norm(x)
         logits = self.lm_head(x) if self.lm_head is not None else x @ self.embedding_weight().T
         return ModelOutput(logits=logits, kv=torch.stack(kvs) if use_cache else None)
-
-
-def split_heads(t: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """`[B, T, heads·D]` -> `[B, heads, T, D]`."""
-    b, q, _ = t.shape
-    return t.view(b, q, heads, head_dim).transpose(1, 2)
-
-
-def merge_heads(t: torch.Tensor) -> torch.Tensor:
-    """`[B, heads, T, D]` -> `[B, T, heads·D]`."""
-    b, _, q, _ = t.shape
-    return t.transpose(1, 2).reshape(b, q, -1)
-
