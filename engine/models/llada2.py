@@ -28,6 +28,7 @@ from .base import DerivedTensor
 from .layers import RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 from .moe import (
     DecoderStackLM,
+    PreNormLayer,
     GatedMLP,
     GroupedSigmoidRouter,
     SparseMoE,
@@ -129,7 +130,7 @@ class LLaDA2Attention(nn.Module):
         return self.dense(merge_heads(att)), k, v
 
 
-class LLaDA2DecoderLayer(nn.Module):
+class LLaDA2DecoderLayer(PreNormLayer):
     def __init__(self, cfg: dict[str, Any], index: int) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
@@ -153,18 +154,8 @@ class LLaDA2DecoderLayer(nn.Module):
         shared = GatedMLP(hidden, moe_hidden * cfg["num_shared_experts"]) if cfg["num_shared_experts"] else None
         self.mlp = SparseMoE(router, cfg["num_experts"], hidden, moe_hidden, shared)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RotaryEmbedding,
-        past: torch.Tensor | None,
-        replace: tuple[int, int],
-        persist: bool,
-        attention_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        att, k, v = self.attention(self.input_layernorm(x), rope, past, replace, persist, attention_mask)
-        h = x + att
-        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+    def attention_module(self) -> nn.Module:
+        return self.attention
 
 
 class LLaDA2MoeModelLM(DecoderStackLM):

@@ -22,6 +22,7 @@ from .base import DerivedTensor
 from .layers import RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 from .moe import (
     DecoderStackLM,
+    PreNormLayer,
     SoftmaxTopKRouter,
     SparseMoE,
     family_config,
@@ -111,7 +112,7 @@ class LLaDAMoEAttention(nn.Module):
         return self.o_proj(merge_heads(att)), k, v
 
 
-class LLaDAMoEDecoderLayer(nn.Module):
+class LLaDAMoEDecoderLayer(PreNormLayer):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         hidden = cfg["hidden_size"]
@@ -121,18 +122,8 @@ class LLaDAMoEDecoderLayer(nn.Module):
         router = SoftmaxTopKRouter(hidden, cfg["num_experts"], cfg["num_experts_per_tok"], cfg["norm_topk_prob"])
         self.mlp = SparseMoE(router, cfg["num_experts"], hidden, cfg["expert_intermediate_size"], shared=None)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RotaryEmbedding,
-        past: torch.Tensor | None,
-        replace: tuple[int, int],
-        persist: bool,
-        attention_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        att, k, v = self.self_attn(self.input_layernorm(x), rope, past, replace, persist, attention_mask)
-        h = x + att
-        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+    def attention_module(self) -> nn.Module:
+        return self.self_attn
 
 
 class LLaDAMoEModelLM(DecoderStackLM):

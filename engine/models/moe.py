@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor, DiffusionLM, ModelOutput
-from .layers import query_range
+from .layers import RotaryEmbedding, query_range
 
 # dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
 # used only when config.json does not name them.
@@ -208,6 +208,34 @@ def fused_expert_sources(names: Iterable[str], num_experts: int) -> dict[str, De
             torch.stack,
         )
     return sources
+
+
+class PreNormLayer(nn.Module):
+    """`h = x + attention(input_layernorm(x))`, then `h + mlp(post_attention_layernorm(h))`.
+
+    Both MoE families' layers; each builds the norms and `mlp` and names its attention module as
+    its checkpoint does, returned by `attention_module`.
+    """
+
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
+
+    def attention_module(self) -> nn.Module:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        past: torch.Tensor | None,
+        replace: tuple[int, int],
+        persist: bool,
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        att, k, v = self.attention_module()(self.input_layernorm(x), rope, past, replace, persist, attention_mask)
+        h = x + att
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
 class DecoderStackLM(DiffusionLM):
