@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from engine.cli import DEFAULT_MODEL, OneLineParser
+from engine.cli import DEFAULT_MODEL, OneLineParser, checked_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = OneLineParser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    p.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: float32 on CPU, bfloat16 on GPUs")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=7860)

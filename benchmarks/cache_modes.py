@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser
+from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
 from engine.cache import FULL, KVCacheManager
 from engine.config import GenerationConfig
 from engine.errors import EngineError
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-length", type=int, default=16)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every configuration")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=checked_device, default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--persist-cost", action="store_true", help="time cached forwards with and without persist_window instead")

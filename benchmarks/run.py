@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser
+from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import generate
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per configuration")
     parser.add_argument("--trace-overhead", action="store_true", help="also run every pass with tracing and report the ratio")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=checked_device, default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out", default="runs/bench", help="folder for benchmark.json/.md/.html")

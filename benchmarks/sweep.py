@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser
+from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
 from engine.config import GenerationConfig
 from engine.decoders import decoder_names, make_decoder
 from engine.errors import EngineError
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every point")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=checked_device, default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="runs/bench")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .cli import DEFAULT_MODEL, DTYPES, OneLineParser
+from .cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
 from .config import GenerationConfig
 from .errors import EngineError
 
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate from one prompt")
     gen.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
     gen.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")

@@ -103,15 +103,18 @@ def get_task(name: str) -> ArithmeticTask:
 
 
 class ExampleSampler:
-    """Seeded stream of training examples: a family uniformly, then one of its train pairs."""
+    """Seeded stream of training examples: a family (uniformly, or by `weights`), then one of its train pairs."""
 
-    def __init__(self, task_names: list[str], seed: int, split: str = "train") -> None:
+    def __init__(self, task_names: list[str], seed: int, split: str = "train", weights: list[float] | None = None) -> None:
         self.tasks = [get_task(n) for n in task_names]
+        if weights is not None and (len(weights) != len(self.tasks) or min(weights) < 0 or sum(weights) <= 0):
+            raise EngineError(f"need one non-negative weight per task ({len(self.tasks)}), not all zero; got {list(weights)}")
+        self.weights = list(weights) if weights is not None else [1.0] * len(self.tasks)
         self.pairs = {t.name: t.pairs(split) for t in self.tasks}
         self.rng = random.Random(seed)
 
     def sample(self) -> Example:
-        task = self.rng.choice(self.tasks)
+        task = self.rng.choices(self.tasks, weights=self.weights)[0]
         a, b = self.rng.choice(self.pairs[task.name])
         return task.example(a, b)
 

@@ -14,7 +14,10 @@ shared CPU ends on time with its learning rate decayed.
 Every `eval_every` steps the model is scored on held-out prompts through the engine's own
 generate, the model folder is written (safetensors) and a resume file (weights, optimizer, step,
 elapsed minutes, RNG states; torch.save, kept in the run folder only, never shipped) is saved;
-`--resume` continues from it.
+`--resume` continues from it. `--init-from FOLDER` starts from a saved model's weights with a
+fresh optimizer and schedule (to train a shipped model further); `--task-weights` sets the family
+mix (uniform by default); `--device cuda` trains on a GPU (the noise is drawn on the CPU, so a seed
+gives the same run on either).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import torch.nn.functional as F
 
 from .config import GenerationConfig
 from .errors import EngineError
-from .cli import OneLineParser
+from .cli import OneLineParser, checked_device
 from .eval import evaluate
-from .models import LLaDAModelLM, save_model
+from .models import LLaDAModelLM, load_model, save_model
 from .tasks import TASKS, Example, ExampleSampler, held_out_examples
 from .tokenizer import build_tokenizer, hf_tokenizer, save_tokenizer, special_ids
 
@@ -46,6 +49,8 @@ class TrainConfig:
     out: str = "assets/tiny-llada"
     run_dir: str = "runs/tiny-llada"
     tasks: tuple[str, ...] = tuple(TASKS)
+    # sampling weight of each task, in `tasks` order (empty: uniform); a family that lags gets more
+    task_weights: tuple[float, ...] = ()
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
@@ -73,8 +78,12 @@ class TrainConfig:
     eval_per_task: int = 64
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"
     compile: bool = False
     resume: bool = False
+    # a model folder to start from (fresh optimizer and schedule): continue training a shipped model;
+    # the architecture flags must describe that folder's model
+    init_from: str = ""
 
 
 def model_config(cfg: TrainConfig) -> dict:
@@ -121,6 +130,20 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
                 module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
 
 
+def warm_start(model: LLaDAModelLM, folder: str) -> None:
+    """Copy a saved model's weights into `model`; its architecture must be the same."""
+    source = load_model(folder)
+    mine, theirs = model.state_dict(), source.state_dict()
+    for name, tensor in mine.items():
+        if name not in theirs or theirs[name].shape != tensor.shape:
+            shape = tuple(theirs[name].shape) if name in theirs else "nothing"
+            raise EngineError(
+                f"--init-from {folder}: tensor {name} is {shape} there, {tuple(tensor.shape)} here; "
+                "pass the architecture flags (--d-model, --n-layers, ...) of that model"
+            )
+    model.load_state_dict(theirs)
+
+
 def make_batch(examples: list[Example], tokenizer, gen_length: int, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, response_mask) `[B, P_max + gen_length]`: prompt, response, EOS to the end.
 
@@ -142,11 +165,16 @@ def make_batch(examples: list[Example], tokenizer, gen_length: int, eos_id: int)
 def mask_responses(
     ids: torch.Tensor, response: torch.Tensor, mask_id: int, eps: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(noisy ids, masked, p_mask): per row t ~ U(eps, 1); each response token masked w.p. t."""
+    """(noisy ids, masked, p_mask): per row t ~ U(eps, 1); each response token masked w.p. t.
+
+    The noise is drawn on the CPU (`generator` is a CPU generator), so a seed gives the same masks
+    on every device, and then moved to `ids`' device.
+    """
     b, n = ids.shape
     t = (1 - eps) * torch.rand(b, generator=generator) + eps
     p_mask = t.unsqueeze(1).expand(b, n)
-    masked = (torch.rand(b, n, generator=generator) < p_mask) & response
+    masked = (torch.rand(b, n, generator=generator) < p_mask).to(ids.device) & response
+    p_mask = p_mask.to(ids.device)
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask
 
 
@@ -231,6 +259,10 @@ def train(cfg: TrainConfig, log=print) -> dict:
     ids = special_ids(tokenizer)
     model = LLaDAModelLM(model_config(cfg))
     init_weights(model, cfg.seed)
+    if cfg.init_from and not cfg.resume:
+        warm_start(model, cfg.init_from)
+        log(f"weights from {cfg.init_from}")
+    model.to(cfg.device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -238,7 +270,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         lr=cfg.lr,
         betas=(0.9, 0.98),
     )
-    sampler = ExampleSampler(list(cfg.tasks), cfg.seed)
+    sampler = ExampleSampler(list(cfg.tasks), cfg.seed, weights=list(cfg.task_weights) or None)
     generator = torch.Generator().manual_seed(cfg.seed)
     random.seed(cfg.seed)
     start, minutes_before = 0, 0.0
@@ -246,7 +278,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if cfg.resume:
         if not resume_path.is_file():
             raise EngineError(f"--resume given but {resume_path} does not exist")
-        state = torch.load(resume_path, weights_only=False)
+        state = torch.load(resume_path, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.restore(state["sampler"])
@@ -272,6 +304,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     while progress < 1.0:
         gen_length = gen_length_sample(cfg)
         batch, response = make_batch(sampler.batch(batch_size(cfg, gen_length)), tokenizer, gen_length, ids["eos_token_id"])
+        batch, response = batch.to(cfg.device), response.to(cfg.device)
         lr = learning_rate(cfg, step, progress)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -302,17 +335,24 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     parser = OneLineParser(prog="python -m engine.train", description=__doc__.split("\n\n")[0])
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
+        if name == "device":
+            parser.add_argument(flag, type=checked_device, default=value, help="cpu, cuda, cuda:1, mps")
+        elif isinstance(value, bool):
             parser.add_argument(flag, action="store_true", default=value)
-        elif isinstance(value, tuple):
+        elif name == "tasks":
             parser.add_argument(flag, nargs="+", default=list(value), choices=list(TASKS))
+        elif isinstance(value, tuple):
+            parser.add_argument(flag, nargs="+", type=float, default=list(value))
         else:
             parser.add_argument(flag, type=type(value), default=value)
     args = vars(parser.parse_args(argv))
     args["tasks"] = tuple(args["tasks"])
+    args["task_weights"] = tuple(args["task_weights"])
     cfg = TrainConfig(**args)
     if not (1 <= cfg.min_gen <= cfg.max_gen):
         parser.error("need 1 <= --min-gen <= --max-gen")
+    if cfg.task_weights and (len(cfg.task_weights) != len(cfg.tasks) or min(cfg.task_weights) < 0 or sum(cfg.task_weights) <= 0):
+        parser.error(f"--task-weights needs one non-negative weight per task ({len(cfg.tasks)}), not all zero")
     if cfg.length_skew <= 0:
         parser.error("--length-skew must be positive")
     if min(cfg.steps, cfg.batch_size, cfg.eval_every, cfg.threads) < 1:

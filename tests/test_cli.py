@@ -68,3 +68,26 @@ def test_model_folder_without_tokenizer_is_named(tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path), "--prompt", "hi", "--gen-length", "8", "--block-length", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tokenizer.json" in err
+
+
+@pytest.mark.parametrize(
+    "device,message",
+    [("foo", "'foo' is not a device"), ("cuda:99", "cuda:99"), ("xla", "only cpu, cuda and mps")],
+)
+def test_bad_device_exits_nonzero_with_one_line(capsys, device, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--prompt", "hi", "--device", device])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_checked_device_accepts_the_cpu_and_names_a_missing_gpu():
+    import argparse
+
+    from engine.cli import checked_device
+
+    assert checked_device("cpu") == "cpu"
+    if not __import__("torch").cuda.is_available():
+        with pytest.raises(argparse.ArgumentTypeError, match="no CUDA device"):
+            checked_device("cuda")

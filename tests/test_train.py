@@ -133,3 +133,69 @@ def test_token_budget_batches_hold_more_examples_on_short_canvases():
     assert batch_size(budget, 32) == 8000 // (13 + 32) == 177
     assert batch_size(budget, 128) == 56
     assert batch_size(TrainConfig(batch_size=48, tokens_per_batch=100), 128) == 16  # the floor
+
+
+def test_task_weights_set_the_family_mix():
+    from engine.tasks import ExampleSampler
+
+    only_sub = ExampleSampler(["add", "sub"], seed=0, weights=[0.0, 1.0]).batch(200)
+    assert {e.task for e in only_sub} == {"sub"}
+    mixed = ExampleSampler(["add", "sub"], seed=0, weights=[1.0, 3.0]).batch(4000)
+    assert sum(e.task == "sub" for e in mixed) / 4000 == pytest.approx(0.75, abs=0.03)
+    uniform = ExampleSampler(["add", "sub"], seed=0).batch(4000)
+    assert sum(e.task == "sub" for e in uniform) / 4000 == pytest.approx(0.5, abs=0.03)
+
+
+@pytest.mark.parametrize("weights", [[1.0], [0.0, 0.0], [1.0, -1.0]])
+def test_bad_task_weights_are_refused(weights):
+    from engine import EngineError
+    from engine.tasks import ExampleSampler
+
+    with pytest.raises(EngineError, match="one non-negative weight per task"):
+        ExampleSampler(["add", "sub"], seed=0, weights=weights)
+    with pytest.raises(SystemExit):
+        parse_args(["--tasks", "add", "sub", "--task-weights", *map(str, weights)])
+
+
+def test_init_from_starts_from_the_saved_weights(tmp_path):
+    from engine.train import warm_start
+
+    first = TrainConfig(out=str(tmp_path / "first"), run_dir=str(tmp_path / "r1"), steps=10, warmup=1, lr=1e-2, eval_every=10, **TINY)
+    train(first, log=lambda _: None)
+    saved = load_model(first.out).state_dict()
+    fresh = LLaDAModelLM(model_config(first))
+    init_weights(fresh, seed=1)
+    warm_start(fresh, first.out)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
+    # a continued run (one step at a negligible learning rate) ends next to the weights it started from,
+    # far from the same seed's fresh initialisation
+    logs: list[str] = []
+    cont = TrainConfig(out=str(tmp_path / "cont"), run_dir=str(tmp_path / "r2"), steps=1, lr=1e-7, eval_every=1, init_from=first.out, **TINY)
+    train(cont, log=logs.append)
+    assert any(line == f"weights from {first.out}" for line in logs)
+    continued = load_model(cont.out).state_dict()
+    initial = LLaDAModelLM(model_config(first))
+    init_weights(initial, first.seed)
+    name = "model.transformer.wte.weight"
+    assert (continued[name] - saved[name]).abs().max() < 1e-4 < (saved[name] - initial.state_dict()[name]).abs().max()
+
+
+def test_init_from_a_different_architecture_names_the_flags(tmp_path):
+    from engine import EngineError
+
+    folder = tmp_path / "m"
+    train(TrainConfig(out=str(folder), run_dir=str(tmp_path / "r"), steps=1, eval_every=1, **TINY), log=lambda _: None)
+    wider = dict(TINY, d_model=64)
+    with pytest.raises(EngineError, match="architecture flags"):
+        train(TrainConfig(out=str(tmp_path / "o"), run_dir=str(tmp_path / "r2"), steps=1, init_from=str(folder), **wider), log=lambda _: None)
+
+
+def test_training_on_an_explicit_device_writes_a_cpu_loadable_folder(tmp_path):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=2, eval_every=2, device=device, **TINY)
+    summary = train(cfg, log=lambda _: None)
+    assert summary["steps"] == 2
+    assert load_model(cfg.out).device.type == "cpu"
+    assert parse_args(["--device", "cpu"]).device == "cpu"
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "nonsense"])
