@@ -16,13 +16,13 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from .cli import DEFAULT_MODEL, OneLineParser
+from .cli import DEFAULT_MODEL, OneLineParser, checked_device
 from .config import GenerationConfig
 from .errors import EngineError
 from .iteration import GenerationOutput, generate
 from .models import DiffusionLM
 from .stats import generated_mask
-from .tasks import TASKS, Example, get_task, held_out_examples
+from .tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples
 
 CONFIDENCE_BUCKETS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
 
@@ -178,8 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
     parser.add_argument("--limit", type=_positive, default=None, help="held-out examples per task (seeded sample); default all")
+    parser.add_argument(
+        "--split",
+        choices=["held_out", "out_of_range"],
+        default="held_out",
+        help="held_out: operand pairs never trained on; out_of_range: one operand of 1 or 3 digits (shows the confidence of wrong answers; --limit per task, default 200)",
+    )
     parser.add_argument("--batch-size", type=_positive, default=64, help="rows per generate call; TPF does not depend on it, TPS is per sequence at this batch size (1: as one user sees it)")
     parser.add_argument("--threads", type=_positive, default=None, help="torch CPU threads")
+    parser.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -189,14 +196,17 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        examples = held_out_examples(args.tasks, args.limit)
+        if args.split == "held_out":
+            examples = held_out_examples(args.tasks, args.limit)
+        else:
+            examples = out_of_range_examples(args.tasks, args.limit or 200)
         configs = [
             GenerationConfig(gen_length=g, block_length=b, decoder=d, threshold=args.threshold).validate()
             for d in args.decoder
             for g in args.gen_length
             for b in args.block_length
         ]
-        model = load_model(args.model)
+        model = load_model(args.model, device=args.device)
         tokenizer = load_tokenizer(args.model)
         rows = [(c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for c in configs]
     except EngineError as exc:

@@ -137,3 +137,23 @@ def held_out_examples(task_names: list[str], limit: int | None = None, seed: int
             examples = random.Random(seed).sample(examples, limit)
         out.extend(examples)
     return out
+
+
+OUT_OF_RANGE_OPERANDS = (range(1, 10), range(100, 200))  # one operand from these, the other 10-99
+
+
+def out_of_range_examples(task_names: list[str], limit: int, seed: int = 0) -> list[Example]:
+    """Per family, `limit` seeded prompts with one operand outside 10-99 (one or three digits).
+
+    No training example looks like these, so a model trained on the tasks gets most of them wrong:
+    they show what its committed confidence looks like when it is wrong (engine/eval.py `--split`).
+    """
+    rng = random.Random(seed)
+    out: list[Example] = []
+    for name in task_names:
+        task = get_task(name)
+        for _ in range(limit):
+            odd = rng.choice(rng.choice(OUT_OF_RANGE_OPERANDS))
+            usual = rng.choice(OPERAND_RANGE)
+            out.append(task.example(*((odd, usual) if rng.random() < 0.5 else (usual, odd))))
+    return out

@@ -10,7 +10,6 @@ from engine.models import LLaDAModelLM
 from engine.tasks import get_task, held_out_examples
 
 FOLDER = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
-SUB_FLOOR = 8  # of 20: below the shipped model's measured held-out subtraction accuracy
 
 pytestmark = pytest.mark.skipif(
     not (FOLDER / "model.safetensors").is_file(), reason="assets/tiny-llada not trained yet (python -m engine.train)"
@@ -44,17 +43,16 @@ def test_loads_through_the_engine_loader_and_auto_tokenizer(model, tokenizer):
     assert model.config["vocab_size"] == len(tokenizer)
 
 
-@pytest.mark.parametrize("task, floor", [("add", 18), ("sub", SUB_FLOOR)])
-def test_threshold_decoder_answers_held_out_prompts(model, tokenizer, task, floor):
-    """20 held-out prompts per family. Addition meets the issue's 90% target; subtraction does not
-    yet (assets/tiny-llada/README.md gives the measured accuracy), so its floor guards the shipped
-    model against regressions below what was measured, not the target."""
+@pytest.mark.parametrize("task", ["add", "sub"])
+def test_threshold_decoder_answers_held_out_prompts(model, tokenizer, task):
+    """20 held-out prompts per family, at least 90% right (the shipped model measured 100% on all
+    1,618 held-out prompts: assets/tiny-llada/README.md)."""
     examples = held_out_examples([task], limit=20, seed=7)
     prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
     config = GenerationConfig(gen_length=64, block_length=32, decoder="threshold", threshold=0.9)
     out = generate(model, prompts, config, stop_ids=[model.eos_token_id])
     right = [get_task(e.task).check(e, tokenizer.decode(ids, skip_special_tokens=True)) for e, ids in zip(examples, out.token_ids)]
-    assert sum(right) >= floor, f"{sum(right)}/20 held-out {task} prompts right"
+    assert sum(right) >= 18, f"{sum(right)}/20 held-out {task} prompts right"
 
 
 def test_engine_pipeline_generates_the_answer_sentence():
@@ -83,6 +81,8 @@ def test_eval_cli_prints_the_table_and_rejects_bad_input(capsys):
     assert "thr 0.9" in table and " add " in table and " sub " in table and "confidence" in table
     assert main(["--model", str(FOLDER), "--gen-length", "64", "--block-length", "48"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--model", str(FOLDER), "--gen-length", "0"])
-    assert exit_info.value.code == 2
+    for bad in (["--gen-length", "0"], ["--device", "nonsense"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--model", str(FOLDER), *bad])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.count("\n") == 1

@@ -95,3 +95,15 @@ def test_held_out_examples_limit_is_a_seeded_sample_per_task():
 def test_unknown_task_is_an_engine_error():
     with pytest.raises(EngineError, match="unknown task"):
         get_task("mul")
+
+
+def test_out_of_range_examples_have_exactly_one_operand_outside_10_99():
+    from engine.tasks import out_of_range_examples
+
+    examples = out_of_range_examples(["add", "sub"], limit=50, seed=3)
+    assert [e.task for e in examples] == ["add"] * 50 + ["sub"] * 50
+    assert examples == out_of_range_examples(["add", "sub"], limit=50, seed=3)
+    for e in examples:
+        a, b = (int(x) for x in e.prompt.removeprefix("Q: ").removesuffix("=? A:").split("+" if e.task == "add" else "-"))
+        assert (a in OPERAND_RANGE) != (b in OPERAND_RANGE)
+        assert get_task(e.task).check(e, e.response)
