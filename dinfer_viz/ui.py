@@ -25,6 +25,10 @@ from .settings import Control, all_controls, control_value, sections
 from .system import describe_machine, devices, system_options
 
 DEFAULT_PROMPT = "Q: 48+57=? A:"
+# The embedded model's tasks: two held-out prompts (never trained on) it answers with near-certainty,
+# and two with an operand outside 10-99: one character longer or shorter than every training prompt,
+# so the model (which learned absolute positions) goes wrong, some of it confidently
+EXAMPLE_PROMPTS = ["Q: 61+48=? A:", "Q: 31-73=? A:", "Q: 123+45=? A:", "Q: 7-65=? A:"]
 OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache")
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "dual"})
 
@@ -71,6 +75,12 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
                             value=expected_response(DEFAULT_PROMPT),
                             info="filled in for the embedded model's task prompts; committed tokens that differ are struck out",
                             elem_id="expected",
+                        )
+                        gr.Examples(
+                            [[p] for p in EXAMPLE_PROMPTS],
+                            inputs=[prompt],
+                            label="Examples (the last two are outside the trained operand range: see where it commits wrong tokens)",
+                            elem_id="examples",
                         )
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")

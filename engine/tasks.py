@@ -96,6 +96,18 @@ TASKS: dict[str, ArithmeticTask] = {
 }
 
 
+def parse_prompt(prompt: str) -> Example | None:
+    """The example a task prompt asks for (`Q: 123+45=? A:`, any non-negative operands), else None.
+
+    Operands outside 10-99 parse too: their right answer is known even though no model saw them.
+    """
+    for task in TASKS.values():
+        match = re.fullmatch(rf"Q: (\d+){re.escape(task.symbol)}(\d+)=\? A:", prompt.strip())
+        if match:
+            return task.example(int(match.group(1)), int(match.group(2)))
+    return None
+
+
 def get_task(name: str) -> ArithmeticTask:
     if name not in TASKS:
         raise EngineError(f"unknown task '{name}'; choose from {', '.join(TASKS)}")

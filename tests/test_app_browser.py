@@ -94,3 +94,13 @@ def test_a_loaded_trace_replays_in_the_browser(session, tmp_path):
     expect(caption).to_contain_text("iteration 2/4 · block 0 [3, 7) · window forward")
     page.click("#play-btn")
     expect(caption).to_contain_text("iteration 4/4", timeout=10_000)
+
+
+def test_an_example_prompt_fills_the_prompt_and_its_expected_answer(session):
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.locator("#examples").get_by_text("Q: 123+45=? A:").click()
+    expect(page.locator("#prompt textarea")).to_have_value("Q: 123+45=? A:")
+    # an operand outside the trained range still has a known answer: wrong commits get marked
+    expect(page.locator("#expected textarea")).to_have_value(" The sum is 168.")

@@ -228,6 +228,17 @@ def test_heldout_set_is_the_embedded_tasks_held_out_split():
     assert prompts.items[0].check(example.response) and not prompts.items[0].check(" The sum is 0.")
 
 
+def test_outofrange_set_scores_prompts_with_a_one_or_three_digit_operand():
+    from engine.tasks import parse_prompt
+
+    prompts = load_prompt_set("outofrange:add,sub", limit=4)
+    assert prompts.name == "outofrange:add,sub" and len(prompts.items) == 8 and prompts.scored
+    for item in prompts.items:
+        example = parse_prompt(item.prompt)
+        assert item.check(example.response) and not item.check(" The sum is 0.")
+        assert not all(10 <= int(x) <= 99 for x in item.prompt[3:].split("=")[0].replace("-", "+").split("+"))
+
+
 # ---- sweep --------------------------------------------------------------------------------------
 def test_pareto_front_on_hand_made_rows():
     rows = [SweepRow("t", "threshold", v, acc, tpf, 0, 0, 0, 0) for v, acc, tpf in

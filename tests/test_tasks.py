@@ -107,3 +107,20 @@ def test_out_of_range_examples_have_exactly_one_operand_outside_10_99():
         a, b = (int(x) for x in e.prompt.removeprefix("Q: ").removesuffix("=? A:").split("+" if e.task == "add" else "-"))
         assert (a in OPERAND_RANGE) != (b in OPERAND_RANGE)
         assert get_task(e.task).check(e, e.response)
+
+
+def test_parse_prompt_recovers_every_example_and_out_of_range_operands():
+    from engine.tasks import out_of_range_examples, parse_prompt
+
+    for e in held_out_examples(list(TASKS)) + out_of_range_examples(list(TASKS), limit=20):
+        assert parse_prompt(e.prompt) == e
+    assert parse_prompt("  Q: 123-45=? A:\n").answer == 78
+    assert parse_prompt("Q: 48*57=? A:") is None and parse_prompt("Q: 48+57=?") is None and parse_prompt("hi") is None
+
+
+def test_the_app_knows_the_answer_to_out_of_range_prompts():
+    from dinfer_viz.answers import expected_response
+
+    assert expected_response("Q: 123+45=? A:") == " The sum is 168."
+    assert expected_response("Q: 48-57=? A:") == " The difference is  -9."
+    assert expected_response("tell me a story") == ""
