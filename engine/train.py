@@ -351,8 +351,10 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     cfg = TrainConfig(**args)
     if not (1 <= cfg.min_gen <= cfg.max_gen):
         parser.error("need 1 <= --min-gen <= --max-gen")
-    if cfg.task_weights and (len(cfg.task_weights) != len(cfg.tasks) or min(cfg.task_weights) < 0 or sum(cfg.task_weights) <= 0):
-        parser.error(f"--task-weights needs one non-negative weight per task ({len(cfg.tasks)}), not all zero")
+    try:  # the sampler holds the rule for weights
+        ExampleSampler(list(cfg.tasks), cfg.seed, weights=list(cfg.task_weights) or None)
+    except EngineError as exc:
+        parser.error(f"--task-weights: {exc}")
     if cfg.length_skew <= 0:
         parser.error("--length-skew must be positive")
     if min(cfg.steps, cfg.batch_size, cfg.eval_every, cfg.threads) < 1:
