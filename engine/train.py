@@ -51,7 +51,7 @@ RESUME_FILE = "resume.pt"
 
 @dataclass
 class TrainConfig:
-    out: str = "assets/tiny-llada"
+    out: str = "runs/tiny-llada/model"  # never the shipped assets/tiny-llada unless asked: a run would replace it
     run_dir: str = "runs/tiny-llada"
     tasks: tuple[str, ...] = tuple(TASKS)
     # sampling weight of each task, in `tasks` order (empty: uniform); a family that lags gets more

@@ -199,3 +199,7 @@ def test_training_on_an_explicit_device_writes_a_cpu_loadable_folder(tmp_path):
     assert parse_args(["--device", "cpu"]).device == "cpu"
     with pytest.raises(SystemExit):
         parse_args(["--device", "nonsense"])
+
+
+def test_the_default_output_is_not_the_shipped_model():
+    assert "assets" not in parse_args([]).out
