@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from engine.cache import FULL, KVCacheManager
 from engine.config import GenerationConfig
 from engine.errors import EngineError
@@ -176,9 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-length", type=int, default=16)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every configuration")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", type=checked_device, default="cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_runtime_args(parser)
     parser.add_argument("--persist-cost", action="store_true", help="time cached forwards with and without persist_window instead")
     parser.add_argument("--shape", default="512,8,2048", help="--persist-cost model: d_model,n_layers,canvas")
     return parser
@@ -187,8 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        runtime = apply_runtime(args)
         if args.repeats < 1:
             raise EngineError(f"--repeats must be positive, got {args.repeats}")
         if args.persist_cost:
@@ -198,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         configs = parse_configs(args.configs, base_config(args.gen_length, args.block_length, args.set))
         prompt_set = load_prompt_set(args.prompts, args.limit)
-        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
+        engine = Engine(args.model, **runtime)
         prompts = encode_all(engine, prompt_set.items, configs[0].config.use_chat_template)
         rows = measure(engine, prompts, configs, prompt_set.items, args.repeats)
     except EngineError as exc:

@@ -32,9 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import generate
@@ -280,9 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per configuration")
     parser.add_argument("--trace-overhead", action="store_true", help="also run every pass with tracing and report the ratio")
-    parser.add_argument("--device", type=checked_device, default="cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_runtime_args(parser)
     parser.add_argument("--out", default="runs/bench", help="folder for benchmark.json/.md/.html")
     return parser
 
@@ -290,14 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        runtime = apply_runtime(args)
         base = base_config(args.gen_length, args.block_length, args.set)
         configs = parse_configs(args.configs, base)
         if args.limit is not None and args.limit < 1:
             raise EngineError(f"--limit must be positive, got {args.limit}")
         prompt_set = load_prompt_set(args.prompts, args.limit)
-        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
+        engine = Engine(args.model, **runtime)
         runs = benchmark(
             engine, prompt_set, configs, args.repeats, args.warmup, args.trace_overhead, progress=lambda m: print(m, file=sys.stderr)
         )

@@ -21,9 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from engine.cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from engine.config import GenerationConfig
 from engine.decoders import decoder_names, make_decoder
 from engine.errors import EngineError
@@ -153,9 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every point")
-    parser.add_argument("--device", type=checked_device, default="cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
-    parser.add_argument("--threads", type=int, default=None)
+    add_runtime_args(parser)
     parser.add_argument("--out", default="runs/bench")
     return parser
 
@@ -163,14 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        runtime = apply_runtime(args)
         changes = dict(parse_assignment(s, "=") for s in args.set)
         base = GenerationConfig(gen_length=args.gen_length, block_length=args.block_length).replace(**changes)
         if args.limit is not None and args.limit < 1:
             raise EngineError(f"--limit must be positive, got {args.limit}")
         prompt_set = load_prompt_set(args.prompts, args.limit)
-        engine = Engine(args.model, device=args.device, dtype=DTYPES[args.dtype] if args.dtype else None)
+        engine = Engine(args.model, **runtime)
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
         rows = sweep(
             engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors,

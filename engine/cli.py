@@ -36,3 +36,17 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"error: {message}\n")
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """`--device`, `--dtype` and `--threads`: where and how a command runs the model."""
+    parser.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on accelerators")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def apply_runtime(args: argparse.Namespace) -> dict[str, typing.Any]:
+    """Set `--threads`, and return the `device`/`dtype` keywords for Engine or load_model."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return {"device": args.device, "dtype": DTYPES[args.dtype] if args.dtype else None}
