@@ -28,14 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=float, default=20.0, help="most live frames per second (grid and readouts)")
     p.add_argument("--plot-hz", type=float, default=3.0, help="most live plot redraws per second")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
+    p.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt a visitor may send (characters)")
+    p.add_argument("--max-gen-length", type=int, default=1024, help="largest generation length a visitor may ask for")
     p.add_argument("--no-model", action="store_true", help="start without loading a model (trace replay, or load one in the page)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.fps <= 0 or args.plot_hz <= 0 or (args.threads is not None and args.threads < 1):
-        print("error: --fps, --plot-hz and --threads must be positive", file=sys.stderr)
+    positive = [args.fps, args.plot_hz, args.max_prompt_chars, args.max_gen_length] + ([args.threads] if args.threads is not None else [])
+    if min(positive) <= 0:
+        print("error: --fps, --plot-hz, --threads and the --max-* limits must be positive", file=sys.stderr)
         return 2
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     if args.threads is not None:
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if host.default_error:
             print(f"error: {host.default_error} (use --no-model to start without one)", file=sys.stderr)
             return 2
-    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz))
+    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length))
     demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
     return 0
 

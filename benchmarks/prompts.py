@@ -1,7 +1,7 @@
 """Prompt sets: prompts, each with the check that scores a response when the set has answers.
 
 `--prompts` names a set:
-    heldout[:TASKS]    the embedded model's held-out tasks (engine/tasks.py), e.g. heldout:add,sub
+    heldout[:TASKS]    the embedded model's held-out tasks (tinymodel/tasks.py), e.g. heldout:add,sub
     outofrange[:TASKS] the same tasks with one operand of 1 or 3 digits (never trained on: the
                        embedded model is unsure and wrong there, which is where decoders and caches differ)
     gsm8k:FILE         GSM8K JSONL ({"question", "answer": "... #### 42"}): exact numeric match
@@ -10,7 +10,7 @@
                        fields (task_id, prompt, test, entry_point); scored by running the tests
     mbpp:FILE          MBPP-style JSONL ({"text" or "prompt", "test_list", ...}): tests run
     text:FILE          one prompt per line, no answers (speed only)
-`limit` keeps the first N prompts (for heldout: a seeded sample of N per task, as engine.eval).
+`limit` keeps the first N prompts (for heldout: a seeded sample of N per task, as tinymodel.eval).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import EngineError
-from engine.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples
+from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples
 
 from . import scoring
 

@@ -3,11 +3,19 @@
 Gradio diffs a component's JSON value between streamed frames, so the grid travels as a list of
 small per-cell dicts (`t` text, `k` CSS classes, `tip` hover text, `c` confidence) and the browser
 renders them with `GRID_TEMPLATE`: a frame that commits three tokens sends three changed cells,
-not the whole HTML. Colours come from `CELL_COLOURS`, one explicit map shared by the CSS, the
+not the whole HTML.
+
+Every string in the value comes from a tokenizer or a trace file, i.e. from someone else: Gradio
+renders the template with Handlebars and then evaluates the result as a JavaScript template
+literal, so Handlebars' own escaping (which leaves `${`, backticks and backslashes alone) is not
+enough: a token `${alert(1)}` would run. `inert` escapes those too, and the template inserts the
+escaped strings raw (`{{{...}}}`) so they are not escaped twice. Colours come from `CELL_COLOURS`, one explicit map shared by the CSS, the
 legend and the figures (never hex strings used as labels).
 """
 
 from __future__ import annotations
+
+import html
 
 from .timeline import EXACT_FORWARDS, Timeline
 from .tokens import glyph, is_special
@@ -28,6 +36,16 @@ CELL_MARKS: dict[str, tuple[str, str]] = {
     "anchor": ("text-decoration: underline double #be185d", "anchor of a span"),
     "wrong": ("color: #b91c1c !important; font-weight: 700; text-decoration: line-through", "differs from the expected answer"),
 }
+# Characters that mean something to a JS template literal or to Handlebars, as HTML entities
+# (the browser shows the character; neither template language sees it).
+_TEMPLATE_ENTITIES = str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;", "{": "&#123;", "}": "&#125;"})
+
+
+def inert(text: str) -> str:
+    """`text` as HTML that shows it literally and that no template step can turn into code."""
+    return html.escape(text, quote=True).translate(_TEMPLATE_ENTITIES)
+
+
 PROMPT_CELLS_SHOWN = 48  # a long (chat-template) prompt is cut to its tail, with one summary cell
 FILL_RUN_COLLAPSE = 3  # this many early-stop fill cells in a row or more show as one
 
@@ -87,8 +105,8 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
             if want is not None and want != token:
                 classes.append("wrong")
                 tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
-        cells.append({"t": _cell_text(timeline, token), "k": " ".join(classes), "tip": "\n".join(tip), "c": round(float(c), 3), "p": p})
-    return {"cells": _collapse_fill(cells), "caption": caption(timeline, iteration)}
+        cells.append({"t": inert(_cell_text(timeline, token)), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
+    return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration))}
 
 
 def _collapse_fill(cells: list[dict]) -> list[dict]:
@@ -167,7 +185,7 @@ def _css() -> str:
 GRID_CSS = _css()
 GRID_TEMPLATE = (
     _legend_html()
-    + '<div class="caption">{{value.caption}}</div>'
-    + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" title="{{tip}}" style="--c:{{c}}">{{t}}</span>{{/each}}</div>'
+    + '<div class="caption">{{{value.caption}}}</div>'
+    + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" title="{{{tip}}}" style="--c:{{c}}">{{{t}}}</span>{{/each}}</div>'
 )
 EMPTY_GRID = {"cells": [], "caption": "no run yet: press Run, or load a trace"}

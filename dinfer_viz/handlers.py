@@ -8,17 +8,20 @@ session carries on.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import logging
 import re
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 
-from engine import EngineError, Trace
+from engine import EngineError, GenerationConfig, Trace
 
 from . import answers
 from .explain import explain
@@ -32,9 +35,11 @@ from .sweep import SweepState, parse_values, run_sweep, sweep_examples
 from .system import system_options
 from .timeline import Timeline
 
+log = logging.getLogger(__name__)
+
 RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "extras", "scrub", "download", "message", "state", "explain")
 COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state")
-SWEEP_VIEW = ("chart", "table", "failures", "message", "state")
+SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
 LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
 SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS", "prompts"]
 # The settings each side of a comparison sets itself; the rest come from the Run tab.
@@ -69,6 +74,59 @@ def error_text(message: str) -> str:
     return f"**⚠ {message}**"
 
 
+# Files written for download buttons: Gradio copies each into its own cache when the handler returns
+# (that copy is what the browser downloads; ui.build_demo's delete_cache removes those), so ours are
+# needed only briefly: older ones are deleted, and the folder never holds more than this.
+KEEP_FILES_SECONDS = 600
+KEEP_FILES_BYTES = 256 * 2**20
+
+
+def prune(folder: Path, now: float | None = None) -> None:
+    """Delete files in `folder` older than KEEP_FILES_SECONDS, then the oldest beyond KEEP_FILES_BYTES."""
+    now = time.time() if now is None else now
+    files = sorted((p for p in folder.iterdir() if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True)
+    total = 0
+    for path in files:
+        stat = path.stat()
+        total += stat.st_size
+        if now - stat.st_mtime > KEEP_FILES_SECONDS or total > KEEP_FILES_BYTES:
+            path.unlink(missing_ok=True)
+
+
+def guarded(slots: Sequence[str] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Any exception a handler lets through becomes a one-line message in the page (its `slots`'
+    "message", or the returned text when `slots` is None), with the traceback in the server log:
+    the session and the loaded engines go on."""
+
+    def message(exc: Exception) -> Any:
+        log.exception("handler failed")
+        text = error_text(f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
+        return _outputs(slots, {"message": text}) if slots is not None else text
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
+                try:
+                    yield from fn(*args, **kwargs)
+                except Exception as exc:  # GeneratorExit (a closed stream) is not an Exception
+                    yield message(exc)
+
+            return stream
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                return message(exc)
+
+        return call
+
+    return wrap
+
+
 def _config_of(timeline: Timeline) -> dict[str, Any]:
     return timeline.trace.config or {}
 
@@ -76,10 +134,15 @@ def _config_of(timeline: Timeline) -> dict[str, Any]:
 class Handlers:
     """The app's event functions around one EngineHost."""
 
-    def __init__(self, host: EngineHost, fps: float = 20.0, plot_hz: float = 3.0) -> None:
+    def __init__(
+        self, host: EngineHost, fps: float = 20.0, plot_hz: float = 3.0, max_prompt_chars: int = 4000, max_gen_length: int = 1024
+    ) -> None:
         self.host = host
         self.fps = fps
         self.plot_hz = plot_hz
+        # Every request is bounded (the engine also refuses canvases beyond the model's positions).
+        self.max_prompt_chars = max_prompt_chars
+        self.max_gen_length = max_gen_length
         self._trace_dir: Path | None = None  # made on the first trace written
         self.option_names = [o.name for o in system_options()]
 
@@ -130,10 +193,11 @@ class Handlers:
         shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll))
         return tuple(gr.update(visible=c.field in shown) for c in all_controls()) + (explain(decoder, cache, bool(smoothing), bool(unroll)),)
 
-    def suggest_expected(self, prompt: str) -> str:
-        """The known right response when the prompt is one of the embedded model's task prompts."""
-        return answers.expected_response(prompt or "")
+    def suggest_expected(self, prompt: str) -> tuple[str, str]:
+        """(the known right response of an arithmetic prompt, the note on the prompt's family)."""
+        return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
 
+    @guarded(None)
     def load_model(self, path: str, device: str, dtype: str, *options: Any) -> str:
         settings = {"model": {"path": path, "device": device, "dtype": dtype, **dict(zip(self.option_names, options))}}
         try:
@@ -178,33 +242,58 @@ class Handlers:
         return gr.update(minimum=-1, maximum=max(timeline.iterations - 1, 0), value=timeline.clamp(value), interactive=True)
 
     def _write_trace(self, trace: Trace) -> str:
-        """The trace as a JSON file for the download button (Gradio serves files from the temp dir)."""
+        """The trace as a JSON file for the download button."""
+        return self._write_file(f"trace-{trace.model or 'model'}", ".json", trace.to_json())
+
+    def _write_file(self, stem: str, suffix: str, text: str) -> str:
+        """A file for a download button (Gradio serves files from the temp dir), named uniquely."""
         if self._trace_dir is None:
             self._trace_dir = Path(tempfile.mkdtemp(prefix="dinfer-viz-traces-"))
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", trace.model or "model")
-        path = self._trace_dir / f"trace-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6}.json"
-        path.write_text(trace.to_json())
+        prune(self._trace_dir)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)[:80]
+        path = self._trace_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6}{suffix}"
+        path.write_text(text)
         return str(path)
 
+    def limits_text(self) -> str:
+        return f"at most {self.max_prompt_chars} characters; generation length at most {self.max_gen_length}"
+
+    def check_request(self, prompt: str, config: GenerationConfig) -> None:
+        """The bounds of one run, before it queues for the engine."""
+        if not prompt or not prompt.strip():
+            raise EngineError("empty prompt: type a prompt first")
+        if len(prompt) > self.max_prompt_chars:
+            raise EngineError(f"the prompt has {len(prompt)} characters; this server takes at most {self.max_prompt_chars}")
+        if config.gen_length > self.max_gen_length:
+            raise EngineError(f"generation length {config.gen_length} is above this server's limit of {self.max_gen_length}")
+
+    @guarded(RUN_VIEW)
     def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "") -> Iterator[tuple]:
         """Stream a run: frames of the growing timeline, then the final view, trace file and state."""
         try:
             spec, config = parse_settings(settings, self.host.default)
-            if not prompt or not prompt.strip():
-                raise EngineError("empty prompt: type a prompt first")
+            self.check_request(prompt, config)
         except EngineError as exc:
             yield _outputs(RUN_VIEW, {"message": error_text(str(exc))})
             return
         expected_ids: list[int] | None = None
+        unknown = ""  # characters the tokenizer cannot encode, said with the result
         for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
-            if expected and expected_ids is None and frame.timeline is not None:
-                engine = self.host.peek(spec)
-                expected_ids = answers.expected_ids(engine, expected) if engine else None
-            yield _outputs(RUN_VIEW, self._frame_view(frame, spec.describe(), expected_ids))
+            engine = self.host.peek(spec) if frame.timeline is not None and expected_ids is None else None
+            if engine is not None:
+                expected_ids = answers.expected_ids(engine, expected) if expected else []
+                missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
+                unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
+            view = self._frame_view(frame, spec.describe(), expected_ids or None, prompt)
+            if frame.stage == "done" and unknown:
+                view["message"] += unknown
+            yield _outputs(RUN_VIEW, view)
 
-    def _frame_view(self, frame: Frame, model: str, expected: list[int] | None) -> dict[str, Any]:
+    def _frame_view(self, frame: Frame, model: str, expected: list[int] | None, prompt: str = "") -> dict[str, Any]:
         if frame.stage in ("waiting", "loading"):
             return {"readout": message_readout(frame.message), "message": frame.message}
+        if frame.stage == "busy":
+            return {"message": f"{frame.message} ({frame.wall:.0f} s)…"}
         if frame.timeline is None:  # failed before the engine started
             return {"message": error_text(frame.message)}
         tl, last = frame.timeline, frame.shown - 1
@@ -215,6 +304,8 @@ class Handlers:
         out["readout"] = readout(tl, frame.wall, note=model)
         out["message"] = f"{frame.message}: {tl.iterations} iterations" if done else f"{frame.message}…"
         if done:
+            judged = answers.verdict(prompt, frame.text or "")
+            out["message"] += f"; {judged}" if judged else ""
             out["text"] = frame.text
             out["scrub"] = self._scrub(tl, tl.iterations - 1)
             out["download"] = self._write_trace(tl.trace)
@@ -224,6 +315,7 @@ class Handlers:
     def stopped(self) -> str:
         return "stopped: the engine ends its current iteration and is free for the next run"
 
+    @guarded(RUN_VIEW)
     def replay(self, iteration: float, state: RunState | None) -> tuple:
         """The stored run at `iteration`, figures included, the iteration marked on them."""
         if state is None:
@@ -257,16 +349,20 @@ class Handlers:
         at_end = int(iteration) >= state.timeline.iterations - 1
         return (-1 if at_end else gr.skip()), gr.Timer(active=True)
 
+    @guarded(RUN_VIEW)
     def load_trace(self, file: Any) -> tuple:
         """Load a downloaded trace JSON for replay; needs no model."""
         path = getattr(file, "name", file)
         if not path:
             return _outputs(RUN_VIEW, {"message": "no file"})
         try:
-            trace = Trace.from_json(Path(path).read_text())
+            trace = Trace.from_json(Path(path).read_text(encoding="utf-8"))
             tl = Timeline(trace)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError, KeyError, IndexError) as exc:
+        except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
             return _outputs(RUN_VIEW, {"message": error_text(f"cannot load this trace: {exc}")})
+        except Exception as exc:  # a trace the checks let through but the views cannot show
+            log.exception("trace could not be shown")
+            return _outputs(RUN_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
         cfg = _config_of(tl)
         out = self.view(tl, tl.iterations - 1, None)
         out.update(
@@ -279,13 +375,14 @@ class Handlers:
         return _outputs(RUN_VIEW, out)
 
     # ---- the Compare tab ------------------------------------------------------------------------
+    @guarded(COMPARE_VIEW)
     def compare(self, prompt: str, settings_a: dict[str, Any] | None, settings_b: dict[str, Any] | None) -> Iterator[tuple]:
         """Run A, then B (one device: runs never overlap, so each speed is its own), streaming each
         into its panel; then the comparison chart."""
         try:
             runs = [parse_settings(s, self.host.default) for s in (settings_a, settings_b)]
-            if not prompt or not prompt.strip():
-                raise EngineError("empty prompt: type a prompt first")
+            for _, config in runs:
+                self.check_request(prompt, config)
         except EngineError as exc:
             yield _outputs(COMPARE_VIEW, {"message": error_text(str(exc))})
             return
@@ -333,11 +430,16 @@ class Handlers:
         )
 
     # ---- the Sweep tab --------------------------------------------------------------------------
-    def sweep(self, settings: dict[str, Any] | None, tasks: list[str] | None, per_task: float, parameter: str, values: str) -> Iterator[tuple]:
-        """Run every held-out prompt at every value; stream the accuracy-vs-TPF chart and tables."""
+    @guarded(SWEEP_VIEW)
+    def sweep(
+        self, settings: dict[str, Any] | None, tasks: list[str] | None, per_task: float, parameter: str, values: str, own_prompts: str = ""
+    ) -> Iterator[tuple]:
+        """Run every chosen prompt at every value; stream the accuracy-vs-TPF chart and tables."""
         try:
             spec, config = parse_settings(settings, self.host.default)
-            examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed)
+            examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed, own_prompts=own_prompts)
+            for example in examples:
+                self.check_request(example.prompt, config)
             numbers = parse_values(values)
             states = run_sweep(self.host, spec, config, parameter, numbers, examples)
             first = next(states)
@@ -353,6 +455,7 @@ class Handlers:
             }
             if state.done:
                 out["state"] = state
+                out["csv"] = self._write_file(f"sweep-{state.parameter}", ".csv", state.csv())
             yield _outputs(SWEEP_VIEW, out)
 
     def open_failure(self, state: SweepState | None, evt: gr.SelectData) -> tuple:

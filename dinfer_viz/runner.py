@@ -24,6 +24,9 @@ from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1  # longest the consumer blocks on the queue
+# Longest a live run goes without yielding: Gradio can close (Stop, a closed tab) a generator only
+# when it yields, and one forward on a long canvas can take many seconds without an event.
+HEARTBEAT_SECONDS = 1.0
 
 
 # ---- what the worker tells the consumer ------------------------------------------------------
@@ -136,7 +139,7 @@ class FrameClock:
 
 @dataclass
 class Frame:
-    stage: str  # "waiting" | "loading" | "running" | "done" | "error"
+    stage: str  # "waiting" | "loading" | "running" | "busy" (a forward without news) | "done" | "error"
     wall: float  # seconds since the run was asked for (includes the UI)
     plots: bool  # redraw the plots with this frame
     timeline: Timeline | None = None  # live: keeps growing after the yield; read `shown`
@@ -182,12 +185,16 @@ def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationC
     timeline: Timeline | None = None
     engine: Engine | None = None
     pending = False  # records arrived since the last frame
+    last_yield = time.perf_counter()
     try:
         while True:
             try:
                 event = events.get(timeout=min(POLL_SECONDS, clock.wait(time.perf_counter())) if pending else POLL_SECONDS)
             except queue.Empty:
                 event = None
+                if time.perf_counter() - last_yield >= HEARTBEAT_SECONDS:
+                    last_yield = time.perf_counter()
+                    yield Frame("busy", last_yield - t0, False, message="generating: a forward is running")
             while event is not None:
                 if isinstance(event, IterationRecord) and timeline is not None:
                     timeline.add(event)
@@ -217,7 +224,7 @@ def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationC
                 send, plots = clock.tick(time.perf_counter())
                 if send:
                     pending = False
-                    sent = time.perf_counter()
+                    sent = last_yield = time.perf_counter()
                     yield Frame("running", sent - t0, plots, timeline, message="generating")
                     clock.spent(time.perf_counter() - sent, plots)
     finally:

@@ -13,7 +13,9 @@ the app's default model.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -21,7 +23,10 @@ from typing import Any, Callable, Sequence
 from engine import EngineError, GenerationConfig, decoder_names
 from engine import config as engine_config
 
+from engine.cli import checked_device
+
 from .host import DTYPES, ModelSpec
+from .system import system_options
 
 
 @dataclass(frozen=True)
@@ -185,14 +190,17 @@ def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
             return bool(value)
         if base is int:
             number = float(value)
-            if number != int(number):
+            if not math.isfinite(number) or number != int(number):
                 raise ValueError(value)
             return int(number)
         if base is float:
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(value)
+            return number
         return str(value)
-    except (TypeError, ValueError):
-        raise EngineError(f"{field}: expected {base.__name__}, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise EngineError(f"{field}: expected a finite {base.__name__}, got {str(value)[:40]!r}") from None
 
 
 def config_from_values(values: Sequence[Any]) -> dict[str, Any]:
@@ -227,8 +235,20 @@ def build_spec(model: dict[str, Any] | None, default: ModelSpec) -> ModelSpec:
     dtype = str(model.get("dtype") or default.dtype)
     if dtype not in DTYPES:
         raise EngineError(f"unknown dtype '{dtype}'; choose from {', '.join(DTYPES)}")
-    options = tuple(sorted((k, v) for k, v in model.items() if k not in ("path", "device", "dtype") and _option_is_set(v)))
-    return ModelSpec(path, device, dtype, options)
+    try:
+        checked_device(device)
+    except argparse.ArgumentTypeError as exc:
+        raise EngineError(f"device {exc}") from None
+    offered = {o.name: o for o in system_options()}
+    options = []
+    for key, value in sorted((k, v) for k, v in model.items() if k not in ("path", "device", "dtype")):
+        if key not in offered:
+            raise EngineError(f"unknown model setting '{key}'; known: path, device, dtype, {', '.join(offered)}")
+        if _option_is_set(value):
+            if not offered[key].available:
+                raise EngineError(f"{offered[key].label} is unavailable: {offered[key].reason}")
+            options.append((key, value))
+    return ModelSpec(path, device, dtype, tuple(options))
 
 
 def _option_is_set(value: Any) -> bool:

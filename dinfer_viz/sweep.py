@@ -2,7 +2,8 @@
 
 Each prompt runs alone (batch 1), so TPF is the per-sequence figure a user sees, not one diluted
 by rows that finish early in a batch. Prompts are the held-out split of the embedded model's task
-families (engine/tasks.py), which training never samples. Per value: accuracy, TPF and TPS from
+families (tinymodel/tasks.py), which training never samples, the arithmetic out-of-range sets, or
+the user's own prompts of any family; each answer is judged by its family's verifier. Per value: accuracy, TPF and TPS from
 the engine's stats; each wrong answer keeps its trace, to open in the Run tab at the first wrong
 commit.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, Trace
-from engine.tasks import Example, get_task, held_out_examples
+from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples, parse_prompt
 
 from .answers import WrongCommit, expected_ids, first_wrong
 from .host import EngineHost, ModelSpec
@@ -69,6 +70,13 @@ class SweepState:
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.correct]
 
+    def csv(self) -> str:
+        """The per-value table as CSV (accuracy as a fraction, TPF and TPS as measured)."""
+        lines = [f"{self.parameter},accuracy,correct,prompts,tokens,nfe,tpf,tps"]
+        for p in self.points():
+            lines.append(f"{p['value']:g},{p['accuracy']:.4f},{p['correct']},{p['examples']},{p['tokens']},{p['nfe']},{p['tpf']:.3f},{p['tps']:.1f}")
+        return "\n".join(lines) + "\n"
+
 
 def parse_values(text: str) -> list[float]:
     """'0.5, 0.7 0.9' -> [0.5, 0.7, 0.9]."""
@@ -88,14 +96,44 @@ def sweep_configs(config: GenerationConfig, parameter: str, values: list[float])
     return [config.replace(**{parameter: v}) for v in values]
 
 
-def sweep_examples(tasks: list[str], per_task: int, seed: int = 0) -> list[Example]:
-    if not tasks:
-        raise EngineError("choose at least one task family")
+OUT_OF_RANGE_SUFFIX = " out of range"  # "add out of range": arithmetic with a four-digit operand
+
+
+def prompt_sets() -> list[str]:
+    """What the sweep can run: each family's held-out prompts, and the arithmetic out-of-range sets."""
+    out_of_range = [f"{name}{OUT_OF_RANGE_SUFFIX}" for name in TASKS if out_of_range_examples([name], 1)]
+    return list(TASKS) + out_of_range
+
+
+def own_examples(text: str) -> list[Example]:
+    """The user's prompts, one a line; each must belong to a family (its verifier scores it)."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            example = parse_prompt(line)
+            if example is None:
+                raise EngineError(f"your prompt on line {number} ({line.strip()[:40]!r}) is in no task family, so it cannot be scored")
+            out.append(example)
+    return out
+
+
+def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: str = "") -> list[Example]:
+    """`per_task` seeded prompts of each chosen set, then the user's own prompts."""
     if per_task < 1:
         raise EngineError(f"prompts per task must be at least 1, got {per_task}")
-    for name in tasks:
-        get_task(name)  # EngineError for an unknown family
-    return held_out_examples(tasks, limit=per_task, seed=seed)
+    examples: list[Example] = []
+    for name in sets:
+        if name.endswith(OUT_OF_RANGE_SUFFIX):
+            family = name[: -len(OUT_OF_RANGE_SUFFIX)]
+            get_task(family)  # EngineError for an unknown family
+            examples += out_of_range_examples([family], per_task, seed=seed)
+        else:
+            get_task(name)
+            examples += held_out_examples([name], limit=per_task, seed=seed)
+    examples += own_examples(own_prompts or "")
+    if not examples:
+        raise EngineError("choose at least one task family or type prompts of your own")
+    return examples
 
 
 def run_sweep(

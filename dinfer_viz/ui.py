@@ -15,21 +15,22 @@ import gradio as gr
 
 from engine import GenerationConfig
 
-from .answers import expected_response, task_names
+from .answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, expected_response, model_knows_markdown, prompt_note
 from .explain import explain
 from .grid import EMPTY_GRID, GRID_CSS, GRID_TEMPLATE
 from .handlers import COMPARE_FIELDS, COMPARE_VIEW, FAILURE_HEADERS, RUN_VIEW, SWEEP_TABLE_HEADERS, SWEEP_VIEW, Handlers, empty_run_view
 from .host import DTYPES
 from .readouts import message_readout
+from .sweep import prompt_sets
 from .settings import Control, all_controls, control_value, sections
 from .system import describe_machine, devices, system_options
 
-DEFAULT_PROMPT = "Q: 48+57=? A:"
-# The embedded model's tasks: two held-out prompts (never trained on) it answers with near-certainty,
-# and two with an operand outside 10-99: one character longer or shorter than every training prompt,
-# so the model (which learned absolute positions) goes wrong, some of it confidently
-EXAMPLE_PROMPTS = ["Q: 61+48=? A:", "Q: 31-73=? A:", "Q: 123+45=? A:", "Q: 7-65=? A:"]
+# Pair-sum: the first forward cannot commit the digits (a is uniform among N's splits), so the
+# threshold decoder forces one, and the rest follows over several iterations
+DEFAULT_PROMPT = FAMILY_EXAMPLES["pairsum"][0]
 OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache")
+SWEEP_DEFAULT_SETS = ("pairsum",)
+SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "dual"})
 
 
@@ -53,15 +54,21 @@ def float_fields() -> list[str]:
     return [f.name for f in dataclasses.fields(GenerationConfig) if hints[f.name] is float]
 
 
-def launch_kwargs() -> dict[str, Any]:
+# The largest trace the app writes (1024 generated positions, one record each) is about 20 MB.
+MAX_UPLOAD = "32mb"
+
+
+def launch_kwargs(max_upload: str = MAX_UPLOAD) -> dict[str, Any]:
     """The theme goes to launch() in Gradio 6 (Blocks(theme=) is deprecated). Gradio's run history
-    would store every run's outputs (plots, grids) in the browser: the trace download does that job."""
-    return {"theme": gr.themes.Soft(primary_hue="blue"), "run_history": False}
+    would store every run's outputs (plots, grids) in the browser: the trace download does that job.
+    Uploads (trace files) are capped at `max_upload`."""
+    return {"theme": gr.themes.Soft(primary_hue="blue"), "run_history": False, "max_file_size": max_upload}
 
 
 def build_demo(handlers: Handlers) -> gr.Blocks:
     defaults = GenerationConfig()
-    with gr.Blocks(title="dinfer-viz") as demo:
+    # Gradio's cached copies of downloads and uploads: swept every 30 min, kept 2 h
+    with gr.Blocks(title="dinfer-viz", delete_cache=(1800, 7200)) as demo:
         gr.Markdown("## dinfer-viz · watch a masked-diffusion LM decode, one iteration at a time")
         gr.Markdown(handlers.model_status(), elem_id="model-status")
         with gr.Tabs() as tabs:
@@ -69,19 +76,20 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
             with gr.Tab("Run", id="run"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=1, min_width=330):
-                        prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt")
+                        prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt", info=handlers.limits_text(), max_length=handlers.max_prompt_chars)
                         expected = gr.Textbox(
                             label="Expected response (optional)",
                             value=expected_response(DEFAULT_PROMPT),
-                            info="filled in for the embedded model's task prompts; committed tokens that differ are struck out",
+                            info="filled in for arithmetic prompts (one right answer); committed tokens that differ are struck out",
                             elem_id="expected",
                         )
-                        gr.Examples(
-                            [[p] for p in EXAMPLE_PROMPTS],
-                            inputs=[prompt],
-                            label="Examples (the last two are outside the trained operand range: see where it commits wrong tokens)",
-                            elem_id="examples",
-                        )
+                        note = gr.Markdown(prompt_note(DEFAULT_PROMPT), elem_id="prompt-note")
+                        with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
+                            for family, prompts in FAMILY_EXAMPLES.items():
+                                gr.Examples([[p] for p in prompts], inputs=[prompt], label=f"{family}: {FAMILY_DESCRIPTIONS[family]}")
+                            gr.Examples([[p] for p in OUT_OF_FAMILY_EXAMPLES], inputs=[prompt], label="outside every family: see what low confidence looks like")
+                        with gr.Accordion("What this model knows", open=False, elem_id="model-knows"):
+                            gr.Markdown(model_knows_markdown())
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
@@ -168,14 +176,17 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
             # ---- Sweep ---------------------------------------------------------------------------
             with gr.Tab("Threshold sweep", id="sweep"):
                 gr.Markdown(
-                    "Runs held-out prompts of the embedded model's tasks (answers known) at each value, with the Run tab's "
-                    "other settings, one prompt at a time. Click a wrong answer to open its trace at the first wrong commit."
+                    "Runs held-out prompts of the embedded model's task families (never trained on; each answer judged by "
+                    "its family's verifier) at each value, with the Run tab's other settings, one prompt at a time. "
+                    "Pair-sum shows the trade-off: a low threshold commits dependent digits in one forward and breaks the sum. "
+                    "Click a wrong answer to open its trace at the first wrong commit."
                 )
                 with gr.Row():
-                    sweep_tasks = gr.CheckboxGroup(task_names(), value=task_names(), label="task families")
-                    per_task = gr.Number(8, precision=0, minimum=1, label="prompts per family")
+                    sweep_tasks = gr.CheckboxGroup(prompt_sets(), value=list(SWEEP_DEFAULT_SETS), label="prompt sets (held-out prompts of each family; arithmetic out of range)")
+                    per_task = gr.Number(24, precision=0, minimum=1, label="prompts per set")
                     parameter = gr.Dropdown(float_fields(), value="threshold", label="setting to sweep")
-                    values = gr.Textbox("0.5, 0.7, 0.8, 0.9, 0.95", label="values")
+                    values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
+                own_prompts = gr.Textbox(label="your own prompts (optional; one a line, each from a family)", lines=2, elem_id="sweep-own")
                 with gr.Row():
                     sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep-btn")
                     sweep_stop = gr.Button("Stop", variant="stop")
@@ -183,6 +194,7 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
                 with gr.Row(equal_height=False):
                     sweep_chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
                     sweep_table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False)
+                sweep_csv = gr.DownloadButton("Download the table (CSV)", value=None, elem_id="sweep-csv")
                 failures = gr.Dataframe(headers=FAILURE_HEADERS, label="wrong answers (click a row to inspect it)", interactive=False, wrap=True)
                 sweep_state = gr.State(None)
 
@@ -203,7 +215,7 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
         structure_inputs = [controls["decoder"], controls["cache"], controls["smoothing"], controls["unroll"]]
         gr.on([c.change for c in structure_inputs], handlers.structure, structure_inputs, [*config_controls, explain_md], **private)
         demo.load(handlers.structure, structure_inputs, [*config_controls, explain_md], **private)
-        prompt.change(handlers.suggest_expected, prompt, expected, **private)
+        prompt.change(handlers.suggest_expected, prompt, [expected, note], **private)
 
         collect = run_btn.click(None, settings_inputs, settings_json, js=handlers.settings_js(), **private)
         run_ev = collect.then(handlers.run, [prompt, settings_json, expected], run_view, api_name="run", show_progress="minimal", **engine_queue)
@@ -230,9 +242,9 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
         compare_scrub.release(handlers.compare_replay, [compare_scrub, compare_state], compare_view, api_name="compare_replay", show_progress="hidden")
 
         sweep_collect = sweep_btn.click(None, settings_inputs, settings_json, js=handlers.settings_js(), **private)
-        sweep_outputs = dict(chart=sweep_chart, table=sweep_table, failures=failures, message=sweep_msg, state=sweep_state)
+        sweep_outputs = dict(chart=sweep_chart, table=sweep_table, failures=failures, message=sweep_msg, state=sweep_state, csv=sweep_csv)
         sweep_ev = sweep_collect.then(
-            handlers.sweep, [settings_json, sweep_tasks, per_task, parameter, values], [sweep_outputs[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **engine_queue
+            handlers.sweep, [settings_json, sweep_tasks, per_task, parameter, values, own_prompts], [sweep_outputs[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **engine_queue
         )
         failures.select(handlers.open_failure, sweep_state, [*run_view, prompt, expected, tabs], api_visibility="private")
 

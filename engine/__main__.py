@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -39,12 +40,23 @@ def config_from_args(args: argparse.Namespace) -> GenerationConfig:
     return GenerationConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig)}).validate()
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an unwritable --trace path before generating (not after the whole generation)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise EngineError(f"cannot write the trace to {path}: not a writable file in an existing folder")
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .pipeline import Engine
 
     config = config_from_args(args)  # validate before the (slow) model load
     if not args.prompt or not args.prompt.strip():
         raise EngineError("empty prompt")
+    if args.tp < 1 or args.ep < 1:
+        raise EngineError(f"--tp and --ep must be >= 1, got {args.tp} and {args.ep}")
+    if args.trace:
+        check_writable(Path(args.trace))
     if args.threads is not None:
         if args.threads < 1:
             raise EngineError(f"threads must be >= 1, got {args.threads}")
@@ -59,6 +71,9 @@ def _generate(args: argparse.Namespace) -> int:
     engine = Engine(args.model, device=device, dtype=dtype)
     if parallel:
         shard_model(engine.model, args.tp, args.ep)
+    missing = engine.unencodable(args.prompt, config.use_chat_template)
+    if missing:
+        print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
     result = engine.generate(args.prompt, config, trace=bool(args.trace))
     out = result.output
     if parallel:  # every rank decided the same tokens; rank 0 reports them

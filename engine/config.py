@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +13,9 @@ from .errors import EngineError
 CACHE_MODES = ("none", "prefix", "dual", "vicinity")
 REMASKING = ("low_confidence", "random")
 ANCHORS = ("confidence", "centre")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
 
 
 @dataclass
@@ -89,6 +94,8 @@ class GenerationConfig:
             if not ok:
                 raise EngineError(message)
 
+        self._check_types()
+        need(0 <= self.seed <= 2**63 - 1, f"seed must be in 0..2**63-1, got {self.seed}")
         need(self.gen_length >= 1, f"gen_length must be positive, got {self.gen_length}")
         need(self.block_length >= 1, f"block_length must be positive, got {self.block_length}")
         need(
@@ -116,4 +123,28 @@ class GenerationConfig:
             "credit_beta must be in (0, 1], credit_alpha and credit_gamma >= 0",
         )
         need(self.factor > 0.0, f"factor must be positive, got {self.factor}")
+        need(
+            0.0 <= self.cont_weight_init <= 1.0 and 0.0 <= self.cont_weight_growth <= 1.0,
+            "cont_weight_init and cont_weight_growth must be in [0, 1]",
+        )
+        need(0.0 <= self.threshold_decay <= 1.0, f"threshold_decay must be in [0, 1], got {self.threshold_decay}")
         return self
+
+    def _check_types(self) -> None:
+        """Every field of its declared type (int for float is fine), floats finite: a JSON or
+        Python caller gets an EngineError naming the field, never a TypeError from deep inside."""
+        hints = typing.get_type_hints(GenerationConfig)
+        for f in dataclasses.fields(self):
+            value, hint = getattr(self, f.name), hints[f.name]
+            allowed = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+            if value is None and type(None) in typing.get_args(hint):
+                continue
+            base = allowed[0]
+            ok = (
+                isinstance(value, bool) if base is bool
+                else isinstance(value, int) and not isinstance(value, bool) if base is int
+                else isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) if base is float
+                else isinstance(value, base)
+            )
+            if not ok:
+                raise EngineError(f"{f.name} must be {_TYPE_NAMES.get(base, base.__name__)}, got {str(value)[:40]!r}")

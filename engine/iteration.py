@@ -18,10 +18,11 @@ plain runs can differ; otherwise they give the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,7 +36,39 @@ from .trace import IterationRecord, Trace, TraceRecorder
 
 
 class GenerationCancelled(EngineError):
-    """Raised between iterations when the caller's cancel event is set."""
+    """Raised between iterations, or between layers inside a forward, when the caller's cancel event is set."""
+
+
+@contextlib.contextmanager
+def cancel_between_layers(model: DiffusionLM, cancel: threading.Event | None) -> Iterator[None]:
+    """Check `cancel` before every layer of every forward, so that Stop ends even one long forward
+    (a long canvas on a CPU) within one layer's time rather than at the next iteration."""
+    if cancel is None:
+        yield
+        return
+
+    def check(module: torch.nn.Module, args: object) -> None:
+        if cancel.is_set():
+            raise GenerationCancelled("generation cancelled")
+
+    handles = [layer.register_forward_pre_hook(check) for layer in model.layer_modules()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> None:
+    """Refuse, before any forward, a canvas longer than the model's positions or the caller's limit."""
+    canvas = max(len(p) for p in prompts) + config.gen_length
+    limits = [(limit, why) for limit, why in ((model.max_positions, "the model's max_sequence_length"), (max_tokens, "this server's --max-tokens")) if limit]
+    for limit, why in limits:
+        if canvas > limit:
+            raise EngineError(
+                f"the canvas (prompt {max(len(p) for p in prompts)} + gen_length {config.gen_length} = {canvas} tokens) "
+                f"exceeds {why} ({limit}); shorten the prompt or the generation length"
+            )
 
 
 @dataclass
@@ -287,22 +320,28 @@ def generate(
     trace: bool = False,
     on_iteration: Callable[[IterationRecord], None] | None = None,
     cancel: threading.Event | None = None,
+    max_tokens: int | None = None,
 ) -> GenerationOutput:
     """Generate for a batch of tokenised prompts.
 
     `stop_ids`: the ids that end a row (EOS first, then EoT); defaults to the model's EOS.
     `trace`: record one IterationRecord per iteration (`on_iteration` is called with each);
     `config.measure_staleness` records one too, since the trace is where the staleness goes.
-    `cancel`: checked between groups of iterations; when set, GenerationCancelled is raised.
+    `cancel`: checked between groups of iterations and between layers; when set,
+    GenerationCancelled is raised. `max_tokens`: a caller's bound on the canvas (prompt + gen_length),
+    besides the model's own (`check_canvas`).
     """
     config.validate()
     if not prompts or any(len(p) == 0 for p in prompts):
         raise EngineError("empty prompt")
+    check_canvas(model, prompts, config, max_tokens)
     stop_ids = stop_ids or [model.eos_token_id]
     record = trace or on_iteration is not None or config.measure_staleness
     if model.block_causal:  # LLaDA2: block diffusion (imported here because it builds on _Request)
         from .block_diffusion import BlockDiffusionRequest
 
-        return BlockDiffusionRequest(model, prompts, config, stop_ids, record, on_iteration, cancel).run()
-    request = _Request(model, prompts, config, stop_ids, record, on_iteration, cancel)
-    return request.run()
+        request: _Request = BlockDiffusionRequest(model, prompts, config, stop_ids, record, on_iteration, cancel)
+    else:
+        request = _Request(model, prompts, config, stop_ids, record, on_iteration, cancel)
+    with cancel_between_layers(model, cancel):
+        return request.run()

@@ -67,8 +67,10 @@ class TextResult:
 class Engine:
     """A loaded model with its tokenizer: `Engine(path).generate("Q: 48+57=? A:", config)`."""
 
-    def __init__(self, path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None, max_tokens: int | None = None) -> None:
+        """`max_tokens`: refuse canvases (prompt + gen_length) longer than this, besides the model's own limit."""
         self.path = str(path)
+        self.max_tokens = max_tokens
         self.model = load_model(path, device=device, dtype=dtype)
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
@@ -87,6 +89,17 @@ class Engine:
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
             return list(ids)
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def unencodable(self, prompt: str, use_chat_template: bool = True) -> list[str]:
+        """The pieces of `prompt` the tokenizer can only write as its unknown token (in order)."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None or not prompt:
+            return []
+        try:
+            encoded = self.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        except (NotImplementedError, ValueError):  # slow tokenizers have no offsets
+            return []
+        return [prompt[a:b] for i, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if i == unk]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -107,7 +120,9 @@ class Engine:
         config.validate()
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
-        out = generate(self.model, encoded, config, stop_ids=self.stop_ids, trace=trace, on_iteration=on_iteration, cancel=cancel)
+        out = generate(
+            self.model, encoded, config, stop_ids=self.stop_ids, trace=trace, on_iteration=on_iteration, cancel=cancel, max_tokens=self.max_tokens
+        )
         if out.trace is not None:
             out.trace.model = self.name
             seen = {i for row in out.trace.final for i in row} | {i for rec in out.trace.iterations for row in rec.top1 for i in row}

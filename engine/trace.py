@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from .errors import EngineError
+
 TRACE_VERSION = 1
 
 
@@ -78,16 +80,60 @@ class Trace:
         return json.dumps(self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Trace":
-        if data.get("version") != TRACE_VERSION:
-            raise ValueError(f"trace version {data.get('version')!r} is not {TRACE_VERSION}")
-        fields = dict(data)
-        fields["iterations"] = [IterationRecord(**r) for r in data.get("iterations", [])]
-        return cls(**fields)
+    def from_dict(cls, data: Any) -> "Trace":
+        """A trace from its JSON form, every field checked (a trace file may come from anyone):
+        EngineError naming the first field that is missing, of the wrong type or inconsistent."""
+        _need(isinstance(data, dict), f"a trace is a JSON object, not {type(data).__name__}")
+        _need(data.get("version") == TRACE_VERSION, f"version {data.get('version')!r} is not {TRACE_VERSION}")
+        header = {f: data.get(f) for f in cls.__dataclass_fields__ if f != "iterations"}
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        _need(not unknown, f"unknown field(s): {', '.join(map(str, unknown))[:200]}")
+        records = data.get("iterations", [])
+        _need(isinstance(records, list), "iterations must be a list")
+        names = set(IterationRecord.__dataclass_fields__)
+        for i, r in enumerate(records):
+            _need(isinstance(r, dict) and names - {"extras"} <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
+        trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
+        trace.check()
+        return trace
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise EngineError(f"trace: not valid JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    def check(self) -> None:
+        """Types, sizes and positions consistent enough to replay; EngineError otherwise."""
+        _need(_is_int(self.canvas_length, 1) and _is_int(self.block_length, 1), "canvas_length and block_length must be positive integers")
+        _need(_is_int(self.mask_id) and _int_list(self.eos_ids), "mask_id must be an integer and eos_ids a list of integers")
+        rows = len(self.initial) if isinstance(self.initial, list) else 0
+        _need(rows >= 1 and _int_list(self.prompt_lengths) and len(self.prompt_lengths) == rows, "initial and prompt_lengths need one entry per row")
+        for row in range(rows):
+            _need(_int_list(self.initial[row]) and len(self.initial[row]) == self.canvas_length, f"initial[{row}] must be canvas_length integers")
+            _need(0 <= self.prompt_lengths[row] <= self.canvas_length, f"prompt_lengths[{row}] is outside the canvas")
+        _need(isinstance(self.final, list) and all(_int_list(r) for r in self.final), "final must be a list of rows of integers")
+        _need(isinstance(self.tokens, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in self.tokens.items()), "tokens must map id strings to strings")
+        _need(isinstance(self.config, dict) and isinstance(self.stats, dict) and isinstance(self.model, str), "config and stats must be objects and model a string")
+        _need(_is_number(self.trace_seconds), "trace_seconds must be a number")
+        for i, rec in enumerate(self.iterations):
+            where = f"iterations[{i}]"
+            _need(_int_list(rec.block_range) and len(rec.block_range) == 2, f"{where}.block_range must be [start, end]")
+            s, e = rec.block_range
+            _need(0 <= s < e <= self.canvas_length, f"{where}.block_range is outside the canvas")
+            _need(_is_int(rec.iteration) and _is_int(rec.block) and isinstance(rec.forward, str), f"{where}: iteration and block must be integers, forward a string")
+            _need(isinstance(rec.recomputed, list) and all(_int_list(r) and len(r) == 2 for r in rec.recomputed), f"{where}.recomputed must be [a, b] ranges")
+            _need(rec.threshold is None or _is_number(rec.threshold), f"{where}.threshold must be a number or null")
+            _need(_is_number(rec.seconds) and isinstance(rec.extras, dict), f"{where}: seconds must be a number and extras an object")
+            per_row = (rec.committed, rec.forced, rec.top1, rec.confidence)
+            _need(all(isinstance(v, list) and len(v) == rows for v in per_row), f"{where}: committed, forced, top1 and confidence need one list per row")
+            for row in range(rows):
+                _need(_int_list(rec.top1[row]) and len(rec.top1[row]) == e - s, f"{where}.top1[{row}] must be one integer per block position")
+                _need(isinstance(rec.confidence[row], list) and len(rec.confidence[row]) == e - s and all(map(_is_number, rec.confidence[row])), f"{where}.confidence[{row}] must be one number per block position")
+                for name, positions in (("committed", rec.committed[row]), ("forced", rec.forced[row])):
+                    _need(_int_list(positions) and all(s <= p < e for p in positions), f"{where}.{name}[{row}] must be positions inside the block")
 
     def canvas_at(self, iteration: int) -> list[list[int]]:
         """Canvas per row after record `iteration` (-1: before the first), rebuilt from commits."""
@@ -141,6 +187,23 @@ class TraceRecorder:
         self.trace.iterations.append(rec)
         self.trace.trace_seconds += time.perf_counter() - t0
         return rec
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise EngineError(f"trace: {message}")
+
+
+def _is_int(value: Any, minimum: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and (minimum is None or value >= minimum)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
 
 
 def _jsonable(value: Any) -> Any:

@@ -13,7 +13,7 @@ import torch
 
 from engine import IterationRecord, Trace, save_model
 from engine.models import LLaDAModelLM
-from engine.tokenizer import build_tokenizer, save_tokenizer, special_ids
+from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]

@@ -164,13 +164,19 @@ def test_compare_runs_both_settings(app):
     assert json.loads(result[6]["plot"])["data"][0]["type"] == "scatter"
 
 
-def test_sweep_reports_accuracy_and_tpf_per_value(app):
+def test_sweep_reports_accuracy_and_tpf_per_value_and_downloads_csv(app):
     client = Client(app.url, verbose=False)
-    chart, table, failures, message = client.predict({"config": {"gen_length": 32, "block_length": 16}}, ["add"], 2, "threshold", "0.5, 0.9", api_name="/sweep")
-    assert message.startswith("done: 4 prompts")
+    chart, table, failures, message, csv = client.predict(
+        {"config": {"gen_length": 32, "block_length": 16}}, ["add"], 2, "threshold", "0.5, 0.9", "Q: ?+?=57 A:", api_name="/sweep"
+    )
+    assert message.startswith("done: 6 prompts")  # two held-out prompts and the user's own, at two values
     assert [row[0] for row in table["data"]] == [0.5, 0.9]
-    assert all(0.0 <= row[1] <= 1.0 and row[2] >= 1.0 and row[4] == 2 for row in table["data"])
+    assert all(0.0 <= row[1] <= 1.0 and row[2] >= 1.0 and row[4] == 3 for row in table["data"])
     wrong = round(sum((1 - row[1]) * row[4] for row in table["data"]))
     assert len(failures["data"]) == wrong
-    bad = client.predict({}, ["add"], 2, "threshold", "0.5, 7", api_name="/sweep")
+    lines = open(csv).read().splitlines()
+    assert lines[0].startswith("threshold,accuracy,correct,prompts") and [line.split(",")[0] for line in lines[1:]] == ["0.5", "0.9"]
+    bad = client.predict({}, ["add"], 2, "threshold", "0.5, 7", "", api_name="/sweep")
     assert "threshold must be in (0, 1]" in bad[3]
+    stranger = client.predict({}, ["add"], 2, "threshold", "0.9", "Hello there", api_name="/sweep")
+    assert "in no task family" in stranger[3]

@@ -96,6 +96,39 @@ def test_a_loaded_trace_replays_in_the_browser(session, tmp_path):
     expect(caption).to_contain_text("iteration 4/4", timeout=10_000)
 
 
+HOSTILE_TOKENS = {
+    "10": "A${Object.assign(window,{pwned:1})}B",
+    "11": "<script>window.pwned=2</script>",
+    "12": "<img src=x onerror=window.pwned=3>",
+    "20": "</div></span>`${window.pwned=4}`",
+    "21": "\\${window.pwned=5}",
+    "22": "{{constructor.constructor('window.pwned=6')()}}",
+}
+
+
+def test_a_hostile_trace_runs_no_script_and_shows_its_tokens_literally(session, tmp_path):
+    """Token strings from a trace file reach the grid's template: none of them may run."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    trace = handmade_trace()
+    trace.tokens.update(HOSTILE_TOKENS)
+    trace.model = "<b>bold</b>${window.pwned=7}"
+    file = tmp_path / "hostile.json"
+    file.write_text(trace.to_json())
+    with page.expect_file_chooser() as chooser:
+        page.click("#upload")
+    chooser.value.set_files(str(file))
+    expect(page.locator("#grid .caption")).to_contain_text("iteration 4/4")
+    cells = page.locator("#grid .cells .cell").all_inner_texts()
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("#grid script, #grid img").count() == 0
+    for text in HOSTILE_TOKENS.values():
+        assert text in cells, (text, cells)
+    tips = page.locator("#grid .cells .cell").evaluate_all("cells => cells.map(c => c.title)")
+    assert any("<script>window.pwned=2</script>" in t for t in tips)
+
+
 def test_an_example_prompt_fills_the_prompt_and_its_expected_answer(session):
     from playwright.sync_api import expect
 

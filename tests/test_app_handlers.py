@@ -14,7 +14,7 @@ from dinfer_viz.handlers import RUN_VIEW, Handlers, RunState
 from dinfer_viz.host import EngineHost, ModelSpec
 from dinfer_viz.sweep import Outcome, SweepState
 from dinfer_viz.timeline import Timeline
-from engine.tasks import Example
+from tinymodel.tasks import Example
 
 from .app_support import handmade_trace
 

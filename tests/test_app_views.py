@@ -20,7 +20,7 @@ from dinfer_viz.timeline import Timeline
 from dinfer_viz.tokens import glyph, readable
 from engine import EngineError, GenerationConfig, Trace, decoder_names
 from engine.config import CACHE_MODES
-from engine.tasks import Example
+from tinymodel.tasks import Example
 
 from .app_support import handmade_trace
 
@@ -183,7 +183,7 @@ def test_settings_validation_messages():
         build_config({"gen_length": 10, "block_length": 3})
     with pytest.raises(EngineError, match="unknown generation setting"):
         build_config({"nope": 1})
-    with pytest.raises(EngineError, match="gen_length: expected int"):
+    with pytest.raises(EngineError, match="gen_length: expected a finite int"):
         build_config({"gen_length": "abc"})
     with pytest.raises(EngineError, match="unknown settings key"):
         parse_settings({"cfg": {}}, ModelSpec("m"))

@@ -8,7 +8,7 @@ import pytest
 
 from engine import save_model
 from engine.__main__ import main
-from engine.tokenizer import save_tokenizer, special_ids
+from tinymodel.tokenizer import save_tokenizer, special_ids
 
 from .conftest import tiny_llada
 

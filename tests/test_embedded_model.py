@@ -7,12 +7,12 @@ import pytest
 
 from engine import Engine, GenerationConfig, generate, load_model, load_tokenizer
 from engine.models import LLaDAModelLM
-from engine.tasks import get_task, held_out_examples
+from tinymodel.tasks import get_task, held_out_examples
 
 FOLDER = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 
 pytestmark = pytest.mark.skipif(
-    not (FOLDER / "model.safetensors").is_file(), reason="assets/tiny-llada not trained yet (python -m engine.train)"
+    not (FOLDER / "model.safetensors").is_file(), reason="assets/tiny-llada not trained yet (python -m tinymodel.train)"
 )
 
 
@@ -63,7 +63,7 @@ def test_engine_pipeline_generates_the_answer_sentence():
 
 
 def test_eval_tokens_per_forward_do_not_depend_on_the_batch(model, tokenizer):
-    from engine.eval import evaluate
+    from tinymodel.eval import evaluate
 
     examples = held_out_examples(["sub"], limit=6, seed=3)
     config = GenerationConfig(gen_length=64, block_length=8, decoder="threshold", threshold=0.9)
@@ -74,7 +74,7 @@ def test_eval_tokens_per_forward_do_not_depend_on_the_batch(model, tokenizer):
 
 
 def test_eval_cli_prints_the_table_and_rejects_bad_input(capsys):
-    from engine.eval import main
+    from tinymodel.eval import main
 
     assert main(["--model", str(FOLDER), "--limit", "4", "--decoder", "threshold", "--gen-length", "32", "--block-length", "32"]) == 0
     table = capsys.readouterr().out

@@ -22,12 +22,14 @@ def test_state_dict_uses_real_llada_key_names(model):
 @pytest.mark.parametrize("query", [(0, 20), (5, 9), (12, 20), (0, 3)])
 def test_cached_forward_equals_full_forward_slice(gqa, query):
     model = tiny_llada(n_kv_heads=2) if gqa else tiny_llada()
-    x = torch.randint(0, 48, (2, 20))
+    x = torch.randint(0, 48, (2, 20), generator=torch.Generator().manual_seed(0))
     full = model(x, use_cache=True)
     a, b = query
     cached = model(x[:, a:b], past_kv=full.kv, replace=(a, b), use_cache=True)
+    # equal up to fp32 summation order: a 3-row and a 20-row matmul take different CPU kernels
+    # (measured up to 5e-6 apart on one CI machine), so both bounds are 1e-5
     torch.testing.assert_close(cached.logits, full.logits[:, a:b], rtol=0, atol=1e-5)
-    torch.testing.assert_close(cached.kv, full.kv[..., a:b, :], rtol=0, atol=1e-6)
+    torch.testing.assert_close(cached.kv, full.kv[..., a:b, :], rtol=0, atol=1e-5)
 
 
 def test_cached_forward_sees_fresh_query_tokens():

@@ -1,12 +1,13 @@
 """The embedded model's character-level tokenizer, saved and loaded like a real checkpoint's."""
 
 import json
+import random
 
 import pytest
 from transformers import AutoTokenizer
 
-from engine.tasks import TASKS
-from engine.tokenizer import EOS_TOKEN, MASK_TOKEN, UNK_TOKEN, hf_tokenizer, save_tokenizer, special_ids
+from tinymodel.tasks import TASKS
+from tinymodel.tokenizer import EOS_TOKEN, MASK_TOKEN, UNK_TOKEN, hf_tokenizer, save_tokenizer, special_ids
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def test_folder_has_the_three_files_and_special_tokens(saved):
 
 def test_every_task_string_round_trips_one_token_per_character(saved):
     _, tok = saved
-    texts = [e.prompt + e.response for task in TASKS.values() for split in ("train", "held_out") for e in task.examples(split)]
+    rng = random.Random(0)
+    texts = [e.prompt + e.response for task in TASKS.values() for split in ("train", "held_out") for e in (task.sample(rng, split) for _ in range(200))]
     encoded = tok(texts, add_special_tokens=False)["input_ids"]
     assert [len(ids) for ids in encoded] == [len(text) for text in texts]
     assert tok.backend_tokenizer.decode_batch(encoded) == texts

@@ -7,9 +7,9 @@ import torch
 
 from engine import load_model, load_tokenizer
 from engine.models import LLaDAModelLM
-from engine.tasks import TASKS, get_task
-from engine.tokenizer import build_tokenizer, special_ids
-from engine.train import (
+from tinymodel.tasks import TASKS, get_task
+from tinymodel.tokenizer import build_tokenizer, special_ids
+from tinymodel.train import (
     RESUME_FILE,
     TrainConfig,
     diffusion_loss,
@@ -24,18 +24,21 @@ from engine.train import (
 )
 
 IDS = special_ids()
-TINY = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=16, min_gen=24, max_gen=32, eval_per_task=2, threads=1)
+TINY = dict(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, batch_size=16, tokens_per_batch=0, min_gen=40, max_gen=48, eval_per_task=3, threads=1)
+UNTIMED = dict(TINY, max_minutes=0.0)  # steps only, not the recipe's time budget
 
 
 def test_make_batch_pads_responses_with_eos_and_marks_the_prompt():
-    examples = [get_task("add").example(48, 57), get_task("sub").example(10, 99)]
+    examples = [get_task("add").example(48, 57), get_task("sub").example(100, 99)]
     ids, response = make_batch(examples, build_tokenizer(), 24, IDS["eos_token_id"])
-    assert ids.shape == response.shape == (2, 13 + 24)
+    assert ids.shape == response.shape == (2, 14 + 24)  # the longer prompt sets the width
     tok = build_tokenizer()
     assert tok.decode(ids[0, :13].tolist()) == "Q: 48+57=? A:"
-    assert tok.decode(ids[0, 13:29].tolist()) == " The sum is 105."
-    assert (ids[0, 29:] == IDS["eos_token_id"]).all()
-    assert not response[:, :13].any() and response[:, 13:].all()
+    assert tok.decode(ids[0, 13:26].tolist()) == "  48+ 57= 105"
+    assert (ids[0, 26:] == IDS["eos_token_id"]).all()
+    # a shorter prompt gets a longer response region, as the engine's canvas gives it
+    assert not response[0, :13].any() and response[0, 13:].all()
+    assert not response[1, :14].any() and response[1, 14:].all()
 
 
 def test_masking_never_touches_the_prompt_and_follows_t():
@@ -60,7 +63,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
 
 
 def test_progress_follows_steps_or_the_time_budget_whichever_is_further():
-    assert schedule_progress(TrainConfig(steps=100), 25, minutes=99.0) == 0.25  # no budget: steps only
+    assert schedule_progress(TrainConfig(steps=100, max_minutes=0.0), 25, minutes=99.0) == 0.25  # no budget: steps only
     budget = TrainConfig(steps=100, max_minutes=10.0)
     assert schedule_progress(budget, 25, minutes=5.0) == 0.5
     assert schedule_progress(budget, 75, minutes=5.0) == 0.75
@@ -83,26 +86,26 @@ def test_config_json_uses_llada_field_names():
 
 def _fixed_batch_loss(model) -> float:
     examples = [get_task("add").example(a, 31) for a in range(20, 36)]
-    ids, response = make_batch(examples, build_tokenizer(), 32, IDS["eos_token_id"])
+    ids, response = make_batch(examples, build_tokenizer(), 40, IDS["eos_token_id"])
     with torch.no_grad():
         return diffusion_loss(model, ids, response, IDS["mask_token_id"], 1e-3, torch.Generator().manual_seed(0)).item()
 
 
 def test_a_few_steps_lower_the_loss_and_write_a_loadable_folder(tmp_path):
-    cfg = TrainConfig(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), steps=30, warmup=5, lr=1e-2, eval_every=30, **TINY)
+    cfg = TrainConfig(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), steps=30, warmup=5, lr=1e-2, eval_every=30, **UNTIMED)
     start = LLaDAModelLM(model_config(cfg))
     init_weights(start, cfg.seed)
     summary = train(cfg, log=lambda _: None)
     trained = load_model(cfg.out)
     assert _fixed_batch_loss(trained) < 0.7 * _fixed_batch_loss(start)
-    assert set(summary["held_out_accuracy"]) == set(TASKS)
+    assert {name.split()[0] for name in summary["held_out_accuracy"]} == set(TASKS)
     assert load_tokenizer(cfg.out).mask_token_id == IDS["mask_token_id"]
     assert (tmp_path / "run" / RESUME_FILE).is_file()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 30
 
 
 def test_resume_continues_from_the_saved_step(tmp_path):
-    common = dict(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), eval_every=4, **TINY)
+    common = dict(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), eval_every=4, **UNTIMED)
     train(TrainConfig(steps=4, **common), log=lambda _: None)
     logs: list[str] = []
     train(TrainConfig(steps=8, resume=True, **common), log=logs.append)
@@ -115,7 +118,7 @@ def test_resume_without_a_checkpoint_is_an_engine_error(tmp_path):
     from engine import EngineError
 
     with pytest.raises(EngineError, match="resume"):
-        train(TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=2, resume=True, **TINY), log=lambda _: None)
+        train(TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=2, resume=True, **UNTIMED), log=lambda _: None)
 
 
 def test_cli_rejects_bad_lengths():
@@ -124,19 +127,26 @@ def test_cli_rejects_bad_lengths():
     assert parse_args(["--steps", "7", "--tasks", "add"]).tasks == ("add",)
 
 
-def test_token_budget_batches_hold_more_examples_on_short_canvases():
-    from engine.train import batch_size
+def test_default_task_weights_follow_the_chosen_families():
+    from tinymodel.train import DEFAULT_TASK_WEIGHTS, task_weights
 
-    fixed = TrainConfig(batch_size=48)
+    assert task_weights(parse_args([])) == [DEFAULT_TASK_WEIGHTS[name] for name in TASKS]
+    assert task_weights(parse_args(["--tasks", "sub", "rhyme"])) == [DEFAULT_TASK_WEIGHTS["sub"], DEFAULT_TASK_WEIGHTS["rhyme"]]
+
+
+def test_token_budget_batches_hold_more_examples_on_short_canvases():
+    from tinymodel.train import batch_size
+
+    fixed = TrainConfig(batch_size=48, tokens_per_batch=0)
     assert batch_size(fixed, 32) == batch_size(fixed, 128) == 48
     budget = TrainConfig(batch_size=48, tokens_per_batch=8000)
-    assert batch_size(budget, 32) == 8000 // (13 + 32) == 177
-    assert batch_size(budget, 128) == 56
+    assert batch_size(budget, 32) == 8000 // (16 + 32) == 166
+    assert batch_size(budget, 128) == 55
     assert batch_size(TrainConfig(batch_size=48, tokens_per_batch=100), 128) == 16  # the floor
 
 
 def test_task_weights_set_the_family_mix():
-    from engine.tasks import ExampleSampler
+    from tinymodel.tasks import ExampleSampler
 
     only_sub = ExampleSampler(["add", "sub"], seed=0, weights=[0.0, 1.0]).batch(200)
     assert {e.task for e in only_sub} == {"sub"}
@@ -149,7 +159,7 @@ def test_task_weights_set_the_family_mix():
 @pytest.mark.parametrize("weights", [[1.0], [0.0, 0.0], [1.0, -1.0]])
 def test_bad_task_weights_are_refused(weights):
     from engine import EngineError
-    from engine.tasks import ExampleSampler
+    from tinymodel.tasks import ExampleSampler
 
     with pytest.raises(EngineError, match="one non-negative weight per task"):
         ExampleSampler(["add", "sub"], seed=0, weights=weights)
@@ -158,9 +168,9 @@ def test_bad_task_weights_are_refused(weights):
 
 
 def test_init_from_starts_from_the_saved_weights(tmp_path):
-    from engine.train import warm_start
+    from tinymodel.train import warm_start
 
-    first = TrainConfig(out=str(tmp_path / "first"), run_dir=str(tmp_path / "r1"), steps=10, warmup=1, lr=1e-2, eval_every=10, **TINY)
+    first = TrainConfig(out=str(tmp_path / "first"), run_dir=str(tmp_path / "r1"), steps=10, warmup=1, lr=1e-2, eval_every=10, **UNTIMED)
     train(first, log=lambda _: None)
     saved = load_model(first.out).state_dict()
     fresh = LLaDAModelLM(model_config(first))
@@ -170,7 +180,7 @@ def test_init_from_starts_from_the_saved_weights(tmp_path):
     # a continued run (one step at a negligible learning rate) ends next to the weights it started from,
     # far from the same seed's fresh initialisation
     logs: list[str] = []
-    cont = TrainConfig(out=str(tmp_path / "cont"), run_dir=str(tmp_path / "r2"), steps=1, lr=1e-7, eval_every=1, init_from=first.out, **TINY)
+    cont = TrainConfig(out=str(tmp_path / "cont"), run_dir=str(tmp_path / "r2"), steps=1, lr=1e-7, eval_every=1, init_from=first.out, **UNTIMED)
     train(cont, log=logs.append)
     assert any(line == f"weights from {first.out}" for line in logs)
     continued = load_model(cont.out).state_dict()
@@ -184,15 +194,15 @@ def test_init_from_a_different_architecture_names_the_flags(tmp_path):
     from engine import EngineError
 
     folder = tmp_path / "m"
-    train(TrainConfig(out=str(folder), run_dir=str(tmp_path / "r"), steps=1, eval_every=1, **TINY), log=lambda _: None)
-    wider = dict(TINY, d_model=64)
+    train(TrainConfig(out=str(folder), run_dir=str(tmp_path / "r"), steps=1, eval_every=1, **UNTIMED), log=lambda _: None)
+    wider = dict(UNTIMED, d_model=64)
     with pytest.raises(EngineError, match="architecture flags"):
         train(TrainConfig(out=str(tmp_path / "o"), run_dir=str(tmp_path / "r2"), steps=1, init_from=str(folder), **wider), log=lambda _: None)
 
 
 def test_training_on_an_explicit_device_writes_a_cpu_loadable_folder(tmp_path):
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=2, eval_every=2, device=device, **TINY)
+    cfg = TrainConfig(out=str(tmp_path / "m"), run_dir=str(tmp_path / "r"), steps=2, eval_every=2, device=device, **UNTIMED)
     summary = train(cfg, log=lambda _: None)
     assert summary["steps"] == 2
     assert load_model(cfg.out).device.type == "cpu"

@@ -46,6 +46,20 @@ class DiffusionLM(nn.Module):
     def embedding_weight(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def layer_modules(self) -> nn.ModuleList:
+        """The transformer layers, in order (the engine checks for a cancel between them)."""
+        raise NotImplementedError
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest canvas the checkpoint was made for (its config's `max_sequence_length` or
+        `max_position_embeddings`), None when the config does not say."""
+        for key in ("max_sequence_length", "max_position_embeddings"):
+            value = self.config.get(key) if hasattr(self.config, "get") else None
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
     def checkpoint_sources(self, names: Collection[str]) -> dict[str, DerivedTensor]:
         """Model tensors the checkpoint (whose tensor `names` are given) stores in another layout,
         e.g. one tensor per MoE expert where the model stacks them. The loader builds these and

@@ -33,12 +33,21 @@ _DEFAULTS: dict[str, Any] = {
 _REQUIRED = ("d_model", "n_heads", "n_layers", "vocab_size", "mask_token_id", "eos_token_id")
 
 
+# Sizes that may be 0 or absent, meaning "derive me" (n_kv_heads = n_heads, and so on).
+_OPTIONAL_SIZES = ("n_kv_heads", "embedding_size", "mlp_hidden_size", "mlp_ratio")
+
+
 def llada_config(raw: dict[str, Any]) -> dict[str, Any]:
     """`raw` config.json with defaults filled in and the derived sizes checked."""
     missing = [k for k in _REQUIRED if raw.get(k) is None]
     if missing:
         raise EngineError(f"config.json lacks required LLaDA field(s): {', '.join(missing)}")
     cfg = {**_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    sizes = ("d_model", "n_heads", "n_layers", "vocab_size", "n_kv_heads", "embedding_size", "mlp_hidden_size", "mlp_ratio", "max_sequence_length")
+    for key in sizes:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < (0 if key in _OPTIONAL_SIZES else 1)):
+            raise EngineError(f"config.json: {key} must be a positive integer, got {value!r}")
     cfg["n_kv_heads"] = cfg["n_kv_heads"] or cfg["n_heads"]
     cfg["embedding_size"] = cfg["embedding_size"] or cfg["vocab_size"]
     cfg["mlp_hidden_size"] = cfg["mlp_hidden_size"] or cfg["mlp_ratio"] * cfg["d_model"]
@@ -111,6 +120,9 @@ class LLaDAModelLM(DiffusionLM):
 
     def embedding_weight(self) -> torch.Tensor:
         return self.model.transformer["wte"].weight
+
+    def layer_modules(self) -> nn.ModuleList:
+        return self.model.transformer["blocks"]
 
     def forward(
         self,

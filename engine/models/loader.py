@@ -57,10 +57,28 @@ def read_config(folder: Path) -> dict[str, Any]:
     file = folder / "config.json"
     if not file.is_file():
         raise EngineError(f"missing file: {file}")
+    config = _read_json(file)
+    if not isinstance(config, dict):
+        raise EngineError(f"{file} must hold a JSON object, not {type(config).__name__}")
+    return config
+
+
+def _read_json(file: Path) -> Any:
     try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise EngineError(f"{file} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise EngineError(f"cannot read {file}: {exc.strerror or exc}") from exc
+
+
+def _open_safetensors(file: Path):
+    """safe_open, with a broken file (truncated, garbage, a renamed pickle) as one EngineError."""
+    try:
+        return safe_open(file, framework="pt", device="cpu")
+    except Exception as exc:  # SafetensorError, OSError: the file is not what its name says
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EngineError(f"{file} is not a readable safetensors file ({first}); only safetensors are loaded, never pickle") from exc
 
 
 def model_class(config: dict[str, Any]) -> type[DiffusionLM]:
@@ -77,8 +95,9 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file that holds it."""
     index = folder / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
+        content = _read_json(index)
+        weight_map = content.get("weight_map") if isinstance(content, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise EngineError(f"{index} has no weight_map")
         files = {name: folder / shard for name, shard in weight_map.items()}
         for shard in sorted(set(files.values())):
@@ -88,7 +107,7 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     single = folder / SINGLE_FILE
     if not single.is_file():
         raise EngineError(f"missing file: {single} (and no {INDEX_FILE})")
-    with safe_open(single, framework="pt") as f:
+    with _open_safetensors(single) as f:
         return {name: single for name in f.keys()}
 
 
@@ -122,10 +141,13 @@ def load_state_dict(
         raise EngineError(f"checkpoint has unexpected tensor {extra[0]} in {files[extra[0]].name}" + _more(extra))
     state: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
-        handles = {f: stack.enter_context(safe_open(f, framework="pt", device="cpu")) for f in sorted(set(files.values()))}
+        handles = {f: stack.enter_context(_open_safetensors(f)) for f in sorted(set(files.values()))}
 
         def read(name: str) -> torch.Tensor:
-            return handles[files[name]].get_tensor(name)
+            try:
+                return handles[files[name]].get_tensor(name)
+            except Exception as exc:  # a truncated file lists the tensor but cannot deliver it
+                raise EngineError(f"cannot read tensor {name} from {files[name]}: {str(exc).strip()[:200]}") from exc
 
         for name, want in expected.items():
             if name in derived:
@@ -155,8 +177,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
     config = read_config(folder)
     cls = model_class(config)
     dtype = dtype or default_dtype(device)
-    with torch.device("meta"):
-        model = cls(config)
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except EngineError:
+        raise
+    except Exception as exc:  # a field of the wrong type or value that the family's checks missed
+        raise EngineError(f"{folder / 'config.json'} does not describe a {cls.__name__}: {type(exc).__name__}: {exc}") from exc
     expected = {name: t for name, t in model.state_dict().items()}
     state = load_state_dict(folder, expected, dtype, device, cls.fp32_suffixes, model.checkpoint_sources)
     model.load_state_dict(state, strict=True, assign=True)

@@ -250,6 +250,9 @@ class DecoderStackLM(DiffusionLM):
     kv_rope = "post"
     lm_head: nn.Linear | None
 
+    def layer_modules(self) -> nn.ModuleList:
+        return self.model.layers
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,

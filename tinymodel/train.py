@@ -1,28 +1,28 @@
-"""Train the embedded model: a small LLaDA on the tasks of engine/tasks.py, on CPU or GPU.
+"""Train the embedded model: a small LLaDA on the task families of tinymodel/tasks.py, on CPU or GPU.
 
-    python -m engine.train --out runs/tiny-llada/model --run-dir runs/tiny-llada --tokens-per-batch 8000 \
-        --batch-size 48 --lr 1.2e-3 --warmup 100 --steps 20000 --max-minutes 50 --task-weights 1 2 \
-        --length-skew 2 --threads 2 --compile
+    python -m tinymodel.train --threads 2 --compile          # the shipped recipe (95 min on 2 CPU cores)
+    python -m tinymodel.train --resume --threads 2 --compile # continue it after an interruption
+    python -m tinymodel.train --device cuda                  # the same recipe on a GPU
 
-(the recipe that trained the embedded model's tasks to 100% held-out from scratch in 50 minutes on
-the 2-core development CPU: assets/tiny-llada/README.md)
+The defaults are the recipe of the shipped model (assets/tiny-llada/README.md); it writes
+runs/tiny-llada/model, never the shipped folder unless `--out` says so.
 
 The objective is LLaDA's SFT masked diffusion: per sample t ~ U(eps, 1), every response token
-(the answer sentence and its EOS padding) is replaced by [MASK] with probability t, the prompt
-never is, and the loss is the cross-entropy on masked positions weighted by 1/t, normalised by
-the response length. Responses are padded with EOS to a length drawn per batch from
-[min_gen, max_gen] (skewed towards short canvases with `--length-skew`), so the model sees every
-canvas length the app offers (one fixed length was measured to fail at every other length). AdamW with linear warm-up and cosine decay; with
-`--max-minutes` the cosine runs on wall time (or steps, whichever is further), so a run on a
-shared CPU ends on time with its learning rate decayed.
+(the answer and its EOS padding) is replaced by [MASK] with probability t, the prompt never is,
+and the loss is the cross-entropy on masked positions weighted by 1/t, normalised by the response
+length. Responses are padded with EOS to a length drawn per batch from [min_gen, max_gen] (skewed
+towards short canvases with `--length-skew`), so the model sees every canvas length the app
+offers. AdamW with linear warm-up and cosine decay; with `--max-minutes` the cosine runs on wall
+time (or steps, whichever is further), so a run on a shared CPU ends on time with its learning
+rate decayed.
 
 Every `eval_every` steps the model is scored on held-out prompts through the engine's own
 generate, the model folder is written (safetensors) and a resume file (weights, optimizer, step,
-elapsed minutes, RNG states; torch.save, kept in the run folder only, never shipped) is saved;
-`--resume` continues from it. `--init-from FOLDER` starts from a saved model's weights with a
-fresh optimizer and schedule (to train a shipped model further); `--task-weights` sets the family
-mix (uniform by default); `--device cuda` trains on a GPU (the noise is drawn on the CPU, so a seed
-gives the same run on either).
+elapsed minutes, RNG states; torch.save of tensors and plain values, loaded with
+`weights_only=True`, kept in the run folder only, never shipped) is saved; `--resume` continues
+from it. `--init-from FOLDER` starts from a saved model's weights with a fresh optimizer and
+schedule; `--task-weights` sets the family mix (default `DEFAULT_TASK_WEIGHTS`); `--device cuda`
+trains on a GPU (the noise is drawn on the CPU, so a seed gives the same run on either).
 """
 
 from __future__ import annotations
@@ -38,15 +38,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .config import GenerationConfig
-from .errors import EngineError
-from .cli import OneLineParser, checked_device
+from engine.cli import OneLineParser, checked_device
+from engine.config import GenerationConfig
+from engine.errors import EngineError
+from engine.models import LLaDAModelLM, load_model, save_model
+
 from .eval import evaluate
-from .models import LLaDAModelLM, load_model, save_model
 from .tasks import TASKS, Example, ExampleSampler, held_out_examples
 from .tokenizer import build_tokenizer, hf_tokenizer, save_tokenizer, special_ids
 
 RESUME_FILE = "resume.pt"
+# Sampling weight of each family when `--task-weights` is not given: the families the previous
+# model learned last (subtraction, and pair-sum, which is subtraction with a free operand) get more.
+DEFAULT_TASK_WEIGHTS = {"add": 1.0, "sub": 1.3, "pairsum": 1.5, "rhyme": 0.5, "grammar": 1.0}
 
 
 @dataclass
@@ -54,33 +58,33 @@ class TrainConfig:
     out: str = "runs/tiny-llada/model"  # never the shipped assets/tiny-llada unless asked: a run would replace it
     run_dir: str = "runs/tiny-llada"
     tasks: tuple[str, ...] = tuple(TASKS)
-    # sampling weight of each task, in `tasks` order (empty: uniform); a family that lags gets more
+    # sampling weight of each task, in `tasks` order (empty: DEFAULT_TASK_WEIGHTS)
     task_weights: tuple[float, ...] = ()
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_hidden_size: int = 384
-    steps: int = 4000
-    max_minutes: float = 0.0  # > 0: also stop (and finish the cosine) when this much wall time has passed
-    batch_size: int = 64
-    lr: float = 2e-3
+    d_model: int = 192
+    n_layers: int = 6
+    n_heads: int = 6
+    mlp_hidden_size: int = 512
+    steps: int = 100_000
+    max_minutes: float = 95.0  # > 0: also stop (and finish the cosine) when this much wall time has passed
+    batch_size: int = 48
+    lr: float = 1e-3
     min_lr_ratio: float = 0.05
     warmup: int = 200
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    min_gen: int = 32
+    min_gen: int = 40  # the longest response (a grammar sentence) has 35 characters
     max_gen: int = 128
     # gen length = min_gen + (max_gen - min_gen) * u ** length_skew, u ~ U(0, 1): 1 is uniform; larger
     # values favour short canvases, where the prompt is not drowned in EOS padding (measured: one-digit
     # sums learned ~3.5x faster per step on 24-token canvases than on uniform 32-128 ones)
-    length_skew: float = 1.0
+    length_skew: float = 2.0
     # > 0: each batch holds about this many tokens, `tokens_per_batch // (prompt + gen length)`
     # examples (at least `batch_size // 3`), so short canvases carry more examples: the shipped model
     # was trained with 8000 (assets/tiny-llada/README.md)
-    tokens_per_batch: int = 0
+    tokens_per_batch: int = 8000
     eps: float = 1e-3
-    eval_every: int = 500
-    eval_per_task: int = 64
+    eval_every: int = 1000
+    eval_per_task: int = 48
     seed: int = 0
     threads: int = 2
     device: str = "cpu"
@@ -194,12 +198,16 @@ def diffusion_loss(
     return (token_loss / lengths).sum() / ids.shape[0]
 
 
+def task_weights(cfg: TrainConfig) -> list[float]:
+    return list(cfg.task_weights) or [DEFAULT_TASK_WEIGHTS.get(name, 1.0) for name in cfg.tasks]
+
+
 def gen_length_sample(cfg: TrainConfig) -> int:
     """This batch's canvas (response) length, in [min_gen, max_gen], skewed by `length_skew`."""
     return cfg.min_gen + round((cfg.max_gen - cfg.min_gen) * random.random() ** cfg.length_skew)
 
 
-PROMPT_TOKENS = 13  # `Q: 48+57=? A:`: every task prompt has this many characters (tokens)
+PROMPT_TOKENS = 16  # a typical prompt (the families' prompts have 10-22 characters): only sizes the token budget
 
 
 def batch_size(cfg: TrainConfig, gen_length: int) -> int:
@@ -275,7 +283,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         lr=cfg.lr,
         betas=(0.9, 0.98),
     )
-    sampler = ExampleSampler(list(cfg.tasks), cfg.seed, weights=list(cfg.task_weights) or None)
+    sampler = ExampleSampler(list(cfg.tasks), cfg.seed, weights=task_weights(cfg))
     generator = torch.Generator().manual_seed(cfg.seed)
     random.seed(cfg.seed)
     start, minutes_before = 0, 0.0
@@ -283,7 +291,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     if cfg.resume:
         if not resume_path.is_file():
             raise EngineError(f"--resume given but {resume_path} does not exist")
-        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+        state = torch.load(resume_path, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.restore(state["sampler"])
@@ -337,7 +345,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
     defaults = TrainConfig()
-    parser = OneLineParser(prog="python -m engine.train", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m tinymodel.train", description=__doc__.split("\n\n")[0])
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
         if name == "device":
@@ -357,7 +365,7 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     if not (1 <= cfg.min_gen <= cfg.max_gen):
         parser.error("need 1 <= --min-gen <= --max-gen")
     try:  # the sampler holds the rule for weights
-        ExampleSampler(list(cfg.tasks), cfg.seed, weights=list(cfg.task_weights) or None)
+        ExampleSampler(list(cfg.tasks), cfg.seed, weights=task_weights(cfg))
     except EngineError as exc:
         parser.error(f"--task-weights: {exc}")
     if cfg.length_skew <= 0:

@@ -1,9 +1,11 @@
-"""Held-out evaluation of a model on the embedded tasks, through the real engine's generate.
+"""Held-out evaluation of a model on the embedded task families, through the real engine's generate.
 
-    python -m engine.eval --model assets/tiny-llada --decoder threshold --gen-length 64 --block-length 32
+    python -m tinymodel.eval --model assets/tiny-llada --threads 2       # every setting, every family
+    python -m tinymodel.eval --settings fixed "thr 0.9" --tasks pairsum --limit 50
 
-Reports, per task: exact-match accuracy (the response, stop tokens removed, must be exactly the
-task's sentence with the right number), mean tokens per forward, TPS, the mean committed
+Reports, per family (arithmetic also per digit count of the first operand) and decoder setting
+(`SETTINGS`): the valid rate (the family's verifier accepts the answer), tokens per forward, NFE,
+TPS, the mean committed
 confidence of right and of wrong answers, and accuracy by confidence bucket. Each generated
 non-stop token has the probability it had when it was committed (read from the engine's trace);
 an answer's mean confidence averages them, its min confidence is the weakest one (the template
@@ -16,12 +18,13 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from .cli import DEFAULT_MODEL, OneLineParser, checked_device
-from .config import GenerationConfig
-from .errors import EngineError
-from .iteration import GenerationOutput, generate
-from .models import DiffusionLM
-from .stats import generated_mask
+from engine.cli import DEFAULT_MODEL, OneLineParser, checked_device
+from engine.config import GenerationConfig
+from engine.errors import EngineError
+from engine.iteration import GenerationOutput, generate
+from engine.models import DiffusionLM
+from engine.stats import generated_mask
+
 from .tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples
 
 CONFIDENCE_BUCKETS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
@@ -117,7 +120,7 @@ def evaluate(
         commits = per_row_commits(out, stop_ids, model.mask_token_id)
         share = out.stats.seconds / len(batch)
         for example, ids, (confidences, forwards) in zip(batch, out.token_ids, commits):
-            score = scores.setdefault(example.task, TaskScore())
+            score = scores.setdefault(f"{example.task} {example.group}".strip(), TaskScore())
             ok = get_task(example.task).check(example, tokenizer.decode(ids, skip_special_tokens=True))
             score.n += 1
             score.correct += ok
@@ -133,32 +136,54 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _decoder_label(config: GenerationConfig) -> str:
-    return f"thr {config.threshold:g}" if config.decoder == "threshold" else config.decoder
+# The decoder settings the eval command compares (name -> GenerationConfig changes). "fixed" commits
+# one token per forward (LLaDA's steps = gen_length); "fixed x4" four, the most parallel fixed
+# schedule; the thresholds span what the app's sweep shows; hierarchical and credit at defaults.
+SETTINGS: dict[str, dict] = {
+    "fixed": {"decoder": "fixed"},
+    "fixed x4": {"decoder": "fixed", "steps_divisor": 4},
+    **{f"thr {tau:g}": {"decoder": "threshold", "threshold": tau} for tau in (0.3, 0.5, 0.7, 0.9, 0.95)},
+    "hierarchical": {"decoder": "hierarchical"},
+    "credit": {"decoder": "credit"},
+}
 
 
-def format_table(rows: list[tuple[GenerationConfig, dict[str, TaskScore]]], batch_size: int) -> str:
+def setting_config(name: str, gen_length: int, block_length: int) -> GenerationConfig:
+    """The GenerationConfig of one named setting at this canvas."""
+    if name not in SETTINGS:
+        raise EngineError(f"unknown setting '{name}'; choose from {', '.join(SETTINGS)}")
+    changes = dict(SETTINGS[name])
+    divisor = changes.pop("steps_divisor", None)
+    if divisor:
+        changes["steps"] = gen_length // divisor
+    return GenerationConfig(gen_length=gen_length, block_length=block_length, **changes).validate()
+
+
+def format_table(rows: list[tuple[str, GenerationConfig, dict[str, TaskScore]]], batch_size: int) -> str:
     header = (
-        f"{'decoder':<10}{'gen':>5}{'block':>6}  {'task':<5}{'n':>6}{'acc %':>8}{'TPF':>7}{'TPS':>9}"
+        f"{'setting':<13}{'family':<16}{'n':>5}{'valid %':>9}{'TPF':>7}{'NFE':>7}{'TPS':>9}"
         f"{'mean conf R/W':>16}{'min conf R/W':>16}"
     )
     lines = [header, "-" * len(header)]
-    for config, scores in rows:
-        name = _decoder_label(config)
-        for task, s in scores.items():
+    for name, config, scores in rows:
+        for task, s in sorted(scores.items()):
             lines.append(
-                f"{name:<10}{config.gen_length:>5}{config.block_length:>6}  {task:<5}{s.n:>6}{100 * s.accuracy:>8.1f}"
-                f"{s.tpf:>7.2f}{s.tps:>9.1f}"
+                f"{name:<13}{task:<16}{s.n:>5}{100 * s.accuracy:>9.1f}{s.tpf:>7.2f}{s.nfe / max(s.n, 1):>7.1f}{s.tps:>9.1f}"
                 f"{_fmt(s.mean_confidence(True)) + '/' + _fmt(s.mean_confidence(False)):>16}"
                 f"{_fmt(s.mean_confidence(True, 'min')) + '/' + _fmt(s.mean_confidence(False, 'min')):>16}"
             )
-    lines.append(f"TPF: generated non-EOS tokens per forward of one row; TPS: tokens per second per sequence at batch size {batch_size}")
+    config = rows[0][1] if rows else GenerationConfig()
+    lines.append(
+        f"gen {config.gen_length}, block {config.block_length}. valid: the family's verifier accepts the answer (arithmetic: "
+        "the exact result). TPF: generated non-EOS tokens per forward of one row; NFE: forwards per prompt; "
+        f"TPS: tokens per second per sequence at batch size {batch_size}"
+    )
     lines.append("")
-    lines.append("accuracy by answer min confidence (tasks pooled): [low, high) answers acc%")
-    for config, scores in rows:
+    lines.append("accuracy by answer min confidence (families pooled): [low, high) answers acc%")
+    for name, config, scores in rows:
         pooled = TaskScore(answers=[a for s in scores.values() for a in s.answers])
         cells = "  ".join(f"[{lo:g},{hi:g}) {n} {100 * acc:.1f}" for lo, hi, n, acc in pooled.buckets())
-        lines.append(f"{_decoder_label(config):<10}{config.gen_length:>5}{config.block_length:>6}  {cells}")
+        lines.append(f"{name:<13}  {cells}")
     return "\n".join(lines)
 
 
@@ -170,19 +195,18 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m engine.eval", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m tinymodel.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model folder (config.json, safetensors, tokenizer)")
-    parser.add_argument("--decoder", nargs="+", default=["fixed", "threshold"], help="one or more decoders")
-    parser.add_argument("--gen-length", nargs="+", type=_positive, default=[64, 96])
-    parser.add_argument("--block-length", nargs="+", type=_positive, default=[8, 32])
-    parser.add_argument("--threshold", type=float, default=0.9)
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
-    parser.add_argument("--limit", type=_positive, default=None, help="held-out examples per task (seeded sample); default all")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), metavar="SETTING", help=f"decoder settings to compare: {', '.join(SETTINGS)} (default all)")
+    parser.add_argument("--gen-length", type=_positive, default=64)
+    parser.add_argument("--block-length", type=_positive, default=32)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--limit", type=_positive, default=None, help="held-out prompts per family (seeded sample); default 300, or all where fewer")
     parser.add_argument(
         "--split",
         choices=["held_out", "out_of_range"],
         default="held_out",
-        help="held_out: operand pairs never trained on; out_of_range: one operand of 1 or 3 digits (shows the confidence of wrong answers; --limit per task, default 200)",
+        help="held_out: prompts never trained on; out_of_range: arithmetic with a four-digit operand (shows the confidence of wrong answers; --limit per family, default 200)",
     )
     parser.add_argument("--batch-size", type=_positive, default=64, help="rows per generate call; TPF does not depend on it, TPS is per sequence at this batch size (1: as one user sees it)")
     parser.add_argument("--threads", type=_positive, default=None, help="torch CPU threads")
@@ -191,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from .pipeline import load_tokenizer
-        from .models import load_model
+        from engine.models import load_model
+        from engine.pipeline import load_tokenizer
 
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -200,15 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             examples = held_out_examples(args.tasks, args.limit)
         else:
             examples = out_of_range_examples(args.tasks, args.limit or 200)
-        configs = [
-            GenerationConfig(gen_length=g, block_length=b, decoder=d, threshold=args.threshold).validate()
-            for d in args.decoder
-            for g in args.gen_length
-            for b in args.block_length
-        ]
+        configs = [(name, setting_config(name, args.gen_length, args.block_length)) for name in args.settings]
         model = load_model(args.model, device=args.device)
         tokenizer = load_tokenizer(args.model)
-        rows = [(c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for c in configs]
+        rows = [(name, c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for name, c in configs]
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
