@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, checked_device
 
@@ -30,8 +31,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
     p.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt a visitor may send (characters)")
     p.add_argument("--max-gen-length", type=int, default=1024, help="largest generation length a visitor may ask for")
+    p.add_argument("--public", action="store_true", help="serve visitors: only allow-listed models, no paths shown (on by default when --host is not loopback)")
+    p.add_argument("--allow-model", action="append", default=[], metavar="NAME=PATH", help="public mode: a model visitors may load, besides the default (repeatable)")
+    p.add_argument("--auth", default=os.environ.get("DINFER_VIZ_AUTH"), metavar="USER:PASSWORD", help="ask for this login (default: $DINFER_VIZ_AUTH)")
     p.add_argument("--no-model", action="store_true", help="start without loading a model (trace replay, or load one in the page)")
     return p
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def allow_list(default: str, entries: list[str]) -> dict[str, str]:
+    """Public mode's models: the default (under its folder's name) and each NAME=PATH."""
+    allowed = {Path(default).name or default: default}
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"--allow-model wants NAME=PATH, got {entry!r}")
+        allowed[name.strip()] = path.strip()
+    return allowed
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("--auth wants USER:PASSWORD")
+    return user, password
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,14 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     from dinfer_viz.host import EngineHost, ModelSpec
     from dinfer_viz.ui import build_demo, launch_kwargs
 
-    host = EngineHost(ModelSpec(args.model, args.device, args.dtype))
+    public = args.public or not is_loopback(args.host)
+    try:
+        allowed = allow_list(args.model, args.allow_model) if public else None
+        auth = parse_auth(args.auth)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host) and auth is None:
+        print(f"warning: serving {args.host} to the network with no login; anyone who reaches it can run the model (set --auth USER:PASSWORD)", file=sys.stderr)
+    host = EngineHost(ModelSpec(args.model, args.device, args.dtype), allowed=allowed)
     if not args.no_model:
         host.preload()
         if host.default_error:
             print(f"error: {host.default_error} (use --no-model to start without one)", file=sys.stderr)
             return 2
     demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length))
-    demo.launch(server_name=args.host, server_port=args.port, **launch_kwargs())
+    demo.launch(server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs())
     return 0
 
 

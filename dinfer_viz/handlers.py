@@ -27,7 +27,7 @@ from . import answers
 from .explain import explain
 from .figures import compare_figure, confidence_raster, extras_figure, iteration_chart, message_figure, sweep_figure
 from .grid import EMPTY_GRID, grid_value
-from .host import EngineHost
+from .host import EngineHost, ModelSpec
 from .readouts import message_readout, readout
 from .runner import Frame, run_live
 from .settings import all_controls, parse_settings, visible_fields
@@ -147,6 +147,10 @@ class Handlers:
         self.option_names = [o.name for o in system_options()]
 
     # ---- settings -------------------------------------------------------------------------------
+    def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
+        """A run's settings, validated, its model checked against the host's allow-list."""
+        return parse_settings(settings, self.host.default, self.host.resolve)
+
     def settings(self, *values: Any) -> dict[str, Any]:
         """Control values -> the settings JSON a run takes. Order: model path, device, dtype, the
         system options, then `all_controls()`. Values pass through unvalidated; the run checks them."""
@@ -182,7 +186,7 @@ class Handlers:
     def check(self, *values: Any) -> tuple[str, Any]:
         """(message next to the controls, Run button update): Run is refused while invalid."""
         try:
-            parse_settings(self.settings(*values), self.host.default)
+            self.parse(self.settings(*values))
         except EngineError as exc:
             return error_text(str(exc)), gr.update(interactive=False)
         return "settings ok", gr.update(interactive=True)
@@ -201,7 +205,7 @@ class Handlers:
     def load_model(self, path: str, device: str, dtype: str, *options: Any) -> str:
         settings = {"model": {"path": path, "device": device, "dtype": dtype, **dict(zip(self.option_names, options))}}
         try:
-            spec, _ = parse_settings(settings, self.host.default)
+            spec, _ = self.parse(settings)
             with self.host.lock:
                 t0 = time.perf_counter()
                 engine = self.host.get(spec)
@@ -216,7 +220,7 @@ class Handlers:
         if self.host.default_error:
             return error_text(f"default model not loaded: {self.host.default_error}. Load a model below, or load a trace to replay it.")
         state = "loaded" if self.host.is_loaded(d) else "loads on first run"
-        return f"default model: `{d.path}` on {d.device} ({state})"
+        return f"default model: `{d.label or d.path}` on {d.device} ({state})"
 
     # ---- the Run tab ----------------------------------------------------------------------------
     def view(
@@ -271,7 +275,7 @@ class Handlers:
     def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "") -> Iterator[tuple]:
         """Stream a run: frames of the growing timeline, then the final view, trace file and state."""
         try:
-            spec, config = parse_settings(settings, self.host.default)
+            spec, config = self.parse(settings)
             self.check_request(prompt, config)
         except EngineError as exc:
             yield _outputs(RUN_VIEW, {"message": error_text(str(exc))})
@@ -380,7 +384,7 @@ class Handlers:
         """Run A, then B (one device: runs never overlap, so each speed is its own), streaming each
         into its panel; then the comparison chart."""
         try:
-            runs = [parse_settings(s, self.host.default) for s in (settings_a, settings_b)]
+            runs = [self.parse(s) for s in (settings_a, settings_b)]
             for _, config in runs:
                 self.check_request(prompt, config)
         except EngineError as exc:
@@ -436,7 +440,7 @@ class Handlers:
     ) -> Iterator[tuple]:
         """Run every chosen prompt at every value; stream the accuracy-vs-TPF chart and tables."""
         try:
-            spec, config = parse_settings(settings, self.host.default)
+            spec, config = self.parse(settings)
             examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed, own_prompts=own_prompts)
             for example in examples:
                 self.check_request(example.prompt, config)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -29,10 +30,11 @@ class ModelSpec:
     device: str = "cpu"
     dtype: str = "auto"
     options: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+    label: str = field(default="", compare=False)  # what the page shows instead of the path (public mode)
 
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.options)
-        return f"{self.path} on {self.device} ({self.dtype}{extra})"
+        return f"{self.label or self.path} on {self.device} ({self.dtype}{extra})"
 
 
 def load_engine(spec: ModelSpec) -> Engine:
@@ -45,13 +47,41 @@ class EngineHost:
     """Loaded engines by spec: the default one stays, plus at most `keep_others` more (LRU), so a
     session trying an 8B model does not evict the embedded one, and two 8B models never coexist."""
 
-    def __init__(self, default: ModelSpec, load: Callable[[ModelSpec], Engine] = load_engine, keep_others: int = 1) -> None:
+    def __init__(
+        self, default: ModelSpec, load: Callable[[ModelSpec], Engine] = load_engine, keep_others: int = 1, allowed: dict[str, str] | None = None
+    ) -> None:
+        """`allowed` (public mode): the only models a visitor may load, name -> folder; visitors see
+        and type the names, never a path. None: any folder or hub id (a private, local app)."""
+        self.allowed = allowed
+        if allowed is not None:
+            default = replace(default, label=self.label_of(default.path))
         self.default = default
         self.lock = threading.Lock()
         self._load = load
         self._keep_others = keep_others
         self._engines: OrderedDict[ModelSpec, Engine] = OrderedDict()
         self.default_error: str | None = None  # why the default model could not be loaded
+
+    @property
+    def public(self) -> bool:
+        return self.allowed is not None
+
+    def label_of(self, path: str) -> str:
+        """The name a visitor sees for a model folder: its allow-list name in public mode."""
+        if self.allowed is None:
+            return path
+        return next((name for name, folder in self.allowed.items() if folder == path), Path(path).name)
+
+    def resolve(self, path: str) -> tuple[str, str]:
+        """(folder or hub id to load, label to show) for what a visitor typed; EngineError for a
+        model outside the allow-list (public mode), before anything is read or downloaded."""
+        if self.allowed is None:
+            return path, ""
+        if path in self.allowed:
+            return self.allowed[path], path
+        if path in self.allowed.values():
+            return path, self.label_of(path)
+        raise EngineError(f"this server loads only these models: {', '.join(self.allowed)}")
 
     def is_loaded(self, spec: ModelSpec) -> bool:
         return spec in self._engines

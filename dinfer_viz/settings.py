@@ -225,12 +225,12 @@ def build_config(config: dict[str, Any] | None) -> GenerationConfig:
     return GenerationConfig.from_dict(typed)
 
 
-def build_spec(model: dict[str, Any] | None, default: ModelSpec) -> ModelSpec:
+def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callable[[str], tuple[str, str]] | None = None) -> ModelSpec:
     """The model a run asks for; fields left out are the app's default."""
     model = model or {}
     if not isinstance(model, dict):
         raise EngineError(f"settings 'model' must be an object, got {type(model).__name__}")
-    path = str(model.get("path") or default.path).strip()
+    path, label = (resolve or (lambda p: (p, "")))(str(model.get("path") or default.path).strip())
     device = str(model.get("device") or default.device)
     dtype = str(model.get("dtype") or default.dtype)
     if dtype not in DTYPES:
@@ -248,7 +248,7 @@ def build_spec(model: dict[str, Any] | None, default: ModelSpec) -> ModelSpec:
             if not offered[key].available:
                 raise EngineError(f"{offered[key].label} is unavailable: {offered[key].reason}")
             options.append((key, value))
-    return ModelSpec(path, device, dtype, tuple(options))
+    return ModelSpec(path, device, dtype, tuple(options), label=label)
 
 
 def _option_is_set(value: Any) -> bool:
@@ -260,15 +260,18 @@ def _option_is_set(value: Any) -> bool:
     return value not in (None, "")
 
 
-def parse_settings(settings: dict[str, Any] | None, default: ModelSpec) -> tuple[ModelSpec, GenerationConfig]:
-    """Both halves of a run's settings JSON, validated."""
+def parse_settings(
+    settings: dict[str, Any] | None, default: ModelSpec, resolve: Callable[[str], tuple[str, str]] | None = None
+) -> tuple[ModelSpec, GenerationConfig]:
+    """Both halves of a run's settings JSON, validated; `resolve` (EngineHost.resolve) maps and
+    checks the model path."""
     settings = settings or {}
     if not isinstance(settings, dict):
         raise EngineError("settings must be a JSON object with 'model' and 'config'")
     unknown = sorted(set(settings) - {"model", "config"})
     if unknown:
         raise EngineError(f"unknown settings key(s): {', '.join(unknown)} (expected 'model' and 'config')")
-    return build_spec(settings.get("model"), default), build_config(settings.get("config"))
+    return build_spec(settings.get("model"), default, resolve), build_config(settings.get("config"))
 
 
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:

@@ -100,7 +100,11 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
                                 for c in ctrls:
                                     controls[c.field] = make_control(c, control_value(c, defaults), elem_id=f"cfg-{c.field}")
                         with gr.Accordion("Model and system", open=False):
-                            model_path = gr.Textbox(label="model folder or hub id", value=handlers.host.default.path, elem_id="model-path")
+                            model_path = gr.Textbox(
+                                label="model" + (f" (this server offers: {', '.join(handlers.host.allowed)})" if handlers.host.public else " folder or hub id"),
+                                value=handlers.host.default.label or handlers.host.default.path,
+                                elem_id="model-path",
+                            )
                             device = gr.Dropdown(devices(), value=handlers.host.default.device, label="device", allow_custom_value=True)
                             dtype = gr.Dropdown(list(DTYPES), value=handlers.host.default.dtype, label="dtype", info="auto: float32 on CPU, bfloat16 on GPUs")
                             options = []

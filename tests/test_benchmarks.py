@@ -208,6 +208,29 @@ def test_code_that_hangs_fails_at_the_timeout():
     assert scoring.run_python("while True:\n    pass\n", timeout=1.0) is False
 
 
+@pytest.mark.parametrize(
+    "program",
+    [
+        "open({outside!r}, 'w').write('x')",
+        "import os\nos.rename('program.py', {outside!r})",
+        "import subprocess\nsubprocess.run(['touch', {outside!r}])",
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    open({outside!r}, 'w')",
+        "import os\nos.system('touch ' + {outside!r})",
+        "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)",
+        "import ctypes",
+    ],
+)
+def test_the_code_sandbox_refuses_escapes(program, tmp_path):
+    outside = str(tmp_path / "escaped")
+    assert scoring.run_python(program.format(outside=outside), timeout=20) is False
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_the_code_sandbox_lets_ordinary_tests_run():
+    program = "import collections, heapq, itertools, math, re, unittest\nopen('scratch.txt', 'w').write('ok')\nassert math.gcd(12, 18) == 6\n"
+    assert scoring.run_python(program, timeout=20) is True
+
+
 def test_humaneval_and_mbpp_loaders(tmp_path):
     he = tmp_path / "he.jsonl"
     he.write_text(json.dumps(PROBLEM) + "\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import Engine, EngineError, GenerationConfig, Trace, generate
+from engine import Engine, EngineError, GenerationConfig, Trace
 from engine.__main__ import main as cli_main
 from engine.iteration import GenerationCancelled
 
@@ -372,3 +372,34 @@ def test_resume_files_load_without_pickle(tmp_path):
                       batch_size=4, tokens_per_batch=0, steps=1, max_minutes=0.0, eval_every=1, eval_per_task=1, threads=1)
     train(cfg, log=lambda _: None)
     torch.load(tmp_path / "r" / RESUME_FILE, weights_only=True)  # raises if anything needs pickle
+
+
+# ---- public mode -------------------------------------------------------------------------------
+def test_public_mode_loads_only_allow_listed_models_and_shows_no_paths(folder, tmp_path):
+    from dinfer_viz.handlers import Handlers
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import build_demo
+
+    host = EngineHost(ModelSpec(str(folder)), allowed={"tiny": str(folder)})
+    handlers = Handlers(host, fps=1000, plot_hz=1000)
+    for path in ("/etc", str(tmp_path), "GSAI-ML/LLaDA-8B-Instruct"):
+        message = _message(handlers, _last(handlers.run("Q: 1+2=? A:", {"model": {"path": path}})))
+        assert "this server loads only these models: tiny" in message
+        assert "loads only" in handlers.load_model(path, "cpu", "auto", *[None] * len(handlers.option_names))
+    done = _message(handlers, _last(handlers.run("Q: 1+2=? A:", {"model": {"path": "tiny"}, "config": {"gen_length": 8, "block_length": 8}})))
+    assert done.startswith("done")
+    assert list(host._engines) == [host.default]  # "tiny" is the default engine, not a second copy
+    assert str(folder) not in handlers.model_status()
+    assert str(folder) not in json.dumps(build_demo(handlers).config, default=str)  # what /config serves
+
+
+def test_app_command_line_public_helpers():
+    import app
+
+    assert app.is_loopback("127.0.0.1") and app.is_loopback("localhost") and not app.is_loopback("0.0.0.0")
+    assert app.allow_list("/x/assets/tiny-llada", ["big=/models/llada-8b"]) == {"tiny-llada": "/x/assets/tiny-llada", "big": "/models/llada-8b"}
+    with pytest.raises(ValueError):
+        app.allow_list("/x/m", ["nameonly"])
+    assert app.parse_auth("ann:secret") == ("ann", "secret") and app.parse_auth(None) is None
+    with pytest.raises(ValueError):
+        app.parse_auth("ann")
