@@ -12,7 +12,7 @@ N(0, 0.02), so nothing is downloaded and nothing large is initialised on the hos
 2. one block forward per cache mode (full, refresh, prefix, dual, window): median ms of `repeats`,
    device synchronised, next to the floor: bytes read / bandwidth, and FLOPs / peak where that
    is larger. Bytes = the weights the forward touches (the experts its tokens route to, for an
-   MoE: 64·(1-(1-8/64)^q) of 64 per layer under uniform routing, performance.md §4) + the cached
+   MoE: 64·(1-(1-8/64)^q) of 64 per layer under uniform routing, docs/performance.md §1.2) + the cached
    K/V it reads + the fresh K/V of its query tokens; embedding lookups and activations ignored;
 3. a full generate with the fixed decoder committing `tokens_per_step` tokens per iteration (so the
    schedule, hence NFE, does not depend on the random weights), no early stop, per cache mode:
@@ -42,7 +42,7 @@ from engine.models.moe import SparseMoE
 
 from . import machine
 
-# Published shapes (algorithms.md §6.1-6.2, performance.md §4).
+# Published shapes (docs/algorithms.md §6.1-6.2, docs/performance.md §2.1).
 LLADA_8B = dict(
     model_type="llada", d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288,
     vocab_size=126464, embedding_size=126464, rope_theta=500000.0, mask_token_id=126336, eos_token_id=126081,
@@ -64,7 +64,7 @@ NOMINAL = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12)}
 # Relative L2 error of the block logits. bf16 measured ~0.8% at 8 layers (CPU, d=1024); a wrong
 # position, merge or RoPE order gives errors of order 1, a stale cache several percent in fp32.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 2e-2}
-# canvas and timing: the dInfer-like case of performance.md §4 on a GPU; seconds of work with --tiny
+# canvas and timing: the dInfer-like case of docs/performance.md §2.2 on a GPU; seconds of work with --tiny
 FULL_DEFAULTS = dict(prompt_length=512, gen_length=256, block_length=32, repeats=20)
 TINY_DEFAULTS = dict(prompt_length=24, gen_length=16, block_length=8, repeats=5)
 MODES = (("full", "none"), ("refresh", "dual"), ("prefix", "prefix"), ("dual", "dual"), ("window", "vicinity"))
@@ -161,7 +161,7 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int, wa
 
 
 def copy_bandwidth(device: torch.device) -> float:
-    """Bytes/s of a device-to-device copy, read and write both counted (performance.md's 'meas')."""
+    """Bytes/s of a device-to-device copy, read and write both counted (docs/performance.md §4: the measured copy bandwidth)."""
     n = (1 << 30) if device.type == "cuda" else (1 << 26)
     src = torch.empty(n, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)

@@ -7,7 +7,7 @@ decoding, cache, smoothing and unrolling, so a ratio between them measures those
 - `llada`: LLaDA's reference sampler: the fixed decoder with one token per step, no cache.
 - `fastdllm`: Fast-dLLM: threshold 0.9 with the dual cache, no smoothing, no unrolling.
 - `dinfer`: dInfer's defaults: threshold 0.9, vicinity refresh (16 before, 16 after, 4 warm-up
-  iterations), iteration smoothing (cont_weight 0.3) and loop unrolling (algorithms.md §2.4-2.7, §4.4).
+  iterations), iteration smoothing (cont_weight 0.3) and loop unrolling (docs/algorithms.md §3, §4.5).
 
 Spec grammar (`--configs`), comma-separated pieces:
     PRESET               a named configuration (llada, fastdllm, dinfer)
@@ -29,7 +29,7 @@ from engine.errors import EngineError
 PRESETS: dict[str, dict[str, Any]] = {
     "llada": dict(decoder="fixed", steps=None, remasking="low_confidence", cache="none", smoothing=False, unroll=False),
     "fastdllm": dict(decoder="threshold", threshold=0.9, cache="dual", smoothing=False, unroll=False),
-    # unrolling as dInfer's benchmarks and server pass it: expected_tpf 4, maximum_unroll 4 (§2.4)
+    # unrolling as dInfer's benchmarks and server pass it: expected_tpf 4, maximum_unroll 4 (docs/algorithms.md §3.2)
     "dinfer": dict(
         decoder="threshold",
         threshold=0.9,

@@ -3,7 +3,7 @@
     python -m benchmarks.run --model assets/tiny-llada --prompts heldout --limit 20 \\
         --configs llada,fastdllm,dinfer --repeats 5 --trace-overhead
 
-Protocol (algorithms.md §7, performance.md §6):
+Protocol (docs/counting.md, docs/performance.md §5):
 - every prompt is tokenised once, before any timing; batch size 1, greedy unless `--set` says otherwise;
 - each configuration first runs `--warmup` untimed calls, then `--repeats` passes over the whole
   set; the passes are interleaved (pass 1 of every configuration, then pass 2, ...), so slow drift

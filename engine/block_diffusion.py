@@ -1,4 +1,4 @@
-"""Block diffusion for block-causal models (LLaDA2; algorithms.md §5.6, §4.3, pitfalls 9.12, 9.18).
+"""Block diffusion for block-causal models (LLaDA2; docs/algorithms.md §5, §4.4, §8 items 9-10).
 
 The model was trained with block-causal attention: a token in block `i` sees every token of
 blocks `<= i` (bidirectionally inside its own block) and nothing after. Blocks are the absolute
@@ -72,7 +72,7 @@ class BlockDiffusionRequest(_Request):
         self.mask = block_causal_mask(self.length, config.block_length, self.device)
         self.positions = torch.arange(self.length, device=self.device)
         self.store: torch.Tensor | None = None
-        # the K/V of the last cached forward and whether its input still held a mask (pitfall 9.18)
+        # the K/V of the last cached forward and whether its input still held a mask (docs/algorithms.md §8 item 10)
         self.last_kv: torch.Tensor | None = None
         self.last_input_masked: torch.Tensor | None = None
 

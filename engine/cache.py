@@ -1,6 +1,6 @@
 """Component 4, the KV-cache manager: which forward each iteration runs, and the stored K/V.
 
-Modes (algorithms.md §1.5, §2.5, §4.3):
+Modes (docs/algorithms.md §4.2-4.4):
 - `none`: every iteration is a full forward over the canvas.
 - `prefix`: a full refresh at block entry; then the query is the block and everything after it,
   `[s, N)`, against the cached prefix `[0, s)`.

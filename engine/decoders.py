@@ -198,7 +198,7 @@ def make_decoder(config: GenerationConfig, mask_id: int, generator: torch.Genera
 class FixedStepDecoder(Decoder):
     """Commits a fixed number of the most confident (or random) masked positions per step, LLaDA's schedule.
 
-    LLaDA's reference sampler (algorithms.md §1.1-1.2). With `n` masks at block start and `s = steps / num_blocks` steps, step `i` commits
+    LLaDA's reference sampler (docs/algorithms.md §2.2). With `n` masks at block start and `s = steps / num_blocks` steps, step `i` commits
     `n // s + (1 if i < n % s else 0)` positions, chosen by confidence (`low_confidence`) or at
     random (`random`). Per-row counts are tensors, so a batch needs no host sync.
     """
@@ -235,7 +235,7 @@ class FixedStepDecoder(Decoder):
 class ThresholdDecoder(Decoder):
     """Commits every masked position whose confidence reaches the threshold, and at least the row's most confident one.
 
-    Fast-dLLM / dInfer threshold decoding (algorithms.md §1.5, §3.2).
+    Fast-dLLM / dInfer threshold decoding (docs/algorithms.md §2.3).
     """
 
     name = "threshold"
@@ -251,7 +251,7 @@ class ThresholdDecoder(Decoder):
 class HierarchicalDecoder(Decoder):
     """Commits one anchor per run of consecutive masks, every position above the threshold, and the row's best.
 
-    dInfer's hierarchical decoding (algorithms.md §3.4), for any batch size: an anchor is a run's
+    dInfer's hierarchical decoding (docs/algorithms.md §2.6), for any batch size: an anchor is a run's
     position with confidence > `low_threshold`, chosen by `anchor`: "confidence" (the run's most
     confident position, every exact tie included, as dInfer's code) or "centre" (the eligible
     position nearest the run's centre; ties go to the more confident, then the left one, as the
@@ -294,7 +294,7 @@ class HierarchicalDecoder(Decoder):
 class CreditDecoder(Decoder):
     """Commits by the threshold rule on logits boosted by each token's credit, earned by staying the top-1 across iterations.
 
-    CreditDecoding (algorithms.md §3.3): per block a credit `C[b, j, v]` decays by `credit_beta`
+    CreditDecoding (docs/algorithms.md §2.5): per block a credit `C[b, j, v]` decays by `credit_beta`
     every iteration, and the raw top-1 token of each masked position gains `p1 ** credit_gamma`;
     the fused logits `l + credit_alpha * log(1 + C)` choose both the token and the commit.
     Memory is one `[B, W, V]` fp32 tensor for the current block only, freed when the block
@@ -340,8 +340,8 @@ class CreditDecoder(Decoder):
 class FactorDecoder(Decoder):
     """Commits the n most confident masks while the n-th confidence stays above 1 - factor/(n+1), at least one.
 
-    Fast-dLLM's factor rule as dInfer's `get_transfer_index_dynamic` implements it (algorithms.md
-    §1.5): with the K masked confidences sorted, `c_(1) >= c_(2) >= ...`, and thresholds
+    Fast-dLLM's factor rule as dInfer's `get_transfer_index_dynamic` implements it (docs/algorithms.md
+    §2.4): with the K masked confidences sorted, `c_(1) >= c_(2) >= ...`, and thresholds
     `t_n = 1 - factor / (n + 1)` (`t_1 = -1`), take the leading run of ranks with `c_(n) >= t_n`;
     when it stops at rank K - 1 or covers all K, take all K (the reference's quirk that also admits
     a failing last token). `forced` marks commits below their rank's threshold (rank 1 against

@@ -1,7 +1,7 @@
 """Component 2, the diffusion iteration manager: the loop that composes model, decoder and cache.
 
 It owns the canvas `x` `[B, N]` (prompt, then [MASK] up to `P_max + gen_length`; shorter prompts
-are right-padded with [MASK] and generate from their own end, algorithms.md §5.4), walks the
+are right-padded with [MASK] and generate from their own end, docs/algorithms.md §1.1), walks the
 blocks left to right, and per iteration: asks the cache manager which forward to run, calls the
 model (on token ids, or on smoothed embeddings), hands the block's logits to the decoder, writes
 the commits, updates the smoothing embeddings and records the trace. Early stop fills every
@@ -142,7 +142,7 @@ class _Request:
 
     # ---- one step: one iteration, or a refresh and the iteration after it ---------------------
     def step(self, block_index: int, s: int, e: int) -> None:
-        """One call of dInfer's iteration (§2.5): a refresh and its decode are followed, in the same
+        """One call of dInfer's iteration (docs/algorithms.md §1.3): a refresh and its decode are followed, in the same
         call, by the next forward and its decode, so the block's mask check never falls between
         them and a block entry costs two forwards even when the refresh's decode completes it."""
         if self._iterate(block_index, s, e) == REFRESH:
@@ -157,7 +157,7 @@ class _Request:
             weight = min(cfg.cont_weight_init + cfg.cont_weight_growth * self.iteration, cfg.cont_weight)
         if cfg.smoothing and cfg.cont_weight > 0:
             # The decay from 1.0 belongs to the soft iteration, which dInfer selects only when
-            # cont_weight > 0 (§2.7); at weight 0 the soft inputs are plain [MASK] embeddings.
+            # cont_weight > 0 (docs/algorithms.md §3.1); at weight 0 the soft inputs are plain [MASK] embeddings.
             threshold = max(1.0 - self.iteration * cfg.threshold_decay, cfg.threshold)
         t0 = time.perf_counter()
         a, b = plan.start, plan.end

@@ -1,9 +1,9 @@
-"""Tensor and expert parallelism over torch.distributed (algorithms.md §5.1).
+"""Tensor and expert parallelism over torch.distributed (docs/algorithms.md §6.4).
 
 One process per device (launched by torchrun; NCCL on GPUs, gloo on CPU). Every rank loads the
 whole checkpoint onto its device, keeps its shard (`shard_model`), and runs the same decoding loop: the embedding, the norms, the
 routers and the lm_head are replicated, so every rank sees identical logits and makes identical
-decisions with no broadcast of the canvas (pitfall 9.16).
+decisions with no broadcast of the canvas (docs/algorithms.md §8 item 14).
 
 - Tensor parallel (`tp` = the number of processes): the attention's q/k/v projections are
   column-parallel (each rank computes `heads/tp` query heads and `kv_heads/tp` KV heads; LLaDA2's

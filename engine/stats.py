@@ -1,9 +1,9 @@
-"""Counting rules (algorithms.md §7, with the model's own EOS/EoT ids).
+"""Counting rules (docs/counting.md, with the model's own EOS/EoT ids).
 
 - nfe: every model forward of the call (warm-up, refresh, cached, window, unrolled no-ops).
 - tokens: per row, the generated positions (after the row's prompt) that hold neither an
   EOS/EoT id nor [MASK]; summed over rows.
-- seconds: wall time of the generate call (canvas allocation, forwards, decodes, early stop),
+- seconds: wall time of the block loop (forwards, decodes, early stop; not the canvas and cache set-up before it),
   device synchronised, minus the time spent recording the trace (reported separately).
 - host_syncs: device-to-host reads the block loop waited on (one per group of iterations, one per
   block for early stop); loop unrolling exists to lower it.

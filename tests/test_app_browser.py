@@ -129,11 +129,18 @@ def test_a_hostile_trace_runs_no_script_and_shows_its_tokens_literally(session, 
     assert any("<script>window.pwned=2</script>" in t for t in tips)
 
 
-def test_an_example_prompt_fills_the_prompt_and_its_expected_answer(session):
+def test_examples_fill_the_prompt_its_expected_answer_and_the_family_note(session):
     from playwright.sync_api import expect
 
     page = session.page
     page.locator("#examples").get_by_text("Q: 123+45=? A:").click()
     expect(page.locator("#prompt textarea")).to_have_value("Q: 123+45=? A:")
-    # an operand outside the trained range still has a known answer: wrong commits get marked
-    expect(page.locator("#expected textarea")).to_have_value(" The sum is 168.")
+    # arithmetic has one right answer: it fills the expected box, and wrong commits get marked
+    expect(page.locator("#expected textarea")).to_have_value(" 123+ 45= 168")
+    expect(page.locator("#prompt-note")).to_contain_text("family add")
+    # pair-sum has many valid answers: no expected tokens, the verifier judges the answer
+    page.locator("#examples").get_by_text("Q: ?+?=120 A:").click()
+    expect(page.locator("#expected textarea")).to_have_value("")
+    expect(page.locator("#prompt-note")).to_contain_text("family pairsum")
+    page.locator("#examples").get_by_text("Hello, how are you?").click()
+    expect(page.locator("#prompt-note")).to_contain_text("outside every family")

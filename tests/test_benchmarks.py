@@ -323,7 +323,7 @@ def test_floor_reproduces_the_performance_doc_numbers():
     with torch.device("meta"):
         dense = gpu_check.model_class(gpu_check.LLADA_8B)(gpu_check.LLADA_8B).to(torch.bfloat16)
         moe = gpu_check.model_class(gpu_check.LLADA_MOE_7B)(gpu_check.LLADA_MOE_7B).to(torch.bfloat16)
-    # performance.md §4: 32 query tokens on a cached 512-token prefix, 4.8 TB/s
+    # docs/performance.md §2.2: 32 query tokens on a cached 512-token prefix, 4.8 TB/s
     floor = gpu_check.Shape.of(dense).floor(32, 544, 512, True, 4.8e12, None)
     assert floor["bytes"] == pytest.approx(15.28e9, rel=1e-3) and floor["floor_s"] == pytest.approx(3.18e-3, rel=1e-2)
     floor = gpu_check.Shape.of(moe).floor(32, 544, 512, True, 4.8e12, None)

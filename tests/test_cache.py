@@ -222,7 +222,7 @@ def test_persist_window_never_changes_tokens_or_staleness(mode, smoothing):
 # ---- forward count per block ------------------------------------------------------------------------
 # Prompt of 8 tokens, gen 16 in blocks [8, 16) and [16, 24), fixed decoder. With steps=8 each block
 # takes 4 decodes of 2 tokens; with steps=2, one decode of 8. Letters: F full (no cache), R refresh,
-# P prefix, D dual, W window. Derivations (algorithms.md §2.5):
+# P prefix, D dual, W window. Derivations (docs/algorithms.md §4.3):
 # - none: one full forward per decode.
 # - prefix/dual: the refresh at block entry decodes, then the cached forwards do the other 3.
 # - vicinity, warm-up w: the first w iterations (request-wide) are full; block 0 then refreshes once

@@ -1,8 +1,8 @@
 """The hierarchical, credit and factor decoders on hand-made logits, and the decoder plug-in API.
 
 Logits are built from the probabilities we want (`logits_for`), so every confidence, tie and
-threshold crossing below is known in advance; the formulas are the ones algorithms.md §1.5, §3.3
-and §3.4 state.
+threshold crossing below is known in advance; the formulas are the ones docs/algorithms.md §2.4, §2.5
+and §2.6 state.
 """
 
 import json
@@ -116,7 +116,7 @@ def test_decoders_never_wait_for_the_device(name):
 
 
 def hierarchical_reference(confidence, masked, threshold, low):
-    """algorithms.md §3.4 for one row at a time, with plain loops: per maximal masked run every
+    """docs/algorithms.md §2.6 for one row at a time, with plain loops: per maximal masked run every
     position equal to the run's max confidence if above `low`, every position above `threshold`,
     and the row's first best."""
     picks = []
@@ -285,7 +285,7 @@ def test_credit_memory_lives_for_one_block_only():
 
 
 def factor_reference(confidence, masked, factor):
-    """dInfer's get_transfer_index_dynamic (algorithms.md §1.5), per row with its Python loop."""
+    """dInfer's get_transfer_index_dynamic (docs/algorithms.md §2.4), per row with its Python loop."""
     out = []
     for c, m in zip(confidence.tolist(), masked.tolist()):
         k = sum(m)

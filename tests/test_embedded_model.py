@@ -1,13 +1,20 @@
-"""The shipped model folder assets/tiny-llada: layout, loading, and held-out accuracy."""
+"""The shipped model folder assets/tiny-llada: layout, loading, held-out validity per family, the
+speed/accuracy trade-off it exists to show, and the app's first run animating several iterations.
+
+Decoding is greedy, so every figure here is a fixed property of the shipped weights; the floors are
+below what the model measured (assets/tiny-llada/README.md) so that a retrained model that meets
+the issue's targets passes.
+"""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from engine import Engine, GenerationConfig, generate, load_model, load_tokenizer
+from engine import Engine, GenerationConfig, load_model, load_tokenizer
 from engine.models import LLaDAModelLM
-from tinymodel.tasks import get_task, held_out_examples
+from tinymodel.eval import evaluate, setting_config
+from tinymodel.tasks import TASKS, held_out_examples
 
 FOLDER = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 
@@ -43,45 +50,51 @@ def test_loads_through_the_engine_loader_and_auto_tokenizer(model, tokenizer):
     assert model.config["vocab_size"] == len(tokenizer)
 
 
-@pytest.mark.parametrize("task", ["add", "sub"])
-def test_threshold_decoder_answers_held_out_prompts(model, tokenizer, task):
-    """20 held-out prompts per family, at least 90% right (the shipped model measured 100% on all
-    1,618 held-out prompts: assets/tiny-llada/README.md)."""
-    examples = held_out_examples([task], limit=20, seed=7)
-    prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
-    config = GenerationConfig(gen_length=64, block_length=32, decoder="threshold", threshold=0.9)
-    out = generate(model, prompts, config, stop_ids=[model.eos_token_id])
-    right = [get_task(e.task).check(e, tokenizer.decode(ids, skip_special_tokens=True)) for e, ids in zip(examples, out.token_ids)]
-    assert sum(right) >= 18, f"{sum(right)}/20 held-out {task} prompts right"
+def _valid_rate(model, tokenizer, family: str, setting: str, limit: int, seed: int = 7) -> float:
+    examples = held_out_examples([family], limit=limit, seed=seed)
+    scores = evaluate(model, tokenizer, examples, setting_config(setting, 64, 32), batch_size=len(examples))
+    return sum(s.correct for s in scores.values()) / sum(s.n for s in scores.values())
 
 
-def test_engine_pipeline_generates_the_answer_sentence():
-    engine = Engine(FOLDER)
-    result = engine.generate("Q: 48+57=? A:", GenerationConfig(gen_length=32, block_length=32, decoder="fixed"))
-    assert result.text.startswith(" The sum is ")
-    assert result.text.endswith(".")
+@pytest.mark.parametrize("family, floor", [("add", 0.85), ("sub", 0.85), ("pairsum", 0.8), ("rhyme", 0.8), ("grammar", 0.85)])
+def test_threshold_decoder_answers_held_out_prompts_of_every_family(model, tokenizer, family, floor):
+    rate = _valid_rate(model, tokenizer, family, "thr 0.9", limit=30)
+    assert rate >= floor, f"{family}: {rate:.0%} valid at threshold 0.9"
+
+
+def test_pair_sum_shows_the_speed_accuracy_trade_off(model, tokenizer):
+    """Committing dependent digits in one forward breaks the sum: the most parallel setting loses
+    at least 20 points against the threshold 0.9 decoder, on the same held-out prompts."""
+    careful = _valid_rate(model, tokenizer, "pairsum", "thr 0.9", limit=40)
+    hasty = _valid_rate(model, tokenizer, "pairsum", "fixed x4", limit=40)
+    assert careful - hasty >= 0.2, (careful, hasty)
+
+
+def test_the_apps_first_run_animates_several_iterations():
+    from dinfer_viz.ui import DEFAULT_PROMPT
+
+    result = Engine(FOLDER).generate(DEFAULT_PROMPT, GenerationConfig(), trace=True)
+    assert len(result.output.trace.iterations) >= 3
+    assert TASKS["pairsum"].check(TASKS["pairsum"].parse(DEFAULT_PROMPT), result.text), result.text
 
 
 def test_eval_tokens_per_forward_do_not_depend_on_the_batch(model, tokenizer):
-    from tinymodel.eval import evaluate
-
     examples = held_out_examples(["sub"], limit=6, seed=3)
     config = GenerationConfig(gen_length=64, block_length=8, decoder="threshold", threshold=0.9)
-    alone = evaluate(model, tokenizer, examples, config, batch_size=1)["sub"]
-    batched = evaluate(model, tokenizer, examples, config, batch_size=6)["sub"]
-    assert (alone.correct, alone.tokens, alone.nfe) == (batched.correct, batched.tokens, batched.nfe)
-    assert alone.nfe >= len(examples) * 3  # block 8 after a 13-character prompt: at least 3 blocks each
+    alone = evaluate(model, tokenizer, examples, config, batch_size=1)
+    batched = evaluate(model, tokenizer, examples, config, batch_size=6)
+    assert {k: (s.correct, s.tokens, s.nfe) for k, s in alone.items()} == {k: (s.correct, s.tokens, s.nfe) for k, s in batched.items()}
 
 
 def test_eval_cli_prints_the_table_and_rejects_bad_input(capsys):
     from tinymodel.eval import main
 
-    assert main(["--model", str(FOLDER), "--limit", "4", "--decoder", "threshold", "--gen-length", "32", "--block-length", "32"]) == 0
+    assert main(["--model", str(FOLDER), "--limit", "3", "--settings", "thr 0.9", "credit", "--tasks", "add", "pairsum", "--gen-length", "32", "--block-length", "32"]) == 0
     table = capsys.readouterr().out
-    assert "thr 0.9" in table and " add " in table and " sub " in table and "confidence" in table
+    assert "thr 0.9" in table and "credit" in table and "add 1-digit" in table and "pairsum" in table and "confidence" in table
     assert main(["--model", str(FOLDER), "--gen-length", "64", "--block-length", "48"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
-    for bad in (["--gen-length", "0"], ["--device", "nonsense"]):
+    for bad in (["--gen-length", "0"], ["--device", "nonsense"], ["--settings", "psychic"]):
         with pytest.raises(SystemExit) as exit_info:
             main(["--model", str(FOLDER), *bad])
         assert exit_info.value.code == 2

@@ -1,6 +1,6 @@
 """The engine's fixed and threshold decoders against plain implementations of the reference samplers.
 
-The references below follow algorithms.md §1.1-1.2 (LLaDA's generate.py) and §1.5 (Fast-dLLM's
+The references below follow docs/algorithms.md §2.2 (LLaDA's generate.py) and §2.3 (Fast-dLLM's
 threshold sampler) line by line, on full-canvas forwards with no cache, with two shared rules:
 the [MASK] logit is -inf (dinfer-viz never commits a predicted [MASK]) and, at temperature > 0,
 Gumbel noise is drawn for the current block's positions only (positions outside it are discarded

@@ -1,4 +1,4 @@
-"""Iteration smoothing (algorithms.md §2.6) and loop unrolling (§2.4, §5.3) in the iteration manager."""
+"""Iteration smoothing (docs/algorithms.md §3.1) and loop unrolling (§3.2) in the iteration manager."""
 
 import pytest
 import torch

@@ -299,6 +299,21 @@ def held_out_examples(task_names: list[str], limit: int | None = None, seed: int
     return [e for name in task_names for e in get_task(name).held_out(300 if limit is None else limit, seed)]
 
 
+# Prompts outside every family (`--split free_text` of the eval): no verifier, only what the
+# model's committed confidence looks like on text it never saw.
+FREE_TEXT_PROMPTS = (
+    "Hello, how are you?", "What is the capital of France?", "Tell me a story about a dragon.",
+    "Q: 2*3=? A:", "Q: what is love? A:", "the red fox jumped over the lazy dog", "Once upon a time",
+    "Translate to French: good morning", "def add(a, b):", "1, 2, 3, 4,", "Q: ?*?=12 A:", "Q: rhymes with dog? A:",
+    "My favourite colour is", "SELECT * FROM users;", "Why is the sky blue?", "Q: 12/4=? A:",
+    "Write a haiku about rain.", "The quick brown", "Q: spell cat backwards A:", "Dear Sir or Madam,",
+)  # fmt: skip
+
+
+def free_text_examples() -> list[Example]:
+    return [Example("free text", prompt, "") for prompt in FREE_TEXT_PROMPTS]
+
+
 OUT_OF_RANGE_OPERANDS = range(1000, 10000)  # four digits: no training example has one
 
 

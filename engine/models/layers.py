@@ -95,7 +95,7 @@ def cached_attention(
     `[2, B, H_kv, T, D]` (one layer of the store) supplies the other positions' keys and values.
     `kv_rope="pre"` (dense LLaDA): the cache holds keys before RoPE, which is applied after the
     merge to all `T` keys at `[0, T)`, as LLaDA's own code does. `"post"` (the MoE families):
-    each key is rotated once, at its absolute position, before it is cached (algorithms.md §4.1).
+    each key is rotated once, at its absolute position, before it is cached (docs/algorithms.md §4.1).
     Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form.
     """
     a, b = replace

@@ -1,5 +1,5 @@
 """LLaDA2.0-mini / -flash (BailingMoeV2, "Ling" architecture) with block-causal attention
-(algorithms.md §6.3, §5.6).
+(docs/algorithms.md §6.3, §5).
 
 Per layer: pre-norm attention with a fused `query_key_value` projection (rows `[q | k | v]`), GQA,
 a per-head QK-norm, and RoPE on the first `partial_rotary_factor · head_dim` dims of each head;

@@ -1,4 +1,4 @@
-"""LLaDA-MoE-7B-A1B (Base, Instruct, TD): an OLMoE-style bidirectional transformer (algorithms.md §6.2).
+"""LLaDA-MoE-7B-A1B (Base, Instruct, TD): an OLMoE-style bidirectional transformer (docs/algorithms.md §6.2).
 
 Per layer: pre-norm attention with a per-head QK-norm (each head's q and k normalised over its own
 `head_dim`, unlike upstream OLMoE's full-width norm) and RoPE, then a sparse MoE of SwiGLU experts
