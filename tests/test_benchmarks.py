@@ -328,3 +328,12 @@ def test_floor_reproduces_the_performance_doc_numbers():
     assert floor["bytes"] == pytest.approx(15.28e9, rel=1e-3) and floor["floor_s"] == pytest.approx(3.18e-3, rel=1e-2)
     floor = gpu_check.Shape.of(moe).floor(32, 544, 512, True, 4.8e12, None)
     assert floor["floor_s"] == pytest.approx(2.91e-3, rel=1e-2)
+
+
+def test_stop_latency_cancels_inside_the_first_forward(capsys):
+    from benchmarks import stop_latency
+
+    model = stop_latency.model_for(256, layers=2)
+    assert stop_latency.stop_seconds(model, 256) >= 0.0  # raises unless the run ended cancelled
+    assert stop_latency.main(["--canvas", "128", "--layers", "1", "--repeats", "1"]) == 0
+    assert "| 128 | 1 |" in capsys.readouterr().out
