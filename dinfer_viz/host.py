@@ -18,8 +18,10 @@ from typing import Callable
 import torch
 
 from engine import Engine, EngineError
+from engine.cli import DTYPES as CLI_DTYPES
 
-DTYPES: dict[str, torch.dtype | None] = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# "auto": the engine's default (float32 on CPU, bfloat16 on accelerators), then the CLI's dtypes
+DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
 
 
 @dataclass(frozen=True)

@@ -203,14 +203,6 @@ def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
         raise EngineError(f"{field}: expected a finite {base.__name__}, got {str(value)[:40]!r}") from None
 
 
-def config_from_values(values: Sequence[Any]) -> dict[str, Any]:
-    """Control values (in `all_controls()` order) -> a config dict (not yet validated)."""
-    controls = all_controls()
-    if len(values) != len(controls):
-        raise ValueError(f"expected {len(controls)} control values, got {len(values)}")
-    return {c.field: coerce(c.field, v, c.none_as_zero) for c, v in zip(controls, values)}
-
-
 def build_config(config: dict[str, Any] | None) -> GenerationConfig:
     """A validated GenerationConfig from a (partial) settings dict; EngineError if anything is off."""
     if config is None:

@@ -104,9 +104,6 @@ class Timeline:
             canvas = [f if x == self.mask_id else x for x, f in zip(canvas, final)]
         return canvas
 
-    def commits_in(self, iteration: int) -> list[int]:
-        return sorted(p for p, c in self.commits.items() if c.iteration == iteration)
-
     def extras_at(self, iteration: int) -> dict[str, list]:
         """This row's per-position extras of record `iteration`, one value per block position
         (decoder/cache specifics: credit, runs, anchors, staleness...)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .cli import DEFAULT_MODEL, DTYPES, OneLineParser, checked_device
+from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from .config import GenerationConfig
 from .errors import EngineError
 
@@ -57,11 +57,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise EngineError(f"--tp and --ep must be >= 1, got {args.tp} and {args.ep}")
     if args.trace:
         check_writable(Path(args.trace))
-    if args.threads is not None:
-        if args.threads < 1:
-            raise EngineError(f"threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype] if args.dtype else None
+    if args.threads is not None and args.threads < 1:
+        raise EngineError(f"threads must be >= 1, got {args.threads}")
+    dtype = apply_runtime(args)["dtype"]
     parallel = args.tp > 1 or args.ep > 1
     device = args.device
     if parallel:  # under torchrun: one process per device, each keeps its shard (engine/parallel.py)
@@ -98,13 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate from one prompt")
     gen.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
-    gen.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    add_runtime_args(gen)
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (small models on a busy CPU run faster with 1)"
-    )
     gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: the number of torchrun processes")
     gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): the number of torchrun processes")
     add_config_flags(gen)

@@ -18,7 +18,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, checked_device
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import GenerationOutput, generate
@@ -210,17 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         help="held_out: prompts never trained on; out_of_range: arithmetic with a four-digit operand (--limit per family, default 200); free_text: prompts outside every family (no verifier: read the confidence columns)",
     )
     parser.add_argument("--batch-size", type=_positive, default=64, help="rows per generate call; TPF does not depend on it, TPS is per sequence at this batch size (1: as one user sees it)")
-    parser.add_argument("--threads", type=_positive, default=None, help="torch CPU threads")
-    parser.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
+    add_runtime_args(parser)
     args = parser.parse_args(argv)
     try:
-        import torch
-
         from engine.models import load_model
         from engine.pipeline import load_tokenizer
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        runtime = apply_runtime(args)
         if args.split == "held_out":
             examples = held_out_examples(args.tasks, args.limit)
         elif args.split == "out_of_range":
@@ -228,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             examples = free_text_examples()
         configs = [(name, setting_config(name, args.gen_length, args.block_length)) for name in args.settings]
-        model = load_model(args.model, device=args.device)
+        model = load_model(args.model, **runtime)
         tokenizer = load_tokenizer(args.model)
         rows = [(name, c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for name, c in configs]
     except EngineError as exc:
