@@ -30,7 +30,7 @@ from .grid import EMPTY_GRID, grid_value
 from .host import EngineHost, ModelSpec
 from .readouts import message_readout, readout
 from .runner import Frame, run_live
-from .settings import all_controls, parse_settings, visible_fields
+from .settings import all_controls, parse_settings, sweep_setting, visible_fields
 from .sweep import SweepState, parse_values, run_sweep, sweep_examples
 from .system import system_options
 from .timeline import Timeline
@@ -192,10 +192,14 @@ class Handlers:
         return "settings ok", gr.update(interactive=True)
 
     def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool) -> tuple:
-        """Show only the controls that matter for this decoder / cache mode / feature set, and
-        the explanation of the choice."""
+        """Show only the controls that matter for this decoder / cache mode / feature set, the
+        explanation of the choice, and the setting a sweep of this decoder varies."""
         shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll))
-        return tuple(gr.update(visible=c.field in shown) for c in all_controls()) + (explain(decoder, cache, bool(smoothing), bool(unroll)),)
+        return (
+            *(gr.update(visible=c.field in shown) for c in all_controls()),
+            explain(decoder, cache, bool(smoothing), bool(unroll)),
+            gr.update(value=sweep_setting(decoder)),
+        )
 
     def suggest_expected(self, prompt: str) -> tuple[str, str]:
         """(the known right response of an arithmetic prompt, the note on the prompt's family)."""

@@ -22,6 +22,8 @@ from typing import Any, Callable, Sequence
 
 from engine import EngineError, GenerationConfig, decoder_names
 from engine import config as engine_config
+from engine.config import setting_help
+from engine.decoders import decoder_class
 
 from engine.cli import checked_device
 
@@ -42,90 +44,98 @@ class Control:
     none_as_zero: bool = False  # an optional int: 0 in the control means "off" (None)
 
 
-def _c(field: str, label: str, kind: str, info: str = "", **kw: Any) -> Control:
-    return Control(field, label, kind, info, **kw)
+def _c(field: str, label: str, kind: str, **kw: Any) -> Control:
+    """A control with the field's help from its declaration (engine/config.py) as its info text."""
+    return Control(field, label, kind, setting_help(field), **kw)
 
 
 SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     (
         "Decoder",
         (
-            _c("decoder", "decoder", "choice", "which masked positions to commit each iteration", choices=decoder_names),
-            _c("threshold", "threshold τ", "slider", "commit every masked position with confidence ≥ τ (and always the most confident one)", minimum=0.05, maximum=1.0, step=0.01),
-            _c("low_threshold", "low threshold", "slider", "hierarchical: a span's anchor must exceed this", minimum=0.0, maximum=1.0, step=0.01),
-            _c("anchor", "anchor rule", "choice", "hierarchical: most confident position of a span, or the one nearest its centre", choices=lambda: engine_config.ANCHORS),
-            _c("credit_alpha", "credit α", "slider", "credit: weight of log(1 + credit) added to the logits", minimum=0.0, maximum=2.0, step=0.05),
-            _c("credit_beta", "credit β (decay)", "slider", "credit: per-iteration decay of the accumulated credit", minimum=0.05, maximum=1.0, step=0.05),
-            _c("credit_gamma", "credit γ (boost)", "slider", "credit: the top-1 token gains p^γ each iteration", minimum=0.0, maximum=1.0, step=0.05),
-            _c("factor", "factor", "slider", "factor: commit the n best while the n-th clears 1 - factor/(n+1)", minimum=0.1, maximum=4.0, step=0.1),
-            _c("steps", "steps (0 = one token per step)", "int", "fixed decoder only: total steps over the generation; must be a multiple of the number of blocks", minimum=0, none_as_zero=True),
-            _c("remasking", "remasking", "choice", "fixed decoder only: commit the most confident positions, or random ones", choices=lambda: engine_config.REMASKING),
+            _c("decoder", "decoder", "choice", choices=decoder_names),
+            _c("threshold", "threshold τ", "slider", minimum=0.05, maximum=1.0, step=0.01),
+            _c("low_threshold", "low threshold", "slider", minimum=0.0, maximum=1.0, step=0.01),
+            _c("anchor", "anchor rule", "choice", choices=lambda: engine_config.ANCHORS),
+            _c("credit_alpha", "credit α", "slider", minimum=0.0, maximum=2.0, step=0.05),
+            _c("credit_beta", "credit β (decay)", "slider", minimum=0.05, maximum=1.0, step=0.05),
+            _c("credit_gamma", "credit γ (boost)", "slider", minimum=0.0, maximum=1.0, step=0.05),
+            _c("factor", "factor", "slider", minimum=0.1, maximum=4.0, step=0.1),
+            _c("steps", "steps (0 = one token per step)", "int", minimum=0, none_as_zero=True),
+            _c("remasking", "remasking", "choice", choices=lambda: engine_config.REMASKING),
         ),
     ),
     (
         "Blocks and length",
         (
-            _c("gen_length", "generation length", "int", "positions to generate; a multiple of the block length", minimum=1),
-            _c("block_length", "block length", "int", "blocks are decoded left to right; parallel decoding happens inside a block", minimum=1),
-            _c("align_blocks", "align blocks to multiples of the block length", "bool", "dInfer's block alignment: the first block may start inside the prompt"),
-            _c("early_stop", "early stop", "bool", "after a block that holds an end-of-text token, fill the rest with it and stop"),
-            _c("use_chat_template", "use the chat template", "bool", "wrap the prompt in the tokenizer's chat template (ignored when it has none)"),
+            _c("gen_length", "generation length", "int", minimum=1),
+            _c("block_length", "block length", "int", minimum=1),
+            _c("align_blocks", "align blocks to multiples of the block length", "bool"),
+            _c("early_stop", "early stop", "bool"),
+            _c("use_chat_template", "use the chat template", "bool"),
         ),
     ),
     (
         "KV cache",
         (
-            _c("cache", "cache mode", "choice", "which K/V each forward recomputes and which it reuses", choices=lambda: engine_config.CACHE_MODES),
-            _c("prefix_look", "prefix look", "int", "vicinity: window starts this many positions before the block", minimum=0),
-            _c("after_look", "after look", "int", "vicinity: window ends this many positions after the block", minimum=0),
-            _c("warmup", "warm-up iterations", "int", "vicinity: uncached full forwards at the start of a request", minimum=0),
-            _c("refresh_every", "refresh every N iterations (0 = off)", "int", "cached modes: an extra full refresh every N iterations", minimum=0, none_as_zero=True),
-            _c("persist_window", "persist the window's K/V", "bool", "vicinity: write the recomputed window back into the cache (dInfer discards it)"),
-            _c("measure_staleness", "measure staleness", "bool", "cached modes: compare every cached forward with an exact one (KL, top-1 agreement); slower, excluded from the timings"),
+            _c("cache", "cache mode", "choice", choices=lambda: engine_config.CACHE_MODES),
+            _c("prefix_look", "prefix look", "int", minimum=0),
+            _c("after_look", "after look", "int", minimum=0),
+            _c("warmup", "warm-up iterations", "int", minimum=0),
+            _c("refresh_every", "refresh every N iterations (0 = off)", "int", minimum=0, none_as_zero=True),
+            _c("persist_window", "persist the window's K/V", "bool"),
+            _c("measure_staleness", "measure staleness", "bool"),
         ),
     ),
     (
         "Iteration smoothing",
         (
-            _c("smoothing", "smoothing", "bool", "feed still-masked positions a mix of [MASK] and the expected embedding of the last prediction"),
-            _c("cont_weight", "continuation weight (max)", "slider", "smoothing: ceiling of the mixing weight", minimum=0.0, maximum=1.0, step=0.01),
-            _c("cont_weight_init", "weight at start", "slider", "smoothing: mixing weight at iteration 0", minimum=0.0, maximum=1.0, step=0.01),
-            _c("cont_weight_growth", "weight growth per iteration", "float", "smoothing", minimum=0.0, step=0.005),
-            _c("threshold_decay", "threshold decay per iteration", "float", "smoothing: the threshold starts at 1 and falls to τ by this much per iteration", minimum=0.0, step=0.005),
+            _c("smoothing", "smoothing", "bool"),
+            _c("cont_weight", "continuation weight (max)", "slider", minimum=0.0, maximum=1.0, step=0.01),
+            _c("cont_weight_init", "weight at start", "slider", minimum=0.0, maximum=1.0, step=0.01),
+            _c("cont_weight_growth", "weight growth per iteration", "float", minimum=0.0, step=0.005),
+            _c("threshold_decay", "threshold decay per iteration", "float", minimum=0.0, step=0.005),
         ),
     ),
     (
         "Loop unrolling",
         (
-            _c("unroll", "unroll", "bool", "queue several iterations per host check (fewer device syncs)"),
-            _c("expected_tpf", "expected TPF", "int", "unroll: iterations queued = masks left / expected TPF", minimum=1),
-            _c("max_unroll", "max unroll", "int", "unroll: at most this many iterations per host check", minimum=1),
+            _c("unroll", "unroll", "bool"),
+            _c("expected_tpf", "expected TPF", "int", minimum=1),
+            _c("max_unroll", "max unroll", "int", minimum=1),
         ),
     ),
     (
         "Sampling",
         (
-            _c("temperature", "temperature", "slider", "0 = greedy (argmax); > 0 samples with Gumbel noise", minimum=0.0, maximum=2.0, step=0.05),
-            _c("seed", "seed", "int", "seeds sampling and random remasking", minimum=0),
+            _c("temperature", "temperature", "slider", minimum=0.0, maximum=2.0, step=0.05),
+            _c("seed", "seed", "int", minimum=0),
         ),
     ),
 ]
 
-# Which decoder settings each decoder reads; a decoder missing here shows them all.
-DECODER_FIELDS: dict[str, set[str]] = {
-    "fixed": {"steps", "remasking"},
-    "threshold": {"threshold"},
-    "hierarchical": {"threshold", "low_threshold", "anchor"},
-    "credit": {"threshold", "credit_alpha", "credit_beta", "credit_gamma"},
-    "factor": {"factor"},
-}
-# Which cache settings each cache mode reads; a mode missing here shows them all.
-CACHE_FIELDS: dict[str, set[str]] = {
-    "none": set(),
-    "prefix": {"refresh_every", "measure_staleness"},
-    "dual": {"refresh_every", "measure_staleness"},
-    "vicinity": {"prefix_look", "after_look", "warmup", "refresh_every", "persist_window", "measure_staleness"},
-}
+def sweep_setting(decoder: str) -> str:
+    """The setting a sweep of this decoder varies, as the decoder declares it."""
+    try:
+        return decoder_class(decoder).sweep_setting
+    except EngineError:
+        return "threshold"
+
+
+def numeric_fields() -> list[str]:
+    """Settings a sweep can vary: the numeric ones."""
+    hints = _hints()
+    return [f.name for f in dataclasses.fields(GenerationConfig) if _base_type(hints[f.name]) in (int, float)]
+
+
+def decoder_fields(decoder: str) -> set[str]:
+    """The settings a decoder reads, as it declares them (engine/decoders.py); all for an unknown one."""
+    try:
+        return set(decoder_class(decoder).settings)
+    except EngineError:
+        return {c.field for c in dict(SECTIONS)["Decoder"]}
+
+
 OTHER_SECTION = "Other engine settings"
 
 
@@ -153,7 +163,7 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
         base = _base_type(hints[f.name])
         kind = {bool: "bool", int: "int", float: "float"}.get(base, "text")
         optional = base is not hints[f.name]
-        other.append(Control(f.name, f.name.replace("_", " ") + (" (0 = off)" if optional and kind == "int" else ""), kind, "", none_as_zero=optional and kind == "int"))
+        other.append(Control(f.name, f.name.replace("_", " ") + (" (0 = off)" if optional and kind == "int" else ""), kind, setting_help(f.name), none_as_zero=optional and kind == "int"))
     if other:
         out.append((OTHER_SECTION, tuple(other)))
     return out
@@ -271,8 +281,8 @@ def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> s
     names = {c.field for c in all_controls()}
     decoder_section = {c.field for c in dict(SECTIONS)["Decoder"]} - {"decoder"}
     cache_section = {c.field for c in dict(SECTIONS)["KV cache"]} - {"cache"}
-    hidden = decoder_section - DECODER_FIELDS.get(decoder, decoder_section)
-    hidden |= cache_section - CACHE_FIELDS.get(cache, cache_section)
+    hidden = decoder_section - decoder_fields(decoder)
+    hidden |= cache_section - set(engine_config.CACHE_SETTINGS.get(cache, cache_section))
     if not smoothing:
         hidden |= {c.field for c in dict(SECTIONS)["Iteration smoothing"]} - {"smoothing"}
     if not unroll:

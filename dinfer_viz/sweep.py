@@ -21,6 +21,7 @@ from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_
 
 from .answers import WrongCommit, expected_ids, first_wrong
 from .host import EngineHost, ModelSpec
+from .settings import coerce
 from .runner import POLL_SECONDS, Failed, Finished, Loading, Waiting, start_worker
 from .timeline import Timeline
 
@@ -93,7 +94,7 @@ def sweep_configs(config: GenerationConfig, parameter: str, values: list[float])
     """One validated config per value (a bad value fails the sweep before anything runs)."""
     if not hasattr(config, parameter):
         raise EngineError(f"unknown setting to sweep: {parameter}")
-    return [config.replace(**{parameter: v}) for v in values]
+    return [config.replace(**{parameter: coerce(parameter, v)}) for v in values]  # 32.0 -> 32 for an int setting
 
 
 OUT_OF_RANGE_SUFFIX = " out of range"  # "add out of range": arithmetic with a four-digit operand

@@ -7,8 +7,6 @@ concurrency id "engine" with limit 1: one at a time on the shared engine, the re
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any
 
 import gradio as gr
@@ -22,7 +20,7 @@ from .handlers import COMPARE_FIELDS, COMPARE_VIEW, FAILURE_HEADERS, RUN_VIEW, S
 from .host import DTYPES
 from .readouts import message_readout
 from .sweep import prompt_sets
-from .settings import Control, all_controls, control_value, sections
+from .settings import Control, all_controls, control_value, numeric_fields, sections, sweep_setting
 from .system import describe_machine, devices, system_options
 
 # Pair-sum: the first forward cannot commit the digits (a is uniform among N's splits), so the
@@ -47,11 +45,6 @@ def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> g
     if c.kind == "bool":
         return gr.Checkbox(**common)
     return gr.Textbox(**common)
-
-
-def float_fields() -> list[str]:
-    hints = typing.get_type_hints(GenerationConfig)
-    return [f.name for f in dataclasses.fields(GenerationConfig) if hints[f.name] is float]
 
 
 # The largest trace the app writes (1024 generated positions in one block, the fixed decoder: one
@@ -189,7 +182,7 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
                 with gr.Row():
                     sweep_tasks = gr.CheckboxGroup(prompt_sets(), value=list(SWEEP_DEFAULT_SETS), label="prompt sets (held-out prompts of each family; arithmetic out of range)")
                     per_task = gr.Number(24, precision=0, minimum=1, label="prompts per set")
-                    parameter = gr.Dropdown(float_fields(), value="threshold", label="setting to sweep")
+                    parameter = gr.Dropdown(numeric_fields(), value=sweep_setting(defaults.decoder), label="setting to sweep", info="set by the decoder's declaration; any numeric setting")
                     values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
                 own_prompts = gr.Textbox(label="your own prompts (optional; one a line, each from a family)", lines=2, elem_id="sweep-own")
                 with gr.Row():
@@ -218,8 +211,9 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
             [c.change for c in settings_inputs], handlers.check, settings_inputs, [settings_msg, run_btn], **private
         )
         structure_inputs = [controls["decoder"], controls["cache"], controls["smoothing"], controls["unroll"]]
-        gr.on([c.change for c in structure_inputs], handlers.structure, structure_inputs, [*config_controls, explain_md], **private)
-        demo.load(handlers.structure, structure_inputs, [*config_controls, explain_md], **private)
+        structure_outputs = [*config_controls, explain_md, parameter]
+        gr.on([c.change for c in structure_inputs], handlers.structure, structure_inputs, structure_outputs, **private)
+        demo.load(handlers.structure, structure_inputs, structure_outputs, **private)
         prompt.change(handlers.suggest_expected, prompt, [expected, note], **private)
 
         collect = run_btn.click(None, settings_inputs, settings_json, js=handlers.settings_js(), **private)

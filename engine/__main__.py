@@ -18,22 +18,39 @@ from pathlib import Path
 import torch
 
 from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
-from .config import GenerationConfig
+from .config import CACHE_SETTINGS, GenerationConfig, setting_choices, setting_help
+from .decoders import decoder_class, decoder_names
 from .errors import EngineError
 
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per GenerationConfig field, typed from its annotation, default from the dataclass."""
+    """One flag per GenerationConfig field: typed from its annotation, its default, choices and help
+    from the field's declaration (engine/config.py), and for a decoder's setting, which decoders read it."""
     hints = typing.get_type_hints(GenerationConfig)
+    readers: dict[str, list[str]] = {}
+    for name in decoder_names():
+        for setting in decoder_class(name).settings:
+            readers.setdefault(setting, []).append(name)
+    for mode, settings in CACHE_SETTINGS.items():
+        for setting in settings:
+            readers.setdefault(setting, []).append(f"cache {mode}")
+    group = parser.add_argument_group("generation settings (every GenerationConfig field)")
     for field in dataclasses.fields(GenerationConfig):
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
+        text = setting_help(field.name).replace("%", "%%")
+        if field.name in readers:
+            text += f" [read by: {', '.join(readers[field.name])}]"
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=text)
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        parser.add_argument(flag, type=base, default=field.default, metavar=base.__name__.upper())
+        choices = setting_choices(field.name)
+        group.add_argument(
+            flag, type=base, default=field.default, choices=choices, metavar="{" + ",".join(choices) + "}" if choices else base.__name__.upper(),
+            help=f"{text} (default: %(default)s)",
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
@@ -107,7 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # lists the decoders, loading $DINFER_VIZ_DECODERS plug-ins
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.run(args)
     except EngineError as exc:

@@ -8,11 +8,33 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from .decoders import decoder_names
 from .errors import EngineError
 
 CACHE_MODES = ("none", "prefix", "dual", "vicinity")
+# The settings each cache mode reads (engine/cache.py), for the CLI's help and the app's controls.
+CACHE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "prefix": ("refresh_every", "measure_staleness"),
+    "dual": ("refresh_every", "measure_staleness"),
+    "vicinity": ("prefix_look", "after_look", "warmup", "refresh_every", "persist_window", "measure_staleness"),
+}
 REMASKING = ("low_confidence", "random")
 ANCHORS = ("confidence", "centre")
+
+
+def _setting(default: Any, help: str) -> Any:
+    """A GenerationConfig field with its one-line help: the CLI's --help and the app's controls read it."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def setting_help(name: str) -> str:
+    return next(f.metadata.get("help", "") for f in dataclasses.fields(GenerationConfig) if f.name == name)
+
+
+def setting_choices(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a text setting (decoders include registered plug-ins), else None."""
+    return {"decoder": tuple(decoder_names()), "cache": CACHE_MODES, "remasking": REMASKING, "anchor": ANCHORS}.get(name)
 
 
 _TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
@@ -26,45 +48,38 @@ class GenerationConfig:
     token per step (`steps = gen_length`).
     """
 
-    gen_length: int = 64
-    block_length: int = 32
-    decoder: str = "threshold"
-    threshold: float = 0.9
-    steps: int | None = None
-    remasking: str = "low_confidence"
-    temperature: float = 0.0
-    seed: int = 0
-    # hierarchical decoder
-    low_threshold: float = 0.6
-    anchor: str = "confidence"
-    # credit decoder (CreditDecoding defaults)
-    credit_alpha: float = 0.7
-    credit_beta: float = 0.8
-    credit_gamma: float = 0.2
-    # factor decoder (Fast-dLLM)
-    factor: float = 1.0
-    # KV cache
-    cache: str = "none"
-    prefix_look: int = 16
-    after_look: int = 16
-    warmup: int = 4
-    refresh_every: int | None = None
-    persist_window: bool = False
-    measure_staleness: bool = False
-    # iteration smoothing
-    smoothing: bool = False
-    cont_weight: float = 0.3
-    cont_weight_init: float = 0.15
-    cont_weight_growth: float = 0.02
-    threshold_decay: float = 0.02
-    # loop unrolling: queue clamp(masks // expected_tpf, 1, max_unroll) iterations per host check
-    unroll: bool = False
-    expected_tpf: int = 4
-    max_unroll: int = 8
-    # schedule
-    align_blocks: bool = True
-    early_stop: bool = True
-    use_chat_template: bool = True
+    gen_length: int = _setting(64, "positions to generate; a multiple of the block length")
+    block_length: int = _setting(32, "blocks are decoded left to right; parallel decoding happens inside a block")
+    decoder: str = _setting("threshold", "which masked positions to commit each iteration")
+    threshold: float = _setting(0.9, "commit every masked position with confidence >= it (and always the most confident one)")
+    steps: int | None = _setting(None, "fixed decoder: total steps over the generation, a multiple of the number of blocks (none: one token per step)")
+    remasking: str = _setting("low_confidence", "fixed decoder: commit the most confident positions, or random ones")
+    temperature: float = _setting(0.0, "0 = greedy (argmax); > 0 samples with Gumbel noise")
+    seed: int = _setting(0, "seeds sampling and random remasking")
+    low_threshold: float = _setting(0.6, "hierarchical: a span's anchor must exceed this")
+    anchor: str = _setting("confidence", "hierarchical: most confident position of a span, or the one nearest its centre")
+    credit_alpha: float = _setting(0.7, "credit: weight of log(1 + credit) added to the logits (CreditDecoding's default)")
+    credit_beta: float = _setting(0.8, "credit: per-iteration decay of the accumulated credit")
+    credit_gamma: float = _setting(0.2, "credit: the top-1 token gains p^gamma each iteration")
+    factor: float = _setting(1.0, "factor (Fast-dLLM): commit the n best while the n-th clears 1 - factor/(n+1)")
+    cache: str = _setting("none", "which K/V each forward recomputes and which it reuses")
+    prefix_look: int = _setting(16, "vicinity: the window starts this many positions before the block")
+    after_look: int = _setting(16, "vicinity: the window ends this many positions after the block")
+    warmup: int = _setting(4, "vicinity: uncached full forwards at the start of a request")
+    refresh_every: int | None = _setting(None, "cached modes: an extra full refresh every N iterations (none: off)")
+    persist_window: bool = _setting(False, "vicinity: write the recomputed window back into the cache (dInfer discards it)")
+    measure_staleness: bool = _setting(False, "cached modes: compare every cached forward with an exact one (KL, top-1 agreement); slower, excluded from timings")
+    smoothing: bool = _setting(False, "feed still-masked positions a mix of [MASK] and the expected embedding of the last prediction")
+    cont_weight: float = _setting(0.3, "smoothing: ceiling of the mixing weight")
+    cont_weight_init: float = _setting(0.15, "smoothing: mixing weight at iteration 0")
+    cont_weight_growth: float = _setting(0.02, "smoothing: mixing weight added per iteration")
+    threshold_decay: float = _setting(0.02, "smoothing: the threshold starts at 1 and falls to the decoder's by this much per iteration")
+    unroll: bool = _setting(False, "queue several iterations per host check (fewer device syncs)")
+    expected_tpf: int = _setting(4, "unroll: iterations queued = masks left / expected TPF")
+    max_unroll: int = _setting(8, "unroll: at most this many iterations per host check")
+    align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
+    early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
+    use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
 
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
@@ -88,8 +103,6 @@ class GenerationConfig:
 
     def validate(self) -> "GenerationConfig":
         """Check every rule; raise EngineError with a message naming the setting."""
-        from .decoders import decoder_names  # the registry lives with the decoders
-
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise EngineError(message)

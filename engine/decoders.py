@@ -22,12 +22,14 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from .config import GenerationConfig
 from .errors import EngineError
+
+if TYPE_CHECKING:  # config.py imports this module (the decoder registry validates the name)
+    from .config import GenerationConfig
 
 
 @dataclass
@@ -127,6 +129,11 @@ class Decoder:
     name: ClassVar[str] = ""
     # False for decoders whose rule has no confidence threshold (the trace then records None).
     uses_threshold: ClassVar[bool] = True
+    # The GenerationConfig settings this decoder reads (besides temperature and seed, which every
+    # decoder's sampling reads): the app shows only these, the CLI's help names the decoder.
+    settings: ClassVar[tuple[str, ...]] = ("threshold",)
+    # The setting a sweep of this decoder varies (the speed/accuracy knob).
+    sweep_setting: ClassVar[str] = "threshold"
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         self.config = config
@@ -189,6 +196,14 @@ def decoder_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def decoder_class(name: str) -> type[Decoder]:
+    """The registered decoder `name` (plug-ins loaded first); EngineError for an unknown one."""
+    load_plugins()
+    if name not in _REGISTRY:
+        raise EngineError(f"unknown decoder '{name}'; choose from {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
 def make_decoder(config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> Decoder:
     load_plugins()
     return _REGISTRY[config.decoder](config, mask_id, generator)
@@ -204,6 +219,8 @@ class FixedStepDecoder(Decoder):
     """
 
     name = "fixed"
+    settings = ("steps", "remasking")
+    sweep_setting = "steps"
     uses_threshold = False
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
@@ -261,6 +278,7 @@ class HierarchicalDecoder(Decoder):
     """
 
     name = "hierarchical"
+    settings = ("threshold", "low_threshold", "anchor")
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
@@ -303,6 +321,7 @@ class CreditDecoder(Decoder):
     """
 
     name = "credit"
+    settings = ("threshold", "credit_alpha", "credit_beta", "credit_gamma")
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
@@ -350,6 +369,8 @@ class FactorDecoder(Decoder):
     """
 
     name = "factor"
+    settings = ("factor",)
+    sweep_setting = "factor"
     uses_threshold = False
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_generate_json_in_a_real_process(checkpoint, tmp_path):
         (["--gen-length", "10", "--block-length", "4"], "gen_length (10) must be a multiple of block_length (4)"),
         (["--threshold", "0"], "threshold must be in (0, 1]"),
         (["--threshold", "1.5"], "threshold must be in (0, 1]"),
-        (["--decoder", "greedy"], "unknown decoder 'greedy'"),
+        (["--decoder", "greedy"], "invalid choice: 'greedy'"),  # the choices come from the decoder registry
         (["--prompt", "   "], "empty prompt"),
         (["--model", "./no/such/folder"], "model folder not found: ./no/such/folder"),
         (["--steps", "3"], "steps (3) must be a positive multiple of the number of blocks (2)"),
@@ -50,7 +51,11 @@ def test_generate_json_in_a_real_process(checkpoint, tmp_path):
 )
 def test_bad_arguments_exit_nonzero_with_one_line(checkpoint, capsys, args, message):
     argv = ["generate", "--model", str(checkpoint), "--prompt", "hi", "--gen-length", "64", "--block-length", "32", *args]
-    assert main(argv) == 2
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusals (a choice outside the registry) exit
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
 
@@ -91,3 +96,35 @@ def test_checked_device_accepts_the_cpu_and_names_a_missing_gpu():
     if not __import__("torch").cuda.is_available():
         with pytest.raises(argparse.ArgumentTypeError, match="no CUDA device"):
             checked_device("cuda")
+
+
+def test_help_lists_every_decoder_and_cache_mode_with_defaults_and_who_reads_a_setting(capsys):
+    from engine import decoder_names
+    from engine.config import CACHE_MODES
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--decoder {" + ",".join(decoder_names()) + "}" in text and "(default: threshold)" in text
+    assert "--cache {" + ",".join(CACHE_MODES) + "}" in text and "(default: none)" in text
+    assert "[read by: fixed] (default: None)" in text  # --steps, from the fixed decoder's declaration
+    assert "[read by: cache vicinity]" in text  # --prefix-look
+
+
+def test_a_plug_in_decoder_and_its_declared_settings_reach_the_cli_and_the_app(monkeypatch, capsys):
+    """The decoder declares what it reads; the CLI's help and the app's visible controls follow."""
+    from dinfer_viz.settings import sweep_setting, visible_fields
+    from engine import decoders
+
+    # a registry of this test's own, so the plug-in is gone for the tests after it
+    monkeypatch.setattr(decoders, "_REGISTRY", dict(decoders._REGISTRY))
+    monkeypatch.setattr(decoders, "_loaded_plugins", set())
+    plugin = Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"
+    monkeypatch.setenv("DINFER_VIZ_DECODERS", str(plugin))
+    decoders.load_plugins()
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "entropy" in capsys.readouterr().out
+    shown = visible_fields("entropy", "none", smoothing=False, unroll=False)
+    assert "threshold" in shown and "steps" not in shown and "credit_alpha" not in shown
+    assert sweep_setting("fixed") == "steps" and sweep_setting("factor") == "factor" and sweep_setting("entropy") == "threshold"
