@@ -1,7 +1,7 @@
 """Runs the engine for the UI: a worker thread under the host's lock, time-throttled frames, cancel.
 
-The engine runs on a worker thread and pushes each IterationRecord into a queue through its
-`on_iteration` hook; the UI's generator drains the queue and yields a `Frame` at most `fps`
+The engine runs on a worker thread and pushes the trace header (its `on_start` hook) and then each
+IterationRecord (`on_iteration`) into a queue; the UI's generator drains the queue and yields a `Frame` at most `fps`
 times a second (plots at most `plot_hz`), always the first and the last. Gradio never drops
 streamed frames, so yielding per iteration would let a fast engine build a backlog and the
 "live" view fall behind. When the generator is closed (Stop, a client that left), its `finally`
@@ -42,8 +42,7 @@ class Loading:
 
 @dataclass
 class Started:
-    engine: Engine
-    trace: Trace  # the header (initial canvas, ids) the live timeline grows from
+    trace: Trace  # the engine's header (initial canvas, ids, token strings) the live timeline grows from
 
 
 @dataclass
@@ -152,38 +151,17 @@ class Frame:
             self.shown = self.timeline.iterations
 
 
-def live_header(engine: Engine, prompt_ids: list[int], config: GenerationConfig) -> Trace:
-    """The trace header the engine will record, built from its public parts, so the live view can
-    show the canvas before the first record arrives (the engine's own trace replaces it at the end)."""
-    mask = engine.model.mask_token_id
-    trace = Trace(
-        model=engine.name,
-        mask_id=mask,
-        eos_ids=list(engine.stop_ids),
-        prompt_lengths=[len(prompt_ids)],
-        canvas_length=len(prompt_ids) + config.gen_length,
-        block_length=config.block_length,
-        config=config.to_dict(),
-        initial=[list(prompt_ids) + [mask] * config.gen_length],
-    )
-    trace.tokens = engine.token_strings(set(prompt_ids) | set(engine.stop_ids) | {mask})
-    return trace
-
-
 def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, fps: float = 20.0, plot_hz: float = 3.0) -> Iterator[Frame]:
     """Generate `prompt` with `config` and yield throttled frames of the growing timeline."""
     t0 = time.perf_counter()
     cancel = threading.Event()
 
     def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> object:
-        header = live_header(engine, engine.encode(prompt, config.use_chat_template), config)
-        post(Started(engine, header))
-        return engine.generate(prompt, config, trace=True, on_iteration=post, cancel=cancel)
+        return engine.generate(prompt, config, trace=True, on_start=lambda header: post(Started(header)), on_iteration=post, cancel=cancel)
 
     events = start_worker(host, spec, job, cancel)
     clock = FrameClock(fps, plot_hz)
     timeline: Timeline | None = None
-    engine: Engine | None = None
     pending = False  # records arrived since the last frame
     last_yield = time.perf_counter()
     try:
@@ -197,11 +175,10 @@ def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationC
                     yield Frame("busy", last_yield - t0, False, message="generating: a forward is running")
             while event is not None:
                 if isinstance(event, IterationRecord) and timeline is not None:
-                    timeline.add(event)
-                    _add_token_strings(engine, timeline, event)
+                    timeline.add(event)  # its token strings are already in the header's `tokens`
                     pending = True
                 elif isinstance(event, Started):
-                    engine, timeline = event.engine, Timeline(event.trace)
+                    timeline = Timeline(event.trace)
                     clock.tick(time.perf_counter(), force=True)
                     yield Frame("running", time.perf_counter() - t0, True, timeline, message="generating")
                 elif isinstance(event, Waiting):
@@ -229,12 +206,3 @@ def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationC
                     clock.spent(time.perf_counter() - sent, plots)
     finally:
         cancel.set()
-
-
-def _add_token_strings(engine: Engine | None, timeline: Timeline, rec: IterationRecord) -> None:
-    """Token strings for ids the live header has not seen yet (the engine's trace fills them at
-    the end; the live view needs them now)."""
-    tokens = timeline.trace.tokens
-    new = {i for i in rec.top1[timeline.row] if str(i) not in tokens}
-    if new and engine is not None:
-        tokens.update(engine.token_strings(new))

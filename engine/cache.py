@@ -27,16 +27,25 @@ Persisting never changes a logit: between two refreshes the query range is the s
 iteration, so a persisted slot is overwritten before any forward reads it; what it saves is the
 merged copy of every layer's K/V. Whether keys are stored before or after RoPE is the model's
 business (`DiffusionLM.kv_rope`, models/layers.cached_attention).
+
+Block-causal models (LLaDA2, docs/algorithms.md §5) get `BlockCausalCache`, a store that only ever
+holds committed blocks: the same plan/forward interface, plus the block loop's hooks `prefill`
+(before the first block) and `block_done` (after each block), no-ops in the modes above.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from .config import GenerationConfig
+from .errors import EngineError
 from .models.base import DiffusionLM, ModelOutput
+
+# The request's model inputs for canvas range [a, b): {"input_ids": ...} or {"inputs_embeds": ...}.
+Inputs = Callable[[int, int], dict[str, torch.Tensor]]
 
 # Forward kinds, as the trace records them.
 FULL = "full"  # no cache involved (mode none, or vicinity warm-up)
@@ -70,6 +79,14 @@ class KVCacheManager:
         self.store: torch.Tensor | None = None
         self.refreshed_block: int | None = None
         self.since_refresh = 0  # forwards since the last refresh, the refresh included
+        self.extra_forwards = config.warmup  # forwards a block may take beyond its decodes (the loop's guard)
+
+    @staticmethod
+    def for_model(model: DiffusionLM, config: GenerationConfig, canvas_length: int) -> "KVCacheManager":
+        """The manager for `model`: the block-causal store for a block-causal model, else this one."""
+        if model.block_causal:
+            return BlockCausalCache(config, canvas_length, model.device)
+        return KVCacheManager(config, canvas_length)
 
     def plan(self, iteration: int, block_index: int, start: int, end: int) -> ForwardPlan:
         """Decide the next forward from host-side counters only (no device read)."""
@@ -85,8 +102,12 @@ class KVCacheManager:
             return ForwardPlan(DUAL, start, end)
         return ForwardPlan(WINDOW, max(0, start - cfg.prefix_look), min(n, end + cfg.after_look))
 
-    def forward(self, model: DiffusionLM, plan: ForwardPlan, block_index: int, **inputs: torch.Tensor) -> ModelOutput:
-        """Run `plan` on `inputs` (token ids or embeddings of the canvas range `[start, end)`)."""
+    def forward(
+        self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None, **inputs: torch.Tensor
+    ) -> ModelOutput:
+        """Run `plan` on `inputs` (token ids or embeddings of the canvas range `[start, end)`);
+        `masked`: the block's [MASK] positions in that input (None: unknown), for a store that
+        keeps only final K/V."""
         if plan.kind == FULL:
             return model(**inputs)
         if plan.kind == REFRESH:
@@ -102,6 +123,103 @@ class KVCacheManager:
         return model(
             **inputs, past_kv=self.store, replace=(plan.start, plan.end), persist=self.config.persist_window
         )
+
+    def exact_logits(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> torch.Tensor:
+        """The uncached logits of block `[s, e)` on the current input (the staleness probe's reference)."""
+        return model(**inputs(0, self.length)).logits[:, s:e]
+
+    def prefill(self, model: DiffusionLM, first: int, inputs: Inputs) -> int:
+        """Before the first block `[first, ...)`: nothing to store here. Returns the forwards run."""
+        return 0
+
+    def block_done(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> tuple[int, int]:
+        """Block `[s, e)` is final and another follows: nothing to store here. Returns (forwards, host syncs)."""
+        return 0, 0
+
+
+def block_causal_mask(length: int, block_length: int, device: torch.device) -> torch.Tensor:
+    """`[length, length]` boolean, True where query `i` may attend to key `j` (block(j) <= block(i))."""
+    block = torch.arange(length, device=device) // block_length
+    return block.unsqueeze(1) >= block.unsqueeze(0)
+
+
+class BlockCausalCache(KVCacheManager):
+    """Block diffusion for block-causal models (LLaDA2; docs/algorithms.md §5, §4.4).
+
+    The model was trained with block-causal attention: a token in block `i` sees every token of
+    blocks `<= i` (bidirectionally inside its own block) and nothing after. Blocks are the absolute
+    ones, `[k·L_b, (k+1)·L_b)` (hence `align_blocks`), so the pattern matches training whatever the
+    prompt length. Every forward feeds block `[s, e)` only:
+    - `"prefix"`, the exact prefix cache: the store `[n_layers, 2, B, H_kv, N, D]` holds the
+      post-RoPE K/V of the committed positions `[0, s)`; the block attends to them and to itself,
+      the store's unused slots `[e, N)` masked out (dInfer's SGLang path zero-pads them, and zero
+      keys still take softmax mass). `prefill` stores `[0, first)` under the block-causal mask;
+      `block_done` stores a finished block's K/V computed from its final tokens: the last
+      forward's when its input had no mask left (an unrolled no-op), else one more forward.
+      Earlier blocks never attend to later ones, so every cached logit is exact.
+    - `"none"`, the attention-mask reference (dInfer's `BlockDiffusionLLMAttnmask`): `[0, e)` under
+      the block-causal mask, every iteration. Slow and exact; the oracle of the cached path.
+    """
+
+    MODES = ("none", "prefix")
+
+    def __init__(self, config: GenerationConfig, canvas_length: int, device: torch.device) -> None:
+        if config.cache not in self.MODES:
+            raise EngineError(
+                f"cache '{config.cache}' does not apply to a block-causal model; use 'prefix' (exact) or 'none'"
+            )
+        if not config.align_blocks:
+            raise EngineError("a block-causal model decodes whole aligned blocks: align_blocks must stay on")
+        super().__init__(config, canvas_length)
+        self.extra_forwards = 0
+        self.mask = block_causal_mask(canvas_length, config.block_length, device)
+        self.positions = torch.arange(canvas_length, device=device)
+        # the K/V of the last cached forward, and whether its input still held a mask (device tensor)
+        self.last_kv: torch.Tensor | None = None
+        self.last_input_masked: torch.Tensor | bool | None = None
+
+    def plan(self, iteration: int, block_index: int, start: int, end: int) -> ForwardPlan:
+        return ForwardPlan(PREFIX, start, end) if self.mode == "prefix" else ForwardPlan(FULL, 0, end)
+
+    def forward(
+        self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None, **inputs: torch.Tensor
+    ) -> ModelOutput:
+        if plan.kind == FULL:
+            return model(**inputs, attention_mask=self.mask[: plan.end, : plan.end])
+        out = self._cached(model, plan.start, plan.end, inputs)
+        self.last_kv, self.last_input_masked = out.kv, (True if masked is None else masked.any())
+        return out
+
+    def _cached(self, model: DiffusionLM, s: int, e: int, inputs: dict[str, torch.Tensor]) -> ModelOutput:
+        """Block `[s, e)` against the store's `[0, s)`; keys from `e` on are masked out."""
+        if self.store is None:  # the first block starts at 0: no prefix, nothing to mask
+            return model(**inputs, replace=(s, e), use_cache=True)
+        keys = (self.positions < e).view(1, 1, 1, -1)
+        return model(**inputs, past_kv=self.store, replace=(s, e), attention_mask=keys, use_cache=True)
+
+    def _write(self, kv: torch.Tensor, s: int, e: int) -> None:
+        if self.store is None:
+            self.store = kv.new_zeros(*kv.shape[:4], self.length, kv.shape[5])
+        self.store[:, :, :, :, s:e] = kv
+
+    def exact_logits(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> torch.Tensor:
+        return model(**inputs(0, e), attention_mask=self.mask[:e, :e]).logits[:, s:e]
+
+    def prefill(self, model: DiffusionLM, first: int, inputs: Inputs) -> int:
+        if self.mode != "prefix" or first == 0:
+            return 0
+        self._write(model(**inputs(0, first), attention_mask=self.mask[:first, :first], use_cache=True).kv, 0, first)
+        return 1
+
+    def block_done(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> tuple[int, int]:
+        if self.mode != "prefix":
+            return 0, 0
+        forwards = 0
+        if self.last_kv is None or bool(self.last_input_masked):  # the host sync
+            self.last_kv, forwards = self._cached(model, s, e, inputs(s, e)).kv, 1
+        self._write(self.last_kv, s, e)
+        self.last_kv = self.last_input_masked = None
+        return forwards, 1
 
 
 def staleness(cached: torch.Tensor, exact: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:

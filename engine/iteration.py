@@ -5,10 +5,14 @@ are right-padded with [MASK] and generate from their own end, docs/algorithms.md
 blocks left to right, and per iteration: asks the cache manager which forward to run, calls the
 model (on token ids, or on smoothed embeddings), hands the block's logits to the decoder, writes
 the commits, updates the smoothing embeddings and records the trace. Early stop fills every
-block after one that holds an EOS/EoT with EOS.
+block after one that holds an EOS/EoT with EOS. A block-causal model (LLaDA2, §5) runs the same
+loop: its cache manager (`engine.cache.BlockCausalCache`) plans the forwards and stores committed
+blocks through the loop's hooks, `prefill` before the first block and `block_done` after each.
+The trace header is built here, once per run, and handed to the caller's `on_start`.
 
 Host syncs: one per group of iterations (the "any mask left in this block?" check) and one per
-block (early stop), counted in `stats.host_syncs`. With `unroll`, a group is
+block (early stop; the block-causal prefix cache's `block_done` adds one), counted in
+`stats.host_syncs`. With `unroll`, a group is
 `clamp(masks // expected_tpf, 1, max_unroll)` iterations queued back to back; iterations on a
 finished block are no-ops but still forwards, counted in `nfe` as dInfer counts them. They also
 advance the per-request iteration counter and the cache's refresh counter (as in dInfer), so where
@@ -32,7 +36,7 @@ from .decoders import DecodeResult, make_decoder
 from .errors import EngineError
 from .models.base import DiffusionLM
 from .stats import GenerationStats, count_tokens, generated_mask
-from .trace import IterationRecord, Trace, TraceRecorder
+from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
 
 
 class GenerationCancelled(EngineError):
@@ -103,33 +107,37 @@ class _Request:
         prompts: list[list[int]],
         config: GenerationConfig,
         stop_ids: list[int],
+        *,
         record: bool,
+        on_start: Callable[[Trace], None] | None,
         on_iteration: Callable[[IterationRecord], None] | None,
         cancel: threading.Event | None,
+        model_name: str | None,
+        token_strings: TokenStrings | None,
     ) -> None:
         self.model, self.cfg, self.stop_ids = model, config, stop_ids
         self.device = model.device
         self.mask_id = model.mask_token_id
         self.prompt_lengths = [len(p) for p in prompts]
         self.length = max(self.prompt_lengths) + config.gen_length
+        self.cache = KVCacheManager.for_model(model, config, self.length)
         x = torch.full((len(prompts), self.length), self.mask_id, dtype=torch.long)
         for row, p in enumerate(prompts):
             x[row, : len(p)] = torch.tensor(p, dtype=torch.long)
         self.x = x.to(self.device)
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = make_decoder(config, self.mask_id, self.generator)
-        self.cache = KVCacheManager(config, self.length)
         self.embeds = model.embed(self.x) if config.smoothing else None
         self.nfe = 0
         self.iteration = 0
         self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
-        self.on_iteration, self.cancel = on_iteration, cancel
+        self.on_start, self.on_iteration, self.cancel = on_start, on_iteration, cancel
         self.trace: Trace | None = None
         self.recorder: TraceRecorder | None = None
-        if record:
+        if record:  # the header, the one place it is built (docs/trace.md)
             self.trace = Trace(
-                model=getattr(model, "name_or_path", type(model).__name__),
+                model=model_name or getattr(model, "name_or_path", type(model).__name__),
                 mask_id=self.mask_id,
                 eos_ids=list(stop_ids),
                 prompt_lengths=self.prompt_lengths,
@@ -138,7 +146,11 @@ class _Request:
                 config=config.to_dict(),
                 initial=self.x.cpu().tolist(),
             )
-            self.recorder = TraceRecorder(self.trace)
+            self.recorder = TraceRecorder(self.trace, token_strings)
+
+    def _inputs(self, a: int, b: int) -> dict[str, torch.Tensor]:
+        """The model's input for canvas range `[a, b)`: smoothed embeddings, or token ids."""
+        return {"inputs_embeds": self.embeds[:, a:b]} if self.embeds is not None else {"input_ids": self.x[:, a:b]}
 
     # ---- one step: one iteration, or a refresh and the iteration after it ---------------------
     def step(self, block_index: int, s: int, e: int) -> None:
@@ -161,15 +173,14 @@ class _Request:
             threshold = max(1.0 - self.iteration * cfg.threshold_decay, cfg.threshold)
         t0 = time.perf_counter()
         a, b = plan.start, plan.end
-        inputs = {"inputs_embeds": self.embeds[:, a:b]} if self.embeds is not None else {"input_ids": self.x[:, a:b]}
-        out = self.cache.forward(self.model, plan, block_index, **inputs)
+        masked = self.x[:, s:e] == self.mask_id
+        out = self.cache.forward(self.model, plan, block_index, masked=masked, **self._inputs(a, b))
         self.nfe += 1
         logits = out.logits[:, s - a : e - a]
         probe_start = time.perf_counter()
         measured = self._staleness(plan, s, e, logits) if cfg.measure_staleness else {}
         probe_seconds = time.perf_counter() - probe_start
         self.excluded_seconds += probe_seconds
-        masked = self.x[:, s:e] == self.mask_id
         result = self.decoder.decode(logits, masked, threshold)
         if cfg.smoothing:
             result.extras["cont_weight"] = weight  # the w_t a viewer plots next to the threshold
@@ -231,32 +242,36 @@ class _Request:
                 "staleness_kl": torch.zeros(logits.shape[:2], device=logits.device),
                 "staleness_agree": torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device),
             }
-        inputs = {"inputs_embeds": self.embeds} if self.embeds is not None else {"input_ids": self.x}
-        kl, agree = staleness(logits, self.model(**inputs).logits[:, s:e], self.mask_id)
+        kl, agree = staleness(logits, self.cache.exact_logits(self.model, s, e, self._inputs), self.mask_id)
         _sync(self.device)  # so the caller's timer, which excludes this probe, sees all of it
         return {"staleness_kl": kl, "staleness_agree": agree}
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> GenerationOutput:
         cfg = self.cfg
+        if self.on_start is not None and self.recorder is not None:  # before the clock starts
+            self.on_start(self.recorder.header())
         start = time.perf_counter()
         blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
+        self.nfe += self.cache.prefill(self.model, blocks[0][0], self._inputs)
         finished = torch.zeros(self.x.shape[0], dtype=torch.bool, device=self.device)
         for block_index, (s, e) in enumerate(blocks):
-            self.decode_block(block_index, s, e, extra_forwards=cfg.warmup)
-            if cfg.early_stop and e < self.length and self.stop_rows(s, e, finished):
+            self.decode_block(block_index, s, e)
+            if e == self.length or (cfg.early_stop and self.stop_rows(s, e, finished)):
                 break
+            forwards, syncs = self.cache.block_done(self.model, s, e, self._inputs)  # another block follows
+            self.nfe, self.host_syncs = self.nfe + forwards, self.host_syncs + syncs
         return self.output(start)
 
-    def decode_block(self, block_index: int, s: int, e: int, extra_forwards: int = 0) -> None:
+    def decode_block(self, block_index: int, s: int, e: int) -> None:
         """Iterate until block `[s, e)` has no masks: one host sync per group of iterations.
 
-        A guard on forwards (the block width plus the fixed decoder's steps plus `extra_forwards`
-        that the schedule may add) turns a decoder that stops making progress into an error.
+        A guard on forwards (the block width plus the fixed decoder's steps plus the extra forwards
+        the cache's schedule may add) turns a decoder that stops making progress into an error.
         """
         cfg = self.cfg
         self.decoder.block_init(self.x[:, s:e] == self.mask_id, block_index)
-        guard = (e - s) + cfg.total_steps() // cfg.num_blocks() + extra_forwards + cfg.max_unroll + 2
+        guard = (e - s) + cfg.total_steps() // cfg.num_blocks() + self.cache.extra_forwards + cfg.max_unroll + 2
         forwards = 0
         while True:
             remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
@@ -303,10 +318,8 @@ class _Request:
             trace_seconds=self.excluded_seconds,
             host_syncs=self.host_syncs,
         )
-        if self.trace is not None:
-            self.trace.final = self.x.cpu().tolist()
-            self.trace.stats = stats.to_dict()
-            self.trace.trace_seconds = self.excluded_seconds
+        if self.recorder is not None:
+            self.recorder.finish(self.x.cpu().tolist(), stats.to_dict(), self.excluded_seconds)
         return GenerationOutput(self.x, self.prompt_lengths, token_ids, stats, self.trace)
 
 
@@ -318,15 +331,21 @@ def generate(
     *,
     stop_ids: list[int] | None = None,
     trace: bool = False,
+    on_start: Callable[[Trace], None] | None = None,
     on_iteration: Callable[[IterationRecord], None] | None = None,
     cancel: threading.Event | None = None,
     max_tokens: int | None = None,
+    model_name: str | None = None,
+    token_strings: TokenStrings | None = None,
 ) -> GenerationOutput:
     """Generate for a batch of tokenised prompts.
 
     `stop_ids`: the ids that end a row (EOS first, then EoT); defaults to the model's EOS.
-    `trace`: record one IterationRecord per iteration (`on_iteration` is called with each);
-    `config.measure_staleness` records one too, since the trace is where the staleness goes.
+    `trace`: record one IterationRecord per iteration; `on_start` is called once with the header
+    (before the first forward) and `on_iteration` with each record, either of which turns the trace
+    on, as `config.measure_staleness` does (the trace is where the staleness goes).
+    `model_name` names the model in the header (default: its path or class) and `token_strings`
+    fills the header's `tokens` as ids appear (default: empty); `Engine.generate` passes both.
     `cancel`: checked between groups of iterations and between layers; when set,
     GenerationCancelled is raised. `max_tokens`: a caller's bound on the canvas (prompt + gen_length),
     besides the model's own (`check_canvas`).
@@ -336,12 +355,10 @@ def generate(
         raise EngineError("empty prompt")
     check_canvas(model, prompts, config, max_tokens)
     stop_ids = stop_ids or [model.eos_token_id]
-    record = trace or on_iteration is not None or config.measure_staleness
-    if model.block_causal:  # LLaDA2: block diffusion (imported here because it builds on _Request)
-        from .block_diffusion import BlockDiffusionRequest
-
-        request: _Request = BlockDiffusionRequest(model, prompts, config, stop_ids, record, on_iteration, cancel)
-    else:
-        request = _Request(model, prompts, config, stop_ids, record, on_iteration, cancel)
+    record = trace or on_start is not None or on_iteration is not None or config.measure_staleness
+    request = _Request(
+        model, prompts, config, stop_ids, record=record, on_start=on_start, on_iteration=on_iteration,
+        cancel=cancel, model_name=model_name, token_strings=token_strings,
+    )
     with cancel_between_layers(model, cancel):
         return request.run()

@@ -15,7 +15,7 @@ from .errors import EngineError
 from .iteration import GenerationOutput, generate
 from .models import DiffusionLM, load_model
 from .models.loader import resolve_model_path
-from .trace import IterationRecord
+from .trace import IterationRecord, Trace
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
 _END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
@@ -105,7 +105,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def token_strings(self, ids: set[int]) -> dict[str, str]:
-        """id -> displayable string, for the trace header."""
+        """id -> displayable string, for the trace's `tokens` (the engine asks as ids appear)."""
         return {str(i): self.tokenizer.convert_ids_to_tokens(i) or "" for i in sorted(ids)}
 
     def generate(
@@ -114,17 +114,16 @@ class Engine:
         config: GenerationConfig,
         *,
         trace: bool = False,
+        on_start: Callable[[Trace], None] | None = None,
         on_iteration: Callable[[IterationRecord], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> TextResult:
-        config.validate()
+        """Encode (once), generate (which validates `config`), decode. `on_start` gets the trace
+        header, named and with token strings, before the first forward; see engine.generate."""
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
         out = generate(
-            self.model, encoded, config, stop_ids=self.stop_ids, trace=trace, on_iteration=on_iteration, cancel=cancel, max_tokens=self.max_tokens
+            self.model, encoded, config, stop_ids=self.stop_ids, trace=trace, on_start=on_start, on_iteration=on_iteration,
+            cancel=cancel, max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings,
         )
-        if out.trace is not None:
-            out.trace.model = self.name
-            seen = {i for row in out.trace.final for i in row} | {i for rec in out.trace.iterations for row in rec.top1 for i in row}
-            out.trace.tokens = self.token_strings(seen | set(self.stop_ids) | {self.model.mask_token_id})
         return TextResult([self.decode(ids) for ids in out.token_ids], out)

@@ -6,7 +6,8 @@ header
   version, model (name), mask_id, eos_ids (every id that ends a row), prompt_lengths (per row),
   canvas_length, block_length, config (the GenerationConfig as a dict), initial (the canvas
   before the first iteration, per row: prompt ids then mask ids), tokens (id -> string for every
-  id that occurs in the trace; filled by the pipeline, which has the tokenizer)
+  id that occurs in the trace, through the pipeline's tokenizer: `TraceRecorder.token_strings`;
+  it grows as records arrive)
 iterations: a list of records, one per forward + decode:
   iteration      global index in the request (0-based)
   block          block index; block_range [s, e) in canvas positions
@@ -24,20 +25,26 @@ footer
 
 Replaying `committed` with `top1` from `initial` rebuilds every intermediate canvas, which is
 how the app scrubs through a run without the model.
+
+`TraceRecorder` is the only writer: the engine builds the header once per run, hands a copy to its
+`on_start` hook (a live view's starting point), appends the records and writes the footer.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
 
 import torch
 
 from .errors import EngineError
 
 TRACE_VERSION = 1
+
+# ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
+TokenStrings = Callable[[set[int]], dict[str, str]]
 
 
 @dataclass
@@ -147,10 +154,30 @@ class Trace:
 
 
 class TraceRecorder:
-    """Builds IterationRecords from device tensors; times itself so its cost can be reported."""
+    """Builds IterationRecords from device tensors; times itself so its cost can be reported.
 
-    def __init__(self, trace: Trace) -> None:
-        self.trace = trace
+    With `token_strings`, `trace.tokens` covers every id seen so far: the header's (canvas, stop
+    ids, [MASK]) from the start, a record's before the record is returned, the final canvas's at
+    the end. The dict is updated in place, so a header copy (`header`) sees the new strings too."""
+
+    def __init__(self, trace: Trace, token_strings: TokenStrings | None = None) -> None:
+        self.trace, self.token_strings = trace, token_strings
+        self._add_tokens({i for row in trace.initial for i in row} | set(trace.eos_ids) | {trace.mask_id})
+
+    def _add_tokens(self, ids: set[int]) -> None:
+        new = {i for i in ids if str(i) not in self.trace.tokens} if self.token_strings is not None else None
+        if new:
+            self.trace.tokens.update(self.token_strings(new))
+
+    def header(self) -> Trace:
+        """The header alone (no records): what a live view starts from; shares `tokens`."""
+        return replace(self.trace, iterations=[])
+
+    def finish(self, final: list[list[int]], stats: dict[str, Any], trace_seconds: float) -> None:
+        """The footer; `tokens` ends in id order."""
+        self._add_tokens({i for row in final for i in row})
+        self.trace.tokens = dict(sorted(self.trace.tokens.items(), key=lambda item: int(item[0])))
+        self.trace.final, self.trace.stats, self.trace.trace_seconds = final, stats, trace_seconds
 
     def record(
         self,
@@ -184,6 +211,7 @@ class TraceRecorder:
             seconds=seconds,
             extras={k: _jsonable(v) for k, v in extras.items()},
         )
+        self._add_tokens({i for row in rec.top1 for i in row})
         self.trace.iterations.append(rec)
         self.trace.trace_seconds += time.perf_counter() - t0
         return rec

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import GenerationConfig, generate
-from engine.block_diffusion import block_causal_mask
+from engine.cache import block_causal_mask
 from engine.errors import EngineError
 
 from .moe_models import EOS, MASK, tiny_llada2

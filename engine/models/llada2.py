@@ -8,8 +8,8 @@ then a dense SwiGLU MLP for the first `first_k_dense_replace` layers and a spars
 holds keys after RoPE (`kv_rope = "post"`).
 
 The model was trained block-causal (a token sees its own block and every earlier one), so
-`block_causal = True` and engine.generate runs it through engine.block_diffusion, whose prefix
-cache is exact. The attention pattern is the caller's: this class attends to whatever keys it is
+`block_causal = True` and engine.generate runs it with the block-causal cache policy
+(engine/cache.py: BlockCausalCache), whose prefix cache is exact. The attention pattern is the caller's: this class attends to whatever keys it is
 given, within `attention_mask`.
 
 Checkpoints: per-expert Hugging Face keys or pre-fused `mlp.w1`/`mlp.w2`, detected from the names.
