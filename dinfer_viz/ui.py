@@ -78,16 +78,16 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
                             elem_id="expected",
                         )
                         note = gr.Markdown(prompt_note(DEFAULT_PROMPT), elem_id="prompt-note")
-                        with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
-                            for family, prompts in FAMILY_EXAMPLES.items():
-                                gr.Examples([[p] for p in prompts], inputs=[prompt], label=f"{family}: {FAMILY_DESCRIPTIONS[family]}")
-                            gr.Examples([[p] for p in OUT_OF_FAMILY_EXAMPLES], inputs=[prompt], label="outside every family: see what low confidence looks like")
-                        with gr.Accordion("What this model knows", open=False, elem_id="model-knows"):
-                            gr.Markdown(model_knows_markdown())
                         with gr.Row():
                             run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
                         settings_msg = gr.Markdown(elem_id="settings-msg")
+                        with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
+                            for family, prompts in FAMILY_EXAMPLES.items():
+                                gr.Examples([[p] for p in prompts], inputs=[prompt], label=FAMILY_DESCRIPTIONS[family])
+                            gr.Examples([[p] for p in OUT_OF_FAMILY_EXAMPLES], inputs=[prompt], label="outside every family: what low confidence looks like")
+                        with gr.Accordion("What this model knows", open=False, elem_id="model-knows"):
+                            gr.Markdown(model_knows_markdown())
                         controls: dict[str, gr.components.Component] = {}
                         for title, ctrls in sections():
                             with gr.Accordion(title, open=title in OPEN_SECTIONS):
