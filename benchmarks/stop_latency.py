@@ -12,7 +12,6 @@ the second figure is about one layer's time, not one forward's. Medians over `--
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import threading
 import time
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"| canvas | layers | one forward (s) | stop to free (s) | ratio |\n|---|---|---|---|---|")
+    print("| canvas | layers | one forward (s) | stop to free (s) | ratio |\n|---|---|---|---|---|")
     for canvas in args.canvas:
         model = model_for(canvas, args.layers)
         forward = statistics.median(one_forward_seconds(model, canvas) for _ in range(args.repeats))
