@@ -41,7 +41,8 @@ OUT_OF_FAMILY_EXAMPLES = ["Hello, how are you?", "Q: 1234+5678=? A:"]
 
 
 def single_answer(example: model_tasks.Example) -> bool:
-    return example.answer is not None and example.task in ("add", "sub")
+    """Arithmetic has one right answer; the other families have many."""
+    return isinstance(model_tasks.get_task(example.task), model_tasks.Arithmetic)
 
 
 def expected_response(prompt: str) -> str:

@@ -20,9 +20,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from engine import EngineError, GenerationConfig, decoder_names
+from engine import EngineError, GenerationConfig
 from engine import config as engine_config
-from engine.config import setting_help
+from engine.config import setting_choices, setting_help
 from engine.decoders import decoder_class
 
 from engine.cli import checked_device
@@ -45,7 +45,10 @@ class Control:
 
 
 def _c(field: str, label: str, kind: str, **kw: Any) -> Control:
-    """A control with the field's help from its declaration (engine/config.py) as its info text."""
+    """A control with the field's help from its declaration (engine/config.py) as its info text, and
+    a choice control's choices from there too (the decoder list includes registered plug-ins)."""
+    if kind == "choice":
+        kw.setdefault("choices", lambda: setting_choices(field))
     return Control(field, label, kind, setting_help(field), **kw)
 
 
@@ -53,16 +56,16 @@ SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     (
         "Decoder",
         (
-            _c("decoder", "decoder", "choice", choices=decoder_names),
+            _c("decoder", "decoder", "choice"),
             _c("threshold", "threshold τ", "slider", minimum=0.05, maximum=1.0, step=0.01),
             _c("low_threshold", "low threshold", "slider", minimum=0.0, maximum=1.0, step=0.01),
-            _c("anchor", "anchor rule", "choice", choices=lambda: engine_config.ANCHORS),
+            _c("anchor", "anchor rule", "choice"),
             _c("credit_alpha", "credit α", "slider", minimum=0.0, maximum=2.0, step=0.05),
             _c("credit_beta", "credit β (decay)", "slider", minimum=0.05, maximum=1.0, step=0.05),
             _c("credit_gamma", "credit γ (boost)", "slider", minimum=0.0, maximum=1.0, step=0.05),
             _c("factor", "factor", "slider", minimum=0.1, maximum=4.0, step=0.1),
             _c("steps", "steps (0 = one token per step)", "int", minimum=0, none_as_zero=True),
-            _c("remasking", "remasking", "choice", choices=lambda: engine_config.REMASKING),
+            _c("remasking", "remasking", "choice"),
         ),
     ),
     (
@@ -78,7 +81,7 @@ SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     (
         "KV cache",
         (
-            _c("cache", "cache mode", "choice", choices=lambda: engine_config.CACHE_MODES),
+            _c("cache", "cache mode", "choice"),
             _c("prefix_look", "prefix look", "int", minimum=0),
             _c("after_look", "after look", "int", minimum=0),
             _c("warmup", "warm-up iterations", "int", minimum=0),

@@ -43,13 +43,9 @@ VERBS = (
     "tickled", "counted", "cleaned", "dried", "warmed", "moved", "touched", "ate", "drew", "brought",
 )  # fmt: skip
 
+WORDS_BY_TAG: dict[str, tuple[str, ...]] = {"DET": DETERMINERS, "ADJ": ADJECTIVES, "NOUN": NOUNS, "VERB": VERBS}
 # Part of speech of each grammar word (no word is in two lists).
-PART_OF_SPEECH: dict[str, str] = {
-    **{w: "DET" for w in DETERMINERS},
-    **{w: "ADJ" for w in ADJECTIVES},
-    **{w: "NOUN" for w in NOUNS},
-    **{w: "VERB" for w in VERBS},
-}
+PART_OF_SPEECH: dict[str, str] = {w: tag for tag, words in WORDS_BY_TAG.items() for w in words}
 
 # The sentence as a sequence of slots; optional adjectives are the only choice of shape.
 _NOUN_PHRASE = (("DET",), ("DET", "ADJ"))

@@ -209,9 +209,7 @@ class Grammar:
     held_out_percent: int = 10
 
     def sentence(self, rng: random.Random) -> list[str]:
-        shape = rng.choice(grammar.sentence_shapes())
-        pools = {"DET": grammar.DETERMINERS, "ADJ": grammar.ADJECTIVES, "NOUN": grammar.NOUNS, "VERB": grammar.VERBS}
-        return [rng.choice(pools[tag]) for tag in shape]
+        return [rng.choice(grammar.WORDS_BY_TAG[tag]) for tag in rng.choice(grammar.sentence_shapes())]
 
     def example(self, words: list[str], prompt_words: int) -> Example:
         return Example(self.name, " ".join(words[:prompt_words]), " " + " ".join(words[prompt_words:]) + ".")
@@ -242,8 +240,7 @@ class Grammar:
             return None
         # a valid completion for the app's "expected" row: the first word of each slot still open
         shape = next(s for s in grammar.sentence_shapes() if s[: len(words)] == tuple(grammar.PART_OF_SPEECH[w] for w in words))
-        first = {"DET": grammar.DETERMINERS[0], "ADJ": grammar.ADJECTIVES[0], "NOUN": grammar.NOUNS[0], "VERB": grammar.VERBS[0]}
-        rest = [first[tag] for tag in shape[len(words) :]]
+        rest = [grammar.WORDS_BY_TAG[tag][0] for tag in shape[len(words) :]]
         return Example(self.name, " ".join(words), " " + " ".join(rest) + "." if rest else ".")
 
 
