@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from engine.config import GenerationConfig
-from engine.decoders import decoder_names, make_decoder
+from engine.decoders import make_decoder
+from engine.registry import decoder_names
 from engine.errors import EngineError
 from engine.pipeline import Engine
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from engine import EngineError, GenerationConfig
 from engine import config as engine_config
 from engine.config import setting_choices, setting_help
-from engine.decoders import decoder_class
+from engine.registry import DecoderOption, decoder_class, decoder_options
 
 from engine.cli import checked_device
 
@@ -117,6 +117,28 @@ SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     ),
 ]
 
+# A plug-in decoder's own setting is the control `decoder_options.<name>`; the run's config
+# carries it inside `decoder_options` (engine/registry.py).
+OPTION_PREFIX = "decoder_options."
+PLUGIN_SECTION = "Plug-in decoder settings"
+
+
+def _option_control(name: str, decoder: str, option: DecoderOption) -> Control:
+    kind = {bool: "bool", int: "int", float: "float"}.get(type(option.default), "choice" if option.choices else "text")
+    choices = (lambda: option.choices) if option.choices else None
+    return Control(OPTION_PREFIX + name, f"{name.replace('_', ' ')} ({decoder})", kind, option.help, choices=choices)
+
+
+def _option(field: str) -> DecoderOption | None:
+    """The declaration behind a plug-in option's control, None for a GenerationConfig field."""
+    if not field.startswith(OPTION_PREFIX):
+        return None
+    found = decoder_options().get(field[len(OPTION_PREFIX):])
+    if found is None:
+        raise EngineError(f"unknown decoder setting: {field[len(OPTION_PREFIX):]}")
+    return found[1]
+
+
 def sweep_setting(decoder: str) -> str:
     """The setting a sweep of this decoder varies, as the decoder declares it."""
     try:
@@ -132,9 +154,11 @@ def numeric_fields() -> list[str]:
 
 
 def decoder_fields(decoder: str) -> set[str]:
-    """The settings a decoder reads, as it declares them (engine/decoders.py); all for an unknown one."""
+    """The settings a decoder reads, as it declares them (engine/decoders.py), its own options
+    included; all for an unknown one."""
     try:
-        return set(decoder_class(decoder).settings)
+        cls = decoder_class(decoder)
+        return set(cls.settings) | {OPTION_PREFIX + name for name in cls.options}
     except EngineError:
         return {c.field for c in dict(SECTIONS)["Decoder"]}
 
@@ -147,9 +171,10 @@ def _hints() -> dict[str, Any]:
 
 
 def _base_type(hint: Any) -> type:
-    """`int | None` -> int; plain types as they are."""
-    args = [t for t in typing.get_args(hint) if t is not type(None)]
-    return args[0] if args else hint
+    """`int | None` -> int; plain and generic types as they are."""
+    if type(None) not in typing.get_args(hint):
+        return hint
+    return next(t for t in typing.get_args(hint) if t is not type(None))
 
 
 def sections() -> list[tuple[str, tuple[Control, ...]]]:
@@ -161,7 +186,7 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
     covered = {c.field for _, ctrls in out for c in ctrls}
     other = []
     for f in dataclasses.fields(GenerationConfig):
-        if f.name in covered:
+        if f.name in covered or f.name == "decoder_options":  # options: one control each, below
             continue
         base = _base_type(hints[f.name])
         kind = {bool: "bool", int: "int", float: "float"}.get(base, "text")
@@ -169,6 +194,9 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
         other.append(Control(f.name, f.name.replace("_", " ") + (" (0 = off)" if optional and kind == "int" else ""), kind, setting_help(f.name), none_as_zero=optional and kind == "int"))
     if other:
         out.append((OTHER_SECTION, tuple(other)))
+    plugins = tuple(_option_control(name, decoder, option) for name, (decoder, option) in decoder_options().items())
+    if plugins:
+        out.append((PLUGIN_SECTION, plugins))
     return out
 
 
@@ -178,16 +206,20 @@ def all_controls() -> list[Control]:
 
 def control_value(control: Control, config: GenerationConfig) -> Any:
     """The control's initial value from a config (None shown as 0 for optional ints)."""
+    option = _option(control.field)
+    if option is not None:
+        return config.decoder_options.get(control.field[len(OPTION_PREFIX):], option.default)
     value = getattr(config, control.field)
     return 0 if value is None and control.none_as_zero else value
 
 
 def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
     """A control's or a JSON value as the type GenerationConfig declares for `field`."""
+    option = _option(field)
     hints = _hints()
-    if field not in hints:
+    if option is None and field not in hints:
         raise EngineError(f"unknown generation setting: {field}")
-    hint = hints[field]
+    hint = type(option.default) if option is not None else hints[field]
     base = _base_type(hint)
     optional = base is not hint
     if value is None or (optional and none_as_zero and value == 0):
@@ -223,11 +255,17 @@ def build_config(config: dict[str, Any] | None) -> GenerationConfig:
     if not isinstance(config, dict):
         raise EngineError(f"settings 'config' must be an object, got {type(config).__name__}")
     known = {f.name for f in dataclasses.fields(GenerationConfig)}
-    unknown = sorted(set(config) - known)
+    unknown = sorted(k for k in set(config) - known if not k.startswith(OPTION_PREFIX))
     if unknown:
         raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
-    typed = {k: coerce(k, v) for k, v in config.items()}
-    return GenerationConfig.from_dict(typed)
+    typed = {k: coerce(k, v) for k, v in config.items() if k in known and k != "decoder_options"}
+    options = config.get("decoder_options") or {}
+    if not isinstance(options, dict):
+        raise EngineError(f"decoder_options must be an object, got {type(options).__name__}")
+    # The page sends every plug-in's controls; the run keeps those its decoder declares.
+    mine = decoder_fields(str(typed.get("decoder", GenerationConfig.decoder)))
+    options = {**options, **{k[len(OPTION_PREFIX):]: coerce(k, v) for k, v in config.items() if k.startswith(OPTION_PREFIX) and k in mine}}
+    return GenerationConfig.from_dict({**typed, "decoder_options": options})
 
 
 def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callable[[str], tuple[str, str]] | None = None) -> ModelSpec:
@@ -284,7 +322,8 @@ def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> s
     names = {c.field for c in all_controls()}
     decoder_section = {c.field for c in dict(SECTIONS)["Decoder"]} - {"decoder"}
     cache_section = {c.field for c in dict(SECTIONS)["KV cache"]} - {"cache"}
-    hidden = decoder_section - decoder_fields(decoder)
+    plugin_options = {n for n in names if n.startswith(OPTION_PREFIX)}
+    hidden = (decoder_section | plugin_options) - decoder_fields(decoder)
     hidden |= cache_section - set(engine_config.CACHE_SETTINGS.get(cache, cache_section))
     if not smoothing:
         hidden |= {c.field for c in dict(SECTIONS)["Iteration smoothing"]} - {"smoothing"}

@@ -10,16 +10,18 @@ GenerationConfig, Trace, EngineError. The engine never imports the app.
 """
 
 from .config import GenerationConfig
-from .decoders import Decoder, decoder_names, register_decoder
+from .decoders import Decoder
 from .errors import EngineError
 from .iteration import GenerationCancelled, GenerationOutput, generate
 from .models import load_model, save_model
 from .pipeline import Engine, load_tokenizer
+from .registry import DecoderOption, decoder_names, register_decoder
 from .stats import GenerationStats
 from .trace import IterationRecord, Trace
 
 __all__ = [
     "Decoder",
+    "DecoderOption",
     "Engine",
     "EngineError",
     "GenerationCancelled",

@@ -19,7 +19,7 @@ import torch
 
 from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from .config import CACHE_SETTINGS, GenerationConfig, setting_choices, setting_help
-from .decoders import decoder_class, decoder_names
+from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
 
 
@@ -37,6 +37,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             readers.setdefault(setting, []).append(f"cache {mode}")
     group = parser.add_argument_group("generation settings (every GenerationConfig field)")
     for field in dataclasses.fields(GenerationConfig):
+        if field.name == "decoder_options":  # one flag per declared option, below
+            continue
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
         text = setting_help(field.name).replace("%", "%%")
@@ -53,8 +55,23 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+    options = decoder_options()
+    if options:
+        plugins = parser.add_argument_group("plug-in decoders' own settings (config.decoder_options)")
+    for name, (decoder, option) in options.items():
+        text = f"{option.help} [read by: {decoder}] (default: {option.default})".replace("%", "%%")
+        flag = "--" + name.replace("_", "-")
+        if isinstance(option.default, bool):  # None when not given: only given options are sent
+            plugins.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            plugins.add_argument(flag, dest=name, type=type(option.default), default=None, choices=option.choices or None, help=text)
+
+
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
-    return GenerationConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig)}).validate()
+    """The config the flags describe; a plug-in's option goes to decoder_options when given."""
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig) if f.name != "decoder_options"}
+    given = {name: getattr(args, name) for name in decoder_options() if getattr(args, name, None) is not None}
+    return GenerationConfig(**fields, decoder_options=given).validate()
 
 
 def check_writable(path: Path) -> None:

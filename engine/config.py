@@ -8,8 +8,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from .decoders import decoder_names
 from .errors import EngineError
+from .registry import TYPE_NAMES, decoder_class, decoder_names
 
 CACHE_MODES = ("none", "prefix", "dual", "vicinity")
 # The settings each cache mode reads (engine/cache.py), for the CLI's help and the app's controls.
@@ -35,9 +35,6 @@ def setting_help(name: str) -> str:
 def setting_choices(name: str) -> tuple[str, ...] | None:
     """The allowed values of a text setting (decoders include registered plug-ins), else None."""
     return {"decoder": tuple(decoder_names()), "cache": CACHE_MODES, "remasking": REMASKING, "anchor": ANCHORS}.get(name)
-
-
-_TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
 
 
 @dataclass
@@ -80,6 +77,9 @@ class GenerationConfig:
     align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
     early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
     use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
+    decoder_options: dict[str, Any] = dataclasses.field(
+        default_factory=dict, metadata={"help": "a plug-in decoder's own settings by name (the decoder declares them)"}
+    )
 
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
@@ -116,6 +116,10 @@ class GenerationConfig:
             f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
         )
         need(self.decoder in decoder_names(), f"unknown decoder '{self.decoder}'; choose from {', '.join(decoder_names())}")
+        declared = decoder_class(self.decoder).options
+        for name, value in self.decoder_options.items():
+            need(name in declared, f"decoder '{self.decoder}' has no setting '{name}'" + (f"; its settings: {', '.join(declared)}" if declared else ""))
+            declared[name].check(name, value)
         need(0.0 < self.threshold <= 1.0, f"threshold must be in (0, 1], got {self.threshold}")
         need(0.0 <= self.low_threshold <= 1.0, f"low_threshold must be in [0, 1], got {self.low_threshold}")
         need(self.anchor in ANCHORS, f"unknown anchor '{self.anchor}'; choose from {', '.join(ANCHORS)}")
@@ -149,10 +153,11 @@ class GenerationConfig:
         hints = typing.get_type_hints(GenerationConfig)
         for f in dataclasses.fields(self):
             value, hint = getattr(self, f.name), hints[f.name]
-            allowed = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-            if value is None and type(None) in typing.get_args(hint):
+            optional = type(None) in typing.get_args(hint)  # `int | None`
+            if value is None and optional:
                 continue
-            base = allowed[0]
+            base = next(t for t in typing.get_args(hint) if t is not type(None)) if optional else hint
+            base = typing.get_origin(base) or base  # dict[str, Any] -> dict
             ok = (
                 isinstance(value, bool) if base is bool
                 else isinstance(value, int) and not isinstance(value, bool) if base is int
@@ -160,4 +165,4 @@ class GenerationConfig:
                 else isinstance(value, base)
             )
             if not ok:
-                raise EngineError(f"{f.name} must be {_TYPE_NAMES.get(base, base.__name__)}, got {str(value)[:40]!r}")
+                raise EngineError(f"{f.name} must be {TYPE_NAMES.get(base, base.__name__)}, got {str(value)[:40]!r}")

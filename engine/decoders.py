@@ -7,29 +7,22 @@ host (no `.item()`, no Python branch on a tensor), so iterations can be queued b
 Every decoder sets the [MASK] logit to -inf before the softmax and the argmax, so a predicted
 [MASK] is never committed and confidences are over real tokens.
 
-Plug-in API: subclass `Decoder`, set `name`, and decorate with `@register_decoder`. The class is
-built once per generate call with the GenerationConfig and the mask id. A decoder in a file of
-its own is picked up by the CLI and the app when its path (or module name) is listed in the
-`DINFER_VIZ_DECODERS` environment variable (several separated by `os.pathsep`); see
-examples/entropy_decoder.py.
+Plug-in API (engine/registry.py): subclass `Decoder`, set `name`, decorate with
+`@register_decoder`; a setting the config lacks is declared in `options` and read with
+`self.option(name)`. The class is built once per generate call with the GenerationConfig and the
+mask id; see examples/entropy_decoder.py.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
+import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from .errors import EngineError
-
-if TYPE_CHECKING:  # config.py imports this module (the decoder registry validates the name)
-    from .config import GenerationConfig
+from .config import GenerationConfig
+from .registry import DecoderOption, decoder_class, register_decoder
 
 
 @dataclass
@@ -134,6 +127,15 @@ class Decoder:
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
     # The setting a sweep of this decoder varies (the speed/accuracy knob).
     sweep_setting: ClassVar[str] = "threshold"
+    # Settings of this decoder's own that GenerationConfig lacks (plug-ins): given per run in
+    # `config.decoder_options`, read with `self.option(name)`; the CLI and the app list them.
+    options: ClassVar[dict[str, DecoderOption]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        clash = set(cls.options) & {f.name for f in dataclasses.fields(GenerationConfig)}
+        if clash:  # one flag and one control per name: an option may not shadow a config field
+            raise ValueError(f"decoder {cls.__name__}: options {sorted(clash)} are GenerationConfig fields; read those from self.config")
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         self.config = config
@@ -150,63 +152,16 @@ class Decoder:
         """`threshold` is the one in force this iteration (smoothing may raise it above the config's)."""
         raise NotImplementedError
 
+    def option(self, name: str) -> Any:
+        """This run's value of one of `options`: the config's, else the declared default."""
+        return self.config.decoder_options.get(name, self.options[name].default)
+
     def predict(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return top1(logits, self.mask_id, self.config.temperature, self.generator)
 
 
-_REGISTRY: dict[str, type[Decoder]] = {}
-
-
-def register_decoder(cls: type[Decoder]) -> type[Decoder]:
-    """Class decorator: make a decoder selectable by its `name` (CLI, app, benchmarks)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-PLUGIN_ENV = "DINFER_VIZ_DECODERS"
-_loaded_plugins: set[str] = set()
-
-
-def load_plugins(spec: str | None = None) -> None:
-    """Import decoder plug-ins so that their `@register_decoder` runs: `.py` paths or module names,
-    separated by `os.pathsep`; by default those listed in $DINFER_VIZ_DECODERS. Each loads once."""
-    spec = os.environ.get(PLUGIN_ENV, "") if spec is None else spec
-    for item in (part.strip() for part in spec.split(os.pathsep)):
-        if not item or item in _loaded_plugins:
-            continue
-        try:
-            if item.endswith(".py"):
-                module_spec = importlib.util.spec_from_file_location(f"dinfer_viz_plugin_{Path(item).stem}", item)
-                if module_spec is None or module_spec.loader is None:
-                    raise ImportError("not a Python file")
-                module = importlib.util.module_from_spec(module_spec)
-                sys.modules[module_spec.name] = module  # as `import` would (dataclasses look it up)
-                module_spec.loader.exec_module(module)
-            else:
-                importlib.import_module(item)
-        except Exception as exc:  # any failure in user code becomes one readable line
-            raise EngineError(f"cannot load decoder plug-in '{item}': {exc}") from exc
-        _loaded_plugins.add(item)
-
-
-def decoder_names() -> list[str]:
-    load_plugins()
-    return list(_REGISTRY)
-
-
-def decoder_class(name: str) -> type[Decoder]:
-    """The registered decoder `name` (plug-ins loaded first); EngineError for an unknown one."""
-    load_plugins()
-    if name not in _REGISTRY:
-        raise EngineError(f"unknown decoder '{name}'; choose from {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
-
-
 def make_decoder(config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> Decoder:
-    load_plugins()
-    return _REGISTRY[config.decoder](config, mask_id, generator)
+    return decoder_class(config.decoder)(config, mask_id, generator)
 
 
 @register_decoder

@@ -114,17 +114,52 @@ def test_help_lists_every_decoder_and_cache_mode_with_defaults_and_who_reads_a_s
 def test_a_plug_in_decoder_and_its_declared_settings_reach_the_cli_and_the_app(monkeypatch, capsys):
     """The decoder declares what it reads; the CLI's help and the app's visible controls follow."""
     from dinfer_viz.settings import sweep_setting, visible_fields
-    from engine import decoders
+    from engine import registry
 
     # a registry of this test's own, so the plug-in is gone for the tests after it
-    monkeypatch.setattr(decoders, "_REGISTRY", dict(decoders._REGISTRY))
-    monkeypatch.setattr(decoders, "_loaded_plugins", set())
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_loaded_plugins", set())
     plugin = Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"
     monkeypatch.setenv("DINFER_VIZ_DECODERS", str(plugin))
-    decoders.load_plugins()
+    registry.load_plugins()
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert "entropy" in capsys.readouterr().out
     shown = visible_fields("entropy", "none", smoothing=False, unroll=False)
     assert "threshold" in shown and "steps" not in shown and "credit_alpha" not in shown
     assert sweep_setting("fixed") == "steps" and sweep_setting("factor") == "factor" and sweep_setting("entropy") == "threshold"
+
+
+def test_a_plug_in_decoders_own_setting_reaches_the_cli_the_app_and_the_rule(monkeypatch, capsys, checkpoint):
+    """examples/entropy_decoder.py declares `max_per_step` (engine/registry.py: DecoderOption): the CLI
+    has a flag for it, the app a control shown only for that decoder, both put it in
+    config.decoder_options, the decoder's rule reads it, and a wrong value is one EngineError."""
+    from dinfer_viz.settings import all_controls, build_config, visible_fields
+    from engine import EngineError, GenerationConfig, registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_loaded_plugins", set())
+    monkeypatch.setenv("DINFER_VIZ_DECODERS", str(Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"))
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--max-per-step" in capsys.readouterr().out
+    assert "decoder_options.max_per_step" in {c.field for c in all_controls()}
+    assert "decoder_options.max_per_step" in visible_fields("entropy", "none", smoothing=False, unroll=False)
+    assert "decoder_options.max_per_step" not in visible_fields("threshold", "none", smoothing=False, unroll=False)
+    # the page sends every control: the option is kept for its decoder only
+    assert build_config({"decoder": "entropy", "decoder_options.max_per_step": "1"}).decoder_options == {"max_per_step": 1}
+    assert build_config({"decoder": "threshold", "decoder_options.max_per_step": 1}).decoder_options == {}
+    with pytest.raises(EngineError, match="decoder 'threshold' has no setting 'max_per_step'"):
+        GenerationConfig(decoder_options={"max_per_step": 1}).validate()
+    with pytest.raises(EngineError, match="max_per_step must be an integer"):
+        GenerationConfig(decoder="entropy", decoder_options={"max_per_step": 1.5}).validate()
+
+    # the rule reads it: with a cap of 1 every forward commits one token (threshold 0.01 would
+    # otherwise let the entropy budget take several at once)
+    def run(*extra: str) -> dict:
+        assert main(["generate", "--model", str(checkpoint), "--prompt", "Q: 12+34=? A:", "--decoder", "entropy",
+                     "--threshold", "0.01", "--gen-length", "16", "--block-length", "16", "--no-early-stop", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert run()["nfe"] < 16
+    assert run("--max-per-step", "1")["nfe"] == 16

@@ -14,7 +14,8 @@ import torch
 
 from engine import EngineError, GenerationConfig, generate, save_model
 from engine.__main__ import main as cli_main
-from engine.decoders import decoder_names, load_plugins, make_decoder
+from engine.decoders import make_decoder
+from engine.registry import decoder_names, load_plugins
 from tinymodel.tokenizer import save_tokenizer, special_ids
 
 from .conftest import TINY_CONFIG, tiny_llada

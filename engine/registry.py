@@ -1,0 +1,105 @@
+"""The decoder registry: decoder names -> classes, built-ins and plug-ins, and how a decoder
+declares a setting of its own.
+
+A module of its own so that config.py (which checks a decoder's name and options) and decoders.py
+(which registers the built-ins and reads GenerationConfig) never import each other.
+
+Plug-in API: subclass `engine.Decoder`, set `name`, decorate with `@register_decoder`; declare
+settings the config lacks in `options` (a `DecoderOption` per name) and read them with
+`self.option(name)`. A decoder in a file of its own is picked up by the CLI and the app when its
+path (or module name) is listed in $DINFER_VIZ_DECODERS (several separated by `os.pathsep`); see
+examples/entropy_decoder.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import EngineError
+
+
+# How a setting's type reads in an error message (GenerationConfig's fields and decoder options).
+TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
+
+
+@dataclass(frozen=True)
+class DecoderOption:
+    """A plug-in decoder's own setting: its default (whose type is the setting's type), one line
+    of help for the CLI and the app, and for a text setting its allowed values."""
+
+    default: bool | int | float | str
+    help: str
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, value: Any) -> None:
+        kind = type(self.default)
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        ok = ok or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not ok or (kind is float and not math.isfinite(value)):
+            raise EngineError(f"decoder setting {name} must be {TYPE_NAMES[kind]}, got {str(value)[:40]!r}")
+        if self.choices and value not in self.choices:
+            raise EngineError(f"decoder setting {name}: '{value}' is not one of {', '.join(self.choices)}")
+
+
+# name -> decoder class (engine.decoders.Decoder subclasses; typed loosely to keep this module free
+# of the decoders' imports)
+_REGISTRY: dict[str, type] = {}
+
+
+def register_decoder(cls: type) -> type:
+    """Class decorator: make a decoder selectable by its `name` (CLI, app, benchmarks)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+PLUGIN_ENV = "DINFER_VIZ_DECODERS"
+_loaded_plugins: set[str] = set()
+
+
+def load_plugins(spec: str | None = None) -> None:
+    """Import decoder plug-ins so that their `@register_decoder` runs: `.py` paths or module names,
+    separated by `os.pathsep`; by default those listed in $DINFER_VIZ_DECODERS. Each loads once."""
+    spec = os.environ.get(PLUGIN_ENV, "") if spec is None else spec
+    for item in (part.strip() for part in spec.split(os.pathsep)):
+        if not item or item in _loaded_plugins:
+            continue
+        try:
+            if item.endswith(".py"):
+                module_spec = importlib.util.spec_from_file_location(f"dinfer_viz_plugin_{Path(item).stem}", item)
+                if module_spec is None or module_spec.loader is None:
+                    raise ImportError("not a Python file")
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[module_spec.name] = module  # as `import` would (dataclasses look it up)
+                module_spec.loader.exec_module(module)
+            else:
+                importlib.import_module(item)
+        except Exception as exc:  # any failure in user code becomes one readable line
+            raise EngineError(f"cannot load decoder plug-in '{item}': {exc}") from exc
+        _loaded_plugins.add(item)
+
+
+def decoder_names() -> list[str]:
+    load_plugins()
+    return list(_REGISTRY)
+
+
+def decoder_class(name: str) -> type:
+    """The registered decoder `name` (plug-ins loaded first); EngineError for an unknown one."""
+    load_plugins()
+    if name not in _REGISTRY:
+        raise EngineError(f"unknown decoder '{name}'; choose from {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def decoder_options() -> dict[str, tuple[str, DecoderOption]]:
+    """Every registered decoder's own settings: option name -> (decoder name, declaration)."""
+    return {option: (name, spec) for name in decoder_names() for option, spec in decoder_class(name).options.items()}
