@@ -27,7 +27,6 @@ import json
 import statistics
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +37,7 @@ from engine.errors import EngineError
 from engine.iteration import generate
 from engine.pipeline import Engine
 from engine.stats import GenerationStats
+from tinymodel.eval import answer_prompts
 
 from . import charts, machine
 from .presets import NamedConfig, parse_assignment, parse_configs
@@ -91,14 +91,8 @@ def run_pass(
     cancel: threading.Event | None = None,
 ) -> list[Call]:
     """One generate call per prompt (batch 1), scored."""
-    calls = []
-    for item, ids in zip(items, encoded):
-        start = time.perf_counter()
-        out = generate(engine.model, [ids], config, stop_ids=engine.stop_ids, trace=trace, cancel=cancel)
-        wall = time.perf_counter() - start
-        text = engine.decode(out.token_ids[0])
-        calls.append(Call(item.id, out.stats, wall, text, scorer(item, text)))
-    return calls
+    answers = answer_prompts(engine.model, engine.tokenizer, items, encoded, config, scorer, trace=trace, cancel=cancel)
+    return [Call(a.item.id, a.output.stats, a.wall_seconds, a.text, a.correct) for a in answers]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, Trace
+from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples, parse_prompt
 
 from .answers import WrongCommit, expected_ids, first_wrong
@@ -154,17 +155,19 @@ def run_sweep(
     def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
         kept = 0
         for value, cfg in zip(values, configs):
-            for ex in examples:
-                if cancel.is_set():
-                    return
-                result = engine.generate(ex.prompt, cfg, trace=True, cancel=cancel)
-                stats = result.output.stats
-                correct = get_task(ex.task).check(ex, result.text)
-                outcome = Outcome(value, ex, result.text, correct, stats.tokens, stats.nfe, stats.seconds)
-                if not correct and kept < MAX_KEPT_FAILURES:
+            encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
+            # named as Engine.generate names a run's trace, so a kept failure opens in the Run tab like a run
+            answers = answer_prompts(
+                engine.model, engine.tokenizer, examples, encoded, cfg, check_answer, trace=True, cancel=cancel,
+                max_tokens=engine.max_tokens, model_name=engine.name, token_strings=engine.token_strings,
+            )
+            for answer in answers:
+                stats = answer.output.stats
+                outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds)
+                if not answer.correct and kept < MAX_KEPT_FAILURES:
                     kept += 1
-                    outcome.trace = result.output.trace
-                    outcome.expected = expected_ids(engine, ex.response)
+                    outcome.trace = answer.output.trace
+                    outcome.expected = expected_ids(engine, answer.item.response)
                     outcome.wrong = first_wrong(Timeline(outcome.trace), outcome.expected)
                 post(outcome)
 

@@ -10,22 +10,86 @@ confidence of right and of wrong answers, and accuracy by confidence bucket. Eac
 non-stop token has the probability it had when it was committed (read from the engine's trace);
 an answer's mean confidence averages them, its min confidence is the weakest one (the template
 tokens are near-certain, so the min is what separates right from wrong, and buckets use it).
+
+`answer_prompts` is the one loop that evaluates prompts through the engine: this command, the
+benchmarks (benchmarks/run.py) and the app's sweep (dinfer_viz/sweep.py) all run it. It lives here,
+not in engine/ (inference only) nor in benchmarks/ or dinfer_viz/ (neither imports the other),
+because this package is the one both of them import.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import GenerationOutput, generate
 from engine.models import DiffusionLM
+from engine.pipeline import stop_ids_for
 from engine.stats import generated_mask
 
 from .tasks import TASKS, Example, free_text_examples, get_task, held_out_examples, out_of_range_examples
+
+if TYPE_CHECKING:  # transformers is imported only where a tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
+
+Item = TypeVar("Item")  # what a prompt comes from: a task Example, a benchmark PromptItem
+
+
+@dataclass(frozen=True)
+class Answer(Generic[Item]):
+    """One prompt's answer: its row of one generate call."""
+
+    item: Item
+    text: str  # the row's generated tokens up to the stop token, decoded
+    correct: bool | None  # the verifier's word; None where the item has no verifier
+    output: GenerationOutput  # the whole call's: its stats and trace cover every row of the batch
+    row: int  # this prompt's row in `output`
+    wall_seconds: float  # around the generate call, trace recording included
+
+
+def answer_prompts(
+    model: DiffusionLM,
+    tokenizer: PreTrainedTokenizerBase,
+    items: Sequence[Item],
+    encoded: Sequence[list[int]],
+    config: GenerationConfig,
+    verify: Callable[[Item, str], bool | None],
+    *,
+    batch_size: int = 1,
+    trace: bool = False,
+    cancel: threading.Event | None = None,
+    **generate_options: Any,
+) -> Iterator[Answer[Item]]:
+    """Generate the items' prompts in order, `batch_size` rows a call, and yield each item's answer,
+    verified, as soon as its call returns (a caller reports progress, or stops, between answers).
+
+    `encoded` is each item's prompt already tokenised: the benchmarks tokenise once before any
+    timing, the app through its Engine's chat template, the eval command as the embedded model was
+    trained. A model and tokenizer rather than an Engine, because training evaluates the model it is
+    training, which no Engine holds. `cancel` set: engine.GenerationCancelled from the running call.
+    `generate_options` go to engine.generate as they are (the app names its traces' model and tokens).
+    """
+    stop_ids = stop_ids_for(model, tokenizer)  # the rule Engine.stop_ids follows
+    for start in range(0, len(items), batch_size):
+        began = time.perf_counter()
+        out = generate(model, list(encoded[start : start + batch_size]), config, stop_ids=stop_ids, trace=trace, cancel=cancel, **generate_options)
+        wall = time.perf_counter() - began
+        for row, item in enumerate(items[start : start + batch_size]):
+            text = tokenizer.decode(out.token_ids[row], skip_special_tokens=True)  # as Engine.decode
+            yield Answer(item, text, verify(item, text), out, row, wall)
+
+
+def check_answer(example: Example, text: str) -> bool:
+    """The example's family's verifier; a prompt outside every family (free text) has none: wrong."""
+    return example.task in TASKS and get_task(example.task).check(example, text)
+
 
 CONFIDENCE_BUCKETS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
 
@@ -100,36 +164,35 @@ def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int)
 
 def evaluate(
     model: DiffusionLM,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     examples: list[Example],
     config: GenerationConfig,
     batch_size: int = 1,
     progress: bool = False,
 ) -> dict[str, TaskScore]:
     """Score `examples` (any mix of tasks) with `config`; rows are batched in order."""
-    stop_ids = [model.eos_token_id]
-    scores: dict[str, TaskScore] = {}
-    batches = [examples[i : i + batch_size] for i in range(0, len(examples), batch_size)]
+    # the embedded model was trained on bare prompts (its tokenizer has no chat template either)
+    encoded = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    answers = answer_prompts(model, tokenizer, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
     if progress:
         from tqdm import tqdm
 
-        batches = tqdm(batches, desc=f"{config.decoder} gen {config.gen_length} block {config.block_length}", leave=False)
-    for batch in batches:
-        prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in batch]
-        out = generate(model, prompts, config, stop_ids=stop_ids, trace=True)
-        commits = per_row_commits(out, stop_ids, model.mask_token_id)
-        share = out.stats.seconds / len(batch)
-        for example, ids, (confidences, forwards) in zip(batch, out.token_ids, commits):
-            score = scores.setdefault(f"{example.task} {example.group}".strip(), TaskScore())
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            ok = example.task in TASKS and get_task(example.task).check(example, text)  # free text has no verifier
-            score.n += 1
-            score.correct += ok
-            score.tokens += len(ids)
-            score.nfe += forwards
-            score.seconds += share
-            mean = sum(confidences) / len(confidences) if confidences else 0.0
-            score.answers.append(AnswerConfidence(mean, min(confidences, default=0.0), ok))
+        answers = tqdm(answers, total=len(examples), desc=f"{config.decoder} gen {config.gen_length} block {config.block_length}", leave=False)
+    stop_ids = stop_ids_for(model, tokenizer)
+    scores: dict[str, TaskScore] = {}
+    for answer in answers:
+        if answer.row == 0:  # a new batch: read its trace once for all of its rows
+            commits = per_row_commits(answer.output, stop_ids, model.mask_token_id)
+        confidences, forwards = commits[answer.row]
+        stats = answer.output.stats
+        score = scores.setdefault(f"{answer.item.task} {answer.item.group}".strip(), TaskScore())
+        score.n += 1
+        score.correct += answer.correct
+        score.tokens += len(answer.output.token_ids[answer.row])
+        score.nfe += forwards
+        score.seconds += stats.seconds / stats.batch  # this row's share of its batch's time
+        mean = sum(confidences) / len(confidences) if confidences else 0.0
+        score.answers.append(AnswerConfidence(mean, min(confidences, default=0.0), answer.correct))
     return scores
 
 
