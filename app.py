@@ -73,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from dinfer_viz.handlers import Handlers
     from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.ui import build_demo, launch_kwargs
+    from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
     public = args.public or not is_loopback(args.host)
     try:

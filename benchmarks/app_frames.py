@@ -91,9 +91,8 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    from dinfer_viz.handlers import Handlers
     from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.ui import build_demo, launch_kwargs
+    from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
     host = EngineHost(ModelSpec(args.model))
     host.preload()

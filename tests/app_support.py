@@ -48,9 +48,8 @@ def free_port() -> int:
 
 def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0):
     """(demo, url, host): the app on the test model, served on a free local port."""
-    from dinfer_viz.handlers import Handlers
     from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.ui import build_demo, launch_kwargs
+    from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
     host = EngineHost(ModelSpec(app_model(tmp_factory)))
     host.preload()

@@ -14,7 +14,8 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
-from dinfer_viz.handlers import RUN_VIEW, Handlers
+from dinfer_viz.tabs.run import RUN_VIEW
+from dinfer_viz.ui import Handlers
 from dinfer_viz.host import EngineHost, ModelSpec
 from engine import GenerationConfig, Trace
 

@@ -10,7 +10,8 @@ import gradio as gr
 import pytest
 
 from dinfer_viz.answers import first_wrong
-from dinfer_viz.handlers import RUN_VIEW, Handlers, RunState
+from dinfer_viz.tabs.run import RUN_VIEW, RunState
+from dinfer_viz.ui import Handlers
 from dinfer_viz.host import EngineHost, ModelSpec
 from dinfer_viz.sweep import Outcome, SweepState
 from dinfer_viz.timeline import Timeline

@@ -83,7 +83,7 @@ def test_pair_sum_shows_the_speed_accuracy_trade_off(model, tokenizer):
 
 
 def test_the_apps_first_run_animates_several_iterations():
-    from dinfer_viz.ui import DEFAULT_PROMPT
+    from dinfer_viz.tabs.run import DEFAULT_PROMPT
 
     result = Engine(FOLDER).generate(DEFAULT_PROMPT, GenerationConfig(), trace=True)
     assert len(result.output.trace.iterations) >= 3

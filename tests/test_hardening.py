@@ -249,8 +249,8 @@ def test_a_bad_trace_is_one_engine_error(case):
 # ---- the app's handlers ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def handlers(folder):
-    from dinfer_viz.handlers import Handlers
     from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import Handlers
 
     host = EngineHost(ModelSpec(str(folder)))
     host.preload()
@@ -265,7 +265,7 @@ def _last(stream) -> tuple:
 
 
 def _message(handlers, view: tuple) -> str:
-    from dinfer_viz.handlers import RUN_VIEW
+    from dinfer_viz.tabs.run import RUN_VIEW
 
     return str(view[RUN_VIEW.index("message")])
 
@@ -324,7 +324,7 @@ def test_replay_of_nonsense_is_a_message(handlers):
 
 
 def test_an_unexpected_exception_in_a_handler_is_one_line_in_the_page(handlers, monkeypatch):
-    import dinfer_viz.handlers as module
+    import dinfer_viz.tabs.run as module
 
     monkeypatch.setattr(module, "readout", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     message = _message(handlers, _last(handlers.run("Q: 1+2=? A:", {"config": {"gen_length": 8, "block_length": 8}})))
@@ -362,7 +362,7 @@ def test_a_live_run_keeps_yielding_during_a_long_forward_and_closing_it_frees_th
 def test_download_files_are_pruned(tmp_path):
     import os
 
-    from dinfer_viz.handlers import KEEP_FILES_SECONDS, prune
+    from dinfer_viz.tabs.common import KEEP_FILES_SECONDS, prune
 
     old, new = tmp_path / "old.json", tmp_path / "new.json"
     old.write_text("x")
@@ -383,9 +383,8 @@ def test_resume_files_load_without_pickle(tmp_path):
 
 # ---- public mode -------------------------------------------------------------------------------
 def test_public_mode_loads_only_allow_listed_models_and_shows_no_paths(folder, tmp_path):
-    from dinfer_viz.handlers import Handlers
     from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.ui import build_demo
+    from dinfer_viz.ui import Handlers, build_demo
 
     host = EngineHost(ModelSpec(str(folder)), allowed={"tiny": str(folder)})
     handlers = Handlers(host, fps=1000, plot_hz=1000)

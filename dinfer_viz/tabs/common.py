@@ -1,0 +1,197 @@
+"""What every tab stands on: `TabHandlers` (the engine host, the bounds of a request, the settings
+mapping, the download folder), output slots, errors in the page, and the shared wiring options.
+
+Each tab's outputs are a fixed tuple of named slots (its `*_VIEW`); handlers fill the slots they
+change and leave the others `gr.skip()`, so a streamed frame only carries what moved. Errors a user
+can fix (EngineError) become a message in the page and the session carries on.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import gradio as gr
+from gradio.events import Dependency
+
+from engine import EngineError, GenerationConfig
+
+from ..host import EngineHost, ModelSpec
+from ..settings import Control, all_controls, parse_settings
+from ..system import system_options
+
+log = logging.getLogger(__name__)
+
+# Runs, comparisons, sweeps and model loads: one at a time on the shared engine, the rest in line.
+ENGINE_QUEUE: dict[str, Any] = dict(concurrency_id="engine", concurrency_limit=1)
+# Events that only update the page: no API endpoint, no queue, no spinner.
+PRIVATE: dict[str, Any] = dict(api_visibility="private", queue=False, show_progress="hidden")
+
+
+def outputs(slots: Sequence[str], values: dict[str, Any]) -> tuple:
+    """`values` as the tuple of `slots`, `gr.skip()` for every slot not given."""
+    unknown = set(values) - set(slots)
+    if unknown:
+        raise KeyError(f"no output slot(s) {sorted(unknown)}")
+    return tuple(values.get(name, gr.skip()) for name in slots)
+
+
+def error_text(message: str) -> str:
+    return f"**⚠ {message}**"
+
+
+# Files written for download buttons: Gradio copies each into its own cache when the handler returns
+# (that copy is what the browser downloads; ui.build_demo's delete_cache removes those), so ours are
+# needed only briefly: older ones are deleted, and the folder never holds more than this.
+KEEP_FILES_SECONDS = 600
+KEEP_FILES_BYTES = 256 * 2**20
+
+
+def prune(folder: Path, now: float | None = None) -> None:
+    """Delete files in `folder` older than KEEP_FILES_SECONDS, then the oldest beyond KEEP_FILES_BYTES."""
+    now = time.time() if now is None else now
+    files = sorted((p for p in folder.iterdir() if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True)
+    total = 0
+    for path in files:
+        stat = path.stat()
+        total += stat.st_size
+        if now - stat.st_mtime > KEEP_FILES_SECONDS or total > KEEP_FILES_BYTES:
+            path.unlink(missing_ok=True)
+
+
+def guarded(slots: Sequence[str] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Any exception a handler lets through becomes a one-line message in the page (its `slots`'
+    "message", or the returned text when `slots` is None), with the traceback in the server log:
+    the session and the loaded engines go on."""
+
+    def message(exc: Exception) -> Any:
+        log.exception("handler failed")
+        text = error_text(f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
+        return outputs(slots, {"message": text}) if slots is not None else text
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
+                try:
+                    yield from fn(*args, **kwargs)
+                except Exception as exc:  # GeneratorExit (a closed stream) is not an Exception
+                    yield message(exc)
+
+            return stream
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                return message(exc)
+
+        return call
+
+    return wrap
+
+
+@dataclass
+class Stoppable:
+    """A tab's engine event and its Stop button with the message beside it. Every Stop cancels
+    every tab's engine event (the engine runs one at a time), so ui.build_demo wires the Stops once
+    all tabs exist."""
+
+    event: Dependency
+    stop: gr.Button
+    message: gr.Markdown
+
+
+def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> gr.components.Component:
+    """The component for one generation setting (the Run tab's controls, the Compare tab's sides)."""
+    common = dict(label=c.label, info=(c.info or None) if show_info else None, value=value, **kw)
+    if c.kind == "choice":
+        return gr.Dropdown(choices=list(c.choices()), **common)
+    if c.kind == "slider":
+        return gr.Slider(minimum=c.minimum, maximum=c.maximum, step=c.step, **common)
+    if c.kind == "int":
+        return gr.Number(precision=0, minimum=c.minimum, maximum=c.maximum, **common)
+    if c.kind == "float":
+        return gr.Number(minimum=c.minimum, step=c.step, **common)
+    if c.kind == "bool":
+        return gr.Checkbox(**common)
+    return gr.Textbox(**common)
+
+
+class TabHandlers:
+    """What every tab's handlers use: the EngineHost, the live frame rates, the bounds of one
+    request, the settings mapping and the folder of files for download buttons."""
+
+    def __init__(
+        self, host: EngineHost, fps: float = 20.0, plot_hz: float = 3.0, max_prompt_chars: int = 4000, max_gen_length: int = 1024
+    ) -> None:
+        self.host = host
+        self.fps = fps
+        self.plot_hz = plot_hz
+        # Every request is bounded (the engine also refuses canvases beyond the model's positions).
+        self.max_prompt_chars = max_prompt_chars
+        self.max_gen_length = max_gen_length
+        self._files: Path | None = None  # made on the first file written
+        self.option_names = [o.name for o in system_options()]
+
+    def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
+        """A run's settings, validated, its model checked against the host's allow-list."""
+        return parse_settings(settings, self.host.default, self.host.resolve)
+
+    def settings(self, *values: Any) -> dict[str, Any]:
+        """Control values -> the settings JSON a run takes. Order: model path, device, dtype, the
+        system options, then `all_controls()`. Values pass through unvalidated; the run checks them."""
+        n = 3 + len(self.option_names)
+        config = {c.field: (None if c.none_as_zero and v in (0, None) else v) for c, v in zip(all_controls(), values[n:])}
+        return {"model": self.model_settings(*values[:n]), "config": config}
+
+    def model_settings(self, path: str, device: str, dtype: str, *options: Any) -> dict[str, Any]:
+        """The settings' "model" part: the Model and system controls' values by name."""
+        return {"path": path, "device": device, "dtype": dtype, **dict(zip(self.option_names, options))}
+
+    def settings_js(self) -> str:
+        """`settings` as a browser-side function, so Run sends the settings without a server round
+        trip first (the same mapping; the run validates either way)."""
+        model_keys = ["path", "device", "dtype", *self.option_names]
+        fields = [[c.field, c.none_as_zero] for c in all_controls()]
+        return (
+            "(...v) => { const mk = " + json.dumps(model_keys) + "; const fs = " + json.dumps(fields) + ";"
+            " const model = {}; mk.forEach((k, i) => { model[k] = v[i]; });"
+            " const config = {}; fs.forEach(([f, z], i) => { const x = v[mk.length + i]; config[f] = (z && (x === 0 || x === null)) ? null : x; });"
+            " return [{model: model, config: config}]; }"
+        )
+
+    def limits_text(self) -> str:
+        return f"at most {self.max_prompt_chars} characters; generation length at most {self.max_gen_length}"
+
+    def check_request(self, prompt: str, config: GenerationConfig) -> None:
+        """The bounds of one run, before it queues for the engine."""
+        if not prompt or not prompt.strip():
+            raise EngineError("empty prompt: type a prompt first")
+        if len(prompt) > self.max_prompt_chars:
+            raise EngineError(f"the prompt has {len(prompt)} characters; this server takes at most {self.max_prompt_chars}")
+        if config.gen_length > self.max_gen_length:
+            raise EngineError(f"generation length {config.gen_length} is above this server's limit of {self.max_gen_length}")
+
+    def write_file(self, stem: str, suffix: str, text: str) -> str:
+        """A file for a download button (Gradio serves files from the temp dir), named uniquely."""
+        if self._files is None:
+            self._files = Path(tempfile.mkdtemp(prefix="dinfer-viz-traces-"))
+        prune(self._files)
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)[:80]
+        path = self._files / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6}{suffix}"
+        path.write_text(text)
+        return str(path)
+
+    def stopped(self) -> str:
+        return "stopped: the engine ends its current iteration and is free for the next run"

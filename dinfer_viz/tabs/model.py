@@ -1,0 +1,67 @@
+"""The Model and system section (in the Run tab's settings column): which model, on which device
+and dtype, with which system options; loading it ahead of a run; and the page's model status line.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gradio as gr
+
+from engine import EngineError
+
+from ..host import DTYPES
+from ..system import describe_machine, devices, system_options
+from .common import ENGINE_QUEUE, TabHandlers, error_text, guarded
+
+
+class ModelHandlers(TabHandlers):
+    """Loading a model, and saying which one serves by default."""
+
+    @guarded(None)
+    def load_model(self, path: str, device: str, dtype: str, *options: Any) -> str:
+        try:
+            spec, _ = self.parse({"model": self.model_settings(path, device, dtype, *options)})
+            with self.host.lock:
+                t0 = time.perf_counter()
+                engine = self.host.get(spec)
+                seconds = time.perf_counter() - t0
+        except EngineError as exc:
+            return error_text(str(exc))
+        params = sum(p.numel() for p in engine.model.parameters())
+        return f"loaded **{engine.name}** ({params / 1e6:.1f} M parameters) on {spec.device} in {seconds:.1f} s"
+
+    def model_status(self) -> str:
+        d = self.host.default
+        if self.host.default_error:
+            return error_text(f"default model not loaded: {self.host.default_error}. Load a model below, or load a trace to replay it.")
+        state = "loaded" if self.host.is_loaded(d) else "loads on first run"
+        return f"default model: `{d.label or d.path}` on {d.device} ({state})"
+
+
+def build(h: ModelHandlers) -> list[gr.components.Component]:
+    """The section and its Load button; returns its controls in TabHandlers.settings' order
+    (path, device, dtype, the system options)."""
+    host = h.host
+    with gr.Accordion("Model and system", open=False):
+        model_path = gr.Textbox(
+            label="model" + (f" (this server offers: {', '.join(host.allowed)})" if host.public else " folder or hub id"),
+            value=host.default.label or host.default.path,
+            elem_id="model-path",
+        )
+        device = gr.Dropdown(devices(), value=host.default.device, label="device", allow_custom_value=True)
+        dtype = gr.Dropdown(list(DTYPES), value=host.default.dtype, label="dtype", info="auto: float32 on CPU, bfloat16 on GPUs")
+        options = []
+        for opt in system_options():
+            info = None if opt.available else f"unavailable: {opt.reason}"
+            if opt.kind is bool:
+                options.append(gr.Checkbox(label=opt.label, value=False, interactive=opt.available, info=info))
+            else:
+                options.append(gr.Number(label=opt.label, value=1, precision=0, minimum=1, interactive=opt.available, info=info))
+        load_btn = gr.Button("Load model")
+        load_msg = gr.Markdown()
+        gr.Markdown(describe_machine())
+    inputs = [model_path, device, dtype, *options]
+    load_btn.click(h.load_model, inputs, load_msg, api_name="load_model", **ENGINE_QUEUE)
+    return inputs

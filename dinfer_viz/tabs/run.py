@@ -1,0 +1,313 @@
+"""The Run tab: a prompt and its settings, the live run, then replay (scrubber, playback) of the
+finished run or of a trace file loaded from disk. The Model and system section (tabs/model.py) sits
+in this tab's settings column; a sweep's wrong answer opens here too (`stored_view`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from engine import EngineError, GenerationConfig, Trace
+
+from .. import answers
+from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
+from ..explain import explain
+from ..figures import confidence_raster, extras_figure, iteration_chart, message_figure
+from ..grid import EMPTY_GRID, GRID_CSS, GRID_TEMPLATE, grid_value
+from ..readouts import message_readout, readout
+from ..runner import Frame, run_live
+from ..settings import all_controls, control_value, sections, sweep_setting, visible_fields
+from ..timeline import Timeline
+from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, make_control, outputs
+
+log = logging.getLogger(__name__)
+
+RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "extras", "scrub", "download", "message", "state", "explain")
+LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
+# Pair-sum: the first forward cannot commit the digits (a is uniform among N's splits), so the
+# threshold decoder forces one, and the rest follows over several iterations
+DEFAULT_PROMPT = FAMILY_EXAMPLES["pairsum"][0]
+OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache")
+
+
+@dataclass
+class RunState:
+    """A session's finished (or loaded) run: what the scrubber and replay read."""
+
+    timeline: Timeline
+    expected: list[int] | None = None
+
+
+def timeline_view(
+    timeline: Timeline, iteration: int, expected: list[int] | None, *, plots: bool = True, extras: bool = True, highlight: bool = False, live: bool = False, **slots: Any
+) -> dict[str, Any]:
+    """Grid, text and (optionally) figures of `timeline` at `iteration`, plus extra slots;
+    `live` draws only the raster's latest rows."""
+    iteration = timeline.clamp(iteration)
+    out: dict[str, Any] = {
+        "grid": grid_value(timeline, iteration, expected),
+        "text": timeline.text_at(iteration),
+    }
+    mark = iteration if highlight else None
+    if plots:
+        out["raster"] = confidence_raster(timeline, highlight=mark, last_rows=LIVE_RASTER_ROWS if live else None)
+        out["iterations"] = iteration_chart(timeline, highlight=mark)
+    if extras:
+        out["extras"] = extras_figure(timeline, highlight=mark)
+    out.update(slots)
+    return out
+
+
+def scrub_to(timeline: Timeline, value: int) -> Any:
+    """The scrubber spanning `timeline`'s iterations (-1: before the first), at `value`."""
+    return gr.update(minimum=-1, maximum=max(timeline.iterations - 1, 0), value=timeline.clamp(value), interactive=True)
+
+
+def stored_view(timeline: Timeline, at: int, expected: list[int] | None, *, note: str, message: str, highlight: bool = False) -> dict[str, Any]:
+    """A finished run (a loaded trace, a sweep's wrong answer) opened for replay at iteration `at`:
+    its view, readout, scrubber, state and the explanation of the settings it ran with."""
+    cfg = timeline.trace.config or {}
+    out = timeline_view(timeline, at, expected, highlight=highlight)
+    out.update(
+        readout=readout(timeline, None, note=note),
+        scrub=scrub_to(timeline, at),
+        state=RunState(timeline, expected),
+        message=message,
+        explain=explain(cfg.get("decoder", "?"), cfg.get("cache", "?"), bool(cfg.get("smoothing")), bool(cfg.get("unroll"))),
+    )
+    return out
+
+
+class RunHandlers(TabHandlers):
+    """The Run tab's events: settings checks, the live run, replay, playback, loading a trace."""
+
+    def check(self, *values: Any) -> tuple[str, Any]:
+        """(message next to the controls, Run button update): Run is refused while invalid."""
+        try:
+            self.parse(self.settings(*values))
+        except EngineError as exc:
+            return error_text(str(exc)), gr.update(interactive=False)
+        return "settings ok", gr.update(interactive=True)
+
+    def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool) -> tuple:
+        """Show only the controls that matter for this decoder / cache mode / feature set, the
+        explanation of the choice, and the setting a sweep of this decoder varies."""
+        shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll))
+        return (
+            *(gr.update(visible=c.field in shown) for c in all_controls()),
+            explain(decoder, cache, bool(smoothing), bool(unroll)),
+            gr.update(value=sweep_setting(decoder)),
+        )
+
+    def suggest_expected(self, prompt: str) -> tuple[str, str]:
+        """(the known right response of an arithmetic prompt, the note on the prompt's family)."""
+        return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
+
+    @guarded(RUN_VIEW)
+    def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "") -> Iterator[tuple]:
+        """Stream a run: frames of the growing timeline, then the final view, trace file and state."""
+        try:
+            spec, config = self.parse(settings)
+            self.check_request(prompt, config)
+        except EngineError as exc:
+            yield outputs(RUN_VIEW, {"message": error_text(str(exc))})
+            return
+        expected_ids: list[int] | None = None
+        unknown = ""  # characters the tokenizer cannot encode, said with the result
+        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
+            engine = self.host.peek(spec) if frame.timeline is not None and expected_ids is None else None
+            if engine is not None:
+                expected_ids = answers.expected_ids(engine, expected) if expected else []
+                missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
+                unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
+            view = self._frame_view(frame, spec.describe(), expected_ids or None, prompt)
+            if frame.stage == "done" and unknown:
+                view["message"] += unknown
+            yield outputs(RUN_VIEW, view)
+
+    def _frame_view(self, frame: Frame, model: str, expected: list[int] | None, prompt: str = "") -> dict[str, Any]:
+        if frame.stage in ("waiting", "loading"):
+            return {"readout": message_readout(frame.message), "message": frame.message}
+        if frame.stage == "busy":
+            return {"message": f"{frame.message} ({frame.wall:.0f} s)…"}
+        if frame.timeline is None:  # failed before the engine started
+            return {"message": error_text(frame.message)}
+        tl, last = frame.timeline, frame.shown - 1
+        if frame.stage == "error":
+            return {"message": error_text(frame.message), **timeline_view(tl, last, expected, plots=True, extras=True)}
+        done = frame.stage == "done"
+        out = timeline_view(tl, last, expected, plots=frame.plots, extras=done, live=not done)
+        out["readout"] = readout(tl, frame.wall, note=model)
+        out["message"] = f"{frame.message}: {tl.iterations} iterations" if done else f"{frame.message}…"
+        if done:
+            judged = answers.verdict(prompt, frame.text or "")
+            out["message"] += f"; {judged}" if judged else ""
+            out["text"] = frame.text
+            out["scrub"] = scrub_to(tl, tl.iterations - 1)
+            out["download"] = self._write_trace(tl.trace)
+            out["state"] = RunState(tl, expected)
+        return out
+
+    def _write_trace(self, trace: Trace) -> str:
+        """The trace as a JSON file for the download button."""
+        return self.write_file(f"trace-{trace.model or 'model'}", ".json", trace.to_json())
+
+    @guarded(RUN_VIEW)
+    def replay(self, iteration: float, state: RunState | None) -> tuple:
+        """The stored run at `iteration`, figures included, the iteration marked on them."""
+        if state is None:
+            return outputs(RUN_VIEW, {"message": "nothing to replay: run something or load a trace"})
+        it = int(iteration)
+        return outputs(RUN_VIEW, timeline_view(state.timeline, it, state.expected, highlight=True))
+
+    def glance(self, iteration: float, state: RunState | None) -> tuple:
+        """While the scrubber is dragged: grid and text only (figures follow on release)."""
+        if state is None:
+            return gr.skip(), gr.skip()
+        view = timeline_view(state.timeline, int(iteration), state.expected, plots=False, extras=False)
+        return view["grid"], view["text"]
+
+    def step(self, iteration: float, state: RunState | None, delta: int = 1) -> tuple:
+        """Playback tick: the next iteration's grid and text (figures untouched); the timer stops at
+        the end. Returns (scrub value, grid, text, timer update)."""
+        if state is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        tl = state.timeline
+        it = int(iteration) + delta
+        if it > tl.iterations - 1:
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        view = timeline_view(tl, it, state.expected, plots=False, extras=False)
+        return it, view["grid"], view["text"], gr.Timer(active=it < tl.iterations - 1)
+
+    def play(self, iteration: float, state: RunState | None) -> tuple:
+        """Start playback (from the beginning when at the end)."""
+        if state is None:
+            return gr.skip(), gr.Timer(active=False)
+        at_end = int(iteration) >= state.timeline.iterations - 1
+        return (-1 if at_end else gr.skip()), gr.Timer(active=True)
+
+    @guarded(RUN_VIEW)
+    def load_trace(self, file: Any) -> tuple:
+        """Load a downloaded trace JSON for replay; needs no model."""
+        path = getattr(file, "name", file)
+        if not path:
+            return outputs(RUN_VIEW, {"message": "no file"})
+        try:
+            trace = Trace.from_json(Path(path).read_text(encoding="utf-8"))
+            tl = Timeline(trace)
+        except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
+            return outputs(RUN_VIEW, {"message": error_text(f"cannot load this trace: {exc}")})
+        except Exception as exc:  # a trace the checks let through but the views cannot show
+            log.exception("trace could not be shown")
+            return outputs(RUN_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
+        note = f"loaded trace of {trace.model or 'an unnamed model'}"
+        message = f"loaded a trace: {trace.model}, {tl.iterations} iterations"
+        return outputs(RUN_VIEW, stored_view(tl, tl.iterations - 1, None, note=note, message=message))
+
+
+@dataclass
+class RunTab:
+    """The Run tab's components the other tabs read or write."""
+
+    prompt: gr.Textbox
+    expected: gr.Textbox
+    settings_inputs: list[gr.components.Component]  # what TabHandlers.settings maps, in its order
+    settings_json: gr.JSON  # the settings collected in the browser, which /run and /sweep receive
+    view: list[gr.components.Component]  # RUN_VIEW's components, in its order
+    controls: dict[str, gr.components.Component]  # by GenerationConfig field
+    explain: gr.Markdown
+    engine: Stoppable
+
+
+def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]]) -> RunTab:
+    """The Run tab and its events. `model_section` builds the Model and system controls where they
+    sit, in the settings column, and returns them in TabHandlers.settings' order."""
+    defaults = GenerationConfig()
+    with gr.Tab("Run", id="run"):
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=330):
+                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt", info=h.limits_text(), max_length=h.max_prompt_chars)
+                expected = gr.Textbox(
+                    label="Expected response (optional)",
+                    value=answers.expected_response(DEFAULT_PROMPT),
+                    info="filled in for arithmetic prompts (one right answer); committed tokens that differ are struck out",
+                    elem_id="expected",
+                )
+                note = gr.Markdown(answers.prompt_note(DEFAULT_PROMPT), elem_id="prompt-note")
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                settings_msg = gr.Markdown(elem_id="settings-msg")
+                with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
+                    for family, prompts in FAMILY_EXAMPLES.items():
+                        gr.Examples([[p] for p in prompts], inputs=[prompt], label=FAMILY_DESCRIPTIONS[family])
+                    gr.Examples([[p] for p in OUT_OF_FAMILY_EXAMPLES], inputs=[prompt], label="outside every family: what low confidence looks like")
+                with gr.Accordion("What this model knows", open=False, elem_id="model-knows"):
+                    gr.Markdown(model_knows_markdown())
+                controls: dict[str, gr.components.Component] = {}
+                for title, ctrls in sections():
+                    with gr.Accordion(title, open=title in OPEN_SECTIONS):
+                        for c in ctrls:
+                            controls[c.field] = make_control(c, control_value(c, defaults), elem_id=f"cfg-{c.field}")
+                model_inputs = model_section()
+                with gr.Accordion("Settings JSON (what /run receives)", open=False):
+                    settings_json = gr.JSON(value=None, elem_id="settings-json")
+            with gr.Column(scale=3):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=3, min_width=420):
+                        message = gr.Markdown(elem_id="message")
+                        readout_md = gr.Markdown(message_readout("no run yet"), elem_id="stats")
+                        grid = gr.HTML(EMPTY_GRID, html_template=GRID_TEMPLATE, css_template=GRID_CSS, elem_id="grid", min_height=120)
+                        text_out = gr.Textbox(label="Output text", interactive=False, lines=2, elem_id="output")
+                        with gr.Row(equal_height=False):
+                            scrub = gr.Slider(-1, 0, value=0, step=1, label="iteration", interactive=False, elem_id="scrub", scale=5)
+                            play_btn = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=90)
+                            pause_btn = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=90)
+                            speed = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1)
+                    with gr.Column(scale=1, min_width=240):
+                        explain_md = gr.Markdown(explain(defaults.decoder, defaults.cache), elem_id="explain")
+                with gr.Row(equal_height=False):
+                    raster = gr.Plot(message_figure("run something, or load a trace", 360), label="Confidence raster: iteration × position", elem_id="raster")
+                    iterations = gr.Plot(message_figure("", 380), label="Per iteration: commits, threshold, engine time", elem_id="iterations")
+                extras = gr.Plot(message_figure("", 220), label="Extras: credit, staleness, anchors (drawn when a run ends)", elem_id="extras")
+                with gr.Row():
+                    download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
+                    upload = gr.UploadButton("Load a trace (JSON)", file_types=[".json"], elem_id="upload")
+        run_state = gr.State(None)
+        timer = gr.Timer(1 / 6, active=False)
+
+    settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
+    slots = dict(
+        grid=grid, readout=readout_md, text=text_out, raster=raster, iterations=iterations, extras=extras,
+        scrub=scrub, download=download, message=message, state=run_state, explain=explain_md,
+    )
+    view = [slots[name] for name in RUN_VIEW]
+
+    gr.on([c.change for c in settings_inputs], h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
+    prompt.change(h.suggest_expected, prompt, [expected, note], **PRIVATE)
+    collect = run_btn.click(None, settings_inputs, settings_json, js=h.settings_js(), **PRIVATE)
+    run_ev = collect.then(h.run, [prompt, settings_json, expected], view, api_name="run", show_progress="minimal", **ENGINE_QUEUE)
+
+    scrub.release(h.replay, [scrub, run_state], view, api_name="replay", show_progress="hidden")
+    scrub.input(h.glance, [scrub, run_state], [grid, text_out], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
+    play_btn.click(h.play, [scrub, run_state], [scrub, timer], **PRIVATE)
+    pause_btn.click(lambda: gr.Timer(active=False), None, timer, **PRIVATE)
+    speed.change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), speed, timer, **PRIVATE)
+    timer.tick(h.step, [scrub, run_state], [scrub, grid, text_out, timer], api_visibility="private")
+    upload.upload(h.load_trace, upload, view, api_name="load_trace")
+    demo.load(h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
+    return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message))
+
+
+def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.components.Component) -> None:
+    """Decoder, cache mode and features decide which controls show, the explanation, and the
+    setting the Sweep tab varies (`parameter`, hence wired once that tab exists)."""
+    inputs = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"]]
+    changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter]
+    gr.on([c.change for c in inputs], h.structure, inputs, changed, **PRIVATE)
+    demo.load(h.structure, inputs, changed, **PRIVATE)

@@ -1,0 +1,141 @@
+"""The Threshold sweep tab: one setting swept over held-out prompts with known answers (the sweep
+itself is dinfer_viz/sweep.py), with the Run tab's other settings; accuracy against tokens per
+forward, a table per value, and the wrong answers, each opening in the Run tab at its first wrong
+commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import gradio as gr
+
+from engine import EngineError, GenerationConfig
+
+from ..figures import sweep_figure
+from ..settings import numeric_fields, sweep_setting
+from ..sweep import SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
+from ..timeline import Timeline
+from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, outputs
+from .run import RUN_VIEW, RunTab, stored_view
+
+SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
+SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS", "prompts"]
+FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced"]
+SWEEP_DEFAULT_SETS = ("pairsum",)
+SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _sweep_rows(state: SweepState) -> list[list[Any]]:
+    return [[p["value"], round(p["accuracy"], 3), round(p["tpf"], 2), round(p["tps"], 1), p["examples"]] for p in state.points()]
+
+
+def _failure_rows(state: SweepState) -> list[list[Any]]:
+    rows = []
+    for o in state.failures():
+        if o.trace is None:
+            continue
+        w = o.wrong
+        rows.append([o.value, o.example.prompt, o.example.response, o.text, w.position if w else "", w.iteration if w else "", round(w.confidence, 3) if w else "", w.forced if w else ""])
+    return rows
+
+
+class SweepHandlers(TabHandlers):
+    """The Sweep tab's events: run the sweep, open a wrong answer in the Run tab."""
+
+    @guarded(SWEEP_VIEW)
+    def sweep(
+        self, settings: dict[str, Any] | None, tasks: list[str] | None, per_task: float, parameter: str, values: str, own_prompts: str = ""
+    ) -> Iterator[tuple]:
+        """Run every chosen prompt at every value; stream the accuracy-vs-TPF chart and tables."""
+        try:
+            spec, config = self.parse(settings)
+            examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed, own_prompts=own_prompts)
+            for example in examples:
+                self.check_request(example.prompt, config)
+            numbers = parse_values(values)
+            states = run_sweep(self.host, spec, config, parameter, numbers, examples)
+            first = next(states)  # a generator: its own checks (setting, values) raise on this first step
+        except EngineError as exc:
+            yield outputs(SWEEP_VIEW, {"message": error_text(str(exc))})
+            return
+        for state in _chain(first, states):
+            out = {
+                "chart": sweep_figure(state.points(), parameter),
+                "table": _sweep_rows(state),
+                "failures": _failure_rows(state),
+                "message": error_text(state.message) if state.failed else state.message,
+            }
+            if state.done:
+                out["state"] = state
+                out["csv"] = self.write_file(f"sweep-{state.parameter}", ".csv", state.csv())
+            yield outputs(SWEEP_VIEW, out)
+
+    def open_failure(self, state: SweepState | None, evt: gr.SelectData) -> tuple:
+        """A clicked wrong answer opens in the Run tab at its first wrong commit.
+        Returns the Run view, then (prompt, expected, tab selection)."""
+        kept = [o for o in (state.failures() if state else []) if o.trace is not None]
+        row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        if state is None or not 0 <= row < len(kept):
+            return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(), gr.skip(), gr.skip())
+        outcome = kept[row]
+        tl = Timeline(outcome.trace)
+        at = outcome.wrong.iteration if outcome.wrong else tl.iterations - 1
+        where = f"first wrong commit at position {outcome.wrong.position}, iteration {outcome.wrong.iteration}, confidence {outcome.wrong.confidence:.3f}" if outcome.wrong else "no single wrong commit found"
+        out = stored_view(
+            tl, at, outcome.expected, highlight=True,
+            note=f"sweep: {state.parameter} = {outcome.value:g}",
+            message=f"wrong answer from the sweep ({state.parameter} = {outcome.value:g}): {where}",
+        )
+        return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"))
+
+
+@dataclass
+class SweepTab:
+    """The Sweep tab's parts that ui.build_demo wires across tabs."""
+
+    engine: Stoppable
+    parameter: gr.Dropdown  # the setting swept: follows the Run tab's decoder (run.wire_structure)
+
+
+def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
+    """The Sweep tab and its events: it sweeps with the Run tab's settings and opens a wrong answer
+    there (selecting it in `tabs`)."""
+    with gr.Tab("Threshold sweep", id="sweep"):
+        gr.Markdown(
+            "Runs held-out prompts of the embedded model's task families (never trained on; each answer judged by "
+            "its family's verifier) at each value, with the Run tab's other settings, one prompt at a time. "
+            "Pair-sum shows the trade-off: a low threshold commits dependent digits in one forward and breaks the sum. "
+            "Click a wrong answer to open its trace at the first wrong commit."
+        )
+        with gr.Row():
+            tasks = gr.CheckboxGroup(prompt_sets(), value=list(SWEEP_DEFAULT_SETS), label="prompt sets (held-out prompts of each family; arithmetic out of range)")
+            per_task = gr.Number(24, precision=0, minimum=1, label="prompts per set")
+            parameter = gr.Dropdown(numeric_fields(), value=sweep_setting(GenerationConfig().decoder), label="setting to sweep", info="set by the decoder's declaration; any numeric setting")
+            values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
+        own_prompts = gr.Textbox(label="your own prompts (optional; one a line, each from a family)", lines=2, elem_id="sweep-own")
+        with gr.Row():
+            sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep-btn")
+            stop_btn = gr.Button("Stop", variant="stop")
+        message = gr.Markdown()
+        with gr.Row(equal_height=False):
+            chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
+            table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False)
+        csv = gr.DownloadButton("Download the table (CSV)", value=None, elem_id="sweep-csv")
+        failures = gr.Dataframe(headers=FAILURE_HEADERS, label="wrong answers (click a row to inspect it)", interactive=False, wrap=True)
+        state = gr.State(None)
+    slots = dict(chart=chart, table=table, failures=failures, message=message, state=state, csv=csv)
+
+    collect = sweep_btn.click(None, run.settings_inputs, run.settings_json, js=h.settings_js(), **PRIVATE)
+    event = collect.then(
+        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts], [slots[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **ENGINE_QUEUE
+    )
+    failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs], api_visibility="private")
+    return SweepTab(Stoppable(event, stop_btn, message), parameter)
+
