@@ -21,14 +21,17 @@ def build_parser() -> argparse.ArgumentParser:
     from dinfer_viz.host import DTYPES
 
     p = OneLineParser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
-    p.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1 ...")
+    # Environment defaults for hosts that start `python app.py` with no arguments (a Space)
+    p.add_argument("--model", default=os.environ.get("DINFER_VIZ_MODEL", DEFAULT_MODEL), help="model folder or hub id (default: $DINFER_VIZ_MODEL, else the embedded model)")
+    p.add_argument("--device", type=checked_device, default=os.environ.get("DINFER_VIZ_DEVICE", "cpu"), help="cpu, cuda, cuda:1 ... (default: $DINFER_VIZ_DEVICE, else cpu)")
     p.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: float32 on CPU, bfloat16 on GPUs")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=7860)
+    # Left unset, Gradio's own settings decide (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a
+    # Hugging Face Space sets them; else 127.0.0.1:7860): a flag overrides them only when given.
+    p.add_argument("--host", default=None, help="address to listen on (0.0.0.0 for every interface; default: $GRADIO_SERVER_NAME or 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")
     p.add_argument("--fps", type=float, default=20.0, help="most live frames per second (grid and readouts)")
     p.add_argument("--plot-hz", type=float, default=3.0, help="most live plot redraws per second")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is fastest on a busy machine)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for models under 50M parameters, else one per core)")
     p.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt a visitor may send (characters)")
     p.add_argument("--max-gen-length", type=int, default=1024, help="largest generation length a visitor may ask for")
     p.add_argument("--public", action="store_true", help="serve visitors: only allow-listed models, no paths shown (on by default when --host is not loopback)")
@@ -69,23 +72,20 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --fps, --plot-hz, --threads and the --max-* limits must be positive", file=sys.stderr)
         return 2
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     from dinfer_viz.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
-    public = args.public or not is_loopback(args.host)
+    listen = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    public = args.public or not is_loopback(listen)
     try:
         allowed = allow_list(args.model, args.allow_model) if public else None
         auth = parse_auth(args.auth)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not is_loopback(args.host) and auth is None:
-        print(f"warning: serving {args.host} to the network with no login; anyone who reaches it can run the model (set --auth USER:PASSWORD)", file=sys.stderr)
-    host = EngineHost(ModelSpec(args.model, args.device, args.dtype), allowed=allowed)
+    if not is_loopback(listen) and auth is None:
+        print(f"warning: serving {listen} to the network with no login; anyone who reaches it can run the model (set --auth USER:PASSWORD)", file=sys.stderr)
+    host = EngineHost(ModelSpec(args.model, args.device, args.dtype), allowed=allowed, threads=args.threads)
     if not args.no_model:
         host.preload()
         if host.default_error:

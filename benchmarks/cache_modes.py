@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.cache import FULL, KVCacheManager
 from engine.config import GenerationConfig
 from engine.errors import EngineError
@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = parse_configs(args.configs, base_config(args.gen_length, args.block_length, args.set))
         prompt_set = load_prompt_set(args.prompts, args.limit)
         engine = Engine(args.model, **runtime)
+        set_cpu_threads(engine.model, args.threads)
         prompts = encode_all(engine, prompt_set.items, configs[0].config.use_chat_template)
         rows = measure(engine, prompts, configs, prompt_set.items, args.repeats)
     except EngineError as exc:

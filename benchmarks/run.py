@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import generate
@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             raise EngineError(f"--limit must be positive, got {args.limit}")
         prompt_set = load_prompt_set(args.prompts, args.limit)
         engine = Engine(args.model, **runtime)
+        set_cpu_threads(engine.model, args.threads)
         runs = benchmark(
             engine, prompt_set, configs, args.repeats, args.warmup, args.trace_overhead, progress=lambda m: print(m, file=sys.stderr)
         )

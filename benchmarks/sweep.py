@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.decoders import make_decoder
 from engine.registry import decoder_names
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             raise EngineError(f"--limit must be positive, got {args.limit}")
         prompt_set = load_prompt_set(args.prompts, args.limit)
         engine = Engine(args.model, **runtime)
+        set_cpu_threads(engine.model, args.threads)
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
         rows = sweep(
             engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors,

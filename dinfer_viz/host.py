@@ -19,6 +19,7 @@ import torch
 
 from engine import Engine, EngineError
 from engine.cli import DTYPES as CLI_DTYPES
+from engine.cli import set_cpu_threads
 
 # "auto": the engine's default (float32 on CPU, bfloat16 on accelerators), then the CLI's dtypes
 DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
@@ -50,11 +51,19 @@ class EngineHost:
     session trying an 8B model does not evict the embedded one, and two 8B models never coexist."""
 
     def __init__(
-        self, default: ModelSpec, load: Callable[[ModelSpec], Engine] = load_engine, keep_others: int = 1, allowed: dict[str, str] | None = None
+        self,
+        default: ModelSpec,
+        load: Callable[[ModelSpec], Engine] = load_engine,
+        keep_others: int = 1,
+        allowed: dict[str, str] | None = None,
+        threads: int | None = None,
     ) -> None:
         """`allowed` (public mode): the only models a visitor may load, name -> folder; visitors see
-        and type the names, never a path. None: any folder or hub id (a private, local app)."""
+        and type the names, never a path. None: any folder or hub id (a private, local app).
+        `threads`: torch CPU threads for every run (--threads); None: by model size, per run
+        (engine/cli.py: cpu_threads_for), so the embedded model and an 8B one each get theirs."""
         self.allowed = allowed
+        self.threads = threads
         if allowed is not None:
             default = replace(default, label=self.label_of(default.path))
         self.default = default
@@ -93,15 +102,18 @@ class EngineHost:
         return self._engines.get(spec)
 
     def get(self, spec: ModelSpec) -> Engine:
-        """The engine for `spec`, loading it if needed. Call with `lock` held."""
+        """The engine for `spec`, loading it if needed, with the CPU threads set for it. Call with
+        `lock` held."""
         if spec in self._engines:
             self._engines.move_to_end(spec)
-            return self._engines[spec]
-        others = [s for s in self._engines if s != self.default]
-        while len(others) >= self._keep_others and others:
-            del self._engines[others.pop(0)]
-        engine = self._load(spec)
-        self._engines[spec] = engine
+        else:
+            others = [s for s in self._engines if s != self.default]
+            while len(others) >= self._keep_others and others:
+                del self._engines[others.pop(0)]
+            self._engines[spec] = self._load(spec)
+        engine = self._engines[spec]
+        if spec.device == "cpu":
+            set_cpu_threads(engine.model, self.threads)
         return engine
 
     def preload(self) -> None:

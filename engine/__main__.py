@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
+from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from .config import CACHE_SETTINGS, GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
@@ -101,6 +101,7 @@ def _generate(args: argparse.Namespace) -> int:
 
         device = str(init_distributed(args.device))
     engine = Engine(args.model, device=device, dtype=dtype)
+    set_cpu_threads(engine.model, args.threads)
     if parallel:
         shard_model(engine.model, args.tp, args.ep)
     missing = engine.unencodable(args.prompt, config.use_chat_template)

@@ -11,6 +11,25 @@ import torch
 DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# torch's own choice (one thread per physical core), read before anything changes it
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+# Below this size a CPU forward is too small to split: each op is microseconds of work, so extra
+# threads mostly add synchronisation, and on a shared machine a thread that loses its time slice
+# stalls every op (measured by benchmarks/threads.py; README, "CPU threads").
+SMALL_MODEL_PARAMETERS = 50_000_000
+
+
+def cpu_threads_for(parameters: int) -> int:
+    """The CPU thread count the CLI and the app use for a model of this size, unless told."""
+    return 1 if parameters < SMALL_MODEL_PARAMETERS else TORCH_DEFAULT_THREADS
+
+
+def set_cpu_threads(model: torch.nn.Module, requested: int | None) -> int:
+    """Set torch's CPU threads: `requested` (--threads) when given, else the rule; returns it."""
+    threads = requested or cpu_threads_for(sum(p.numel() for p in model.parameters()))
+    torch.set_num_threads(threads)
+    return threads
+
 
 def checked_device(value: str) -> str:
     """argparse type for `--device`: a device torch knows and this machine has (cpu, cuda, cuda:1, mps)."""
@@ -42,11 +61,10 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """`--device`, `--dtype` and `--threads`: where and how a command runs the model."""
     parser.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on accelerators")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for models under 50M parameters, else one per core)")
 
 
 def apply_runtime(args: argparse.Namespace) -> dict[str, typing.Any]:
-    """Set `--threads`, and return the `device`/`dtype` keywords for Engine or load_model."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    """The `device`/`dtype` keywords for Engine or load_model (threads: `set_cpu_threads` once the
+    model is loaded, since the default depends on its size)."""
     return {"device": args.device, "dtype": DTYPES[args.dtype] if args.dtype else None}

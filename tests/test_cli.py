@@ -163,3 +163,24 @@ def test_a_plug_in_decoders_own_setting_reaches_the_cli_the_app_and_the_rule(mon
 
     assert run()["nfe"] < 16
     assert run("--max-per-step", "1")["nfe"] == 16
+
+
+def test_cpu_threads_follow_the_model_size_unless_asked(checkpoint, tmp_path):
+    """The rule (engine/cli.py, measured by benchmarks/threads.py): one thread below 50M parameters,
+    torch's own count above; --threads wins. The app applies it per run (EngineHost.get)."""
+    import torch
+
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from engine.cli import SMALL_MODEL_PARAMETERS, TORCH_DEFAULT_THREADS, cpu_threads_for
+
+    assert cpu_threads_for(SMALL_MODEL_PARAMETERS - 1) == 1
+    assert cpu_threads_for(SMALL_MODEL_PARAMETERS) == TORCH_DEFAULT_THREADS
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        EngineHost(ModelSpec(str(checkpoint))).get(ModelSpec(str(checkpoint)))
+        assert torch.get_num_threads() == 1  # a tiny model
+        EngineHost(ModelSpec(str(checkpoint)), threads=2).get(ModelSpec(str(checkpoint)))
+        assert torch.get_num_threads() == 2  # --threads
+    finally:
+        torch.set_num_threads(before)

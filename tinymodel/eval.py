@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, TypeVar
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import GenerationOutput, generate
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             examples = free_text_examples()
         configs = [(name, setting_config(name, args.gen_length, args.block_length)) for name in args.settings]
         model = load_model(args.model, **runtime)
+        set_cpu_threads(model, args.threads)
         tokenizer = load_tokenizer(args.model)
         rows = [(name, c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for name, c in configs]
     except EngineError as exc:
