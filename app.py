@@ -14,24 +14,21 @@ import os
 import sys
 from pathlib import Path
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, checked_device
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dinfer_viz.host import DTYPES
-
     p = OneLineParser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
     # Environment defaults for hosts that start `python app.py` with no arguments (a Space)
     p.add_argument("--model", default=os.environ.get("DINFER_VIZ_MODEL", DEFAULT_MODEL), help="model folder or hub id (default: $DINFER_VIZ_MODEL, else the embedded model)")
-    p.add_argument("--device", type=checked_device, default=os.environ.get("DINFER_VIZ_DEVICE", "cpu"), help="cpu, cuda, cuda:1 ... (default: $DINFER_VIZ_DEVICE, else cpu)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: float32 on CPU, bfloat16 on GPUs")
+    add_runtime_args(p)
+    p.set_defaults(device=os.environ.get("DINFER_VIZ_DEVICE", "cpu"))
     # Left unset, Gradio's own settings decide (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a
     # Hugging Face Space sets them; else 127.0.0.1:7860): a flag overrides them only when given.
     p.add_argument("--host", default=None, help="address to listen on (0.0.0.0 for every interface; default: $GRADIO_SERVER_NAME or 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")
     p.add_argument("--fps", type=float, default=20.0, help="most live frames per second (grid and readouts)")
     p.add_argument("--plot-hz", type=float, default=3.0, help="most live plot redraws per second")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for models under 50M parameters, else one per core)")
     p.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt a visitor may send (characters)")
     p.add_argument("--max-gen-length", type=int, default=1024, help="largest generation length a visitor may ask for")
     p.add_argument("--public", action="store_true", help="serve visitors: only allow-listed models, no paths shown (on by default when --host is not loopback)")

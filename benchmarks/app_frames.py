@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from engine.cli import DEFAULT_MODEL
+from engine.cli import DEFAULT_MODEL, add_runtime_args
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -85,16 +85,12 @@ def main() -> None:
     parser.add_argument("--fps", type=float, default=20.0)
     parser.add_argument("--plot-hz", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    add_runtime_args(parser)
     args = parser.parse_args()
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     from dinfer_viz.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
-    host = EngineHost(ModelSpec(args.model))
+    host = EngineHost(ModelSpec(args.model, args.device, args.dtype), threads=args.threads)
     host.preload()
     if host.default_error:
         raise SystemExit(f"error: {host.default_error}")

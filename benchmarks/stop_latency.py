@@ -19,7 +19,7 @@ import time
 import torch
 
 from engine import GenerationConfig
-from engine.cli import OneLineParser
+from engine.cli import OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.iteration import GenerationCancelled, generate
 from engine.models import LLaDAModelLM
 from tinymodel.tokenizer import build_tokenizer, special_ids
@@ -32,7 +32,7 @@ def model_for(canvas: int, layers: int) -> LLaDAModelLM:
 
 
 def one_forward_seconds(model: LLaDAModelLM, canvas: int) -> float:
-    ids = torch.full((1, canvas), model.mask_token_id)
+    ids = torch.full((1, canvas), model.mask_token_id, device=model.device)
     with torch.inference_mode():
         t0 = time.perf_counter()
         model(input_ids=ids)
@@ -70,13 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--canvas", nargs="+", type=int, default=[4096, 16384])
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    add_runtime_args(parser)
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    runtime = apply_runtime(args)
     print("| canvas | layers | one forward (s) | stop to free (s) | ratio |\n|---|---|---|---|---|")
     for canvas in args.canvas:
-        model = model_for(canvas, args.layers)
+        model = model_for(canvas, args.layers).to(runtime["device"], runtime["dtype"] or torch.float32)
+        set_cpu_threads(model, args.threads)
         forward = statistics.median(one_forward_seconds(model, canvas) for _ in range(args.repeats))
         stop = statistics.median(stop_seconds(model, canvas) for _ in range(args.repeats))
         print(f"| {canvas} | {args.layers} | {forward:.2f} | {stop:.2f} | {stop / forward:.2f} |")

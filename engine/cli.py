@@ -60,11 +60,11 @@ class OneLineParser(argparse.ArgumentParser):
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """`--device`, `--dtype` and `--threads`: where and how a command runs the model."""
     parser.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: float32 on CPU, bfloat16 on accelerators")
+    parser.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto", help="auto: float32 on CPU, bfloat16 on accelerators")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for models under 50M parameters, else one per core)")
 
 
 def apply_runtime(args: argparse.Namespace) -> dict[str, typing.Any]:
     """The `device`/`dtype` keywords for Engine or load_model (threads: `set_cpu_threads` once the
     model is loaded, since the default depends on its size)."""
-    return {"device": args.device, "dtype": DTYPES[args.dtype] if args.dtype else None}
+    return {"device": args.device, "dtype": DTYPES.get(args.dtype)}  # "auto": None, the engine's choice
