@@ -91,7 +91,7 @@ def run_pass(
     cancel: threading.Event | None = None,
 ) -> list[Call]:
     """One generate call per prompt (batch 1), scored."""
-    answers = answer_prompts(engine.model, engine.tokenizer, items, encoded, config, scorer, trace=trace, cancel=cancel)
+    answers = answer_prompts(engine.generate_ids, engine.decode, items, encoded, config, scorer, trace=trace, cancel=cancel)
     return [Call(a.item.id, a.output.stats, a.wall_seconds, a.text, a.correct) for a in answers]
 
 

@@ -109,7 +109,7 @@ class EngineHost:
         else:
             others = [s for s in self._engines if s != self.default]
             while len(others) >= self._keep_others and others:
-                del self._engines[others.pop(0)]
+                self._engines.pop(others.pop(0)).close()  # a parallel engine's worker processes end here
             self._engines[spec] = self._load(spec)
         engine = self._engines[spec]
         if spec.device == "cpu":

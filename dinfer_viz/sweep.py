@@ -156,11 +156,8 @@ def run_sweep(
         kept = 0
         for value, cfg in zip(values, configs):
             encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
-            # named as Engine.generate names a run's trace, so a kept failure opens in the Run tab like a run
-            answers = answer_prompts(
-                engine.model, engine.tokenizer, examples, encoded, cfg, check_answer, trace=True, cancel=cancel,
-                max_tokens=engine.max_tokens, model_name=engine.name, token_strings=engine.token_strings,
-            )
+            # the engine's own generate: its trace named as a run's, so a kept failure opens in the Run tab like a run
+            answers = answer_prompts(engine.generate_ids, engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
             for answer in answers:
                 stats = answer.output.stats
                 outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds)

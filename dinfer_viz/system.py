@@ -24,12 +24,15 @@ class SystemOption:
     reason: str  # why it is unavailable (empty when available)
 
 
-# Engine keyword arguments the app knows how to offer, with what they need from the machine.
+# Engine keyword arguments the app knows how to offer, with what they need from the machine:
+# whether they run on the CPU, and how many CUDA devices they need on CUDA. A degree of N runs N
+# worker processes (engine/workers.py): on the CPU they share its cores, on CUDA each takes a
+# device, so the smallest degree that does anything (2) needs two.
 _KNOWN_OPTIONS = (
-    ("tp_size", "tensor-parallel degree", int, 2),
-    ("ep_size", "expert-parallel degree", int, 2),
-    ("compile", "torch.compile", bool, 0),
-    ("cuda_graphs", "CUDA graphs", bool, 1),
+    ("tp_size", "tensor-parallel degree", int, True, 2),
+    ("ep_size", "expert-parallel degree (MoE models)", int, True, 2),
+    ("compile", "torch.compile", bool, True, 0),
+    ("cuda_graphs", "CUDA graphs", bool, False, 1),
 )
 
 
@@ -45,14 +48,18 @@ def engine_parameters() -> set[str]:
     return set(inspect.signature(Engine.__init__).parameters) - {"self", "path", "device", "dtype"}
 
 
-def system_options() -> list[SystemOption]:
-    params, gpus = engine_parameters(), cuda_count()
+def system_options(device: str = "cpu") -> list[SystemOption]:
+    """Each known option for a model on `device`: offered, or why not."""
+    params, gpus, on_cpu = engine_parameters(), cuda_count(), torch.device(device).type == "cpu"
     out = []
-    for name, label, kind, gpus_needed in _KNOWN_OPTIONS:
+    for name, label, kind, runs_on_cpu, gpus_needed in _KNOWN_OPTIONS:
         if name not in params:
             reason = f"this engine build has no `{name}` option"
-        elif gpus < gpus_needed:
-            reason = f"needs {gpus_needed} CUDA GPU{'s' if gpus_needed > 1 else ''}; this machine has {gpus}"
+        elif on_cpu and not runs_on_cpu:
+            reason = "CUDA only; the model is on the CPU"
+        elif not on_cpu and gpus < gpus_needed:
+            each = " (one per process)" if kind is int else ""
+            reason = f"needs {gpus_needed} CUDA GPU{'s' if gpus_needed > 1 else ''}{each}; this machine has {gpus}"
         else:
             reason = ""
         out.append(SystemOption(name, label, kind, not reason, reason))

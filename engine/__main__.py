@@ -15,8 +15,6 @@ import sys
 import typing
 from pathlib import Path
 
-import torch
-
 from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from .config import CACHE_SETTINGS, GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
@@ -82,6 +80,7 @@ def check_writable(path: Path) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from .models import model_skeleton
     from .pipeline import Engine
 
     config = config_from_args(args)  # validate before the (slow) model load
@@ -93,27 +92,15 @@ def _generate(args: argparse.Namespace) -> int:
         check_writable(Path(args.trace))
     if args.threads is not None and args.threads < 1:
         raise EngineError(f"threads must be >= 1, got {args.threads}")
-    dtype = apply_runtime(args)["dtype"]
-    parallel = args.tp > 1 or args.ep > 1
-    device = args.device
-    if parallel:  # under torchrun: one process per device, each keeps its shard (engine/parallel.py)
-        from .parallel import init_distributed, shard_model
-
-        device = str(init_distributed(args.device))
-    engine = Engine(args.model, device=device, dtype=dtype)
-    set_cpu_threads(engine.model, args.threads)
-    if parallel:
-        shard_model(engine.model, args.tp, args.ep)
-    missing = engine.unencodable(args.prompt, config.use_chat_template)
-    if missing:
-        print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
-    result = engine.generate(args.prompt, config, trace=bool(args.trace))
+    runtime = apply_runtime(args)
+    # before the engine: --tp/--ep worker processes share this process's threads (engine/workers.py)
+    set_cpu_threads(model_skeleton(args.model), args.threads)
+    with Engine(args.model, **runtime, tp_size=args.tp, ep_size=args.ep) as engine:
+        missing = engine.unencodable(args.prompt, config.use_chat_template)
+        if missing:
+            print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
+        result = engine.generate(args.prompt, config, trace=bool(args.trace))
     out = result.output
-    if parallel:  # every rank decided the same tokens; rank 0 reports them
-        rank = torch.distributed.get_rank()
-        torch.distributed.destroy_process_group()
-        if rank != 0:
-            return 0
     if args.trace:
         Path(args.trace).write_text(out.trace.to_json())
     if args.json:
@@ -134,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_runtime_args(gen)
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: the number of torchrun processes")
-    gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): the number of torchrun processes")
+    gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: that many worker processes (one GPU each on CUDA)")
+    gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): that many worker processes (one GPU each on CUDA)")
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
     return parser

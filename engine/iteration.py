@@ -23,10 +23,9 @@ plain runs can differ; otherwise they give the same tokens.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -43,8 +42,15 @@ class GenerationCancelled(EngineError):
     """Raised between iterations, or between layers inside a forward, when the caller's cancel event is set."""
 
 
+class CancelFlag(Protocol):
+    """What generate reads from its `cancel`: a threading.Event, or a parallel rank's flag, which
+    must answer each check alike on every rank (engine/workers.py: RankCancel)."""
+
+    def is_set(self) -> bool: ...
+
+
 @contextlib.contextmanager
-def cancel_between_layers(model: DiffusionLM, cancel: threading.Event | None) -> Iterator[None]:
+def cancel_between_layers(model: DiffusionLM, cancel: CancelFlag | None) -> Iterator[None]:
     """Check `cancel` before every layer of every forward, so that Stop ends even one long forward
     (a long canvas on a CPU) within one layer's time rather than at the next iteration."""
     if cancel is None:
@@ -61,6 +67,15 @@ def cancel_between_layers(model: DiffusionLM, cancel: threading.Event | None) ->
     finally:
         for handle in handles:
             handle.remove()
+
+
+def check_request(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> None:
+    """Everything generate refuses before any forward: an invalid config, an empty prompt, a canvas
+    too long. Reads only the model's config, so a model skeleton (no weights) can answer it."""
+    config.validate()
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise EngineError("empty prompt")
+    check_canvas(model, prompts, config, max_tokens)
 
 
 def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> None:
@@ -111,7 +126,7 @@ class _Request:
         record: bool,
         on_start: Callable[[Trace], None] | None,
         on_iteration: Callable[[IterationRecord], None] | None,
-        cancel: threading.Event | None,
+        cancel: CancelFlag | None,
         model_name: str | None,
         token_strings: TokenStrings | None,
     ) -> None:
@@ -333,7 +348,7 @@ def generate(
     trace: bool = False,
     on_start: Callable[[Trace], None] | None = None,
     on_iteration: Callable[[IterationRecord], None] | None = None,
-    cancel: threading.Event | None = None,
+    cancel: CancelFlag | None = None,
     max_tokens: int | None = None,
     model_name: str | None = None,
     token_strings: TokenStrings | None = None,
@@ -350,10 +365,9 @@ def generate(
     GenerationCancelled is raised. `max_tokens`: a caller's bound on the canvas (prompt + gen_length),
     besides the model's own (`check_canvas`).
     """
-    config.validate()
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise EngineError("empty prompt")
-    check_canvas(model, prompts, config, max_tokens)
+    check_request(model, prompts, config, max_tokens)
+    if model.device.type == "meta":
+        raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
     stop_ids = stop_ids or [model.eos_token_id]
     record = trace or on_start is not None or on_iteration is not None or config.measure_staleness
     request = _Request(

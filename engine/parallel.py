@@ -1,7 +1,8 @@
 """Tensor and expert parallelism over torch.distributed (docs/algorithms.md §6.4).
 
-One process per device (launched by torchrun; NCCL on GPUs, gloo on CPU). Every rank loads the
-whole checkpoint onto its device, keeps its shard (`shard_model`), and runs the same decoding loop: the embedding, the norms, the
+One process per device (an Engine's worker processes, engine/workers.py; NCCL on GPUs, gloo on
+CPU). Every rank loads the whole checkpoint onto its device, keeps its shard (`shard_model`), and
+runs the same decoding loop: the embedding, the norms, the
 routers and the lm_head are replicated, so every rank sees identical logits and makes identical
 decisions with no broadcast of the canvas (docs/algorithms.md §8 item 14).
 
@@ -73,10 +74,9 @@ class RowParallelLinear(nn.Linear):
 
 
 def init_distributed(device: str) -> torch.device:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the
-    environment): NCCL on CUDA, each rank on its LOCAL_RANK device; gloo on CPU."""
-    if "WORLD_SIZE" not in os.environ:
-        raise EngineError("--tp/--ep need one process per device: launch with torchrun, e.g. torchrun --nproc-per-node 2 -m engine generate ... --tp 2")
+    """Join the process group the environment describes as torchrun would (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR/PORT; engine/workers.py sets them): NCCL on CUDA, each rank on its
+    LOCAL_RANK device; gloo on CPU."""
     target = torch.device(device)
     if target.type == "cuda":
         target = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -101,12 +101,16 @@ def _planned_linears(model: nn.Module, plan: TensorParallelPlan) -> list[tuple[n
     return found
 
 
-def check_degrees(model: DiffusionLM, tp: int, ep: int, world: int) -> None:
+def check_degrees(model: DiffusionLM, tp: int, ep: int, world: int | None = None) -> None:
     """Raise EngineError unless `model` splits `tp`-way (heads, KV heads, MLP widths) and `ep`-way
-    (experts) over `world` processes. Touches nothing, so a failure leaves the model intact."""
+    (experts) over `world` processes (default: max(tp, ep), as an Engine starts them). Touches
+    nothing, so a failure leaves the model intact."""
     name = type(model).__name__
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in (tp, ep)):  # degrees may come from JSON
+        raise EngineError(f"tp and ep must be whole numbers, got tp={tp!r}, ep={ep!r}")
     if tp < 1 or ep < 1:
         raise EngineError(f"tp and ep must be >= 1, got tp={tp}, ep={ep}")
+    world = max(tp, ep) if world is None else world
     if tp not in (1, world) or ep not in (1, world) or max(tp, ep) != world:
         raise EngineError(f"tp={tp}, ep={ep}: each must be 1 or the number of processes ({world}), and one of them {world}")
     moes = _sparse_moes(model)

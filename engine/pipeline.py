@@ -5,17 +5,21 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from types import TracebackType
 from typing import Callable
 
 import torch
 
 from .config import GenerationConfig
 from .errors import EngineError
-from .iteration import GenerationOutput, generate
-from .models import DiffusionLM, load_model
+from .iteration import CancelFlag, GenerationOutput, check_request, generate
+from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
+from .parallel import check_degrees, shard_model
 from .trace import IterationRecord, Trace
+from .workers import Generate, WorkerGroup
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
 _END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
@@ -64,16 +68,57 @@ class TextResult:
         return self.texts[0]
 
 
+def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, device: str) -> Generate:
+    """In a worker process (engine/workers.py), its process group joined: this rank's one-process
+    Engine on `device`, cut to its shard; its token-level generate."""
+    engine = Engine(path, device=device, dtype=dtype, max_tokens=max_tokens)
+    shard_model(engine.model, tp_size, ep_size)
+    return engine.generate_ids
+
+
 class Engine:
     """A loaded model with its tokenizer: `Engine(path).generate("Q: 48+57=? A:", config)`."""
 
-    def __init__(self, path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype | None = None, max_tokens: int | None = None) -> None:
-        """`max_tokens`: refuse canvases (prompt + gen_length) longer than this, besides the model's own limit."""
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_tokens: int | None = None,
+        tp_size: int = 1,
+        ep_size: int = 1,
+    ) -> None:
+        """`max_tokens`: refuse canvases (prompt + gen_length) longer than this, besides the model's own limit.
+
+        `tp_size`/`ep_size` > 1: tensor/expert parallelism over max(tp_size, ep_size) worker
+        processes (each 1 or that number; ep_size only for MoE models), one per CUDA device on
+        CUDA, on the CPU otherwise (docs/algorithms.md §6.4). The weights live in the workers
+        until `close()`; this process keeps the tokenizer and `model` as a skeleton on the meta
+        device (config, special ids, limits, parameter count), and `generate` works as with one
+        process.
+        """
         self.path = str(path)
         self.max_tokens = max_tokens
-        self.model = load_model(path, device=device, dtype=dtype)
+        self._closed = False
+        skeleton = model_skeleton(path)
+        check_degrees(skeleton, tp_size, ep_size)  # before any weight is read or process started
+        world = max(tp_size, ep_size)
+        self.model = skeleton if world > 1 else load_model(path, device=device, dtype=dtype)
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
+        self._workers = WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size)) if world > 1 else None
+
+    def close(self) -> None:
+        """End the worker processes (a parallel engine); the engine generates no more."""
+        self._closed = True
+        if self._workers is not None:
+            self._workers.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
     @property
     def name(self) -> str:
@@ -122,8 +167,27 @@ class Engine:
         header, named and with token strings, before the first forward; see engine.generate."""
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
-        out = generate(
-            self.model, encoded, config, stop_ids=self.stop_ids, trace=trace, on_start=on_start, on_iteration=on_iteration,
-            cancel=cancel, max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings,
-        )
+        out = self.generate_ids(encoded, config, trace=trace, on_start=on_start, on_iteration=on_iteration, cancel=cancel)
         return TextResult([self.decode(ids) for ids in out.token_ids], out)
+
+    def generate_ids(
+        self,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        *,
+        trace: bool = False,
+        on_start: Callable[[Trace], None] | None = None,
+        on_iteration: Callable[[IterationRecord], None] | None = None,
+        cancel: CancelFlag | None = None,
+    ) -> GenerationOutput:
+        """engine.generate on token ids, with this engine's stop ids, limit, name and token strings;
+        on a parallel engine, in its workers (the output's canvas then on the CPU)."""
+        if self._closed:
+            raise EngineError("this engine was closed; load the model again")
+        if self._workers is None:
+            return generate(
+                self.model, prompts, config, stop_ids=self.stop_ids, trace=trace, on_start=on_start, on_iteration=on_iteration,
+                cancel=cancel, max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings,
+            )
+        check_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
+        return self._workers.generate(prompts, config, trace=trace, on_start=on_start, on_iteration=on_iteration, cancel=cancel)

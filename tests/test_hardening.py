@@ -277,7 +277,7 @@ APP_RUN_CASES = {
     "device cuda without cuda": ({"model": {"device": "cuda:7"}}, "device"),
     "device nonsense": ({"model": {"device": "toaster"}}, "device"),
     "unknown model key": ({"model": {"turbo": True}}, "unknown model setting 'turbo'"),
-    "unavailable option": ({"model": {"tp_size": 2}}, "tensor-parallel degree is unavailable"),
+    "unavailable option": ({"model": {"cuda_graphs": True}}, "CUDA graphs is unavailable"),
     "settings not an object": ([1, 2], "settings must be a JSON object"),
     "config not an object": ({"config": "fast"}, "'config' must be an object"),
     "unknown config key": ({"config": {"warp": 9}}, "unknown generation setting"),

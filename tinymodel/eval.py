@@ -24,7 +24,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Generic, Iterator, Sequence, TypeVar
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
@@ -55,8 +56,8 @@ class Answer(Generic[Item]):
 
 
 def answer_prompts(
-    model: DiffusionLM,
-    tokenizer: PreTrainedTokenizerBase,
+    generate_ids: Callable[..., GenerationOutput],
+    decode: Callable[[list[int]], str],
     items: Sequence[Item],
     encoded: Sequence[list[int]],
     config: GenerationConfig,
@@ -65,24 +66,24 @@ def answer_prompts(
     batch_size: int = 1,
     trace: bool = False,
     cancel: threading.Event | None = None,
-    **generate_options: Any,
 ) -> Iterator[Answer[Item]]:
     """Generate the items' prompts in order, `batch_size` rows a call, and yield each item's answer,
     verified, as soon as its call returns (a caller reports progress, or stops, between answers).
 
+    `generate_ids(prompts, config, trace=, cancel=)` generates token ids with the stop ids bound and
+    `decode` turns a row's ids into text: an Engine's `generate_ids` and `decode` (the app and the
+    benchmarks, whose engine may run in worker processes), or engine.generate on a model with its
+    `stop_ids_for` and the tokenizer's decode (`evaluate`: training evaluates a model no Engine holds).
     `encoded` is each item's prompt already tokenised: the benchmarks tokenise once before any
     timing, the app through its Engine's chat template, the eval command as the embedded model was
-    trained. A model and tokenizer rather than an Engine, because training evaluates the model it is
-    training, which no Engine holds. `cancel` set: engine.GenerationCancelled from the running call.
-    `generate_options` go to engine.generate as they are (the app names its traces' model and tokens).
+    trained. `cancel` set: engine.GenerationCancelled from the running call.
     """
-    stop_ids = stop_ids_for(model, tokenizer)  # the rule Engine.stop_ids follows
     for start in range(0, len(items), batch_size):
         began = time.perf_counter()
-        out = generate(model, list(encoded[start : start + batch_size]), config, stop_ids=stop_ids, trace=trace, cancel=cancel, **generate_options)
+        out = generate_ids(list(encoded[start : start + batch_size]), config, trace=trace, cancel=cancel)
         wall = time.perf_counter() - began
         for row, item in enumerate(items[start : start + batch_size]):
-            text = tokenizer.decode(out.token_ids[row], skip_special_tokens=True)  # as Engine.decode
+            text = decode(out.token_ids[row])
             yield Answer(item, text, verify(item, text), out, row, wall)
 
 
@@ -173,12 +174,16 @@ def evaluate(
     """Score `examples` (any mix of tasks) with `config`; rows are batched in order."""
     # the embedded model was trained on bare prompts (its tokenizer has no chat template either)
     encoded = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
-    answers = answer_prompts(model, tokenizer, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
+    stop_ids = stop_ids_for(model, tokenizer)  # the rule Engine.stop_ids follows
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)  # as Engine.decode
+
+    answers = answer_prompts(partial(generate, model, stop_ids=stop_ids), decode, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
     if progress:
         from tqdm import tqdm
 
         answers = tqdm(answers, total=len(examples), desc=f"{config.decoder} gen {config.gen_length} block {config.block_length}", leave=False)
-    stop_ids = stop_ids_for(model, tokenizer)
     scores: dict[str, TaskScore] = {}
     for answer in answers:
         if answer.row == 0:  # a new batch: read its trace once for all of its rows

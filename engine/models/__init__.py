@@ -4,7 +4,7 @@ from .base import DiffusionLM, ModelOutput
 from .llada import LLaDAModelLM
 from .llada2 import LLaDA2MoeModelLM
 from .llada_moe import LLaDAMoEModelLM
-from .loader import family_names, load_model, model_class, register_family, save_model
+from .loader import family_names, load_model, model_class, model_skeleton, register_family, save_model
 
 register_family(
     "llada",
@@ -33,6 +33,7 @@ __all__ = [
     "family_names",
     "load_model",
     "model_class",
+    "model_skeleton",
     "register_family",
     "save_model",
 ]

@@ -171,12 +171,11 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DiffusionLM:
-    """Build the model family named by config.json and fill it from the folder's safetensors."""
+def _skeleton(path: str | os.PathLike) -> tuple[Path, DiffusionLM]:
+    """The folder, and the family config.json names built on the meta device (no memory)."""
     folder = resolve_model_path(path)
     config = read_config(folder)
     cls = model_class(config)
-    dtype = dtype or default_dtype(device)
     try:
         with torch.device("meta"):
             model = cls(config)
@@ -184,11 +183,25 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtyp
         raise
     except Exception as exc:  # a field of the wrong type or value that the family's checks missed
         raise EngineError(f"{folder / 'config.json'} does not describe a {cls.__name__}: {type(exc).__name__}: {exc}") from exc
-    expected = {name: t for name, t in model.state_dict().items()}
-    state = load_state_dict(folder, expected, dtype, device, cls.fp32_suffixes, model.checkpoint_sources)
-    model.load_state_dict(state, strict=True, assign=True)
     model.name_or_path = str(path)
-    return model.eval().requires_grad_(False)
+    return folder, model.eval().requires_grad_(False)
+
+
+def model_skeleton(path: str | os.PathLike) -> DiffusionLM:
+    """The model config.json describes, on the meta device: its modules and shapes, special ids,
+    limits and parameter count, without reading a weight. What an Engine whose weights live in
+    worker processes keeps (engine/workers.py); it cannot run a forward."""
+    return _skeleton(path)[1]
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DiffusionLM:
+    """Build the model family named by config.json and fill it from the folder's safetensors."""
+    folder, model = _skeleton(path)
+    dtype = dtype or default_dtype(device)
+    expected = {name: t for name, t in model.state_dict().items()}
+    state = load_state_dict(folder, expected, dtype, device, type(model).fp32_suffixes, model.checkpoint_sources)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
 
 
 def save_model(model: DiffusionLM, folder: str | os.PathLike, max_shard_bytes: int | None = None) -> Path:
