@@ -282,7 +282,7 @@ def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callab
         checked_device(device)
     except argparse.ArgumentTypeError as exc:
         raise EngineError(f"device {exc}") from None
-    offered = {o.name: o for o in system_options()}
+    offered = {o.name: o for o in system_options(device)}
     options = []
     for key, value in sorted((k, v) for k, v in model.items() if k not in ("path", "device", "dtype")):
         if key not in offered:

@@ -12,7 +12,7 @@ import gradio as gr
 from engine import EngineError
 
 from ..host import DTYPES
-from ..system import describe_machine, devices, system_options
+from ..system import SystemOption, describe_machine, devices, system_options
 from .common import ENGINE_QUEUE, TabHandlers, error_text, guarded
 
 
@@ -40,6 +40,10 @@ class ModelHandlers(TabHandlers):
         return f"default model: `{d.label or d.path}` on {d.device} ({state})"
 
 
+def _option_update(opt: SystemOption) -> dict[str, Any]:
+    return {"interactive": opt.available, "info": None if opt.available else f"unavailable: {opt.reason}"}
+
+
 def build(h: ModelHandlers) -> list[gr.components.Component]:
     """The section and its Load button; returns its controls in TabHandlers.settings' order
     (path, device, dtype, the system options)."""
@@ -53,15 +57,24 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
         device = gr.Dropdown(devices(), value=host.default.device, label="device", allow_custom_value=True)
         dtype = gr.Dropdown(list(DTYPES), value=host.default.dtype, label="dtype", info="auto: float32 on CPU, bfloat16 on GPUs")
         options = []
-        for opt in system_options():
-            info = None if opt.available else f"unavailable: {opt.reason}"
+        for opt in system_options(host.default.device):
             if opt.kind is bool:
-                options.append(gr.Checkbox(label=opt.label, value=False, interactive=opt.available, info=info))
+                options.append(gr.Checkbox(label=opt.label, value=False, **_option_update(opt)))
             else:
-                options.append(gr.Number(label=opt.label, value=1, precision=0, minimum=1, interactive=opt.available, info=info))
+                options.append(gr.Number(label=opt.label, value=1, precision=0, minimum=1, **_option_update(opt)))
         load_btn = gr.Button("Load model")
         load_msg = gr.Markdown()
         gr.Markdown(describe_machine())
     inputs = [model_path, device, dtype, *options]
+
+    def offer(chosen: str) -> list[Any]:
+        """What each system option can do on the chosen device (CUDA graphs need CUDA, a degree
+        of N on CUDA needs N GPUs); an unknown device leaves the controls as they are."""
+        try:
+            return [gr.update(**_option_update(opt)) for opt in system_options(chosen)]
+        except RuntimeError:  # not a device name: the run's validation says so
+            return [gr.update() for _ in options]
+
+    device.change(offer, device, options, queue=False)
     load_btn.click(h.load_model, inputs, load_msg, api_name="load_model", **ENGINE_QUEUE)
     return inputs
