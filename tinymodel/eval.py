@@ -163,6 +163,21 @@ def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int)
     return out
 
 
+def model_answers(
+    model: DiffusionLM, tokenizer: PreTrainedTokenizerBase, examples: list[Example], config: GenerationConfig, batch_size: int = 1
+) -> Iterator[Answer[Example]]:
+    """`answer_prompts` for task examples on a bare model (no Engine), traced, verified by their
+    family: what `evaluate` scores and tinymodel.distill collects trajectories from."""
+    # the embedded model was trained on bare prompts (its tokenizer has no chat template either)
+    encoded = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    stop_ids = stop_ids_for(model, tokenizer)  # the rule Engine.stop_ids follows
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)  # as Engine.decode
+
+    return answer_prompts(partial(generate, model, stop_ids=stop_ids), decode, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
+
+
 def evaluate(
     model: DiffusionLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -172,14 +187,8 @@ def evaluate(
     progress: bool = False,
 ) -> dict[str, TaskScore]:
     """Score `examples` (any mix of tasks) with `config`; rows are batched in order."""
-    # the embedded model was trained on bare prompts (its tokenizer has no chat template either)
-    encoded = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
-    stop_ids = stop_ids_for(model, tokenizer)  # the rule Engine.stop_ids follows
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)  # as Engine.decode
-
-    answers = answer_prompts(partial(generate, model, stop_ids=stop_ids), decode, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
+    stop_ids = stop_ids_for(model, tokenizer)
+    answers = model_answers(model, tokenizer, examples, config, batch_size)
     if progress:
         from tqdm import tqdm
 
@@ -229,15 +238,17 @@ def setting_config(name: str, gen_length: int, block_length: int) -> GenerationC
 
 
 def format_table(rows: list[tuple[str, GenerationConfig, dict[str, TaskScore]]], batch_size: int) -> str:
+    # the setting column fits the longest row name (tinymodel.distill prefixes the model's)
+    width = max([13] + [len(name) + 1 for name, _, _ in rows])
     header = (
-        f"{'setting':<13}{'family':<16}{'n':>5}{'valid %':>9}{'TPF':>7}{'NFE':>7}{'TPS':>9}"
+        f"{'setting':<{width}}{'family':<16}{'n':>5}{'valid %':>9}{'TPF':>7}{'NFE':>7}{'TPS':>9}"
         f"{'mean conf R/W':>16}{'min conf R/W':>16}"
     )
     lines = [header, "-" * len(header)]
     for name, config, scores in rows:
         for task, s in sorted(scores.items()):
             lines.append(
-                f"{name:<13}{task:<16}{s.n:>5}{100 * s.accuracy:>9.1f}{s.tpf:>7.2f}{s.nfe / max(s.n, 1):>7.1f}{s.tps:>9.1f}"
+                f"{name:<{width}}{task:<16}{s.n:>5}{100 * s.accuracy:>9.1f}{s.tpf:>7.2f}{s.nfe / max(s.n, 1):>7.1f}{s.tps:>9.1f}"
                 f"{_fmt(s.mean_confidence(True)) + '/' + _fmt(s.mean_confidence(False)):>16}"
                 f"{_fmt(s.mean_confidence(True, 'min')) + '/' + _fmt(s.mean_confidence(False, 'min')):>16}"
             )
@@ -252,7 +263,7 @@ def format_table(rows: list[tuple[str, GenerationConfig, dict[str, TaskScore]]],
     for name, config, scores in rows:
         pooled = TaskScore(answers=[a for s in scores.values() for a in s.answers])
         cells = "  ".join(f"[{lo:g},{hi:g}) {n} {100 * acc:.1f}" for lo, hi, n, acc in pooled.buckets())
-        lines.append(f"{name:<13}  {cells}")
+        lines.append(f"{name:<{width}}  {cells}")
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ trains on a GPU (the noise is drawn on the CPU, so a seed gives the same run on 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -34,6 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +45,7 @@ from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.models import LLaDAModelLM, load_model, save_model
 
-from .eval import evaluate
+from .eval import TaskScore, evaluate
 from .tasks import TASKS, Example, ExampleSampler, held_out_examples
 from .tokenizer import build_tokenizer, hf_tokenizer, save_tokenizer, special_ids
 
@@ -93,6 +95,9 @@ class TrainConfig:
     # a model folder to start from (fresh optimizer and schedule): continue training a shipped model;
     # the architecture flags must describe that folder's model
     init_from: str = ""
+
+
+Config = TypeVar("Config", bound=TrainConfig)  # TrainConfig or a subclass (tinymodel.distill's)
 
 
 def model_config(cfg: TrainConfig) -> dict:
@@ -232,14 +237,24 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
     return cfg.lr * warm * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def held_out_accuracy(model: LLaDAModelLM, tokenizer, cfg: TrainConfig) -> dict[str, float]:
+def held_out_scores(model: LLaDAModelLM, tokenizer, cfg: TrainConfig) -> dict[str, TaskScore]:
     """Threshold decoder at 0.9, gen 64, block 32, on a fixed sample of held-out prompts."""
     examples = held_out_examples(list(cfg.tasks), cfg.eval_per_task, seed=cfg.seed)
     config = GenerationConfig(gen_length=64, block_length=32, decoder="threshold", threshold=0.9)
     model.eval()
     scores = evaluate(model, tokenizer, examples, config, batch_size=len(examples))
     model.train()
-    return {task: s.accuracy for task, s in scores.items()}
+    return scores
+
+
+def running_mean(mean: float | None, value: float) -> float:
+    """The loss the logs show: an exponential moving average over about the last 50 steps."""
+    return value if mean is None else 0.98 * mean + 0.02 * value
+
+
+def accuracy_report(scores: dict[str, TaskScore]) -> str:
+    """The held-out part of a checkpoint's log line: each family's valid rate."""
+    return "acc " + " ".join(f"{k} {100 * s.accuracy:.1f}%" for k, s in scores.items())
 
 
 def save_resume(
@@ -261,91 +276,122 @@ def save_resume(
     tmp.replace(path)
 
 
-def train(cfg: TrainConfig, log=print) -> dict:
-    """Run (or resume) training; returns a summary with the final loss and held-out accuracy."""
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    run_dir, out = Path(cfg.run_dir), Path(cfg.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    evaluation_tokenizer = hf_tokenizer()
-    ids = special_ids(tokenizer)
-    model = LLaDAModelLM(model_config(cfg))
-    init_weights(model, cfg.seed)
-    if cfg.init_from and not cfg.resume:
-        warm_start(model, cfg.init_from)
-        log(f"weights from {cfg.init_from}")
-    model.to(cfg.device)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.98),
-    )
-    sampler = ExampleSampler(list(cfg.tasks), cfg.seed, weights=task_weights(cfg))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    start, minutes_before = 0, 0.0
-    resume_path = run_dir / RESUME_FILE
-    if cfg.resume:
-        if not resume_path.is_file():
-            raise EngineError(f"--resume given but {resume_path} does not exist")
-        state = torch.load(resume_path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        sampler.restore(state["sampler"])
-        generator.set_state(state["generator"])
+class Trainer:
+    """One run's model, optimizer, samplers and counters, and the loop that steps, evaluates, saves
+    and resumes them. `train` runs it on the ordinary objective (`sft_loss`); tinymodel.distill runs
+    the same loop on a loss of its own, so both share the checkpoints, the schedule and resume."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print) -> None:
+        torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.log = cfg, log
+        self.run_dir, self.out = Path(cfg.run_dir), Path(cfg.out)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tokenizer = build_tokenizer()
+        self.evaluation_tokenizer = hf_tokenizer()
+        self.ids = special_ids(self.tokenizer)
+        self.model = LLaDAModelLM(model_config(cfg))
+        init_weights(self.model, cfg.seed)
+        if cfg.init_from and not cfg.resume:
+            warm_start(self.model, cfg.init_from)
+            log(f"weights from {cfg.init_from}")
+        self.model.to(cfg.device)
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+        )
+        self.sampler = ExampleSampler(list(cfg.tasks), cfg.seed, weights=task_weights(cfg))
+        # every random draw of the loop on the torch side (masks; distillation's pairs) comes from this
+        # CPU generator, which the resume file carries
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.step, self.minutes_before = 0, 0.0
+        self.resume_path = self.run_dir / RESUME_FILE
+        if cfg.resume:
+            self._restore()
+        (self.run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+
+    def _restore(self) -> None:
+        if not self.resume_path.is_file():
+            raise EngineError(f"--resume given but {self.resume_path} does not exist")
+        state = torch.load(self.resume_path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.restore(state["sampler"])
+        self.generator.set_state(state["generator"])
         random.setstate(state["python_random"])
-        start, minutes_before = state["step"], state["minutes"]
-        log(f"resumed from {resume_path} at step {start}")
-    (run_dir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    params = sum(p.numel() for p in model.parameters())
-    log(f"model: {params / 1e6:.2f}M parameters; {cfg.steps} steps of {cfg.batch_size}")
-    forward = torch.compile(model, dynamic=True) if cfg.compile else model
-    model.train()
+        self.step, self.minutes_before = state["step"], state["minutes"]
+        self.log(f"resumed from {self.resume_path} at step {self.step}")
 
-    from tqdm import tqdm
-
-    bar = tqdm(initial=start, total=cfg.steps, desc="train", mininterval=10)
-    t0, ema, accuracy, step = time.perf_counter(), None, {}, start
-
-    def minutes() -> float:
-        return minutes_before + (time.perf_counter() - t0) / 60
-
-    progress = schedule_progress(cfg, step, minutes())
-    while progress < 1.0:
+    def sft_loss(self, forward: torch.nn.Module) -> torch.Tensor:
+        """One batch of the ordinary objective (LLaDA SFT masked diffusion) through `forward`."""
+        cfg = self.cfg
         gen_length = gen_length_sample(cfg)
-        batch, response = make_batch(sampler.batch(batch_size(cfg, gen_length)), tokenizer, gen_length, ids["eos_token_id"])
-        batch, response = batch.to(cfg.device), response.to(cfg.device)
-        lr = learning_rate(cfg, step, progress)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = diffusion_loss(forward, batch, response, ids["mask_token_id"], cfg.eps, generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        step += 1
-        bar.update()
-        bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", refresh=False)
-        progress = schedule_progress(cfg, step, minutes())
-        if step % cfg.eval_every == 0 or progress >= 1.0:
-            accuracy = held_out_accuracy(model, evaluation_tokenizer, cfg)
-            log(f"step {step} loss {ema:.4f} held-out acc " + " ".join(f"{k} {100 * v:.1f}%" for k, v in accuracy.items()) + f" ({minutes():.1f} min)")
-            save_model(model, out)
-            save_tokenizer(out)
-            save_resume(resume_path, step, minutes(), model, optimizer, sampler, generator)
-    bar.close()
-    summary = {"steps": step, "loss": ema, "held_out_accuracy": accuracy, "minutes": minutes(), "parameters": params}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+        batch, response = make_batch(self.sampler.batch(batch_size(cfg, gen_length)), self.tokenizer, gen_length, self.ids["eos_token_id"])
+        return diffusion_loss(forward, batch.to(cfg.device), response.to(cfg.device), self.ids["mask_token_id"], cfg.eps, self.generator)
+
+    def checkpoint(self, minutes: float) -> None:
+        """The model folder (config, safetensors, tokenizer files) and the resume file."""
+        save_model(self.model, self.out)
+        save_tokenizer(self.out)
+        save_resume(self.resume_path, self.step, minutes, self.model, self.optimizer, self.sampler, self.generator)
+
+    def run(
+        self, loss: Callable[[torch.nn.Module], torch.Tensor], report: Callable[[dict[str, TaskScore]], str] = accuracy_report
+    ) -> dict:
+        """Step on `loss(forward)` until the schedule ends, scoring and saving every `eval_every`
+        steps and at the end; returns the summary (also written to the run folder's summary.json)."""
+        cfg, model = self.cfg, self.model
+        params = sum(p.numel() for p in model.parameters())
+        self.log(f"model: {params / 1e6:.2f}M parameters; {cfg.steps} steps of {cfg.batch_size}")
+        forward = torch.compile(model, dynamic=True) if cfg.compile else model
+        model.train()
+
+        from tqdm import tqdm
+
+        bar = tqdm(initial=self.step, total=cfg.steps, desc="train", mininterval=10)
+        t0, ema, scores = time.perf_counter(), None, {}
+
+        def minutes() -> float:
+            return self.minutes_before + (time.perf_counter() - t0) / 60
+
+        progress = schedule_progress(cfg, self.step, minutes())
+        while progress < 1.0:
+            lr = learning_rate(cfg, self.step, progress)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            value = loss(forward)
+            self.optimizer.zero_grad(set_to_none=True)
+            value.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            ema = running_mean(ema, value.item())
+            self.step += 1
+            bar.update()
+            bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", refresh=False)
+            progress = schedule_progress(cfg, self.step, minutes())
+            if self.step % cfg.eval_every == 0 or progress >= 1.0:
+                scores = held_out_scores(model, self.evaluation_tokenizer, cfg)
+                self.log(f"step {self.step} loss {ema:.4f} held-out {report(scores)} ({minutes():.1f} min)")
+                self.checkpoint(minutes())
+        bar.close()
+        accuracy = {task: s.accuracy for task, s in scores.items()}
+        summary = {"steps": self.step, "loss": ema, "held_out_accuracy": accuracy, "minutes": minutes(), "parameters": params}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
 
 
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    defaults = TrainConfig()
-    parser = OneLineParser(prog="python -m tinymodel.train", description=__doc__.split("\n\n")[0])
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
+    """Run (or resume) training; returns a summary with the final loss and held-out accuracy."""
+    trainer = Trainer(cfg, log)
+    return trainer.run(trainer.sft_loss)
+
+
+def add_config_args(parser: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """One flag per field of `defaults` (a TrainConfig or a subclass), with its default."""
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
         if name == "device":
@@ -358,10 +404,12 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
             parser.add_argument(flag, nargs="+", type=float, default=list(value))
         else:
             parser.add_argument(flag, type=type(value), default=value)
-    args = vars(parser.parse_args(argv))
-    args["tasks"] = tuple(args["tasks"])
-    args["task_weights"] = tuple(args["task_weights"])
-    cfg = TrainConfig(**args)
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: dict, cls: type[Config]) -> Config:
+    """The config the parsed flags describe, checked; a bad combination is the parser's one-line error."""
+    args = {**args, "tasks": tuple(args["tasks"]), "task_weights": tuple(args["task_weights"])}
+    cfg = cls(**args)
     if not (1 <= cfg.min_gen <= cfg.max_gen):
         parser.error("need 1 <= --min-gen <= --max-gen")
     try:  # the sampler holds the rule for weights
@@ -373,6 +421,12 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     if min(cfg.steps, cfg.batch_size, cfg.eval_every, cfg.threads) < 1:
         parser.error("--steps, --batch-size, --eval-every and --threads must be positive")
     return cfg
+
+
+def parse_args(argv: list[str] | None) -> TrainConfig:
+    parser = OneLineParser(prog="python -m tinymodel.train", description=__doc__.split("\n\n")[0])
+    add_config_args(parser, TrainConfig())
+    return config_from_args(parser, vars(parser.parse_args(argv)), TrainConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
