@@ -14,7 +14,13 @@ N(0, 0.02), so nothing is downloaded and nothing large is initialised on the hos
    is larger. Bytes = the weights the forward touches (the experts its tokens route to, for an
    MoE: 64·(1-(1-8/64)^q) of 64 per layer under uniform routing, docs/performance.md §1.2) + the cached
    K/V it reads + the fresh K/V of its query tokens; embedding lookups and activations ignored;
-3. a full generate with the fixed decoder committing `tokens_per_step` tokens per iteration (so the
+3. the dual forward (the cached hot path) as the plain model runs it and behind static shapes
+   (engine/compiled.py, `--static`): torch.compile, CUDA graphs, both. Per variant: the first call
+   (compiling or capturing included), the median ms per forward against the floor, and, queued
+   back to back without a sync, ms per forward and the median device gap between one forward's
+   last kernel and the next one's first (CUDA events: launch overhead the GPU waits through), and
+   the logits' relative L2 error against the plain forward (same tolerance as step 1);
+4. a full generate with the fixed decoder committing `tokens_per_step` tokens per iteration (so the
    schedule, hence NFE, does not depend on the random weights), no early stop, per cache mode:
    NFE, TPS, TPF, ms per forward, and the floor summed over the forwards that actually ran.
 Bandwidth: the card's nominal figure where known (H200 4.8 TB/s), and the measured device copy.
@@ -34,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from engine.cache import DUAL, FULL, PREFIX, WINDOW, ForwardPlan, KVCacheManager
+from engine.compiled import CompiledLM
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import generate
@@ -68,6 +75,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 FULL_DEFAULTS = dict(prompt_length=512, gen_length=256, block_length=32, repeats=20)
 TINY_DEFAULTS = dict(prompt_length=24, gen_length=16, block_length=8, repeats=5)
 MODES = (("full", "none"), ("refresh", "dual"), ("prefix", "prefix"), ("dual", "dual"), ("window", "vicinity"))
+# --static variants: name -> (compile, cuda_graphs) of engine/compiled.py's CompiledLM
+STATIC = {"eager": (False, False), "compile": (True, False), "graphs": (False, True), "compile+graphs": (True, True)}
 
 
 def build(config: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int = 0) -> DiffusionLM:
@@ -160,6 +169,24 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int, wa
     return statistics.median(times)
 
 
+def back_to_back(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float | None]:
+    """`repeats` calls queued without a sync: seconds per call, and on CUDA the median device gap
+    (s) between one call's end and the next one's start (events recorded around each call)."""
+    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)] if device.type == "cuda" else []
+    synchronize(device)
+    start = time.perf_counter()
+    for i in range(repeats):
+        if marks:
+            marks[i][0].record()
+        fn()
+        if marks:
+            marks[i][1].record()
+    synchronize(device)
+    seconds = (time.perf_counter() - start) / repeats
+    gaps = [marks[i][1].elapsed_time(marks[i + 1][0]) / 1e3 for i in range(len(marks) - 1)]
+    return seconds, statistics.median(gaps) if gaps else None
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes/s of a device-to-device copy, read and write both counted (docs/performance.md §4: the measured copy bandwidth)."""
     n = (1 << 30) if device.type == "cuda" else (1 << 26)
@@ -221,6 +248,50 @@ def block_forwards(
     return rows
 
 
+def static_forwards(
+    model: DiffusionLM,
+    x: torch.Tensor,
+    block: tuple[int, int],
+    gen_length: int,
+    block_length: int,
+    repeats: int,
+    bandwidth: float,
+    flops: float | None,
+    device: torch.device,
+    variants: list[str],
+) -> list[dict[str, Any]]:
+    """The dual forward plain and behind static shapes: first call, ms per forward (synchronised
+    and back to back), device gap between forwards, error against the plain logits."""
+    s, e = block
+    n = x.shape[1]
+    manager = KVCacheManager(cache_config("dual", gen_length, block_length), n)
+    manager.forward(model, manager.plan(0, 0, s, e), 0, input_ids=x)  # the refresh: the store
+    plan = manager.plan(1, 0, s, e)
+    query = plan.end - plan.start
+    plain = manager.forward(model, plan, 0, input_ids=x[:, plan.start : plan.end]).logits.float()
+    floor = Shape.of(model).floor(query, n, n - query, True, bandwidth, flops)["floor_s"]
+    rows = []
+    for name in variants:
+        runner = model if name == "eager" else CompiledLM(model, *STATIC[name])
+
+        def run(runner: DiffusionLM = runner) -> ModelOutput:
+            return manager.forward(runner, plan, 0, input_ids=x[:, plan.start : plan.end])
+
+        synchronize(device)
+        start = time.perf_counter()
+        logits = run().logits.float()
+        synchronize(device)
+        first = time.perf_counter() - start
+        seconds = median_seconds(run, device, repeats)
+        queued, gap = back_to_back(run, device, repeats)
+        rows.append(
+            {"variant": name, "query": query, "first_call_s": first, "ms": 1e3 * seconds, "x_floor": seconds / floor,
+             "queued_ms": 1e3 * queued, "gap_ms": None if gap is None else 1e3 * gap,
+             "rel_error": float((logits - plain).norm() / plain.norm())}
+        )
+    return rows
+
+
 def full_generate(
     model: DiffusionLM,
     prompt: list[int],
@@ -256,10 +327,10 @@ def full_generate(
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
-    """Markdown table; `columns` are (header, key, format spec)."""
+    """Markdown table; `columns` are (header, key, format spec); a None value shows as n/a."""
     lines = ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(format(r[key], spec) for _, key, spec in columns) + " |")
+        lines.append("| " + " | ".join("n/a" if r[key] is None else format(r[key], spec) for _, key, spec in columns) + " |")
     return "\n".join(lines)
 
 
@@ -267,6 +338,11 @@ BLOCK_COLUMNS = [
     ("mode", "mode", ""), ("forward", "kind", ""), ("query tokens", "query", ""), ("ms (median)", "ms", ".3f"),
     ("floor ms", "floor_ms", ".3f"), ("x floor", "x_floor", ".2f"), ("GB read", "gb", ".3f"),
     ("rel. error vs uncached", "rel_error", ".2e"), ("top-1 agree", "top1_agree", ".3f"),
+]
+STATIC_COLUMNS = [
+    ("dual forward", "variant", ""), ("query tokens", "query", ""), ("first call s", "first_call_s", ".2f"),
+    ("ms (median)", "ms", ".3f"), ("x floor", "x_floor", ".2f"), ("ms back to back", "queued_ms", ".3f"),
+    ("gap between forwards ms", "gap_ms", ".3f"), ("rel. error vs plain", "rel_error", ".2e"),
 ]
 GENERATE_COLUMNS = [
     ("cache", "cache", ""), ("NFE", "nfe", ""), ("tokens", "tokens", ""), ("TPF", "tpf", ".2f"), ("TPS", "tps", ".1f"),
@@ -283,6 +359,7 @@ def check_model(name: str, config: dict[str, Any], args: argparse.Namespace, dev
     block = (args.prompt_length, args.prompt_length + args.block_length)
     with torch.inference_mode():
         blocks = block_forwards(model, x, block, args.gen_length, args.block_length, args.repeats, bandwidth, flops, device)
+        static = static_forwards(model, x, block, args.gen_length, args.block_length, args.repeats, bandwidth, flops, device, args.static)
         prompt = x[0, : args.prompt_length].tolist()
         generates = full_generate(model, prompt, args.gen_length, args.block_length, args.tokens_per_step, bandwidth, flops)
     params = sum(p.numel() for p in model.parameters())
@@ -290,9 +367,9 @@ def check_model(name: str, config: dict[str, Any], args: argparse.Namespace, dev
     if device.type == "cuda":
         torch.cuda.empty_cache()
     tolerance = TOLERANCE[dtype]
-    failures = [r["mode"] for r in blocks if not r["rel_error"] < tolerance]
+    failures = [r["mode"] for r in blocks if not r["rel_error"] < tolerance] + [r["variant"] for r in static if not r["rel_error"] < tolerance]
     return {"model": name, "params": params, "build_s": built, "tolerance": tolerance, "failures": failures,
-            "block_forward": blocks, "generate": generates}
+            "block_forward": blocks, "static_forward": static, "generate": generates}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,8 +385,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed forwards per mode (median)")
     parser.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the floor (default: nominal, else measured copy)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--static", default=None, help="comma-separated dual-forward variants: " + ", ".join(STATIC)
+                        + " (default: all on CUDA, none on the CPU; graphs need CUDA)")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cpu" if args.tiny else "cuda"))
+    if args.static is None:
+        args.static = ",".join(STATIC) if device.type == "cuda" else ""
+    args.static = [v.strip() for v in args.static.split(",") if v.strip()]
+    bad = [v for v in args.static if v not in STATIC or (STATIC[v][1] and device.type != "cuda")]
+    if bad:
+        print(f"error: --static {bad[0]}: " + ("CUDA graphs need a CUDA device" if bad[0] in STATIC else f"choose from {', '.join(STATIC)}"), file=sys.stderr)
+        return 2
     dtype = getattr(torch, args.dtype or ("float32" if args.tiny else "bfloat16"))
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device here; run with --tiny for the CPU check", file=sys.stderr)
@@ -347,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## {name}: {result['params'] / 1e6:,.1f}M parameters, built in {result['build_s']:.1f}s; "
               f"cached vs uncached logits (tolerance {result['tolerance']:g}): {verdict}")
         print(_table(result["block_forward"], BLOCK_COLUMNS))
+        if result["static_forward"]:
+            print()
+            print(_table(result["static_forward"], STATIC_COLUMNS))
         print()
         print(_table(result["generate"], GENERATE_COLUMNS))
     if args.json:

@@ -95,7 +95,7 @@ def _generate(args: argparse.Namespace) -> int:
     runtime = apply_runtime(args)
     # before the engine: --tp/--ep worker processes share this process's threads (engine/workers.py)
     set_cpu_threads(model_skeleton(args.model), args.threads)
-    with Engine(args.model, **runtime, tp_size=args.tp, ep_size=args.ep) as engine:
+    with Engine(args.model, **runtime, tp_size=args.tp, ep_size=args.ep, compile=args.compile, cuda_graphs=args.cuda_graphs) as engine:
         missing = engine.unencodable(args.prompt, config.use_chat_template)
         if missing:
             print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
@@ -108,7 +108,8 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         s = out.stats
         print(result.text)
-        print(f"[nfe {s.nfe}  tokens {s.tokens}  {s.seconds:.3f}s  tps {s.tps:.1f}  tpf {s.tpf:.2f}]", file=sys.stderr)
+        compiled = f"  compiled {s.compiles} graph(s) in {s.compile_seconds:.1f}s" if s.compiles else ""
+        print(f"[nfe {s.nfe}  tokens {s.tokens}  {s.seconds:.3f}s  tps {s.tps:.1f}  tpf {s.tpf:.2f}{compiled}]", file=sys.stderr)
     return 0
 
 
@@ -123,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: that many worker processes (one GPU each on CUDA)")
     gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): that many worker processes (one GPU each on CUDA)")
+    gen.add_argument("--compile", action="store_true", help="run the forwards through torch.compile, at bucketed shapes (the first run compiles)")
+    gen.add_argument("--cuda-graphs", action="store_true", help="CUDA, one process: capture each forward shape once as a CUDA graph and replay it")
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
     return parser

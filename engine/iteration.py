@@ -23,17 +23,20 @@ plain runs can differ; otherwise they give the same tokens.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
 from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
+from .compiled import CompiledLM, ForwardCounters
 from .config import GenerationConfig
 from .decoders import DecodeResult, make_decoder
 from .errors import EngineError
 from .models.base import DiffusionLM
+from .parallel import COMM
 from .stats import GenerationStats, count_tokens, generated_mask
 from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
 
@@ -113,6 +116,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class _Meter:
+    """The process's running totals at one moment: its model's compile/graph counters and its
+    time in all-reduces (engine/parallel.py: COMM)."""
+
+    counters: ForwardCounters
+    comm_seconds: float
+
+    @classmethod
+    def read(cls, counters: ForwardCounters) -> "_Meter":
+        return cls(dataclasses.replace(counters), COMM.seconds())
+
+
+def forward_cost(forward_seconds: float, since: ForwardCounters, comm_seconds: float) -> dict[str, Any]:
+    """An IterationRecord's `cost` (docs/trace.md §3): one process's entry in the per-rank lists
+    (engine/workers.py appends the other ranks'), and what its forward compiled or replayed. Compute
+    is the forward's wall time less its all-reduces and its compiling (floored at 0: a forward that
+    compiled also counted its all-reduces)."""
+    compute = max(0.0, forward_seconds - comm_seconds - since.compile_seconds)
+    return {
+        "compute_seconds": [compute],
+        "comm_seconds": [comm_seconds],
+        "compile_seconds": since.compile_seconds,
+        "compiles": since.compiles,
+        "captures": since.captures,
+        "graph_replay": since.replays > 0,
+    }
+
+
 class _Request:
     """State of one generate call; `run` is the loop."""
 
@@ -143,6 +175,8 @@ class _Request:
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = make_decoder(config, self.mask_id, self.generator)
         self.embeds = model.embed(self.x) if config.smoothing else None
+        # a plain model compiles nothing: its counters stay at zero
+        self.counters = model.counters if isinstance(model, CompiledLM) else ForwardCounters()
         self.nfe = 0
         self.iteration = 0
         self.host_syncs = 0
@@ -189,7 +223,10 @@ class _Request:
         t0 = time.perf_counter()
         a, b = plan.start, plan.end
         masked = self.x[:, s:e] == self.mask_id
+        meter = _Meter.read(self.counters) if self.recorder is not None else None
+        forward_start = time.perf_counter()
         out = self.cache.forward(self.model, plan, block_index, masked=masked, **self._inputs(a, b))
+        cost = self._cost(meter, forward_start) if meter is not None else None
         self.nfe += 1
         logits = out.logits[:, s - a : e - a]
         probe_start = time.perf_counter()
@@ -205,9 +242,16 @@ class _Request:
         if self.recorder is not None:
             _sync(self.device)
             seconds = time.perf_counter() - t0 - probe_seconds
-            self._record(block_index, s, e, plan, threshold, result, seconds, measured)
+            self._record(block_index, s, e, plan, threshold, result, seconds, measured, cost)
         self.iteration += 1
         return plan.kind
+
+    def _cost(self, before: _Meter, start: float) -> dict[str, Any]:
+        """The cost of the forward begun at `start` (a device sync, so only when recording)."""
+        _sync(self.device)
+        seconds = time.perf_counter() - start
+        after = _Meter.read(self.counters)
+        return forward_cost(seconds, after.counters.since(before.counters), after.comm_seconds - before.comm_seconds)
 
     def _smooth(self, a: int, b: int, logits: torch.Tensor, weight: float) -> None:
         """Still-masked positions in `[a, b)` get `E[M] + w * softmax(logits) @ W_e` (additive, as
@@ -227,6 +271,7 @@ class _Request:
         result: DecodeResult,
         seconds: float,
         staleness: dict[str, torch.Tensor],
+        cost: dict[str, Any] | None,
     ) -> None:
         t0 = time.perf_counter()
         extras = {**result.extras, **staleness}
@@ -243,6 +288,7 @@ class _Request:
             confidence=result.confidence,
             seconds=seconds,
             extras=extras,
+            cost=cost,
         )
         if self.on_iteration is not None:
             self.on_iteration(rec)
@@ -266,6 +312,7 @@ class _Request:
         cfg = self.cfg
         if self.on_start is not None and self.recorder is not None:  # before the clock starts
             self.on_start(self.recorder.header())
+        meter = _Meter.read(self.counters)
         start = time.perf_counter()
         blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
         self.nfe += self.cache.prefill(self.model, blocks[0][0], self._inputs)
@@ -276,7 +323,7 @@ class _Request:
                 break
             forwards, syncs = self.cache.block_done(self.model, s, e, self._inputs)  # another block follows
             self.nfe, self.host_syncs = self.nfe + forwards, self.host_syncs + syncs
-        return self.output(start)
+        return self.output(start, meter)
 
     def decode_block(self, block_index: int, s: int, e: int) -> None:
         """Iterate until block `[s, e)` has no masks: one host sync per group of iterations.
@@ -320,18 +367,27 @@ class _Request:
         self.host_syncs += 1
         return bool(finished.all())
 
-    def output(self, start: float) -> GenerationOutput:
-        """Token ids, stats (timed from `start`, minus excluded time) and the trace's footer."""
+    def output(self, start: float, meter: _Meter) -> GenerationOutput:
+        """Token ids, stats (timed from `start`, minus excluded time; counted from `meter`) and the
+        trace's footer."""
         keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)
         token_ids = [row[k].tolist() for row, k in zip(self.x.cpu(), keep.cpu())]
         _sync(self.device)
+        seconds = time.perf_counter() - start - self.excluded_seconds
+        end = _Meter.read(self.counters)
+        done = end.counters.since(meter.counters)
         stats = GenerationStats(
             nfe=self.nfe,
             tokens=sum(count_tokens(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)),
-            seconds=time.perf_counter() - start - self.excluded_seconds,
+            seconds=seconds,
             batch=self.x.shape[0],
             trace_seconds=self.excluded_seconds,
             host_syncs=self.host_syncs,
+            comm_seconds=end.comm_seconds - meter.comm_seconds,
+            compiles=done.compiles,
+            captures=done.captures,
+            graph_replays=done.replays,
+            compile_seconds=done.compile_seconds,
         )
         if self.recorder is not None:
             self.recorder.finish(self.x.cpu().tolist(), stats.to_dict(), self.excluded_seconds)

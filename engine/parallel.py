@@ -18,12 +18,20 @@ decisions with no broadcast of the canvas (docs/algorithms.md §8 item 14).
 
 Each layer then costs two all-reduces (three where a split shared expert adds its own).
 The per-family split is a plan keyed by the model class, so the model files stay single-device.
+
+Every all-reduce goes through `all_reduce`, which times itself into `COMM` (this process's clock:
+the iteration manager reads it around each forward, engine/iteration.py). It is a custom op, so
+torch.compile keeps it as one opaque node of the forward's graph (no graph break) and its time is
+still measured when the compiled forward runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -63,14 +71,60 @@ PLANS: dict[type[DiffusionLM], TensorParallelPlan] = {
 }
 
 
+class CommClock:
+    """The time this process has spent in all-reduces: wall time on the CPU (gloo's all-reduce
+    returns when done, waiting for the slowest rank included), CUDA events on a GPU (NCCL's is
+    asynchronous, so the host's clock would see only the launch)."""
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextlib.contextmanager
+    def timed(self, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+            return
+        start_s = time.perf_counter()
+        yield
+        self._seconds += time.perf_counter() - start_s
+
+    def seconds(self) -> float:
+        """The running total; on CUDA it waits for the all-reduces timed so far to finish."""
+        for start, end in self._events:
+            end.synchronize()
+            self._seconds += start.elapsed_time(end) / 1000
+        self._events.clear()
+        return self._seconds
+
+
+COMM = CommClock()
+
+
+@torch.library.custom_op("dinfer_viz::all_reduce", mutates_args=())
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """The sum of `t` over the ranks (a new tensor), timed into `COMM`."""
+    out = t.clone()
+    with COMM.timed(out.device):
+        dist.all_reduce(out)
+    return out
+
+
+@all_reduce.register_fake
+def _(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
 class RowParallelLinear(nn.Linear):
     """A linear holding this rank's slice of the input features: its output is a partial sum,
     all-reduced so that every rank continues with the full result."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        dist.all_reduce(out)
-        return out
+        return all_reduce(super().forward(x))
 
 
 def init_distributed(device: str) -> torch.device:
@@ -180,6 +234,6 @@ def shard_model(model: DiffusionLM, tp: int = 1, ep: int = 1) -> DiffusionLM:
             w1 = torch.cat([_piece(gate, 1, rank, tp), _piece(up, 1, rank, tp)], dim=1)
             w2 = _piece(w2, 2, rank, tp)
         moe.w1, moe.w2 = nn.Parameter(w1.clone(), requires_grad=False), nn.Parameter(w2.clone(), requires_grad=False)
-        moe.sharded = True
+        moe.reduce = all_reduce
     return model
 

@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .compiled import CompiledLM, check_options
 from .config import GenerationConfig
 from .errors import EngineError
 from .iteration import CancelFlag, GenerationOutput, check_request, generate
@@ -68,10 +69,11 @@ class TextResult:
         return self.texts[0]
 
 
-def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, device: str) -> Generate:
+def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, compile: bool, device: str) -> Generate:
     """In a worker process (engine/workers.py), its process group joined: this rank's one-process
-    Engine on `device`, cut to its shard; its token-level generate."""
-    engine = Engine(path, device=device, dtype=dtype, max_tokens=max_tokens)
+    Engine on `device`, cut to its shard; its token-level generate. (A compiled engine compiles on
+    its first forward, so it compiles the shard.)"""
+    engine = Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, compile=compile)
     shard_model(engine.model, tp_size, ep_size)
     return engine.generate_ids
 
@@ -87,6 +89,8 @@ class Engine:
         max_tokens: int | None = None,
         tp_size: int = 1,
         ep_size: int = 1,
+        compile: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         """`max_tokens`: refuse canvases (prompt + gen_length) longer than this, besides the model's own limit.
 
@@ -96,6 +100,11 @@ class Engine:
         until `close()`; this process keeps the tokenizer and `model` as a skeleton on the meta
         device (config, special ids, limits, parameter count), and `generate` works as with one
         process.
+
+        `compile`: the model forward runs through torch.compile, `cuda_graphs` (CUDA, one process)
+        through CUDA graphs, both over bucketed static shapes (engine/compiled.py, docs/algorithms.md
+        §6.5); the first generate at new shapes compiles or captures, and `GenerationStats` and
+        each record's `cost` count it.
         """
         self.path = str(path)
         self.max_tokens = max_tokens
@@ -103,10 +112,13 @@ class Engine:
         skeleton = model_skeleton(path)
         check_degrees(skeleton, tp_size, ep_size)  # before any weight is read or process started
         world = max(tp_size, ep_size)
+        check_options(device, compile, cuda_graphs, world)
         self.model = skeleton if world > 1 else load_model(path, device=device, dtype=dtype)
+        # what generate runs: the model, or the model behind static-shape forwards
+        self._forward_model = CompiledLM(self.model, compile, cuda_graphs) if world == 1 and (compile or cuda_graphs) else self.model
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
-        self._workers = WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size)) if world > 1 else None
+        self._workers = WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size, compile)) if world > 1 else None
 
     def close(self) -> None:
         """End the worker processes (a parallel engine); the engine generates no more."""
@@ -186,7 +198,7 @@ class Engine:
             raise EngineError("this engine was closed; load the model again")
         if self._workers is None:
             return generate(
-                self.model, prompts, config, stop_ids=self.stop_ids, trace=trace, on_start=on_start, on_iteration=on_iteration,
+                self._forward_model, prompts, config, stop_ids=self.stop_ids, trace=trace, on_start=on_start, on_iteration=on_iteration,
                 cancel=cancel, max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings,
             )
         check_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker

@@ -7,6 +7,10 @@
   device synchronised, minus the time spent recording the trace (reported separately).
 - host_syncs: device-to-host reads the block loop waited on (one per group of iterations, one per
   block for early stop); loop unrolling exists to lower it.
+- comm_seconds: of `seconds`, the time this process spent in all-reduces (a parallel engine's rank 0).
+- compiles, captures, compile_seconds: graphs torch.compile compiled and CUDA graphs captured
+  during the call (engine/compiled.py; 0 once the shapes are warm), and the wall time of the
+  forwards that did it (inside `seconds`); graph_replays: forwards that replayed a CUDA graph.
 - tps = tokens / seconds / batch (tokens per second per sequence); tpf = tokens / nfe / batch.
 """
 
@@ -26,6 +30,11 @@ class GenerationStats:
     batch: int = 1
     trace_seconds: float = 0.0
     host_syncs: int = 0
+    comm_seconds: float = 0.0
+    compiles: int = 0
+    captures: int = 0
+    graph_replays: int = 0
+    compile_seconds: float = 0.0
 
     @property
     def tps(self) -> float:

@@ -20,6 +20,8 @@ iterations: a list of records, one per forward + decode:
   confidence     per row, per block position, its probability (4 decimals)
   seconds        wall time of this iteration (forward + decode), device synchronised
   extras         decoder/cache specifics: name -> per row list (e.g. credit, anchors, staleness)
+  cost           (optional) what the forward cost: compute and all-reduce seconds per rank,
+                 compiles, captures and their seconds, whether it replayed a CUDA graph
 footer
   final (canvas per row), stats (engine/stats.py), trace_seconds (time spent recording)
 
@@ -61,6 +63,12 @@ class IterationRecord:
     confidence: list[list[float]]
     seconds: float
     extras: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] | None = None  # absent from traces written before it existed
+
+
+# cost: the per-rank lists (rank 0 first) and the rank-0 scalars, with their types (docs/trace.md §3)
+COST_PER_RANK = ("compute_seconds", "comm_seconds")
+COST_SCALARS = {"compile_seconds": "number", "compiles": "count", "captures": "count", "graph_replay": "bool"}
 
 
 @dataclass
@@ -99,7 +107,7 @@ class Trace:
         _need(isinstance(records, list), "iterations must be a list")
         names = set(IterationRecord.__dataclass_fields__)
         for i, r in enumerate(records):
-            _need(isinstance(r, dict) and names - {"extras"} <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
+            _need(isinstance(r, dict) and names - {"extras", "cost"} <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
         trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
         trace.check()
         return trace
@@ -134,6 +142,7 @@ class Trace:
             _need(isinstance(rec.recomputed, list) and all(_int_list(r) and len(r) == 2 for r in rec.recomputed), f"{where}.recomputed must be [a, b] ranges")
             _need(rec.threshold is None or _is_number(rec.threshold), f"{where}.threshold must be a number or null")
             _need(_is_number(rec.seconds) and isinstance(rec.extras, dict), f"{where}: seconds must be a number and extras an object")
+            _need(rec.cost is None or _valid_cost(rec.cost), f"{where}.cost must hold {', '.join(COST_PER_RANK)} (one number per rank) and {', '.join(COST_SCALARS)}")
             per_row = (rec.committed, rec.forced, rec.top1, rec.confidence)
             _need(all(isinstance(v, list) and len(v) == rows for v in per_row), f"{where}: committed, forced, top1 and confidence need one list per row")
             for row in range(rows):
@@ -194,6 +203,7 @@ class TraceRecorder:
         confidence: torch.Tensor,
         seconds: float,
         extras: dict[str, torch.Tensor],
+        cost: dict[str, Any] | None = None,
     ) -> IterationRecord:
         t0 = time.perf_counter()
         s = block_range[0]
@@ -210,6 +220,7 @@ class TraceRecorder:
             confidence=[[round(c, 4) for c in row] for row in confidence.float().cpu().tolist()],
             seconds=seconds,
             extras={k: _jsonable(v) for k, v in extras.items()},
+            cost=cost,
         )
         self._add_tokens({i for row in rec.top1 for i in row})
         self.trace.iterations.append(rec)
@@ -232,6 +243,16 @@ def _is_number(value: Any) -> bool:
 
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _valid_cost(cost: Any) -> bool:
+    if not isinstance(cost, dict) or set(cost) != set(COST_PER_RANK) | set(COST_SCALARS):
+        return False
+    lists = [cost[k] for k in COST_PER_RANK]
+    if not all(isinstance(v, list) and v and len(v) == len(lists[0]) and all(map(_is_number, v)) for v in lists):
+        return False
+    kinds = {"number": _is_number, "count": lambda v: _is_int(v, 0), "bool": lambda v: isinstance(v, bool)}
+    return all(kinds[kind](cost[k]) for k, kind in COST_SCALARS.items())
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,7 +6,10 @@ generate requests. Every rank runs the same generate on the same token ids: the 
 embedding, norms, routers and head make their decisions identical, so nothing but the all-reduces
 inside the layers crosses between ranks. Rank 0 sends the trace header, each iteration record
 (with the token strings the engine added for it) and the output back over its pipe; the caller
-replays them into its own callbacks and returns the output, as one process would have.
+replays them into its own callbacks and returns the output, as one process would have. When the
+run is recorded, every other rank sends the cost of each of its iterations (its compute and
+all-reduce seconds, engine/iteration.py: `forward_cost`), and the caller appends them to rank 0's
+record before handing it on, so a record's cost lists every rank.
 
 The caller is not a rank: torch.distributed allows one process group per process, so a caller
 that was rank 0 could hold only one parallel engine, and a caller stopping between two layers
@@ -42,7 +45,7 @@ from .config import GenerationConfig
 from .errors import EngineError
 from .iteration import CancelFlag, GenerationCancelled, GenerationOutput
 from .parallel import init_distributed
-from .trace import IterationRecord, Trace
+from .trace import COST_PER_RANK, IterationRecord, Trace
 
 # A rank's own generate (Engine.generate_ids of its shard), and how a rank builds it on its device.
 Generate = Callable[..., GenerationOutput]
@@ -125,9 +128,12 @@ def _failure(rank: int, exc: BaseException) -> str:
 def _answer(rank: int, conn: Connection, flags: StopFlags, generate: Generate, request: tuple) -> tuple:
     prompts, config, trace, want_start, want_iteration = request
     hooks: dict[str, Any] = {}
-    if rank == 0:  # the other ranks record nothing: rank 0 speaks for all
+    recorded = trace or want_start or want_iteration or config.measure_staleness  # as generate decides
+    if rank == 0:  # rank 0 speaks for all; its records go out as they come, for the others' costs to join
         forwarder = _Forwarder(conn)
-        hooks = {"trace": trace, "on_start": forwarder.on_start if want_start else None, "on_iteration": forwarder.on_iteration if want_iteration else None}
+        hooks = {"trace": trace, "on_start": forwarder.on_start if want_start else None, "on_iteration": forwarder.on_iteration if recorded else None}
+    elif recorded:
+        hooks = {"on_iteration": lambda record: conn.send(("cost", record.cost))}
     try:
         out = generate(prompts, config, cancel=RankCancel(flags, rank), **hooks)
     except GenerationCancelled:
@@ -212,7 +218,7 @@ class WorkerGroup:
         except BaseException:
             self.close()
             raise
-        self._gather(lambda message: None, None)
+        self._gather(lambda rank, message: None, None)
 
     def close(self) -> None:
         _kill(self._processes, self._conns)
@@ -234,8 +240,13 @@ class WorkerGroup:
             self.start()
         header: Trace | None = None
         raised: list[Exception] = []
+        # rank 0's records (with their new token strings) waiting for the other ranks' costs;
+        # then completed, in order
+        waiting: list[tuple[IterationRecord, dict[str, str]]] = []
+        costs: dict[int, list[dict[str, Any]]] = {rank: [] for rank in range(1, self.world)}
+        records: list[IterationRecord] = []
 
-        def deliver(message: tuple) -> None:
+        def deliver(rank: int, message: tuple) -> None:
             nonlocal header
             if raised:
                 return
@@ -243,11 +254,21 @@ class WorkerGroup:
                 if message[0] == "start":
                     header = message[1]
                     on_start(header)
+                    return
+                if message[0] == "cost":
+                    costs[rank].append(message[1])
                 else:
-                    _, record, tokens = message
+                    waiting.append(message[1:])
+                while waiting and all(len(c) > len(records) for c in costs.values()):
+                    record, tokens = waiting.pop(0)
+                    for rank_costs in costs.values():
+                        for key in COST_PER_RANK:
+                            record.cost[key] += rank_costs[len(records)][key]
+                    records.append(record)
                     if header is not None:
                         header.tokens.update(tokens)
-                    on_iteration(record)
+                    if on_iteration is not None:
+                        on_iteration(record)
             except Exception as exc:
                 raised.append(exc)
                 self._flags.stop()
@@ -259,12 +280,15 @@ class WorkerGroup:
             raise raised[0]
         if any(kind == "cancelled" for kind, *_ in finals):
             raise GenerationCancelled("generation cancelled")
-        return finals[0][1]
+        out = finals[0][1]
+        if out.trace is not None:  # the records with every rank's cost (the very objects the callback saw)
+            out.trace.iterations = records
+        return out
 
-    def _gather(self, deliver: Callable[[tuple], None], cancel: CancelFlag | None, request: tuple | None = None) -> list[tuple]:
+    def _gather(self, deliver: Callable[[int, tuple], None], cancel: CancelFlag | None, request: tuple | None = None) -> list[tuple]:
         """Send `request` to every rank, then read until each rank has sent its final message,
-        handing the others to `deliver`. A rank's error or death, or anything raised here, ends
-        the group: EngineError (the rank's line) or the exception itself."""
+        handing the others to `deliver` (with the rank that sent it). A rank's error or death, or
+        anything raised here, ends the group: EngineError (the rank's line) or the exception itself."""
         finals: dict[int, tuple] = {}
 
         def follow_cancel() -> None:
@@ -286,7 +310,7 @@ class WorkerGroup:
                         if message[0] in FINAL:
                             finals[rank] = message
                         else:
-                            deliver(message)
+                            deliver(rank, message)
                         follow_cancel()  # so a callback that cancels stops the ranks before the next record is read
                 follow_cancel()  # a wait that timed out
         except BaseException:

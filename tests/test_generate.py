@@ -91,6 +91,26 @@ def test_trace_replays_to_the_final_canvas_and_round_trips_json():
     assert committed == sorted(set(committed))  # every position committed once
 
 
+def test_each_record_carries_its_forwards_cost_and_traces_without_one_still_load():
+    model = tiny_llada()
+    cfg = GenerationConfig(gen_length=16, block_length=8, threshold=0.3, cache="dual")
+    out = generate(model, [[1, 2, 3, 4, 5]], cfg, stop_ids=[48], trace=True)
+    for rec in out.trace.iterations:  # one process, nothing compiled: compute only
+        assert rec.cost["comm_seconds"] == [0.0] and len(rec.cost["compute_seconds"]) == 1
+        assert 0 <= rec.cost["compute_seconds"][0] <= rec.seconds
+        assert (rec.cost["compiles"], rec.cost["captures"], rec.cost["compile_seconds"], rec.cost["graph_replay"]) == (0, 0, 0.0, False)
+    assert (out.stats.compiles, out.stats.captures, out.stats.graph_replays, out.stats.comm_seconds) == (0, 0, 0, 0.0)
+    data = out.trace.to_dict()
+    assert Trace.from_dict(data).iterations == out.trace.iterations
+    for rec in data["iterations"]:  # written before `cost` existed
+        del rec["cost"]
+    assert all(rec.cost is None for rec in Trace.from_dict(data).iterations)
+    for bad in ({"compute_seconds": [0.1]}, {**out.trace.iterations[0].cost, "comm_seconds": [0.1, 0.2]}, {**out.trace.iterations[0].cost, "compiles": -1}):
+        data["iterations"][0]["cost"] = bad
+        with pytest.raises(EngineError, match=r"iterations\[0\]\.cost must hold compute_seconds, comm_seconds"):
+            Trace.from_dict(data)
+
+
 def test_forced_commits_are_those_below_threshold():
     model = ScriptedLM(_script(4, [5, 6, 7, 8], 12), [0.0] * 4 + [0.5, 9.0, 0.4, 0.3] + [0.0] * 4)
     cfg = GenerationConfig(gen_length=8, block_length=4, decoder="threshold", threshold=0.99, early_stop=False)

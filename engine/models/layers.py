@@ -6,6 +6,9 @@ The cache contract (see engine/cache.py): a model forward may be given `past_kv`
 `replace=(a, b)`: the query tokens are canvas positions `[a, b)` and their fresh K/V replace
 that slice of the past, out of place (the stored cache is untouched), or in place with
 `persist=True` (written into the store, and attention reads the store itself: no merged copy).
+With a past, `replace` may instead be a `[q]` index tensor naming each query token's slot: the
+form a static-shape forward takes (engine/compiled.py), whose positions change from call to call
+while its shapes do not, so neither torch.compile nor a CUDA graph sees a new shape.
 The forward returns the fresh K/V of its query tokens when asked (`use_cache`), in the form the
 cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Every family
 runs its attention through `cached_attention`, so the ordering lives in one place.
@@ -18,6 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EngineError
+
+# Where a forward's query tokens sit in the canvas: the range `(a, b)`, or (with a past) a `[q]`
+# index tensor of their slots (the module docstring).
+QuerySlots = tuple[int, int] | torch.Tensor
 
 
 class RMSNorm(nn.Module):
@@ -48,7 +55,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("_cos", torch.empty(0), persistent=False)
         self.register_buffer("_sin", torch.empty(0), persistent=False)
 
-    def _table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin tables, grown to cover positions `[0, length)` on `device` if they do not."""
         if self._cos.shape[0] < length or self._cos.device != device:
             size = max(length, 2 * self._cos.shape[0], 256)
             inv_freq = 1.0 / (
@@ -60,11 +68,16 @@ class RotaryEmbedding(nn.Module):
             self._cos, self._sin = emb.cos(), emb.sin()
         return self._cos, self._sin
 
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate `x` `[B, H, T, D]` as if its tokens sit at positions `[start, start + T)`."""
+    def forward(self, x: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """Rotate `x` `[B, H, T, D]` as if its tokens sit at positions `[start, start + T)`, or at
+        the `T` positions of an index tensor `start` (which the table must already cover: growing
+        it inside a compiled forward or a CUDA graph would be a new shape)."""
         length = x.shape[2]
-        cos, sin = self._table(start + length, x.device)
-        cos, sin = cos[start : start + length], sin[start : start + length]
+        if isinstance(start, torch.Tensor):
+            cos, sin = self._cos[start], self._sin[start]
+        else:
+            cos, sin = self.table(start + length, x.device)
+            cos, sin = cos[start : start + length], sin[start : start + length]
         rot, rest = x[..., : self.rotary_dim].float(), x[..., self.rotary_dim :]
         half = self.rotary_dim // 2
         rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
@@ -72,10 +85,21 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
-def merge_past(past: torch.Tensor, fresh: torch.Tensor, replace: tuple[int, int]) -> torch.Tensor:
-    """Keys (or values) `[B, H, T, D]` with positions `[a, b)` replaced by `fresh`, out of place."""
+def merge_past(past: torch.Tensor, fresh: torch.Tensor, replace: QuerySlots) -> torch.Tensor:
+    """Keys (or values) `[B, H, T, D]` with positions `[a, b)` (or the slots of an index tensor)
+    replaced by `fresh`, out of place."""
+    if isinstance(replace, torch.Tensor):
+        return past.index_copy(2, replace, fresh)
     a, b = replace
     return torch.cat([past[:, :, :a], fresh, past[:, :, b:]], dim=2)
+
+
+def write_past(past: torch.Tensor, fresh: torch.Tensor, replace: QuerySlots) -> None:
+    """`merge_past` in place: the store itself takes the fresh keys (or values)."""
+    if isinstance(replace, torch.Tensor):
+        past.index_copy_(2, replace, fresh)
+    else:
+        past[:, :, replace[0] : replace[1]] = fresh
 
 
 def cached_attention(
@@ -85,11 +109,12 @@ def cached_attention(
     rope: RotaryEmbedding,
     kv_rope: str,
     past: torch.Tensor | None,
-    replace: tuple[int, int],
+    replace: QuerySlots,
     persist: bool,
     attention_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention of the query tokens at canvas positions `[a, b)` over every canvas key.
+    """Attention of the query tokens at canvas positions `[a, b)` (or the slots of an index
+    tensor `replace`, with a past) over every canvas key.
 
     `q`, `k`, `v` `[B, H, q, D]` are the query tokens' projections, before RoPE. `past`
     `[2, B, H_kv, T, D]` (one layer of the store) supplies the other positions' keys and values.
@@ -98,17 +123,17 @@ def cached_attention(
     each key is rotated once, at its absolute position, before it is cached (docs/algorithms.md §4.1).
     Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form.
     """
-    a, b = replace
-    q = rope(q, a)
+    where = replace if isinstance(replace, torch.Tensor) else replace[0]
+    q = rope(q, where)
     if kv_rope == "post":
-        k = rope(k, a)
+        k = rope(k, where)
     elif kv_rope != "pre":
         raise ValueError(f"kv_rope must be 'pre' or 'post', got {kv_rope!r}")
     if past is None:
         keys, values = k, v
     elif persist:
-        past[0, :, :, a:b] = k
-        past[1, :, :, a:b] = v
+        write_past(past[0], k, replace)
+        write_past(past[1], v, replace)
         keys, values = past[0], past[1]
     else:
         keys, values = merge_past(past[0], k, replace), merge_past(past[1], v, replace)
@@ -141,10 +166,15 @@ def merge_heads(t: torch.Tensor) -> torch.Tensor:
 
 
 def query_range(
-    replace: tuple[int, int] | None, q_len: int, persist: bool, past_kv: torch.Tensor | None
-) -> tuple[int, int]:
+    replace: QuerySlots | None, q_len: int, persist: bool, past_kv: torch.Tensor | None
+) -> QuerySlots:
     """The canvas range `[a, b)` of a forward's `q_len` query tokens (the whole input when no
-    `replace` is given), checked against the cache arguments every model family takes."""
+    `replace` is given), or their slots as an index tensor, checked against the cache arguments
+    every model family takes."""
+    if isinstance(replace, torch.Tensor):
+        if past_kv is None or replace.shape != (q_len,):
+            raise EngineError(f"an index-tensor replace needs past_kv and one slot per query token ({q_len})")
+        return replace
     replace = replace or (0, q_len)
     if replace[1] - replace[0] != q_len:
         raise EngineError(f"replace range {replace} does not match {q_len} query tokens")

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DiffusionLM, ModelOutput
-from .layers import RMSNorm, RotaryEmbedding, cached_attention, merge_heads, query_range, split_heads
+from .layers import QuerySlots, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, query_range, split_heads
 
 # config.json fields this class reads, with the defaults of LLaDA-8B where the field is optional.
 _DEFAULTS: dict[str, Any] = {
@@ -79,7 +79,7 @@ class LLaDABlock(nn.Module):
         rope: RotaryEmbedding,
         kv_rope: str,
         past: torch.Tensor | None,
-        replace: tuple[int, int],
+        replace: QuerySlots,
         persist: bool,
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,7 +129,7 @@ class LLaDAModelLM(DiffusionLM):
         input_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         past_kv: torch.Tensor | None = None,
-        replace: tuple[int, int] | None = None,
+        replace: QuerySlots | None = None,
         use_cache: bool = False,
         attention_mask: torch.Tensor | None = None,
         persist: bool = False,

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor
-from .layers import RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
+from .layers import QuerySlots, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 from .moe import (
     DecoderStackLM,
     PreNormLayer,
@@ -118,7 +118,7 @@ class LLaDA2Attention(nn.Module):
         x: torch.Tensor,
         rope: RotaryEmbedding,
         past: torch.Tensor | None,
-        replace: tuple[int, int],
+        replace: QuerySlots,
         persist: bool,
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -5,23 +5,24 @@ Experts are stored stacked, as dInfer's fused checkpoints hold them: `w1` `[E, 2
 expert's gate rows, then its up rows) and `w2` `[E, H, I]`. A checkpoint with one tensor per
 expert (`mlp.experts.{j}.{gate,up,down}_proj.weight`, the Hugging Face layout) is stacked at load
 time (`fused_expert_sources`). Tokens are grouped by expert: the (token, expert) pairs are sorted
-by expert and each active expert runs its SwiGLU (two matmuls) once over all its tokens.
+by expert and each active expert runs its SwiGLU (two matmuls) once over all its tokens. That
+reads per-expert counts on the host; a static-shape forward (torch.compile, CUDA graphs) uses the
+capture-safe form instead, `SparseMoE.experts_static`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor, DiffusionLM, ModelOutput
-from .layers import RotaryEmbedding, query_range
+from .layers import QuerySlots, RotaryEmbedding, query_range
 
 # dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
 # used only when config.json does not name them.
@@ -133,8 +134,9 @@ class SparseMoE(nn.Module):
 
     Under expert parallelism this rank holds experts `[first_expert, first_expert + E_local)`;
     under tensor parallelism a slice of every expert's hidden units. Either way its routed sum is
-    partial, and `engine.parallel` sets `sharded` so that it is all-reduced (in fp32) before the
-    replicated shared expert's output is added.
+    partial, and `engine.parallel` sets `reduce` (its all-reduce) so that the sum is completed
+    (in fp32) before the replicated shared expert's output is added. `capture_safe` (set by
+    engine/compiled.py around its forwards) selects `experts_static`, the form without a host sync.
     """
 
     def __init__(self, gate: nn.Module, num_experts: int, hidden: int, intermediate: int, shared: GatedMLP | None) -> None:
@@ -147,14 +149,15 @@ class SparseMoE(nn.Module):
         nn.init.uniform_(self.w2, -1 / math.sqrt(intermediate), 1 / math.sqrt(intermediate))
         self.shared_experts = shared
         self.first_expert = 0
-        self.sharded = False
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.capture_safe = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         idx, weight = self.gate(flat)
-        routed = self.experts(flat, idx, weight)
-        if self.sharded:
-            dist.all_reduce(routed)
+        routed = (self.experts_static if self.capture_safe else self.experts)(flat, idx, weight)
+        if self.reduce is not None:
+            routed = self.reduce(routed)
         out = routed.to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
@@ -184,6 +187,27 @@ class SparseMoE(nn.Module):
             gate, up = F.linear(x[pick // k], self.w1[j]).chunk(2, dim=-1)
             slots[pick] = F.linear(F.silu(gate) * up, self.w2[j]).float() * pair_weight[pick]
         return slots.view(tokens, k, -1).sum(dim=1)
+
+    def experts_static(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`experts` without a host sync or a data-dependent shape, so that torch.compile makes
+        one graph of it and a CUDA graph can capture it: every local expert runs over every token
+        (one batched matmul per weight), then each (token, expert) pair takes its expert's row and
+        the k rows are summed in the same order as `experts` sums them (equal results, up to the
+        matmul kernels' rounding).
+
+        The price is E_local/k times the routed FLOPs. A cached forward's few query tokens already
+        reach nearly every expert (64 experts, top-8, 32 tokens: 63.1 expected, docs/performance.md
+        §1.2), so its weights are read in full either way and it stays bandwidth-bound; a full
+        forward over a long canvas does pay the extra compute (docs/algorithms.md §6.5).
+        """
+        tokens, k = idx.shape
+        local = idx - self.first_expert
+        mine = (local >= 0) & (local < self.w1.shape[0])  # pairs routed to this rank's experts
+        gate, up = torch.matmul(x, self.w1.transpose(1, 2)).chunk(2, dim=-1)  # [E_local, T, I] each
+        out = torch.matmul(F.silu(gate) * up, self.w2.transpose(1, 2)).float()  # [E_local, T, H]
+        rows = out[local.clamp(0, self.w1.shape[0] - 1), torch.arange(tokens, device=x.device).unsqueeze(1)]  # [T, k, H]
+        rows = rows * weight.float().unsqueeze(-1)
+        return torch.where(mine.unsqueeze(-1), rows, torch.zeros_like(rows)).sum(dim=1)
 
 
 _EXPERT_KEY = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -229,7 +253,7 @@ class PreNormLayer(nn.Module):
         x: torch.Tensor,
         rope: RotaryEmbedding,
         past: torch.Tensor | None,
-        replace: tuple[int, int],
+        replace: QuerySlots,
         persist: bool,
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -258,7 +282,7 @@ class DecoderStackLM(DiffusionLM):
         input_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         past_kv: torch.Tensor | None = None,
-        replace: tuple[int, int] | None = None,
+        replace: QuerySlots | None = None,
         use_cache: bool = False,
         attention_mask: torch.Tensor | None = None,
         persist: bool = False,

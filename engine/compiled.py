@@ -1,0 +1,257 @@
+"""Static-shape forwards: torch.compile and CUDA graphs over bucketed shapes (docs/algorithms.md §6.5).
+
+One generate calls the model with many shapes: the canvas length N follows the prompt, and the
+number of query tokens the forward kind (a full forward N, prefix N - s, dual one block, a vicinity
+window clipped at the canvas edges). torch.compile specialises a graph on its shapes (a new shape
+is a recompilation) and a CUDA graph replays one fixed shape, so `CompiledLM` runs every call at
+one of a few sizes, `bucket(n)`, padded and masked:
+
+- the q query tokens become `bucket(q)` rows; the padded rows are [MASK] ids (or zero embeddings),
+  and their logits and K/V are dropped;
+- a forward without a past attends among its rows; the padded ones are masked out as keys;
+- a forward with a past (a cached forward) runs against a scratch copy of the K/V store with
+  `bucket(N + 1)` slots: the store fills the first N, and the query rows write their fresh K/V
+  into it in place (so no per-layer merged copy is made): the real ones at their canvas
+  positions, given as an index tensor (models/layers.py), the padded ones all into slot N, which
+  no canvas token uses. A new block position is new data, not a new shape. Slots from N on are
+  masked out as keys. The caller's store changes only where it asked (`persist`).
+- a padded query row attends to the real keys: a row with no key would be NaN, and a NaN value
+  under a masked key still poisons the weighted sum (0 · NaN).
+
+A masked key adds an exact zero, so the logits are those of the unpadded forward up to the
+kernels' rounding (a masked attention kernel, another reduction order): in fp32 the same tokens
+(tests/test_compiled.py). MoE layers switch to their capture-safe expert computation
+(`SparseMoE.experts_static`, during these forwards only), which reads nothing back to the host. A compiled or captured forward
+is one unit, so a cancel lands between iterations, not between layers.
+
+`compile`: the padded forward runs through torch.compile (inductor, static shapes): one graph per
+bucket, compiled on first use and counted (`ForwardCounters.compiles`, through a backend that
+counts each graph it is handed; a second compile of a bucket would be a recompilation).
+`cuda_graphs` (CUDA only): each bucket's padded forward (compiled or not) is captured once into a
+CUDA graph reading fixed input buffers and the bucket's scratch store, then replayed: one launch
+per forward instead of one per kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from .errors import EngineError
+from .models.base import DiffusionLM, ModelOutput
+from .models.layers import QuerySlots, RotaryEmbedding, query_range
+from .models.moe import SparseMoE
+
+# Bucket sizes: 2^k · {1, 1.25, 1.5, 1.75} from 32 on (32, 40, 48, 56, 64, 80, ...), so padding
+# adds at most a quarter and every size is a multiple of 8; four sizes per octave keep the number
+# of graphs a generate needs small.
+SMALLEST_BUCKET = 32
+QUARTERS = (4, 5, 6, 7)
+# Dynamo keeps at most `recompile_limit` graphs per function before it silently falls back to
+# eager; every bucket of every compiled engine in this process is one of them.
+RECOMPILE_LIMIT = 512
+
+
+def bucket(n: int) -> int:
+    """The static size a dimension of length `n` is padded to."""
+    octave = SMALLEST_BUCKET
+    while True:
+        for quarters in QUARTERS:
+            if octave * quarters // 4 >= n:
+                return octave * quarters // 4
+        octave *= 2
+
+
+def check_options(device: str | torch.device, compile: Any, cuda_graphs: Any, world: int = 1) -> None:
+    """Refuse, before anything is loaded, static-shape options this device or layout cannot take."""
+    if not isinstance(compile, bool) or not isinstance(cuda_graphs, bool):  # they may come from JSON
+        raise EngineError(f"compile and cuda_graphs must be true or false, got compile={compile!r}, cuda_graphs={cuda_graphs!r}")
+    if cuda_graphs and torch.device(device).type != "cuda":
+        raise EngineError(f"cuda_graphs needs a CUDA device; this engine runs on {torch.device(device).type}")
+    if cuda_graphs and world > 1:
+        raise EngineError("cuda_graphs with tp_size or ep_size > 1 is not supported (each rank would capture its all-reduces)")
+
+
+@dataclass
+class ForwardCounters:
+    """What a CompiledLM did, since it was made (a generate reports the differences)."""
+
+    compiles: int = 0  # graphs torch.compile compiled: one per new bucket, or a recompilation
+    captures: int = 0  # CUDA graphs captured, one per new bucket
+    replays: int = 0  # forwards that replayed a captured graph
+    compile_seconds: float = 0.0  # wall time of the forwards that compiled or captured
+
+    def since(self, before: "ForwardCounters") -> "ForwardCounters":
+        return ForwardCounters(
+            self.compiles - before.compiles, self.captures - before.captures, self.replays - before.replays,
+            self.compile_seconds - before.compile_seconds,
+        )
+
+
+@contextlib.contextmanager
+def _capture_safe(moes: list[SparseMoE]) -> Iterator[None]:
+    """The MoE layers in their capture-safe form for the static forward only: whoever else runs
+    the same model (an eager engine, a benchmark's reference) keeps the routed loop."""
+    for moe in moes:
+        moe.capture_safe = True
+    try:
+        yield
+    finally:
+        for moe in moes:
+            moe.capture_safe = False
+
+
+# The padded forward: (input ids or embeddings, scratch store or None, query slots, key mask, use_cache).
+StaticForward = Callable[[torch.Tensor, torch.Tensor | None, QuerySlots, torch.Tensor, bool], ModelOutput]
+
+
+class CapturedForward:
+    """One bucket's CUDA graph: fixed input buffers, the bucket's scratch store, fixed outputs."""
+
+    def __init__(self, run: StaticForward, inputs: torch.Tensor, past: torch.Tensor | None, slots: QuerySlots,
+                 mask: torch.Tensor, use_cache: bool, pool: Any) -> None:
+        self.inputs, self.mask = inputs.clone(), mask.clone()
+        self.slots = slots.clone() if isinstance(slots, torch.Tensor) else slots
+        args = (self.inputs, past, self.slots, self.mask, use_cache)
+        # Warm up on a side stream, as capture requires: compiles, and lets cuBLAS and the
+        # allocator set up outside the graph.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = run(*args)
+
+    def replay(self, inputs: torch.Tensor, slots: QuerySlots, mask: torch.Tensor) -> ModelOutput:
+        self.inputs.copy_(inputs)
+        if isinstance(slots, torch.Tensor):
+            self.slots.copy_(slots)
+        self.mask.copy_(mask)
+        self.graph.replay()
+        return self.out
+
+
+class CompiledLM(DiffusionLM):
+    """`model` behind static-shape forwards: the same interface and, up to rounding, the same
+    logits; compiled with `compile`, captured and replayed with `cuda_graphs` (module docstring)."""
+
+    def __init__(self, model: DiffusionLM, compile: bool = True, cuda_graphs: bool = False) -> None:
+        check_options(model.device, compile, cuda_graphs)
+        super().__init__()
+        self.inner = model
+        self.config, self.block_causal = model.config, model.block_causal  # what the engine reads of a model
+        self.counters = ForwardCounters()
+        self._moes = [m for m in model.modules() if isinstance(m, SparseMoE)]
+        self._ropes = [m for m in model.modules() if isinstance(m, RotaryEmbedding)]
+        # Positions are looked up in the rotary tables inside the graph, where growing them would
+        # be a new shape: size them for the longest canvas now (others grow on first use).
+        self._reserve(bucket(model.max_positions + 1) if model.max_positions else 0)
+        self._run: StaticForward = self._static_forward
+        if compile:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, RECOMPILE_LIMIT)
+            self._run = torch.compile(self._static_forward, backend=self._count_compile, dynamic=False)
+        self._graphs: dict[tuple, CapturedForward] | None = {} if cuda_graphs else None
+        self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+        self._scratch: dict[tuple, torch.Tensor] = {}
+        # every static call signature run so far: one compiled graph (and one CUDA graph) each
+        self.buckets: set[tuple] = set()
+
+    def embedding_weight(self) -> torch.Tensor:
+        return self.inner.embedding_weight()
+
+    def layer_modules(self) -> nn.ModuleList:
+        """No layers to hook: a compiled or captured forward cannot stop between layers (nor run
+        hooks there without a graph break), so a cancel is seen between iterations."""
+        return nn.ModuleList()
+
+    def _count_compile(self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
+        """The inductor backend, counting each graph dynamo hands it (this engine's compiles)."""
+        self.counters.compiles += 1
+        return torch._dynamo.lookup_backend("inductor")(graph, example_inputs)
+
+    def _reserve(self, positions: int) -> None:
+        for rope in self._ropes:
+            rope.table(positions, self.device)
+
+    def _static_forward(self, inputs: torch.Tensor, past: torch.Tensor | None, slots: QuerySlots, mask: torch.Tensor, use_cache: bool) -> ModelOutput:
+        ids = inputs.dtype == torch.long
+        return self.inner(
+            input_ids=inputs if ids else None, inputs_embeds=None if ids else inputs, past_kv=past, replace=slots,
+            use_cache=use_cache, attention_mask=mask, persist=past is not None,
+        )
+
+    def _scratch_store(self, past: torch.Tensor, slots: int) -> torch.Tensor:
+        """The zeroed scratch store of this shape with `slots` slots; one per shape, so its address
+        is fixed (a captured graph reads it) and everything ever written to it is finite."""
+        shape = (*past.shape[:4], slots, past.shape[5])
+        key = (shape, past.dtype)
+        if key not in self._scratch:
+            self._scratch[key] = past.new_zeros(shape)
+        return self._scratch[key]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_kv: torch.Tensor | None = None,
+        replace: tuple[int, int] | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        persist: bool = False,
+    ) -> ModelOutput:
+        x = input_ids if inputs_embeds is None else inputs_embeds
+        q = x.shape[1]
+        a, b = query_range(replace, q, persist, past_kv)
+        rows = bucket(q)
+        padding = x.new_full((x.shape[0], rows - q), self.mask_token_id) if inputs_embeds is None else x.new_zeros((x.shape[0], rows - q, x.shape[2]))
+        inputs = torch.cat([x, padding], dim=1)
+        device = x.device
+        if past_kv is None:  # the rows attend among themselves
+            keys, real, past, slots = rows, q, None, (a, a + rows)
+        else:
+            real = past_kv.shape[4]
+            keys = bucket(real + 1)
+            past = self._scratch_store(past_kv, keys)
+            past[:, :, :, :, :real].copy_(past_kv)
+            slots = torch.cat([torch.arange(a, b, device=device), torch.full((rows - q,), real, device=device)])
+        self._reserve(max(keys, a + rows))
+        mask = (torch.arange(keys, device=device) < real).expand(rows, keys).clone()
+        if attention_mask is not None:  # the caller's `[q, T]` (or broadcastable `[..., 1, T]`) pattern
+            mask[:q, :real] &= attention_mask.reshape(attention_mask.shape[-2:])
+        out = self._forward_bucket(inputs, past, slots, mask, use_cache)
+        if persist:
+            past_kv[:, :, :, :, a:b].copy_(past[:, :, :, :, a:b])
+        logits, kv = out.logits[:, :q], out.kv[..., :q, :] if use_cache else None
+        if self._graphs is not None:  # the next replay overwrites a graph's outputs: hand out copies
+            logits, kv = logits.clone(), None if kv is None else kv.clone()
+        return ModelOutput(logits=logits, kv=kv)
+
+    def _forward_bucket(self, inputs: torch.Tensor, past: torch.Tensor | None, slots: QuerySlots, mask: torch.Tensor, use_cache: bool) -> ModelOutput:
+        """Run (or replay) the padded forward; what compiles or captures is timed and counted."""
+        before = dataclasses.replace(self.counters)
+        start = time.perf_counter()
+        key = (inputs.dtype, tuple(inputs.shape), None if past is None else tuple(past.shape), slots if isinstance(slots, tuple) else "slots", use_cache)
+        self.buckets.add(key)
+        with _capture_safe(self._moes):
+            if self._graphs is None:
+                out = self._run(inputs, past, slots, mask, use_cache)
+            else:
+                graph = self._graphs.get(key)
+                if graph is None:
+                    graph = self._graphs[key] = CapturedForward(self._run, inputs, past, slots, mask, use_cache, self._pool)
+                    self.counters.captures += 1
+                out = graph.replay(inputs, slots, mask)
+                self.counters.replays += 1
+        done = self.counters.since(before)
+        if done.compiles or done.captures:
+            self.counters.compile_seconds += time.perf_counter() - start
+        return out
