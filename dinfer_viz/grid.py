@@ -1,16 +1,21 @@
-"""The token grid: one cell per canvas position at a chosen iteration, as data for a gr.HTML template.
+"""The token grid: one cell per canvas position at a chosen iteration, in two forms.
 
-Gradio diffs a component's JSON value between streamed frames, so the grid travels as a list of
-small per-cell dicts (`t` text, `k` CSS classes, `tip` hover text, `c` confidence) and the browser
-renders them with `GRID_TEMPLATE`: a frame that commits three tokens sends three changed cells,
-not the whole HTML.
+- A finished or loaded run, at any iteration (`grid_value`): a list of small per-cell dicts (`t`
+  text, `k` CSS classes, `tip` hover text, `c` confidence) and a caption, which the browser renders
+  with `GRID_TEMPLATE`.
+- A live run (`LiveGrid`): the commits since the frame the page last painted and the marks of the
+  iteration shown, which `GRID_JS`, a small renderer in the page, applies to the cells it holds
+  (built once from the canvas): a frame costs the browser the cells that changed, not a whole grid
+  rebuilt from HTML.
 
-Every string in the value comes from a tokenizer or a trace file, i.e. from someone else: Gradio
+Every string in either form comes from a tokenizer or a trace file, i.e. from someone else. Gradio
 renders the template with Handlebars and then evaluates the result as a JavaScript template
 literal, so Handlebars' own escaping (which leaves `${`, backticks and backslashes alone) is not
 enough: a token `${alert(1)}` would run. `inert` escapes those too, and the template inserts the
-escaped strings raw (`{{{...}}}`) so they are not escaped twice. Colours come from `CELL_COLOURS`, one explicit map shared by the CSS, the
-legend and the figures (never hex strings used as labels).
+escaped strings raw (`{{{...}}}`) so they are not escaped twice. A live frame's strings never reach
+the template (it renders only an empty `.live` box then): the renderer sets them as `textContent`
+and `title`, which the browser never parses. Colours come from `CELL_COLOURS`, one explicit map
+shared by the CSS, the legend and the figures (never hex strings used as labels).
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ PROMPT_CELLS_SHOWN = 48  # a long (chat-template) prompt is cut to its tail, wit
 FILL_RUN_COLLAPSE = 3  # this many early-stop fill cells in a row or more show as one
 
 
+def first_shown(timeline: Timeline) -> int:
+    """The first canvas position with a cell of its own; the ones before share a summary cell."""
+    return max(0, min(timeline.view_start(), timeline.prompt_length - PROMPT_CELLS_SHOWN))
+
+
+def _summary_tip(first: int) -> str:
+    return f"{first} earlier prompt tokens"
+
+
 def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = None) -> dict:
     """Cells and a caption for `timeline` after record `iteration` (-1: before the first forward).
 
@@ -64,12 +78,11 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
     recomputed = [range(a, b) for a, b in rec.recomputed] if rec and rec.forward not in EXACT_FORWARDS else []
     extras = timeline.extras_at(iteration) if rec else {}
     anchors = extras.get("anchors")
-    start = timeline.view_start()
-    first_shown = max(0, min(start, timeline.prompt_length - PROMPT_CELLS_SHOWN))
+    first = first_shown(timeline)
     cells = []
-    if first_shown > 0:
-        cells.append({"t": f"…{first_shown}", "k": "prompt", "tip": f"{first_shown} earlier prompt tokens", "c": 0, "p": -1})
-    for p in range(first_shown, timeline.canvas_length):
+    if first > 0:
+        cells.append({"t": f"…{first}", "k": "prompt", "tip": _summary_tip(first), "c": 0, "p": -1})
+    for p in range(first, timeline.canvas_length):
         token = canvas[p]
         commit = timeline.commits.get(p)
         in_block = p in block
@@ -99,14 +112,18 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
             classes.append("win")
         if token != timeline.mask_id:
             tip.insert(1, f"token {timeline.text_of(token)!r} (id {token})")
-        if expected is not None and kind in ("old", "new", "forced"):
-            offset = p - timeline.prompt_length
-            want = expected[offset] if 0 <= offset < len(expected) else None
-            if want is not None and want != token:
-                classes.append("wrong")
-                tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
+        want = expected_at(timeline, expected, p)
+        if kind in ("old", "new", "forced") and want is not None and want != token:
+            classes.append("wrong")
+            tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
         cells.append({"t": inert(_cell_text(timeline, token)), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
     return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration))}
+
+
+def expected_at(timeline: Timeline, expected: list[int] | None, p: int) -> int | None:
+    """The token `expected` (ids from the prompt's end) wants at position `p`, if any."""
+    offset = p - timeline.prompt_length
+    return expected[offset] if expected is not None and 0 <= offset < len(expected) else None
 
 
 def _collapse_fill(cells: list[dict]) -> list[dict]:
@@ -132,7 +149,8 @@ def _collapse_fill(cells: list[dict]) -> list[dict]:
     return out
 
 
-def caption(timeline: Timeline, iteration: int) -> str:
+def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
+    """What record `iteration` did; `of`: the iterations counted (default: all the timeline's)."""
     if iteration < 0:
         return f"before the first forward · {timeline.canvas_length - timeline.prompt_length} positions to generate"
     rec = timeline.records[iteration]
@@ -140,9 +158,65 @@ def caption(timeline: Timeline, iteration: int) -> str:
     where = ", ".join(f"[{a}, {b})" for a, b in rec.recomputed)
     threshold = "" if rec.threshold is None else f" · threshold {rec.threshold:.2f}"
     return (
-        f"iteration {iteration + 1}/{timeline.iterations} · block {rec.block} [{s}, {e}) · "
+        f"iteration {iteration + 1}/{timeline.iterations if of is None else of} · block {rec.block} [{s}, {e}) · "
         f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}"
     )
+
+
+class LiveGrid:
+    """A live run's grid as `GRID_JS` takes it: while the run streams, the grid component's value
+    is `{"live": {...}}` with
+
+    - `run`, `frame`: the run's id and the frame's number, which the renderer reports back once it
+      painted the frame (runner.acknowledge: the server's pacing);
+    - `canvas` (only for a page that holds nothing of the run yet): the cells before the first
+      forward, `[position, text, kind, tip]` (position -1: the summary cell of a long prompt's head);
+    - `commits`: the commits since the records the page holds, `[position, text, iteration,
+      forced, confidence, wrong]` (all of them for a page that holds nothing);
+    - `at`, `caption`, `stats`: the iteration shown (-1: none yet), its caption, the speed line;
+    - `block`, `top1`, `conf`: the current block and its top-1 tokens and confidences now;
+    - `win`: what a partial forward recomputed (nothing for forwards over the whole canvas).
+
+    A frame is complete relative to a state the page reported it holds, so a renderer that skipped
+    frames (the browser applied two at once) still applies everything. Strings are plain text
+    (never HTML): the renderer sets them as text."""
+
+    def __init__(self, timeline: Timeline, run: str, expected: list[int] | None = None) -> None:
+        self.timeline, self.run, self.expected = timeline, run, expected
+        first = first_shown(timeline)
+        self.canvas: list[list] = [[-1, f"…{first}", "prompt", _summary_tip(first)]] if first > 0 else []
+        for p in range(first, timeline.canvas_length):
+            token = timeline.initial[p]
+            if token == timeline.mask_id:
+                self.canvas.append([p, _cell_text(timeline, token), "masked", f"pos {p} · masked"])
+            else:
+                self.canvas.append([p, _cell_text(timeline, token), "prompt", f"pos {p} · prompt\ntoken {timeline.text_of(token)!r} (id {token})"])
+
+    def value(self, shown: int, frame: int, since: int, stats: str) -> dict:
+        """The frame showing the timeline's first `shown` records to a page that holds the first
+        `since` (-1: nothing, not even the canvas)."""
+        tl, row = self.timeline, self.timeline.row
+        commits = []
+        for i in range(max(since, 0), shown):
+            rec = tl.records[i]
+            start, forced = rec.block_range[0], set(rec.forced[row])
+            for p in rec.committed[row]:
+                token = rec.top1[row][p - start]
+                want = expected_at(tl, self.expected, p)
+                commits.append([p, _cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token)])
+        at = shown - 1
+        live: dict = {"run": self.run, "frame": frame, "commits": commits, "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
+        if since < 0:
+            live["canvas"] = self.canvas
+        if at >= 0:
+            rec = tl.records[at]
+            live["block"] = list(rec.block_range)
+            live["top1"] = [tl.text_of(t) for t in rec.top1[row]]
+            live["conf"] = [round(float(c), 2) for c in rec.confidence[row]]
+            live["win"] = [list(r) for r in rec.recomputed] if rec.forward not in EXACT_FORWARDS else []
+        else:
+            live.update(block=[0, 0], top1=[], conf=[], win=[])
+        return {"live": live}
 
 
 def _cell_text(timeline: Timeline, token: int) -> str:
@@ -176,6 +250,7 @@ def _css() -> str:
         ".cell.blk::after{content:'';position:absolute;left:0;bottom:0;height:3px;"
         "width:calc(var(--c,0)*100%);background:#facc15}",
         ".cell.masked{color:#9ca3af}",
+        ".stats{font-size:12px;color:#6b7280;margin:0 0 4px;font-variant-numeric:tabular-nums}",
     ]
     rules += [f".cell.{k}{{background:{colour}}}" for k, (colour, _) in CELL_COLOURS.items()]
     rules += [f".cell.{k}{{{css}}}" for k, (css, _) in CELL_MARKS.items()]
@@ -185,7 +260,91 @@ def _css() -> str:
 GRID_CSS = _css()
 GRID_TEMPLATE = (
     _legend_html()
+    + "{{#if value.live}}<div class=\"live\"></div>{{else}}"  # a live frame: GRID_JS fills the box
     + '<div class="caption">{{{value.caption}}}</div>'
     + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" title="{{{tip}}}" style="--c:{{c}}">{{{t}}}</span>{{/each}}</div>'
+    + "{{/if}}"
 )
 EMPTY_GRID = {"cells": [], "caption": "no run yet: press Run, or load a trace"}
+# The live renderer (gr.HTML's js_on_load: `element`, `props`, `watch`, `server`). It keeps the
+# cells of the run it shows by position and, per frame, applies its commits, moves the block and
+# recomputed-window marks, sets the caption and speed line, and on the next animation frame (the
+# browser is about to paint) reports the frame painted through the grid's server function, a
+# plain request that costs the page nothing else (a Gradio event would update its loading state).
+# A frame it cannot apply (its cells were redrawn by another view, and the frame brings no canvas)
+# is reported as -1: the next one brings everything. Text goes in only through textContent and title.
+GRID_JS = r"""
+let view = null;
+const cell = (kind, text, tip) => {
+  const s = document.createElement('span');
+  s.className = 'cell ' + kind;
+  s.textContent = text;
+  s.title = tip;
+  return s;
+};
+const start = (root, live) => {
+  const parts = ['caption', 'stats', 'cells'].map(name => {
+    const d = document.createElement('div');
+    d.className = name;
+    return d;
+  });
+  const at = new Map(), tips = new Map();
+  for (const [p, text, kind, tip] of live.canvas) {
+    const s = cell(kind, text, tip);
+    parts[2].append(s);
+    if (p >= 0) { at.set(p, s); tips.set(p, tip); }
+  }
+  root.replaceChildren(...parts);
+  return {root, run: live.run, caption: parts[0], stats: parts[1], at, tips, fresh: [], marked: []};
+};
+const paint = live => {
+  const root = element.querySelector('.live');
+  if (!root) return;
+  if (live.canvas) view = start(root, live);
+  else if (!view || view.root !== root || view.run !== live.run) {
+    server.painted({run: live.run, frame: -1});
+    return;
+  }
+  for (const s of view.fresh) s.classList.replace(s.classList.contains('forced') ? 'forced' : 'new', 'old');
+  view.fresh = [];
+  for (const [p, text, it, forced, conf, wrong] of live.commits) {
+    const s = view.at.get(p);
+    if (!s) continue;
+    const now = it === live.at;
+    s.className = 'cell ' + (now ? (forced ? 'forced' : 'new') : 'old') + (wrong ? ' wrong' : '');
+    s.textContent = text;
+    view.tips.set(p, `pos ${p} · committed at iteration ${it} (${forced ? 'forced top-1 (below threshold)' : 'above threshold'}) · confidence then ${conf.toFixed(3)}`);
+    s.title = view.tips.get(p);
+    if (now) view.fresh.push(s);
+  }
+  for (const s of view.marked) {
+    s.classList.remove('blk', 'win');
+    s.style.removeProperty('--c');
+    s.title = view.tips.get(+s.dataset.p);
+  }
+  view.marked = [];
+  const mark = (p, name) => {
+    const s = view.at.get(p);
+    if (!s) return null;
+    s.classList.add(name);
+    s.dataset.p = p;
+    view.marked.push(s);
+    return s;
+  };
+  const [a, b] = live.block;
+  for (let p = a; p < b; p++) {
+    const s = mark(p, 'blk');
+    if (!s) continue;
+    s.style.setProperty('--c', live.conf[p - a]);
+    s.title = view.tips.get(p) + `\nnow: top-1 ${JSON.stringify(live.top1[p - a])} confidence ${live.conf[p - a]}`;
+  }
+  for (const [x, y] of live.win) for (let p = x; p < y; p++) mark(p, 'win');
+  view.caption.textContent = live.caption;
+  view.stats.textContent = live.stats;
+  requestAnimationFrame(() => server.painted({run: live.run, frame: live.frame}));
+};
+watch('value', () => {
+  const v = props.value;
+  if (v && v.live) paint(v.live);
+});
+"""

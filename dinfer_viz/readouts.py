@@ -30,15 +30,26 @@ def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "
         )
         source = "the finished run's engine stats (device-synchronised)"
     else:
-        seconds = sum(rec.seconds for rec in timeline.records)
-        nfe, tokens = timeline.iterations, timeline.committed_tokens
-        tps = tokens / seconds if seconds > 0 else 0.0
-        tpf = tokens / nfe if nfe else 0.0
-        fps = nfe / seconds if seconds > 0 else 0.0
+        tps, tpf, nfe, fps, seconds, tokens = _so_far(timeline, timeline.iterations)
         row = f"| {tps:.1f} | {tpf:.2f} | {nfe} | {fps:.1f} | {seconds:.3f} | {tokens} | – | {wall} |"
-        source = "live: summed from the engine's per-iteration timings so far"
+        source = "summed from the engine's per-iteration timings (the trace has no footer)"
     lines = [_HEAD + row, f"<small>{source} · {_LEGEND}{' · ' + note if note else ''}</small>"]
     return "\n\n".join(lines)
+
+
+def _so_far(timeline: Timeline, shown: int) -> tuple[float, float, int, float, float, int]:
+    """(TPS, TPF, NFE, forwards/s, engine seconds, tokens) of the first `shown` records, from the
+    engine's per-iteration timings (end-of-text commits are not tokens)."""
+    records = timeline.records[:shown]
+    seconds = sum(rec.seconds for rec in records)
+    tokens, nfe = timeline.committed_tokens(shown), len(records)
+    return (tokens / seconds if seconds > 0 else 0.0), (tokens / nfe if nfe else 0.0), nfe, (nfe / seconds if seconds > 0 else 0.0), seconds, tokens
+
+
+def live_line(timeline: Timeline, shown: int, wall_seconds: float) -> str:
+    """The live grid's speed line: the readout's figures over the iterations shown so far."""
+    tps, tpf, nfe, fps, seconds, tokens = _so_far(timeline, shown)
+    return f"live · TPS {tps:.1f} · TPF {tpf:.2f} · NFE {nfe} · fwd/s {fps:.1f} · engine s {seconds:.3f} · tokens {tokens} · wall s {wall_seconds:.2f}"
 
 
 def message_readout(text: str) -> str:

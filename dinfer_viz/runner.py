@@ -1,24 +1,38 @@
-"""Runs the engine for the UI: a worker thread under the host's lock, time-throttled frames, cancel.
+"""Runs the engine for the UI: a worker thread under the host's lock, paced frames, cancel.
 
 The engine runs on a worker thread and pushes the trace header (its `on_start` hook) and then each
-IterationRecord (`on_iteration`) into a queue; the UI's generator drains the queue and yields a `Frame` at most `fps`
-times a second (plots at most `plot_hz`), always the first and the last. Gradio never drops
-streamed frames, so yielding per iteration would let a fast engine build a backlog and the
-"live" view fall behind. When the generator is closed (Stop, a client that left), its `finally`
-sets the engine's cancel event, and the engine stops before its next iteration.
+IterationRecord (`on_iteration`) into a queue; the UI's generator drains the queue and yields a
+`Frame` of the growing timeline when three things allow it:
+
+- `FrameClock`: at most `fps` frames and `plot_hz` plot redraws a second, and no more than the
+  server can build within a quarter of the wall time (the first and the last frame always go);
+- `PagePacer`: the page has painted every frame sent but at most MAX_UNPAINTED - 1. The page's
+  grid reports each frame it paints (`acknowledge`); Gradio never drops a streamed frame, so
+  without this a browser slower than the server would fall behind by a growing backlog (and a Stop
+  click would wait behind it). A page that is behind gets the latest state when it catches up,
+  never the frames in between, and plots only as often as it can afford them. Until the first
+  report of a run (an API client never sends one) only the clock applies;
+- the playback speed: 0 shows iterations as fast as the engine makes them; N > 0 shows N a second
+  (a class following the decoding), the engine running ahead and freed as soon as it is done.
+
+The generator yields at least once a second whatever happens (a "busy" frame), because Gradio can
+close it only when it yields; when it is closed (Stop, a client that left), its `finally` sets the
+engine's cancel event, and the engine stops before its next layer.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from engine import Engine, EngineError, GenerationConfig, IterationRecord, Trace
+from engine import Engine, EngineError, GenerationConfig, IterationRecord
 
+from .events import Failed, Finished, Loading, Started, Waiting
 from .host import EngineHost, ModelSpec
 from .timeline import Timeline
 
@@ -27,32 +41,7 @@ POLL_SECONDS = 0.1  # longest the consumer blocks on the queue
 # Longest a live run goes without yielding: Gradio can close (Stop, a closed tab) a generator only
 # when it yields, and one forward on a long canvas can take many seconds without an event.
 HEARTBEAT_SECONDS = 1.0
-
-
-# ---- what the worker tells the consumer ------------------------------------------------------
-@dataclass
-class Waiting:
-    """Another session holds the engine."""
-
-
-@dataclass
-class Loading:
-    spec: ModelSpec
-
-
-@dataclass
-class Started:
-    trace: Trace  # the engine's header (initial canvas, ids, token strings) the live timeline grows from
-
-
-@dataclass
-class Finished:
-    value: object  # the job's return value (a TextResult for a run)
-
-
-@dataclass
-class Failed:
-    message: str
+MAX_UNPAINTED = 2  # frames sent that the page has not painted yet, at most
 
 
 Job = Callable[[Engine, Callable[[object], None], threading.Event], object]
@@ -89,11 +78,11 @@ def start_worker(host: EngineHost, spec: ModelSpec, job: Job, cancel: threading.
 
 
 class FrameClock:
-    """Decides when a frame (and its plots) is due: at most `fps` frames and `plot_hz` plot
-    redraws per second, and not so often that the UI's share of the wall time (a frame's yield
-    to the generator's resumption: building the views, Gradio's diff and send) exceeds `budget`,
-    so a slow machine gets fewer frames instead of a slower engine. Costs are smoothed, and the
-    gaps capped, so one slow frame (a GC pause, a busy CPU) never freezes the view for long."""
+    """Decides when a frame (and its plots) is due by time: at most `fps` frames and `plot_hz`
+    plot redraws per second, and not so often that the server's share of the wall time (a frame's
+    yield to the generator's resumption: building the views, Gradio's diff and send) exceeds
+    `budget`, so a slow machine gets fewer frames instead of a slower engine. Costs are smoothed,
+    and the gaps capped, so one slow frame (a GC pause, a busy CPU) never freezes the view for long."""
 
     MAX_FRAME_GAP = 1.0  # seconds
     MAX_PLOT_GAP = 2.0
@@ -103,7 +92,7 @@ class FrameClock:
         self.fps, self.plot_hz, self.budget = fps, plot_hz, budget
         self.last_frame = float("-inf")
         self.last_plot = float("-inf")
-        self.frame_cost = 0.0  # smoothed UI seconds of a frame without plots
+        self.frame_cost = 0.0  # smoothed server seconds of a frame without plots
         self.plot_cost = 0.0  # ... and with plots
 
     @property
@@ -118,41 +107,145 @@ class FrameClock:
         """Seconds until the next frame may go."""
         return max(0.0, self.last_frame + self.frame_interval - now)
 
-    def tick(self, now: float, force: bool = False) -> tuple[bool, bool]:
-        """(send a frame, redraw plots with it); records the send."""
+    def tick(self, now: float, force: bool = False, plots_allowed: bool = True) -> tuple[bool, bool]:
+        """(send a frame, redraw plots with it); records the send. `plots_allowed`: False holds
+        the plots back (the page is still painting) without spending their turn."""
         if not force and now - self.last_frame < self.frame_interval:
             return False, False
-        plots = force or now - self.last_plot >= self.plot_interval
+        plots = force or (plots_allowed and now - self.last_plot >= self.plot_interval)
         self.last_frame = now
         if plots:
             self.last_plot = now
         return True, plots
 
     def spent(self, seconds: float, plots: bool) -> None:
-        """What the UI took for the frame just sent."""
+        """What the server took for the frame just sent."""
         if plots:
             self.plot_cost += self.SMOOTHING * (seconds - self.plot_cost)
         else:
             self.frame_cost += self.SMOOTHING * (seconds - self.frame_cost)
 
 
+class Painted:
+    """Posted into a live run's event queue when its page reported a frame: the consumer, blocked
+    on that queue, looks at once whether the next frame may go."""
+
+
+class PagePacer:
+    """What one run's page has painted. Frames are numbered from 0 as they are sent; the page
+    reports the latest it painted (`painted`, from the web server's threads; `wake` tells the
+    run's consumer). A frame carries the changes since the last frame the page reported painted,
+    which is the state it holds (or everything, before any report: an API client never sends one).
+    Plot redraws cost a browser far more than the grid: one goes only when the page has painted
+    every frame sent, and no sooner after the previous one than the time that one took to be
+    painted times (1 / PLOT_SHARE - 1), so plots take at most that share of the page's time."""
+
+    PLOT_SHARE = 0.25
+
+    def __init__(self, wake: Callable[[], None] = lambda: None) -> None:
+        self.sent = 0  # frames sent so far; the next one's number
+        self.latest = -1  # highest frame number the page reported painted
+        self.base = -1  # the frame whose state the page holds (-1: none)
+        self.shown: list[int] = []  # records each frame showed
+        self.plot_frames: dict[int, float] = {}  # frames with plots not yet painted -> when sent
+        self.plot_due = float("-inf")  # the next plot redraw may go from then
+        self._wake = wake
+        self._lock = threading.Lock()
+
+    def send(self, shown: int, plots: bool, now: float) -> tuple[int, int]:
+        """Register a frame showing `shown` records: (its number, the records the page holds,
+        -1 for none: the frame carries the canvas and everything)."""
+        with self._lock:
+            number = self.sent
+            self.sent += 1
+            self.shown.append(shown)
+            if plots:
+                self.plot_frames[number] = now
+            return number, (self.shown[self.base] if self.base >= 0 else -1)
+
+    def painted(self, frame: int, now: float) -> None:
+        """The page painted `frame`; -1: it holds nothing of this run (its grid was redrawn by
+        another view meanwhile), so the next frame carries everything."""
+        with self._lock:
+            if frame < 0:
+                self.base, self.latest = -1, self.sent - 1
+            elif frame < self.sent:
+                self.latest = max(self.latest, frame)
+                self.base = max(self.base, frame)
+                for number in [n for n in self.plot_frames if n <= frame]:
+                    took = now - self.plot_frames.pop(number)
+                    self.plot_due = max(self.plot_due, now + took * (1 / self.PLOT_SHARE - 1))
+        self._wake()
+
+    def may_send(self) -> bool:
+        """A page that reports (an API client never does) is at most MAX_UNPAINTED - 1 frames behind."""
+        with self._lock:
+            return self.latest < 0 or self.sent - 1 - self.latest < MAX_UNPAINTED
+
+    def plots_allowed(self, now: float) -> bool:
+        with self._lock:
+            return self.latest < 0 or (self.latest == self.sent - 1 and now >= self.plot_due)
+
+
+# Live runs by id: what the pages' reports name. Ids are random, so a page can only pace the runs
+# it was sent.
+_PACERS: dict[str, PagePacer] = {}
+_PACERS_LOCK = threading.Lock()
+
+
+def acknowledge(run: str, frame: int) -> None:
+    """The page painted frame `frame` of live run `run` (-1: it lost the run's grid); ignored once
+    the run has ended."""
+    with _PACERS_LOCK:
+        pacer = _PACERS.get(run)
+    if pacer is not None:
+        pacer.painted(frame, time.perf_counter())
+
+
 @dataclass
 class Frame:
-    stage: str  # "waiting" | "loading" | "running" | "busy" (a forward without news) | "done" | "error"
+    stage: str  # "waiting" | "loading" | "running" | "busy" (no news for a while) | "done" | "error"
     wall: float  # seconds since the run was asked for (includes the UI)
-    plots: bool  # redraw the plots with this frame
+    plots: bool = False  # redraw the plots with this frame
     timeline: Timeline | None = None  # live: keeps growing after the yield; read `shown`
     text: str = ""  # the engine's decoded text (done)
     message: str = ""  # what the stage means, or the error
-    shown: int = 0  # records in the timeline when the frame was made
+    shown: int = 0  # records of the timeline this frame shows
+    run: str = ""  # the live run's id, which the page's reports name
+    number: int = -1  # running frames: the number the page reports once it painted it
+    since: int = -1  # running frames: records the page already holds (-1: none, send it all)
 
-    def __post_init__(self) -> None:
-        if self.timeline is not None:
-            self.shown = self.timeline.iterations
+
+class Playback:
+    """How many records a live view shows: all of them (`speed` 0), or `speed` more per second,
+    never more than have arrived (a slow engine is followed, not overtaken)."""
+
+    def __init__(self, speed: float) -> None:
+        self.speed = speed
+        self.position = 0.0
+        self.last: float | None = None
+
+    def shown(self, arrived: int, now: float) -> int:
+        """Records to show at `now`, `arrived` of them having come from the engine."""
+        if self.speed <= 0:
+            return arrived
+        if self.last is not None:
+            self.position = min(float(arrived), self.position + (now - self.last) * self.speed)
+        self.last = now
+        return int(self.position)
+
+    def wait(self, arrived: int) -> float:
+        """Seconds until one more record shows (inf: all that arrived show already)."""
+        if self.speed <= 0 or self.position >= arrived:
+            return float("inf")
+        return (int(self.position) + 1 - self.position) / self.speed
 
 
-def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, fps: float = 20.0, plot_hz: float = 3.0) -> Iterator[Frame]:
-    """Generate `prompt` with `config` and yield throttled frames of the growing timeline."""
+def run_live(
+    host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, fps: float = 20.0, plot_hz: float = 3.0, speed: float = 0.0
+) -> Iterator[Frame]:
+    """Generate `prompt` with `config` and yield paced frames of the growing timeline (module
+    docstring); `speed`: iterations shown per second, 0 for as fast as the engine."""
     t0 = time.perf_counter()
     cancel = threading.Event()
 
@@ -160,49 +253,77 @@ def run_live(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationC
         return engine.generate(prompt, config, trace=True, on_start=lambda header: post(Started(header)), on_iteration=post, cancel=cancel)
 
     events = start_worker(host, spec, job, cancel)
+    run_id = secrets.token_hex(8)
+    pacer = PagePacer(wake=lambda: events.put(Painted()))
+    with _PACERS_LOCK:
+        _PACERS[run_id] = pacer
     clock = FrameClock(fps, plot_hz)
+    playback = Playback(speed)
     timeline: Timeline | None = None
-    pending = False  # records arrived since the last frame
+    result = None  # the engine's TextResult once it finished
+    status = "starting"  # what a heartbeat says while there is no news
+    shown = 0  # records shown by the last frame sent
     last_yield = time.perf_counter()
+
+    def frame(stage: str, **fields: object) -> Frame:
+        nonlocal last_yield
+        last_yield = time.perf_counter()
+        return Frame(stage, last_yield - t0, run=run_id, **fields)  # type: ignore[arg-type]
+
     try:
         while True:
+            # Sleep until an event, or until the clock allows a frame when there is something to
+            # show and the page is ready for it, or until the playback shows one more record.
+            arrived = timeline.iterations if timeline is not None else 0
+            due = timeline is not None and playback.shown(arrived, time.perf_counter()) > shown and pacer.may_send()
+            timeout = clock.wait(time.perf_counter()) if due else playback.wait(arrived)
             try:
-                event = events.get(timeout=min(POLL_SECONDS, clock.wait(time.perf_counter())) if pending else POLL_SECONDS)
+                event = events.get(timeout=min(POLL_SECONDS, timeout))
             except queue.Empty:
                 event = None
-                if time.perf_counter() - last_yield >= HEARTBEAT_SECONDS:
-                    last_yield = time.perf_counter()
-                    yield Frame("busy", last_yield - t0, False, message="generating: a forward is running")
             while event is not None:
                 if isinstance(event, IterationRecord) and timeline is not None:
                     timeline.add(event)  # its token strings are already in the header's `tokens`
-                    pending = True
                 elif isinstance(event, Started):
                     timeline = Timeline(event.trace)
-                    clock.tick(time.perf_counter(), force=True)
-                    yield Frame("running", time.perf_counter() - t0, True, timeline, message="generating")
+                    status = "generating: a forward is running"
+                    now = time.perf_counter()
+                    clock.tick(now, force=True)
+                    number, since = pacer.send(0, True, now)
+                    yield frame("running", plots=True, timeline=timeline, message="generating", number=number, since=since)
                 elif isinstance(event, Waiting):
-                    yield Frame("waiting", time.perf_counter() - t0, False, message="waiting for the engine: another session is running")
+                    status = "waiting for the engine: another session is running"
+                    yield frame("waiting", message=status)
                 elif isinstance(event, Loading):
-                    yield Frame("loading", time.perf_counter() - t0, False, message=f"loading {event.spec.describe()}")
+                    status = f"loading {event.spec.describe()}"
+                    yield frame("loading", message=status)
                 elif isinstance(event, Finished):
                     result = event.value
-                    clock.tick(time.perf_counter(), force=True)
-                    yield Frame("done", time.perf_counter() - t0, True, Timeline(result.output.trace), text=result.text, message="done")
-                    return
                 elif isinstance(event, Failed):
-                    yield Frame("error", time.perf_counter() - t0, True, timeline, message=event.message)
+                    yield frame("error", plots=True, timeline=timeline, message=event.message, shown=timeline.iterations if timeline else 0)
                     return
                 try:
                     event = events.get_nowait()
                 except queue.Empty:
                     event = None
-            if pending:
-                send, plots = clock.tick(time.perf_counter())
+            now = time.perf_counter()
+            target = playback.shown(timeline.iterations, now) if timeline is not None else 0
+            if result is not None and timeline is not None and target >= timeline.iterations:
+                clock.tick(now, force=True)
+                yield frame("done", plots=True, timeline=Timeline(result.output.trace), text=result.text, message="done", shown=len(result.output.trace.iterations))
+                return
+            if timeline is not None and target > shown and pacer.may_send():
+                send, plots = clock.tick(now, plots_allowed=pacer.plots_allowed(now))
                 if send:
-                    pending = False
-                    sent = last_yield = time.perf_counter()
-                    yield Frame("running", sent - t0, plots, timeline, message="generating")
-                    clock.spent(time.perf_counter() - sent, plots)
+                    shown = target
+                    number, since = pacer.send(shown, plots, now)
+                    yield frame("running", plots=plots, timeline=timeline, message="generating", shown=shown, number=number, since=since)
+                    clock.spent(time.perf_counter() - last_yield, plots)
+                    continue
+            if time.perf_counter() - last_yield >= HEARTBEAT_SECONDS:
+                # nothing new (a long forward, a wait, a page still painting): yield so Gradio can close us
+                yield frame("busy", message=status if target <= shown else "")
     finally:
         cancel.set()
+        with _PACERS_LOCK:
+            del _PACERS[run_id]

@@ -40,7 +40,7 @@ class Timeline:
         self.prompt_length = trace.prompt_lengths[row]
         self.records: list[IterationRecord] = []
         self.commits: dict[int, Commit] = {}
-        self.committed_tokens = 0  # commits that are not an end-of-text id
+        self._tokens: list[int] = []  # commits that are not an end-of-text id, up to each record
         for rec in trace.iterations:
             self.add(rec)
 
@@ -48,12 +48,19 @@ class Timeline:
         index = len(self.records)
         start = rec.block_range[0]
         forced = set(rec.forced[self.row])
+        tokens = self._tokens[-1] if self._tokens else 0
         for p in rec.committed[self.row]:
             token = rec.top1[self.row][p - start]
             self.commits[p] = Commit(index, token, rec.confidence[self.row][p - start], p in forced)
             if token not in self.trace.eos_ids:
-                self.committed_tokens += 1
+                tokens += 1
+        self._tokens.append(tokens)
         self.records.append(rec)
+
+    def committed_tokens(self, records: int | None = None) -> int:
+        """Tokens (end-of-text excluded) committed by the first `records` records (default: all)."""
+        n = self.iterations if records is None else min(records, self.iterations)
+        return self._tokens[n - 1] if n > 0 else 0
 
     # ---- shape -------------------------------------------------------------------------------
     @property

@@ -33,7 +33,7 @@ def _unavailable() -> str:
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    """(page, host): a browser page on the app, and the app's engine host."""
+    """(page, host, url): a browser page on the app, the app's engine host, and its address."""
     reason = _unavailable()
     if reason:
         if os.environ.get("CI"):
@@ -46,7 +46,7 @@ def session(tmp_path_factory):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
         page.goto(url)
-        yield SimpleNamespace(page=page, host=host)
+        yield SimpleNamespace(page=page, host=host, url=url)
         browser.close()
     demo.close()
 
@@ -144,3 +144,46 @@ def test_examples_fill_the_prompt_its_expected_answer_and_the_family_note(sessio
     expect(page.locator("#prompt-note")).to_contain_text("family pairsum")
     page.locator("#examples").get_by_text("Hello, how are you?").click()
     expect(page.locator("#prompt-note")).to_contain_text("outside every family")
+
+
+# One token piece with every attack of HOSTILE_TOKENS and no whitespace, so a cell shows it exactly.
+LIVE_HOSTILE = "<img/src=x/onerror=window.pwned=11>${window.pwned=12}<script>window.pwned=13</script>`${window.pwned=14}`{{constructor.constructor('window.pwned=15')()}}"
+
+
+def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
+    """The live renderer gets the tokenizer's strings as data: they must show, never run."""
+    from playwright.sync_api import expect
+
+    page, host = session.page, session.host
+    with host.lock:
+        engine = host.get(host.default)
+    real, kept = engine.token_strings, {engine.tokenizer.mask_token_id, engine.tokenizer.eos_token_id}
+    monkeypatch.setattr(engine, "token_strings", lambda ids: {k: v if int(k) in kept else LIVE_HOSTILE for k, v in real(ids).items()})
+    page.goto(session.url)
+    page.locator("#cfg-decoder input").fill("fixed")
+    page.keyboard.press("Enter")
+    for field in ("gen_length", "block_length"):
+        page.fill(f"#cfg-{field} input", "16")
+    page.locator("#live-speed input").fill("5 iterations / s")  # the live view lasts about 3 s
+    page.keyboard.press("Enter")
+    page.click("#run-btn")
+    expect(page.locator("#grid .live .cells .cell.old").first).to_be_visible(timeout=60_000)  # live, a commit painted
+    live_cells = page.locator("#grid .live .cells .cell").all_inner_texts()
+    assert page.evaluate("window.pwned") is None and page.locator("#grid script, #grid img").count() == 0
+    assert LIVE_HOSTILE in live_cells, live_cells  # the prompt's cells, as text
+    expect(page.locator("#message")).to_contain_text("done", timeout=60_000)
+    assert page.evaluate("window.pwned") is None and page.locator("#grid script, #grid img").count() == 0
+    final_cells = page.locator("#grid .cells .cell").all_inner_texts()  # the server-side grid, through the template
+    assert LIVE_HOSTILE in final_cells
+    page.goto(session.url)  # the next test starts from the default settings
+
+
+def test_stop_and_a_tab_switch_answer_quickly_during_a_long_live_run(session):
+    """What benchmarks/app_frames.py measures (real mouse clicks, times from the click events), with
+    bounds generous enough for a loaded machine; the benchmark prints the real figures."""
+    from benchmarks.app_frames import stopped_run
+
+    figures = stopped_run(session.page, session.url, 448, session.host.lock)
+    assert not figures["completed"], figures  # Stop ended the run before its 448th iteration
+    assert figures["stop_message_s"] < 3 and figures["stop_free_s"] < 3, figures
+    assert figures["compare_ms"] < 2000 and figures["run_ms"] < 2000, figures

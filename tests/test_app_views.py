@@ -9,8 +9,8 @@ import pytest
 
 from dinfer_viz.explain import explain
 from dinfer_viz.figures import compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras, sweep_figure
-from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_TEMPLATE, grid_value
-from dinfer_viz.readouts import readout
+from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value
+from dinfer_viz.readouts import live_line, readout
 from dinfer_viz.settings import all_controls, build_config, parse_settings, sections, visible_fields
 from dinfer_viz.host import ModelSpec
 from dinfer_viz.sweep import Outcome, SweepState, parse_values
@@ -36,7 +36,7 @@ def test_timeline_matches_trace_canvas(timeline):
         assert timeline.canvas_at(i) == trace.canvas_at(i)[0]
     assert timeline.canvas_at(3) == trace.final[0]
     assert timeline.commits[4].forced and timeline.commits[4].iteration == 1 and timeline.commits[4].confidence == 0.6
-    assert timeline.committed_tokens == 5  # the three EOS do not count
+    assert timeline.committed_tokens() == 5 and timeline.committed_tokens(2) == 4  # the three EOS do not count
     assert timeline.text_at(0) == "x░z░░░░░"  # no end of text yet: masks as ░ up to the canvas end
     assert timeline.text_at(3) == "x yzzx"  # 'Ġy' reads ' y'; stops at the first EOS
 
@@ -88,6 +88,32 @@ def test_grid_template_has_an_explicit_colour_for_every_state():
         assert f".cell.{kind}{{background:{colour}}}" in GRID_CSS
         assert label in GRID_TEMPLATE  # the legend names it
     assert "{{#each value.cells}}" in GRID_TEMPLATE
+
+
+def test_live_grid_sends_the_canvas_then_the_commits_since_what_the_page_holds(timeline):
+    live = LiveGrid(timeline, "r1", expected=[20, 21, 20, 22, 0])
+    first = live.value(0, 0, -1, "line")["live"]
+    assert (first["run"], first["frame"], first["at"], first["commits"], first["stats"]) == ("r1", 0, -1, [], "line")
+    assert first["caption"] == "before the first forward · 8 positions to generate"
+    assert [c[:3] for c in first["canvas"][:4]] == [[0, "A", "prompt"], [1, "B", "prompt"], [2, "C", "prompt"], [3, "▒", "masked"]]
+    assert first["canvas"][0][3] == "pos 0 · prompt\ntoken 'A' (id 10)" and len(first["canvas"]) == 11
+    two = live.value(2, 1, -1, "line")["live"]  # a page that holds nothing gets the canvas and every commit
+    assert "canvas" in two and two["commits"] == [[3, "x", 0, 0, 0.95, 0], [5, "z", 0, 0, 0.92, 1], [4, "·y", 1, 1, 0.6, 0], [6, "z", 1, 0, 0.91, 0]]
+    assert (two["at"], two["block"], two["top1"], two["conf"], two["win"]) == (1, [3, 7], ["x", " y", "z", "z"], [0.99, 0.6, 0.98, 0.91], [[2, 9]])
+    assert two["caption"].startswith("iteration 2/2 · block 0 [3, 7) · window forward over [2, 9)")
+    three = live.value(3, 2, 2, "line")["live"]  # the page holds the first two records: only the third's commit
+    assert "canvas" not in three and three["commits"] == [[7, "x", 2, 1, 0.7, 1]] and three["win"] == []  # expected end of text there; a refresh recomputes all
+    trace = handmade_trace()
+    trace.tokens["20"] = "<img src=x onerror=alert(1)>${alert(2)}"
+    raw = LiveGrid(Timeline(trace), "r2").value(1, 0, -1, "")["live"]
+    assert raw["commits"][0][1] == "<img·src=x·onerror=alert(1)>${alert(2)}"  # plain text: the renderer sets it as text
+
+
+def test_live_renderer_sets_text_never_html():
+    assert "innerHTML" not in GRID_JS and "insertAdjacentHTML" not in GRID_JS and "outerHTML" not in GRID_JS
+    assert "textContent = text" in GRID_JS and "s.title = tip" in GRID_JS
+    live_branch = GRID_TEMPLATE[GRID_TEMPLATE.index("{{#if value.live}}") : GRID_TEMPLATE.index("{{else}}")]
+    assert live_branch == '{{#if value.live}}<div class="live"></div>'  # no data reaches the template while live
 
 
 def test_raster_structure(timeline):
@@ -146,8 +172,10 @@ def test_readout_uses_engine_stats(timeline):
     assert "| **50.0** | 1.25 | 4 | 40.0 | 0.100 | 5 | 2.0 ms (2.0%) | 9.00 |" in text
     trace = handmade_trace()
     trace.final, trace.stats = [], {}
-    live = readout(Timeline(trace))  # live: sums of per-iteration engine seconds (0.1 s, 5 tokens)
-    assert "| 50.0 | 1.25 | 4 | 40.0 | 0.100 | 5 |" in live and "live" in live
+    partial = readout(Timeline(trace))  # no footer: sums of per-iteration engine seconds (0.1 s, 5 tokens)
+    assert "| 50.0 | 1.25 | 4 | 40.0 | 0.100 | 5 |" in partial and "no footer" in partial
+    # the live grid's line: the same figures over the iterations shown (0.03 s, 4 tokens in 2)
+    assert live_line(timeline, 2, 1.5) == "live · TPS 133.3 · TPF 2.00 · NFE 2 · fwd/s 66.7 · engine s 0.030 · tokens 4 · wall s 1.50"
 
 
 def test_trace_json_round_trip_keeps_the_view(timeline):

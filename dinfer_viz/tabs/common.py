@@ -24,7 +24,9 @@ from gradio.events import Dependency
 
 from engine import EngineError, GenerationConfig
 
+from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
 from ..host import EngineHost, ModelSpec
+from ..runner import acknowledge
 from ..settings import Control, all_controls, parse_settings
 from ..system import system_options
 
@@ -110,6 +112,22 @@ class Stoppable:
     event: Dependency
     stop: gr.Button
     message: gr.Markdown
+
+
+def grid_view(value: dict, elem_id: str, min_height: int) -> gr.HTML:
+    """A token grid (dinfer_viz/grid.py): full values drawn by its template, live frames by its
+    renderer, which reports each frame it painted through the server function `painted` (a plain
+    request: no queue, no event, nothing else updated in the page)."""
+    return gr.HTML(
+        value, html_template=GRID_TEMPLATE, css_template=GRID_CSS, js_on_load=GRID_JS, elem_id=elem_id, min_height=min_height, server_functions=[painted]
+    )
+
+
+def painted(report: Any) -> None:
+    """A grid's report {run, frame} (runner.acknowledge); anything else is ignored."""
+    run, frame = (report.get("run"), report.get("frame")) if isinstance(report, dict) else (None, None)
+    if isinstance(run, str) and isinstance(frame, int) and not isinstance(frame, bool):
+        acknowledge(run, frame)
 
 
 def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> gr.components.Component:

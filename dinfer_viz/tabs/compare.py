@@ -13,13 +13,13 @@ import gradio as gr
 from engine import EngineError, GenerationConfig
 
 from ..figures import compare_figure
-from ..grid import EMPTY_GRID, GRID_CSS, GRID_TEMPLATE, grid_value
-from ..readouts import message_readout, readout
+from ..grid import EMPTY_GRID, LiveGrid, grid_value
+from ..readouts import live_line, message_readout, readout
 from ..runner import run_live
 from ..settings import all_controls, control_value
 from ..timeline import Timeline
-from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, make_control, outputs
-from .run import RunTab
+from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
+from .run import LIVE_README, RunTab
 
 COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state")
 # The settings each side of a comparison sets itself; the rest come from the Run tab.
@@ -65,7 +65,7 @@ class CompareHandlers(TabHandlers):
     @guarded(COMPARE_VIEW)
     def compare(self, prompt: str, settings_a: dict[str, Any] | None, settings_b: dict[str, Any] | None) -> Iterator[tuple]:
         """Run A, then B (one device: runs never overlap, so each speed is its own), streaming each
-        into its panel; then the comparison chart."""
+        into its panel (live frames, as the Run tab's grid); then the comparison chart."""
         try:
             runs = [self.parse(s) for s in (settings_a, settings_b)]
             for _, config in runs:
@@ -76,19 +76,24 @@ class CompareHandlers(TabHandlers):
         labels = tuple(f"{side}: {_label(cfg.to_dict())}" for side, (_, cfg) in zip("AB", runs))
         done: list[Timeline] = []
         for side, (spec, config) in zip("ab", runs):
+            live: LiveGrid | None = None
             for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
-                out: dict[str, Any] = {"message": f"{side.upper()}: {frame.message}"}
+                tl, say = frame.timeline, f"{side.upper()}: {frame.message}"
                 if frame.stage == "error":
-                    out["message"] = error_text(f"{side.upper()}: {frame.message}")
-                    yield outputs(COMPARE_VIEW, out)
+                    yield outputs(COMPARE_VIEW, {"message": error_text(say)})
                     return
-                if frame.timeline is not None:
-                    tl = frame.timeline
-                    out[f"grid_{side}"] = grid_value(tl, frame.shown - 1)
+                if frame.stage == "running" and tl is not None:
+                    out: dict[str, Any] = {}
+                    if live is None:  # the first frame: the masked canvas
+                        live = LiveGrid(tl, frame.run)
+                        out = {"message": say, f"readout_{side}": message_readout(LIVE_README), f"text_{side}": ""}
+                    out[f"grid_{side}"] = live.value(frame.shown, frame.number, frame.since, live_line(tl, frame.shown, frame.wall))
+                elif frame.stage == "done" and tl is not None:
+                    out = {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1), f"text_{side}": frame.text}
                     out[f"readout_{side}"] = readout(tl, frame.wall, note=labels["ab".index(side)])
-                    out[f"text_{side}"] = frame.text if frame.stage == "done" else tl.text_at(frame.shown - 1)
-                    if frame.stage == "done":
-                        done.append(tl)
+                    done.append(tl)
+                else:  # waiting, loading, a heartbeat
+                    out = {"message": say} if frame.message else {}
                 yield outputs(COMPARE_VIEW, out)
         longest = max(t.iterations for t in done)
         yield outputs(
@@ -141,7 +146,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
                         with gr.Row():
                             side_controls += [make_control(by_field[f], overrides.get(f, control_value(by_field[f], defaults)), show_info=False, min_width=140) for f in row]
                     slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
-                    slots[f"grid_{x}"] = gr.HTML(EMPTY_GRID, html_template=GRID_TEMPLATE, css_template=GRID_CSS, elem_id=f"grid-{x}", min_height=100)
+                    slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
                     slots[f"text_{x}"] = gr.Textbox(label=f"{side} output", interactive=False, elem_id=f"output-{x}")
         scrub = gr.Slider(-1, 0, value=0, step=1, label="iteration (both runs)", interactive=False)
         chart = gr.Plot(label="A against B", elem_id="compare-chart")
@@ -153,6 +158,6 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     view = [slots[name] for name in COMPARE_VIEW]
 
     collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls], [settings_a, settings_b], **PRIVATE)
-    event = collect.then(h.compare, [run.prompt, settings_a, settings_b], view, api_name="compare", show_progress="minimal", **ENGINE_QUEUE)
+    event = collect.then(h.compare, [run.prompt, settings_a, settings_b], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
     return Stoppable(event, stop_btn, message)

@@ -18,17 +18,20 @@ from .. import answers
 from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
 from ..explain import explain
 from ..figures import confidence_raster, extras_figure, iteration_chart, message_figure
-from ..grid import EMPTY_GRID, GRID_CSS, GRID_TEMPLATE, grid_value
-from ..readouts import message_readout, readout
+from ..grid import EMPTY_GRID, LiveGrid, grid_value
+from ..readouts import live_line, message_readout, readout
 from ..runner import Frame, run_live
 from ..settings import all_controls, control_value, sections, sweep_setting, visible_fields
 from ..timeline import Timeline
-from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, make_control, outputs
+from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 
 log = logging.getLogger(__name__)
 
 RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "extras", "scrub", "download", "message", "state", "explain")
 LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
+# The live view's pace: iterations shown per second, 0 for as fast as the engine makes them.
+LIVE_SPEEDS = [("as fast as the engine", 0), *((f"{n} iteration{'s' * (n > 1)} / s", n) for n in (1, 2, 5, 10, 20))]
+LIVE_README = "live: the engine's figures so far are on the grid's second line; this table fills when the run ends"
 # Pair-sum: the first forward cannot commit the digits (a is uniform among N's splits), so the
 # threshold decoder forces one, and the rest follows over several iterations
 DEFAULT_PROMPT = FAMILY_EXAMPLES["pairsum"][0]
@@ -44,10 +47,9 @@ class RunState:
 
 
 def timeline_view(
-    timeline: Timeline, iteration: int, expected: list[int] | None, *, plots: bool = True, extras: bool = True, highlight: bool = False, live: bool = False, **slots: Any
+    timeline: Timeline, iteration: int, expected: list[int] | None, *, plots: bool = True, extras: bool = True, highlight: bool = False, **slots: Any
 ) -> dict[str, Any]:
-    """Grid, text and (optionally) figures of `timeline` at `iteration`, plus extra slots;
-    `live` draws only the raster's latest rows."""
+    """Grid, text and (optionally) figures of `timeline` at `iteration`, plus extra slots."""
     iteration = timeline.clamp(iteration)
     out: dict[str, Any] = {
         "grid": grid_value(timeline, iteration, expected),
@@ -55,7 +57,7 @@ def timeline_view(
     }
     mark = iteration if highlight else None
     if plots:
-        out["raster"] = confidence_raster(timeline, highlight=mark, last_rows=LIVE_RASTER_ROWS if live else None)
+        out["raster"] = confidence_raster(timeline, highlight=mark)
         out["iterations"] = iteration_chart(timeline, highlight=mark)
     if extras:
         out["extras"] = extras_figure(timeline, highlight=mark)
@@ -81,6 +83,17 @@ def stored_view(timeline: Timeline, at: int, expected: list[int] | None, *, note
         explain=explain(cfg.get("decoder", "?"), cfg.get("cache", "?"), bool(cfg.get("smoothing")), bool(cfg.get("unroll"))),
     )
     return out
+
+
+def live_speed(value: Any) -> float:
+    """A run's live speed (iterations shown per second, 0: as fast as the engine), checked."""
+    try:
+        speed = float(value or 0)
+    except (TypeError, ValueError):
+        raise EngineError(f"live speed must be a number of iterations per second, got {value!r}") from None
+    if not 0 <= speed < float("inf"):
+        raise EngineError(f"live speed must be 0 (as fast as the engine) or a positive number of iterations per second, got {value!r}")
+    return speed
 
 
 class RunHandlers(TabHandlers):
@@ -109,48 +122,61 @@ class RunHandlers(TabHandlers):
         return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
 
     @guarded(RUN_VIEW)
-    def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "") -> Iterator[tuple]:
-        """Stream a run: frames of the growing timeline, then the final view, trace file and state."""
+    def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "", speed: float = 0) -> Iterator[tuple]:
+        """Stream a run: live frames (the grid's changes, the plots at a lower rate), then the
+        final view, trace file and state. `speed`: iterations shown per second, 0 for as fast as
+        the engine (LIVE_SPEEDS)."""
         try:
             spec, config = self.parse(settings)
             self.check_request(prompt, config)
+            speed = live_speed(speed)
         except EngineError as exc:
             yield outputs(RUN_VIEW, {"message": error_text(str(exc))})
             return
         expected_ids: list[int] | None = None
         unknown = ""  # characters the tokenizer cannot encode, said with the result
-        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
-            engine = self.host.peek(spec) if frame.timeline is not None and expected_ids is None else None
-            if engine is not None:
-                expected_ids = answers.expected_ids(engine, expected) if expected else []
-                missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
-                unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
-            view = self._frame_view(frame, spec.describe(), expected_ids or None, prompt)
+        live: LiveGrid | None = None
+        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed):
+            if frame.stage == "running" and live is None:  # the first frame: the masked canvas
+                engine = self.host.peek(spec)
+                if engine is not None:
+                    expected_ids = answers.expected_ids(engine, expected) if expected else []
+                    missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
+                    unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
+                live = LiveGrid(frame.timeline, frame.run, expected_ids or None)
+            view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt)
             if frame.stage == "done" and unknown:
                 view["message"] += unknown
             yield outputs(RUN_VIEW, view)
 
-    def _frame_view(self, frame: Frame, model: str, expected: list[int] | None, prompt: str = "") -> dict[str, Any]:
+    def _frame_view(self, frame: Frame, model: str, live: LiveGrid | None, expected: list[int] | None, prompt: str = "") -> dict[str, Any]:
         if frame.stage in ("waiting", "loading"):
             return {"readout": message_readout(frame.message), "message": frame.message}
-        if frame.stage == "busy":
-            return {"message": f"{frame.message} ({frame.wall:.0f} s)…"}
+        if frame.stage == "busy":  # a heartbeat: says what is slow, or nothing (the page is still painting)
+            return {"message": f"{frame.message} ({frame.wall:.0f} s)…"} if frame.message else {}
         if frame.timeline is None:  # failed before the engine started
             return {"message": error_text(frame.message)}
         tl, last = frame.timeline, frame.shown - 1
         if frame.stage == "error":
             return {"message": error_text(frame.message), **timeline_view(tl, last, expected, plots=True, extras=True)}
-        done = frame.stage == "done"
-        out = timeline_view(tl, last, expected, plots=frame.plots, extras=done, live=not done)
-        out["readout"] = readout(tl, frame.wall, note=model)
-        out["message"] = f"{frame.message}: {tl.iterations} iterations" if done else f"{frame.message}…"
-        if done:
-            judged = answers.verdict(prompt, frame.text or "")
-            out["message"] += f"; {judged}" if judged else ""
-            out["text"] = frame.text
-            out["scrub"] = scrub_to(tl, tl.iterations - 1)
-            out["download"] = self._write_trace(tl.trace)
-            out["state"] = RunState(tl, expected)
+        if frame.stage == "running":
+            assert live is not None  # run() makes it at the first running frame
+            out: dict[str, Any] = {"grid": live.value(frame.shown, frame.number, frame.since, live_line(tl, frame.shown, frame.wall))}
+            if frame.number == 0:
+                out.update(message=f"{frame.message}…", readout=message_readout(LIVE_README), text="")
+            if frame.plots:
+                out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last))
+            return out
+        out = timeline_view(tl, last, expected)
+        judged = answers.verdict(prompt, frame.text or "")
+        out.update(
+            readout=readout(tl, frame.wall, note=model),
+            message=f"{frame.message}: {tl.iterations} iterations" + (f"; {judged}" if judged else ""),
+            text=frame.text,
+            scrub=scrub_to(tl, tl.iterations - 1),
+            download=self._write_trace(tl.trace),
+            state=RunState(tl, expected),
+        )
         return out
 
     def _write_trace(self, trace: Trace) -> str:
@@ -242,6 +268,10 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                live_speed_menu = gr.Dropdown(
+                    LIVE_SPEEDS, value=0, label="Live view speed", elem_id="live-speed",
+                    info="slower than the engine: it finishes first and the view plays the run back (for a class)",
+                )
                 settings_msg = gr.Markdown(elem_id="settings-msg")
                 with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
                     for family, prompts in FAMILY_EXAMPLES.items():
@@ -262,7 +292,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                     with gr.Column(scale=3, min_width=420):
                         message = gr.Markdown(elem_id="message")
                         readout_md = gr.Markdown(message_readout("no run yet"), elem_id="stats")
-                        grid = gr.HTML(EMPTY_GRID, html_template=GRID_TEMPLATE, css_template=GRID_CSS, elem_id="grid", min_height=120)
+                        grid = grid_view(EMPTY_GRID, "grid", 120)
                         text_out = gr.Textbox(label="Output text", interactive=False, lines=2, elem_id="output")
                         with gr.Row(equal_height=False):
                             scrub = gr.Slider(-1, 0, value=0, step=1, label="iteration", interactive=False, elem_id="scrub", scale=5)
@@ -291,7 +321,11 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     gr.on([c.change for c in settings_inputs], h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
     prompt.change(h.suggest_expected, prompt, [expected, note], **PRIVATE)
     collect = run_btn.click(None, settings_inputs, settings_json, js=h.settings_js(), **PRIVATE)
-    run_ev = collect.then(h.run, [prompt, settings_json, expected], view, api_name="run", show_progress="minimal", **ENGINE_QUEUE)
+    # Progress (queue position, elapsed time) on the message only: the live grid says where the
+    # run is, and a timer over each of the eleven outputs is noise.
+    run_ev = collect.then(
+        h.run, [prompt, settings_json, expected, live_speed_menu], view, api_name="run", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE
+    )
 
     scrub.release(h.replay, [scrub, run_state], view, api_name="replay", show_progress="hidden")
     scrub.input(h.glance, [scrub, run_state], [grid, text_out], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
