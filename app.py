@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot-hz", type=float, default=3.0, help="most live plot redraws per second")
     p.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt a visitor may send (characters)")
     p.add_argument("--max-gen-length", type=int, default=1024, help="largest generation length a visitor may ask for")
+    p.add_argument("--max-batch", type=int, default=8, help="most sessions' runs decoded as one engine batch (1: each run alone)")
     p.add_argument("--public", action="store_true", help="serve visitors: only allow-listed models, no paths shown (on by default when --host is not loopback)")
     p.add_argument("--allow-model", action="append", default=[], metavar="NAME=PATH", help="public mode: a model visitors may load, besides the default (repeatable)")
     p.add_argument("--auth", default=os.environ.get("DINFER_VIZ_AUTH"), metavar="USER:PASSWORD", help="ask for this login (default: $DINFER_VIZ_AUTH)")
@@ -64,7 +65,7 @@ def parse_auth(value: str | None) -> tuple[str, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    positive = [args.fps, args.plot_hz, args.max_prompt_chars, args.max_gen_length] + ([args.threads] if args.threads is not None else [])
+    positive = [args.fps, args.plot_hz, args.max_prompt_chars, args.max_gen_length, args.max_batch] + ([args.threads] if args.threads is not None else [])
     if min(positive) <= 0:
         print("error: --fps, --plot-hz, --threads and the --max-* limits must be positive", file=sys.stderr)
         return 2
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if host.default_error:
             print(f"error: {host.default_error} (use --no-model to start without one)", file=sys.stderr)
             return 2
-    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length))
+    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length, max_batch=args.max_batch))
     demo.launch(server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs())
     return 0
 

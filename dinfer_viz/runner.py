@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, IterationRecord
 
+from .batching import RunBatcher
 from .events import Failed, Finished, Loading, Started, Waiting
 from .host import EngineHost, ModelSpec
 from .timeline import Timeline
@@ -242,17 +243,26 @@ class Playback:
 
 
 def run_live(
-    host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, fps: float = 20.0, plot_hz: float = 3.0, speed: float = 0.0
+    host: EngineHost,
+    spec: ModelSpec,
+    prompt: str,
+    config: GenerationConfig,
+    fps: float = 20.0,
+    plot_hz: float = 3.0,
+    speed: float = 0.0,
+    batcher: RunBatcher | None = None,
 ) -> Iterator[Frame]:
     """Generate `prompt` with `config` and yield paced frames of the growing timeline (module
-    docstring); `speed`: iterations shown per second, 0 for as fast as the engine."""
+    docstring); `speed`: iterations shown per second, 0 for as fast as the engine. With `batcher`,
+    a run that waits for the engine may join other sessions' runs in one batch
+    (dinfer_viz/batching.py); without, it runs alone."""
     t0 = time.perf_counter()
     cancel = threading.Event()
 
     def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> object:
         return engine.generate(prompt, config, trace=True, on_start=lambda header: post(Started(header)), on_iteration=post, cancel=cancel)
 
-    events = start_worker(host, spec, job, cancel)
+    events = batcher.submit(spec, prompt, config, cancel) if batcher is not None else start_worker(host, spec, job, cancel)
     run_id = secrets.token_hex(8)
     pacer = PagePacer(wake=lambda: events.put(Painted()))
     with _PACERS_LOCK:
@@ -290,7 +300,8 @@ def run_live(
                     now = time.perf_counter()
                     clock.tick(now, force=True)
                     number, since = pacer.send(0, True, now)
-                    yield frame("running", plots=True, timeline=timeline, message="generating", number=number, since=since)
+                    joined = f" (batched with {event.batch - 1} other session{'s' * (event.batch > 2)}'s run)" if event.batch > 1 else ""
+                    yield frame("running", plots=True, timeline=timeline, message="generating" + joined, number=number, since=since)
                 elif isinstance(event, Waiting):
                     status = "waiting for the engine: another session is running"
                     yield frame("waiting", message=status)

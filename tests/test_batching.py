@@ -118,3 +118,39 @@ def test_a_visitor_who_stops_leaves_the_batch_and_the_others_finish(engine):
     run = drain(second)
     assert next(e.batch for e in run if isinstance(e, Started)) == 1
     assert run[-1].value.text == solo(engine, PROMPTS[1], config).text
+
+
+def test_two_sessions_of_the_app_share_one_batch_and_each_gets_its_own_text(engine):
+    """Through the Run tab's handler (what /run calls): both runs wait while the engine is busy,
+    then say they were batched, and each ends with its solo text."""
+    from dinfer_viz.tabs.run import RUN_VIEW
+    from dinfer_viz.ui import Handlers
+
+    host = EngineHost(SPEC)
+    host.preload()
+    handlers = Handlers(host)
+    settings = {"config": {"gen_length": 32, "block_length": 8}}
+    finals: dict[str, tuple] = {}
+    messages: dict[str, list[str]] = {p: [] for p in PROMPTS[:2]}
+    waiting = threading.Barrier(3)
+
+    def session(prompt: str) -> None:
+        for out in handlers.run(prompt, settings):
+            view = dict(zip(RUN_VIEW, out))
+            message = str(view.get("message") or "")
+            messages[prompt].append(message)
+            if message.startswith("waiting"):
+                waiting.wait()
+            finals[prompt] = view
+
+    with host.lock:
+        threads = [threading.Thread(target=session, args=(p,)) for p in PROMPTS[:2]]
+        for t in threads:
+            t.start()
+        waiting.wait(timeout=600)  # both sessions are queued behind the busy engine
+    for t in threads:
+        t.join(timeout=600)
+    config = GenerationConfig(gen_length=32, block_length=8)
+    for prompt in PROMPTS[:2]:
+        assert any("batched with 1 other session's run" in m for m in messages[prompt]), messages[prompt]
+        assert finals[prompt]["text"] == solo(engine, prompt, config).text

@@ -24,6 +24,7 @@ from gradio.events import Dependency
 
 from engine import EngineError, GenerationConfig
 
+from ..batching import MAX_BATCH, RunBatcher
 from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
 from ..host import EngineHost, ModelSpec
 from ..runner import acknowledge
@@ -151,9 +152,18 @@ class TabHandlers:
     request, the settings mapping and the folder of files for download buttons."""
 
     def __init__(
-        self, host: EngineHost, fps: float = 20.0, plot_hz: float = 3.0, max_prompt_chars: int = 4000, max_gen_length: int = 1024
+        self,
+        host: EngineHost,
+        fps: float = 20.0,
+        plot_hz: float = 3.0,
+        max_prompt_chars: int = 4000,
+        max_gen_length: int = 1024,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         self.host = host
+        # Runs of different sessions that wait for the engine join one batch (README, "Concurrency
+        # rule"); max_batch 1: each run alone, in arrival order.
+        self.batcher = RunBatcher(host, max_batch)
         self.fps = fps
         self.plot_hz = plot_hz
         # Every request is bounded (the engine also refuses canvases beyond the model's positions).

@@ -136,7 +136,7 @@ class RunHandlers(TabHandlers):
         expected_ids: list[int] | None = None
         unknown = ""  # characters the tokenizer cannot encode, said with the result
         live: LiveGrid | None = None
-        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed):
+        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher):
             if frame.stage == "running" and live is None:  # the first frame: the masked canvas
                 engine = self.host.peek(spec)
                 if engine is not None:
