@@ -31,7 +31,7 @@ FAMILY_DESCRIPTIONS = {
 }
 # Per family, prompts the app offers as examples (held-out ones: the model never trained on them).
 FAMILY_EXAMPLES = {
-    "pairsum": ["Q: ?+?=57 A:", "Q: ?+?=120 A:", "Q: ?+?=9 A:"],
+    "pairsum": ["Q: ?+?=38 A:", "Q: ?+?=57 A:", "Q: ?+?=120 A:", "Q: ?+?=9 A:"],
     "add": ["Q: 7+58=? A:", "Q: 123+45=? A:", "Q: 908+376=? A:"],
     "sub": ["Q: 7-65=? A:", "Q: 250-999=? A:"],
     "rhyme": ["Q: rhymes with cat? A:", "Q: rhymes with night? A:"],

@@ -2,9 +2,9 @@
 speed/accuracy trade-off it exists to show, and the app's first run animating several iterations.
 
 Decoding is greedy, so every figure here is a fixed property of the shipped weights. The shipped
-checkpoint is still in training (assets/tiny-llada/README.md): the floors below are under what it
-measured, and the issue's targets are strict xfails, so a checkpoint that meets them turns them
-into failures that ask for the floors to be raised.
+checkpoint does not meet all of the issue's targets yet (assets/tiny-llada/README.md): the floors
+below are under what it measured, and the targets it misses are strict xfails, so a checkpoint
+that meets them turns them into failures that ask for the floors to be raised.
 """
 
 import json
@@ -57,23 +57,23 @@ def _valid_rate(model, tokenizer, family: str, setting: str, limit: int, seed: i
     return sum(s.correct for s in scores.values()) / sum(s.n for s in scores.values())
 
 
-# The checkpoint's own level (measured 48 a family: add 56-88%, sub 31-69%, pairsum 12%, rhyme 58%, grammar 33%)
-@pytest.mark.parametrize("family, floor", [("add", 0.45), ("sub", 0.25), ("pairsum", 0.03), ("rhyme", 0.3), ("grammar", 0.15)])
+# The checkpoint's own level (these 30 prompts measured: add 100%, sub 93%, pairsum 27%, rhyme 75%, grammar 80%)
+@pytest.mark.parametrize("family, floor", [("add", 0.9), ("sub", 0.8), ("pairsum", 0.15), ("rhyme", 0.55), ("grammar", 0.6)])
 def test_threshold_decoder_answers_held_out_prompts_of_every_family(model, tokenizer, family, floor):
     rate = _valid_rate(model, tokenizer, family, "thr 0.9", limit=30)
     assert rate >= floor, f"{family}: {rate:.0%} valid at threshold 0.9"
 
 
-ISSUE_TARGETS = [("add", 0.95), ("sub", 0.95), ("pairsum", 0.9), ("rhyme", 0.95), ("grammar", 0.95)]
+NOT_YET = pytest.mark.xfail(strict=True, reason="not reached by the shipped checkpoint yet (assets/tiny-llada/README.md)")
+ISSUE_TARGETS = [("add", 0.95), pytest.param("sub", 0.95, marks=NOT_YET), pytest.param("pairsum", 0.9, marks=NOT_YET),
+                 pytest.param("rhyme", 0.95, marks=NOT_YET), pytest.param("grammar", 0.95, marks=NOT_YET)]
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped checkpoint is still in training (assets/tiny-llada/README.md)")
 @pytest.mark.parametrize("family, target", ISSUE_TARGETS)
 def test_the_issues_targets_at_threshold_0_9(model, tokenizer, family, target):
     assert _valid_rate(model, tokenizer, family, "thr 0.9", limit=30) >= target
 
 
-@pytest.mark.xfail(strict=True, reason="pair-sum is at 12% valid in this checkpoint: no room for a 20-point drop yet")
 def test_pair_sum_shows_the_speed_accuracy_trade_off(model, tokenizer):
     """Committing dependent digits in one forward breaks the sum: the most parallel setting loses
     at least 20 points against the threshold 0.9 decoder, on the same held-out prompts."""
@@ -88,7 +88,8 @@ def test_the_apps_first_run_animates_several_iterations():
     result = Engine(FOLDER).generate(DEFAULT_PROMPT, GenerationConfig(), trace=True)
     assert len(result.output.trace.iterations) >= 3
     assert any(rec.forced[0] for rec in result.output.trace.iterations)  # the digits are not certain: forced commits
-    assert TASKS["pairsum"].parse(DEFAULT_PROMPT) is not None
+    example = TASKS["pairsum"].parse(DEFAULT_PROMPT)
+    assert example is not None and TASKS["pairsum"].check(example, result.text)  # the first impression is a right answer
 
 
 def test_eval_tokens_per_forward_do_not_depend_on_the_batch(model, tokenizer):
