@@ -6,7 +6,6 @@ with the embedded model's character tokenizer, written by the test into a temp f
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import torch
@@ -40,12 +39,6 @@ def app_model(tmp_factory) -> str:
     return str(random_char_model(tmp_factory.mktemp("char-llada")))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0):
     """(demo, url, host): the app on the test model, served on a free local port."""
     from dinfer_viz.host import EngineHost, ModelSpec
@@ -55,7 +48,10 @@ def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0):
     host.preload()
     assert host.default_error is None, host.default_error
     demo = build_demo(Handlers(host, fps=fps, plot_hz=plot_hz))
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    # server_port=None: Gradio binds the first free port from 7860 and, if a server there fails to
+    # start within its 5 s (a loaded machine), tries the next; a port picked here beforehand could be
+    # taken in between or time out with no second chance
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True, **launch_kwargs())
     return demo, url, host
 
 
