@@ -1,6 +1,7 @@
 """`python app.py`: the dinfer-viz visual debugger on the embedded model (CPU, no download).
 
     python app.py                                          # assets/tiny-llada on CPU
+    python app.py --model tiny-llada-td                    # another embedded model, by name
     python app.py --model GSAI-ML/LLaDA-8B-Instruct --device cuda
     python app.py --no-model                               # replay downloaded traces only
 
@@ -20,7 +21,7 @@ from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
     # Environment defaults for hosts that start `python app.py` with no arguments (a Space)
-    p.add_argument("--model", default=os.environ.get("DINFER_VIZ_MODEL", DEFAULT_MODEL), help="model folder or hub id (default: $DINFER_VIZ_MODEL, else the embedded model)")
+    p.add_argument("--model", default=os.environ.get("DINFER_VIZ_MODEL", DEFAULT_MODEL), help="model folder, hub id or embedded model name (tiny-llada-td; default: $DINFER_VIZ_MODEL, else the embedded model)")
     add_runtime_args(p)
     p.set_defaults(device=os.environ.get("DINFER_VIZ_DEVICE", "cpu"))
     # Left unset, Gradio's own settings decide (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a
@@ -70,20 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --fps, --plot-hz, --threads and the --max-* limits must be positive", file=sys.stderr)
         return 2
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.host import EngineHost, ModelSpec, embedded_models
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
+    model = embedded_models().get(args.model, args.model)  # a model shipped under assets/, by name
     listen = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
     public = args.public or not is_loopback(listen)
     try:
-        allowed = allow_list(args.model, args.allow_model) if public else None
+        allowed = allow_list(model, args.allow_model) if public else None
         auth = parse_auth(args.auth)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not is_loopback(listen) and auth is None:
         print(f"warning: serving {listen} to the network with no login; anyone who reaches it can run the model (set --auth USER:PASSWORD)", file=sys.stderr)
-    host = EngineHost(ModelSpec(args.model, args.device, args.dtype), allowed=allowed, threads=args.threads)
+    host = EngineHost(ModelSpec(model, args.device, args.dtype), allowed=allowed, threads=args.threads)
     if not args.no_model:
         host.preload()
         if host.default_error:

@@ -15,6 +15,7 @@ from engine import Engine
 from tinymodel import tasks as model_tasks
 from tinymodel.grammar import vocabulary_text
 
+from .host import DISTILLED, embedded_models, model_title
 from .timeline import Timeline
 
 
@@ -86,6 +87,13 @@ def model_knows_markdown() -> str:
     for name, description in FAMILY_DESCRIPTIONS.items():
         examples = ", ".join(f"`{p}`" for p in FAMILY_EXAMPLES[name])
         lines.append(f"- **{name}**: {description}. e.g. {examples}")
+    if DISTILLED in embedded_models():
+        lines += [
+            "",
+            f"**{model_title(DISTILLED)}** (assets/{DISTILLED}, docs/distillation.md) knows the same families: the same "
+            "model, architecture and tokenizer, post-trained on its own verified decodings to commit more tokens per "
+            "forward. Name it as the model, or set the two side by side in Compare (model B) and in the threshold sweep.",
+        ]
     lines += ["", "Words of the grammar and the rhyme groups (type a sentence start of your own):", "", "```", vocabulary_text(), "```"]
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ import queue
 import threading
 from dataclasses import dataclass, field, replace
 
-from engine import Engine, EngineError, GenerationConfig, GenerationOutput, GenerationStats, IterationRecord, Trace
+from engine import Engine, EngineError, GenerationConfig, GenerationOutput, IterationRecord, Trace
 from engine.cache import REFRESH
 from engine.pipeline import TextResult
 from engine.stats import count_tokens
@@ -96,12 +96,13 @@ class RowView:
         """The row's output: its canvas, tokens, trace, and stats counted as its solo run counts them."""
         r = self.row
         canvas = out.canvas[r : r + 1]
-        stats = GenerationStats(
+        # this row's forwards and tokens; the batch's times and counts (wall, trace, communication,
+        # compiles, graph replays) as they are: the row waited for all of it
+        stats = replace(
+            out.stats,
             nfe=self.kept,
             tokens=count_tokens(canvas, [self.prompt_length], sorted(self.stop_ids), self.mask_id)[0],
-            seconds=out.stats.seconds,  # the batch's wall time: this row waited for all of it
-            trace_seconds=out.stats.trace_seconds,
-            host_syncs=out.stats.host_syncs,
+            batch=1,
         )
         trace = None
         if out.trace is not None:

@@ -13,8 +13,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .grid import CELL_COLOURS
-from .timeline import EXACT_FORWARDS, Timeline
+from engine import IterationRecord
+
+from .grid import CELL_COLOURS, expected_at
+from .timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 _TEMPLATE = go.layout.Template(
     layout=dict(
@@ -52,8 +54,8 @@ def _upto(timeline: Timeline, upto: int | None) -> int:
 
 def _block_matrix(timeline: Timeline, first: int, upto: int, values_of, masked_only: bool) -> np.ndarray:
     """`[iterations first..upto, positions]` float32 from per-record block values, NaN where
-    nothing applies (with `masked_only`: where the position was no longer [MASK] when the record
-    started)."""
+    nothing applies: prompt positions (an aligned block may start inside the prompt, and nothing
+    is decoded there) and, with `masked_only`, positions no longer [MASK] when the record started."""
     x0, x1 = timeline.view_start(), timeline.view_end()
     z = np.full((upto + 1 - first, x1 - x0), np.nan, dtype=np.float32)
     # iteration that committed each position; +inf for never, -1 for prompt (never masked)
@@ -68,8 +70,8 @@ def _block_matrix(timeline: Timeline, first: int, upto: int, values_of, masked_o
             continue
         s, e = rec.block_range
         row = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float32)
-        if masked_only:
-            row[committed_at[s:e] < i] = np.nan
+        hidden = committed_at[s:e] < i if masked_only else committed_at[s:e] < 0
+        row[hidden[: len(row)]] = np.nan
         z[i - first, s - x0 : min(e, x1) - x0] = row[: min(e, x1) - s]
     return z
 
@@ -88,32 +90,89 @@ def _range_runs(timeline: Timeline, first: int, upto: int) -> list[tuple[int, in
     return runs
 
 
-def confidence_raster(timeline: Timeline, upto: int | None = None, highlight: int | None = None, last_rows: int | None = None) -> go.Figure:
+def _x_extent(timeline: Timeline, runs: list[tuple[int, int, bool, list[list[int]]]]) -> tuple[int, int]:
+    """[start, end) of the positions drawn: the view, widened to every partial recomputation that
+    ends inside the canvas (a vicinity window reaches `after_look` past its block, and
+    `prefix_look` before it), so a window is never cut off. A range that runs to the canvas end
+    (prefix mode: the block and everything after it) stays cut at the view's end: widening to it
+    would squeeze the decoded part of an early-stopped run into a corner."""
+    x0, x1 = timeline.view_start(), timeline.view_end()
+    for _, _, exact, ranges in runs:
+        if not exact:
+            for a, b in ranges:
+                x0 = min(x0, max(a, 0))
+                if b < timeline.canvas_length:
+                    x1 = max(x1, b)
+    return x0, x1
+
+
+def _threshold_shown(records: Sequence[IterationRecord]) -> float | None:
+    """The threshold in force at the last record drawn (smoothing lowers it run by run), or None
+    when the decoder has none (fixed, factor)."""
+    thresholds = [r.threshold for r in records if r.threshold is not None]
+    return float(thresholds[-1]) if thresholds else None
+
+
+def _colour_bar(title: str, tau: float | None) -> dict[str, Any]:
+    """A 0-1 colour bar; with `tau`, a tick at the threshold labelled τ (ticks too close to it
+    dropped so the labels stay apart)."""
+    bar: dict[str, Any] = dict(title=dict(text=title), thickness=10, len=0.9)
+    if tau is not None:
+        ticks = [t for t in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0) if abs(t - tau) >= 0.07]
+        values = sorted(ticks + [tau])
+        bar.update(tickmode="array", tickvals=values, ticktext=[f"τ {v:.2f} ◀" if v == tau else f"{v:g}" for v in values])
+    return bar
+
+
+# The raster's marks, each with a legend entry drawn as a blank trace (shapes have no legend)
+RASTER_MARKS = {
+    "exact": ("recomputed everything (grey band)", dict(mode="markers", marker=dict(symbol="square", size=11, color="rgba(107,114,128,0.35)"))),
+    "partial": ("recomputed only this range (dashed)", dict(mode="lines", line=dict(color="#db2777", width=1.5, dash="dash"))),
+    "block": ("block start (blue line)", dict(mode="lines", line=dict(color="#2563eb", width=1.5))),
+    "shown": ("iteration shown (red line)", dict(mode="lines", line=dict(color="#dc2626", width=2))),
+}
+
+
+def _legend_only(kind: str) -> go.Scatter:
+    name, style = RASTER_MARKS[kind]
+    return go.Scatter(x=[None], y=[None], name=name, hoverinfo="skip", uid=f"mark-{kind}", **style)
+
+
+def confidence_raster(
+    timeline: Timeline, upto: int | None = None, highlight: int | None = None, last_rows: int | None = None, expected: list[int] | None = None
+) -> go.Figure:
     """Iteration x position heatmap of the top-1 confidence of still-masked positions, with the
     commits as markers (circle: above threshold, x: forced), block starts as lines, forwards that
-    recomputed everything as grey bands and partial recomputations as dashed rectangles.
+    recomputed everything as grey bands and partial recomputations as dashed rectangles, each mark
+    named in the legend; the colour bar marks the threshold τ when the decoder has one.
 
+    `upto`, `highlight`: record indices (0-based, as Timeline's); the figure numbers iterations as
+    the page does (`iteration_number`: 1..N). `expected`: the answer's token ids from the prompt's
+    end (as the grid takes them), to name the expected token in the hover of a wrong commit.
     `last_rows`: draw only the latest iterations (the live view: gr.Plot resends the whole figure
     every redraw, and a long run's full raster is half a megabyte)."""
     if timeline.iterations == 0:
         return message_figure("no iterations yet", 380)
     upto = _upto(timeline, upto)
     first = max(0, upto + 1 - last_rows) if last_rows else 0
-    x0, x1 = timeline.view_start(), timeline.view_end()
+    runs = _range_runs(timeline, first, upto)
+    x0 = timeline.view_start()
+    lo, hi = _x_extent(timeline, runs)
     z = _block_matrix(timeline, first, upto, lambda i, rec: rec.confidence[timeline.row], masked_only=True)
+    tau = _threshold_shown(timeline.records[first : upto + 1])
     fig = go.Figure()
     fig.add_trace(
         go.Heatmap(
             z=z,
             x0=x0,
             dx=1,
-            y0=first,
+            y0=iteration_number(first),
             dy=1,
             zmin=0,
             zmax=1,
             colorscale="Viridis",
             hoverongaps=False,
-            colorbar=dict(title=dict(text="conf"), thickness=10, len=0.9),
+            colorbar=_colour_bar("conf", tau),
             hovertemplate="pos %{x} · iteration %{y}<br>top-1 confidence %{z:.3f}<extra></extra>",
             uid="raster",
         )
@@ -123,42 +182,62 @@ def confidence_raster(timeline: Timeline, upto: int | None = None, highlight: in
         fig.add_trace(
             go.Scatter(
                 x=np.array([p for p, _ in points], dtype=np.float32),
-                y=np.array([c.iteration for _, c in points], dtype=np.float32),
+                y=np.array([iteration_number(c.iteration) for _, c in points], dtype=np.float32),
                 mode="markers",
                 name=CELL_COLOURS[name][1],
                 marker=dict(symbol="x" if forced else "circle", size=7, color=CELL_COLOURS[name][0], line=dict(width=1, color="#111827")),
-                text=[f"{timeline.text_of(c.token)!r} conf {c.confidence:.3f}" for _, c in points],
+                text=[_commit_text(timeline, p, c, expected) for p, c in points],
                 hovertemplate="pos %{x} · iteration %{y}<br>committed %{text}<extra></extra>",
                 uid=f"commits-{name}",
             )
         )
     shapes: list[dict[str, Any]] = []
-    for start, end, exact, ranges in _range_runs(timeline, first, upto):
-        y0, y1 = start - 0.5, end + 0.5
+    drawn: set[str] = set()
+    for start, end, exact, ranges in runs:
+        y0, y1 = iteration_number(start) - 0.5, iteration_number(end) + 0.5
         if exact:
-            shapes.append(dict(type="rect", xref="x", yref="y", x0=x0 - 0.5, x1=x1 - 0.5, y0=y0, y1=y1, fillcolor="rgba(107,114,128,0.12)", line=dict(width=0), layer="below"))
+            drawn.add("exact")
+            shapes.append(dict(type="rect", xref="x", yref="y", x0=lo - 0.5, x1=hi - 0.5, y0=y0, y1=y1, fillcolor="rgba(107,114,128,0.12)", line=dict(width=0), layer="below"))
         else:
+            drawn.add("partial")
             for a, b in ranges:
-                shapes.append(dict(type="rect", xref="x", yref="y", x0=max(a, x0) - 0.5, x1=b - 0.5, y0=y0, y1=y1, line=dict(color="#db2777", width=1, dash="dash")))
+                shapes.append(dict(type="rect", xref="x", yref="y", x0=max(a, lo) - 0.5, x1=min(b, hi) - 0.5, y0=y0, y1=y1, line=dict(color="#db2777", width=1, dash="dash")))
     for s in sorted({rec.block_range[0] for rec in timeline.records[first : upto + 1]}):
+        drawn.add("block")
         shapes.append(dict(type="line", xref="x", yref="paper", x0=s - 0.5, x1=s - 0.5, y0=0, y1=1, line=dict(color="#2563eb", width=1)))
-    if highlight is not None and 0 <= highlight <= upto:
-        shapes.append(dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=highlight, y1=highlight, line=dict(color="#dc2626", width=2)))
+    if highlight is not None and first <= highlight <= upto:
+        drawn.add("shown")
+        y = iteration_number(highlight)
+        shapes.append(dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=dict(color="#dc2626", width=2)))
+    for kind in RASTER_MARKS:
+        if kind in drawn:
+            fig.add_trace(_legend_only(kind))
     fig.update_layout(shapes=shapes if len(shapes) <= MAX_SHAPES else shapes[-MAX_SHAPES:])
-    fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
-    fig.update_yaxes(title_text="iteration", range=[upto + 0.5, first - 0.5])
-    fig.update_layout(margin=dict(b=80))
-    return _finish(fig, 380, "raster")
+    fig.update_xaxes(title_text="canvas position", range=[lo - 0.5, hi - 0.5])
+    fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
+    fig.update_layout(margin=dict(b=110))
+    return _finish(fig, 400, "raster")
+
+
+def _commit_text(timeline: Timeline, p: int, c: Commit, expected: list[int] | None) -> str:
+    """A commit's hover line: its token as text and confidence, and the expected token (as text,
+    through the timeline's token strings) when it differs."""
+    text = f"{_plain(repr(timeline.text_of(c.token)))} conf {c.confidence:.3f}" + (" (forced)" if c.forced else "")
+    want = expected_at(timeline, expected, p)
+    if want is not None and want != c.token:
+        text += f"<br>expected {_plain(repr(timeline.text_of(want)))}"
+    return text
 
 
 def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int | None = None) -> go.Figure:
-    """Per iteration: tokens committed (above threshold / forced, stacked) with the threshold in
-    force; below, the engine-measured time of each iteration coloured by forward kind."""
+    """Per iteration (numbered 1..N, as the page does; `upto` and `highlight` are record indices):
+    tokens committed (above threshold / forced, stacked) with the threshold in force; below, the
+    engine-measured time of each iteration coloured by forward kind."""
     if timeline.iterations == 0:
         return message_figure("no iterations yet", 380)
     upto = _upto(timeline, upto)
     records = timeline.records[: upto + 1]
-    its = np.arange(len(records), dtype=np.float32)
+    its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
     forced = np.array([len(r.forced[timeline.row]) for r in records], dtype=np.float32)
     above = np.array([len(r.committed[timeline.row]) for r in records], dtype=np.float32) - forced
     # Two panels sharing one x axis, laid out by hand: make_subplots alone costs ~20 ms, and this
@@ -181,7 +260,7 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
         idx = [i for i, r in enumerate(records) if r.forward == kind]
         fig.add_trace(
             go.Scatter(
-                x=np.array(idx, dtype=np.float32),
+                x=np.array([iteration_number(i) for i in idx], dtype=np.float32),
                 y=np.array([records[i].seconds * 1000 for i in idx], dtype=np.float32),
                 yaxis="y3",
                 mode="markers",
@@ -192,16 +271,23 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
         )
     shapes = []
     if highlight is not None and 0 <= highlight <= upto:
-        shapes.append(dict(type="line", xref="x", yref="paper", x0=highlight, x1=highlight, y0=0, y1=1, line=dict(color="#dc2626", width=2)))
+        x = iteration_number(highlight)
+        shapes.append(dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color="#dc2626", width=2)))
     fig.update_layout(
         barmode="stack",
         bargap=0.15,
         shapes=shapes,
-        xaxis=dict(range=[-0.5, len(records) - 0.5], anchor="y3", title=dict(text="iteration")),
+        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], anchor="y3", title=dict(text="iteration")),
         yaxis=dict(domain=[0.45, 1.0], title=dict(text="tokens committed")),
-        yaxis2=dict(overlaying="y", side="right", range=[0, right_top], showgrid=False, title=dict(text="threshold")),
+        # automargin with a standoff: the right margin grows to hold the tick labels and then the
+        # title, which otherwise sits on the ticks ("1.05" under "threshold")
+        yaxis2=dict(
+            overlaying="y", side="right", range=[0, right_top], showgrid=False, automargin=True, title=dict(text="threshold", standoff=8),
+            # thresholds and weights live in [0, 1]: quarter ticks, not the 0.312 steps plotly picks for 1.05
+            **(dict(tickmode="linear", tick0=0, dtick=0.25) if right_top <= 1.05 else {}),
+        ),
         yaxis3=dict(domain=[0.0, 0.36], rangemode="tozero", title=dict(text="ms (engine)")),
-        margin=dict(b=90),
+        margin=dict(b=90, r=60),
         legend=dict(y=-0.2, yanchor="top"),
     )
     return _finish(fig, 380, "iterations")
@@ -237,7 +323,9 @@ def plottable_extras(timeline: Timeline, upto: int | None = None) -> list[str]:
 
 def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | None = None) -> go.Figure:
     """One iteration x position heatmap per recorded extra (credit, staleness, anchors...), each
-    with its own colour bar; staleness KL is white at zero, top-1 disagreement red."""
+    with its own colour bar; staleness KL is white at zero, top-1 disagreement red. Iterations
+    numbered 1..N as the page does; prompt positions inside a block are left blank (nothing is
+    decoded there, whatever the decoder recorded for them)."""
     names = plottable_extras(timeline, upto)
     if not names:
         return message_figure("this run recorded no per-position extras (the credit decoder, the hierarchical decoder and staleness measurement add them)")
@@ -260,7 +348,7 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
                 z=z,
                 x0=x0,
                 dx=1,
-                y0=0,
+                y0=iteration_number(0),
                 dy=1,
                 zmin=low,
                 zmax=high,
@@ -273,9 +361,9 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
             row=row,
             col=1,
         )
-        fig.update_yaxes(title_text="iteration", range=[upto + 0.5, -0.5], row=row, col=1)
+        fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(0) - 0.5], row=row, col=1)
         if highlight is not None and 0 <= highlight <= upto:
-            fig.add_hline(y=highlight, line=dict(color="#dc2626", width=2), row=row, col=1)
+            fig.add_hline(y=iteration_number(highlight), line=dict(color="#dc2626", width=2), row=row, col=1)
     fig.update_xaxes(range=[x0 - 0.5, x1 - 0.5])
     fig.update_xaxes(title_text="canvas position", row=len(names), col=1)
     fig.update_layout(margin=dict(t=60))
@@ -290,8 +378,9 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str]) -> go.F
         counts = np.cumsum([sum(1 for p in rec.committed[timeline.row] if timeline.commits[p].token not in timeline.trace.eos_ids) for rec in timeline.records]).astype(np.float32)
         seconds = np.cumsum([rec.seconds for rec in timeline.records]).astype(np.float32)
         its = np.arange(1, timeline.iterations + 1, dtype=np.float32)
-        fig.add_trace(go.Scatter(x=seconds, y=counts, name=label, legendgroup=label, mode="lines+markers", marker=dict(size=4), line=dict(color=colour, shape="hv"), uid=f"t-{k}"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=its, y=counts, name=label, legendgroup=label, showlegend=False, mode="lines+markers", marker=dict(size=4), line=dict(color=colour, shape="hv"), uid=f"i-{k}"), row=1, col=2)
+        name = _plain(label)  # a label may hold a model's path or name
+        fig.add_trace(go.Scatter(x=seconds, y=counts, name=name, legendgroup=label, mode="lines+markers", marker=dict(size=4), line=dict(color=colour, shape="hv"), uid=f"t-{k}"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=its, y=counts, name=name, legendgroup=label, showlegend=False, mode="lines+markers", marker=dict(size=4), line=dict(color=colour, shape="hv"), uid=f"i-{k}"), row=1, col=2)
     fig.update_xaxes(title_text="engine seconds (sum of iterations)", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="iteration", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1)
@@ -299,24 +388,40 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str]) -> go.F
 
 
 def sweep_figure(points: Sequence[dict[str, Any]], parameter: str = "threshold") -> go.Figure:
-    """Accuracy against tokens per forward, one point per swept value (labelled with it)."""
+    """Accuracy against tokens per forward: one curve per model (points' "model", named in the
+    legend when there are two), one point per swept value (labelled with it)."""
     if not points:
         return message_figure("no sweep yet", 340)
-    points = sorted(points, key=lambda r: r["value"])
     symbol = "τ" if parameter == "threshold" else parameter
-    fig = go.Figure(
-        go.Scatter(
-            x=np.array([r["tpf"] for r in points], dtype=np.float32),
-            y=np.array([r["accuracy"] for r in points], dtype=np.float32),
-            mode="lines+markers+text",
-            text=[f"{symbol}={r['value']:g}" for r in points],
-            textposition="top center",
-            customdata=np.array([[r["tps"], r["examples"]] for r in points], dtype=np.float32),
-            hovertemplate="%{text}<br>TPF %{x:.2f} · accuracy %{y:.1%}<br>TPS %{customdata[0]:.1f} over %{customdata[1]} prompts<extra></extra>",
-            marker=dict(size=9, color="#2563eb"),
-            uid="sweep",
+    models = list(dict.fromkeys(r.get("model", "") for r in points))  # in the order they were swept
+    fig = go.Figure()
+    for k, model in enumerate(models):
+        mine = sorted((r for r in points if r.get("model", "") == model), key=lambda r: r["value"])
+        colour = RUN_COLOURS[k % len(RUN_COLOURS)]
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([r["tpf"] for r in mine], dtype=np.float32),
+                y=np.array([r["accuracy"] for r in mine], dtype=np.float32),
+                name=_plain(model) or "sweep",
+                mode="lines+markers+text",
+                text=[f"{symbol}={r['value']:g}" for r in mine],
+                textposition="top center",
+                textfont=dict(color=colour),
+                customdata=np.array([[r["tps"], r["examples"]] for r in mine], dtype=np.float32),
+                hovertemplate="%{fullData.name}: %{text}<br>TPF %{x:.2f} · accuracy %{y:.1%}<br>TPS %{customdata[0]:.1f} over %{customdata[1]} prompts<extra></extra>",
+                marker=dict(size=9, color=colour),
+                line=dict(color=colour),
+                uid=f"sweep-{k}",
+            )
         )
-    )
+    # inside the top right: the plot's own label covers the space above it, and a model's point rarely lands there
+    fig.update_layout(showlegend=len(models) > 1, legend=dict(x=0.99, xanchor="right", y=0.99, yanchor="top", bgcolor="rgba(255,255,255,0.8)"))
     fig.update_xaxes(title_text="tokens per forward (TPF)", rangemode="tozero")
     fig.update_yaxes(title_text="accuracy", range=[-0.05, 1.1], tickformat=".0%")
     return _finish(fig, 340, "sweep")
+
+
+def _plain(text: str) -> str:
+    """`text` (a model's name or path) as Plotly text that shows it literally: Plotly reads a few
+    HTML tags and entities in trace names."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

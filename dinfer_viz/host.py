@@ -5,6 +5,10 @@ sweep and model load holds `EngineHost.lock` for its whole duration, so browser 
 interleave on the shared engine; the Gradio queue (concurrency id "engine", limit 1) makes the
 others wait in line and shows them their position. Each session names its own model, so one
 session loading another model never changes what another session's next run uses.
+
+Embedded models: every folder under assets/ with a config.json (tiny-llada, and its
+trajectory-distilled copy tiny-llada-td when shipped) can be named by its folder name, in public
+mode too; Compare and the threshold sweep set one against another (`second_model`).
 """
 
 from __future__ import annotations
@@ -18,11 +22,30 @@ from typing import Callable
 import torch
 
 from engine import Engine, EngineError
+from engine.cli import DEFAULT_MODEL
 from engine.cli import DTYPES as CLI_DTYPES
 from engine.cli import set_cpu_threads
 
 # "auto": the engine's default (float32 on CPU, bfloat16 on accelerators), then the CLI's dtypes
 DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
+
+EMBEDDED_ROOT = Path(DEFAULT_MODEL).parent  # assets/: the models shipped with the app
+DISTILLED = "tiny-llada-td"
+# What a shipped model's folder name does not say, shown beside it wherever a visitor picks a model
+EMBEDDED_NOTES = {DISTILLED: "trajectory-distilled"}
+
+
+def embedded_models(root: Path = EMBEDDED_ROOT) -> dict[str, str]:
+    """The models shipped under `root`, name (the folder's) -> folder: every folder holding a config.json."""
+    if not root.is_dir():
+        return {}
+    return {p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
+
+
+def model_title(name: str) -> str:
+    """A model's name with its note, e.g. 'tiny-llada-td (trajectory-distilled)'."""
+    note = EMBEDDED_NOTES.get(name)
+    return f"{name} ({note})" if note else name
 
 
 @dataclass(frozen=True)
@@ -57,11 +80,18 @@ class EngineHost:
         keep_others: int = 1,
         allowed: dict[str, str] | None = None,
         threads: int | None = None,
+        embedded: dict[str, str] | None = None,
     ) -> None:
         """`allowed` (public mode): the only models a visitor may load, name -> folder; visitors see
         and type the names, never a path. None: any folder or hub id (a private, local app).
         `threads`: torch CPU threads for every run (--threads); None: by model size, per run
-        (engine/cli.py: cpu_threads_for), so the embedded model and an 8B one each get theirs."""
+        (engine/cli.py: cpu_threads_for), so the embedded model and an 8B one each get theirs.
+        `embedded`: models a visitor may name in either mode, name -> folder; None: those shipped
+        under assets/ (`embedded_models`). Public mode allows them too: they are small and part of
+        the app; an allow-list name or folder given explicitly keeps its name."""
+        self.embedded = embedded_models() if embedded is None else embedded
+        if allowed is not None:
+            allowed = {**allowed, **{n: f for n, f in self.embedded.items() if n not in allowed and f not in allowed.values()}}
         self.allowed = allowed
         self.threads = threads
         if allowed is not None:
@@ -78,21 +108,45 @@ class EngineHost:
         return self.allowed is not None
 
     def label_of(self, path: str) -> str:
-        """The name a visitor sees for a model folder: its allow-list name in public mode."""
+        """The name a visitor sees for a model folder: its allow-list name in public mode; else an
+        embedded model's name, or the path itself."""
         if self.allowed is None:
-            return path
+            return next((name for name, folder in self.embedded.items() if folder == path), path)
         return next((name for name, folder in self.allowed.items() if folder == path), Path(path).name)
+
+    def name_of(self, spec: ModelSpec) -> str:
+        """A model's name and note as labels show it: 'tiny-llada-td (trajectory-distilled)'."""
+        return model_title(spec.label or self.label_of(spec.path))
+
+    def model_choices(self) -> list[tuple[str, str]]:
+        """(title, name) of each model a visitor can pick by name: the allow-list in public mode,
+        else the embedded models and the default model."""
+        names = list(self.allowed) if self.allowed is not None else list(dict.fromkeys([*self.embedded, self.label_of(self.default.path)]))
+        return [(model_title(name), name) for name in names]
 
     def resolve(self, path: str) -> tuple[str, str]:
         """(folder or hub id to load, label to show) for what a visitor typed; EngineError for a
-        model outside the allow-list (public mode), before anything is read or downloaded."""
+        model outside the allow-list (public mode), before anything is read or downloaded. An
+        embedded model's name is its folder in either mode (it wins over a hub id of that name)."""
         if self.allowed is None:
-            return path, ""
+            return (self.embedded[path], path) if path in self.embedded else (path, "")
         if path in self.allowed:
             return self.allowed[path], path
         if path in self.allowed.values():
             return path, self.label_of(path)
         raise EngineError(f"this server loads only these models: {', '.join(self.allowed)}")
+
+    def second_model(self, spec: ModelSpec, name: str | None) -> ModelSpec | None:
+        """`spec` (device, dtype, options) on the model `name` names, to set against `spec`'s own
+        (Compare's model B, the sweep's second model); None when no name is given. EngineError for a
+        model outside the allow-list, or for `spec`'s own model: that comparison would show nothing."""
+        name = (name or "").strip()
+        if not name:
+            return None
+        path, label = self.resolve(name)
+        if path == spec.path:
+            raise EngineError(f"{self.name_of(spec)} is already the run's model: choose a different second model")
+        return replace(spec, path=path, label=label)
 
     def is_loaded(self, spec: ModelSpec) -> bool:
         return spec in self._engines

@@ -3,13 +3,16 @@
 Each prompt runs alone (batch 1), so TPF is the per-sequence figure a user sees, not one diluted
 by rows that finish early in a batch. Prompts are the held-out split of the embedded model's task
 families (tinymodel/tasks.py), which training never samples, the arithmetic out-of-range sets, or
-the user's own prompts of any family; each answer is judged by its family's verifier. Per value: accuracy, TPF and TPS from
+the user's own prompts of any family; each answer is judged by its family's verifier. Per model and value: accuracy, TPF and TPS from
 the engine's stats; each wrong answer keeps its trace, to open in the Run tab at the first wrong
-commit.
+commit. A second model (the distilled one against the base, say) runs the same prompts and values
+after the first, each holding the engine lock for its own part.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import queue
 import threading
 import time
@@ -23,7 +26,7 @@ from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_
 from .answers import WrongCommit, expected_ids, first_wrong
 from .host import EngineHost, ModelSpec
 from .settings import coerce
-from .runner import POLL_SECONDS, Failed, Finished, Loading, Waiting, start_worker
+from .runner import POLL_SECONDS, Failed, Finished, Job, Loading, Waiting, start_worker
 from .timeline import Timeline
 
 MAX_KEPT_FAILURES = 50  # traces of wrong answers kept for inspection
@@ -43,6 +46,7 @@ class Outcome:
     trace: Trace | None = None  # kept for wrong answers only
     expected: list[int] | None = None
     wrong: WrongCommit | None = None
+    model: str = ""  # the model's name (EngineHost.name_of), which the table and chart group by
 
 
 @dataclass
@@ -54,10 +58,13 @@ class SweepState:
     message: str = ""
 
     def points(self) -> list[dict]:
-        """Per value: accuracy, TPF, TPS (sums over prompts, so long answers weigh more), count."""
-        rows: dict[float, dict] = {}
+        """Per model and value: accuracy, TPF, TPS (sums over prompts, so long answers weigh more),
+        count; models in the order they ran, each by value."""
+        rows: dict[tuple[str, float], dict] = {}
+        order: dict[str, int] = {}
         for o in self.outcomes:
-            r = rows.setdefault(o.value, {"value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "seconds": 0.0})
+            order.setdefault(o.model, len(order))
+            r = rows.setdefault((o.model, o.value), {"model": o.model, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "seconds": 0.0})
             r["correct"] += o.correct
             r["examples"] += 1
             r["tokens"] += o.tokens
@@ -67,17 +74,21 @@ class SweepState:
             r["accuracy"] = r["correct"] / r["examples"]
             r["tpf"] = r["tokens"] / r["nfe"] if r["nfe"] else 0.0
             r["tps"] = r["tokens"] / r["seconds"] if r["seconds"] > 0 else 0.0
-        return sorted(rows.values(), key=lambda r: r["value"])
+        return sorted(rows.values(), key=lambda r: (order[r["model"]], r["value"]))
 
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.correct]
 
     def csv(self) -> str:
-        """The per-value table as CSV (accuracy as a fraction, TPF and TPS as measured)."""
-        lines = [f"{self.parameter},accuracy,correct,prompts,tokens,nfe,tpf,tps"]
+        """The per-model, per-value table as CSV (accuracy as a fraction, TPF and TPS as measured);
+        the model is the last column, so the earlier ones keep their places, and is quoted when its
+        name (a path) holds a comma."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "model"])
         for p in self.points():
-            lines.append(f"{p['value']:g},{p['accuracy']:.4f},{p['correct']},{p['examples']},{p['tokens']},{p['nfe']},{p['tpf']:.3f},{p['tps']:.1f}")
-        return "\n".join(lines) + "\n"
+            writer.writerow([f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["model"]])
+        return out.getvalue()
 
 
 def parse_values(text: str) -> list[float]:
@@ -146,54 +157,63 @@ def run_sweep(
     values: list[float],
     examples: list[Example],
     interval: float = 0.5,
+    also: ModelSpec | None = None,
 ) -> Iterator[SweepState]:
-    """Yield the growing SweepState at most every `interval` seconds, and when done."""
+    """Yield the growing SweepState at most every `interval` seconds, and when done. `also`: a
+    second model swept the same way once the first is done (EngineHost.second_model)."""
     configs = sweep_configs(config, parameter, values)
+    specs = [spec] if also is None else [spec, also]
     state = SweepState(parameter)
     cancel = threading.Event()
+    total = len(values) * len(examples) * len(specs)
 
-    def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
-        kept = 0
-        for value, cfg in zip(values, configs):
-            encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
-            # the engine's own generate: its trace named as a run's, so a kept failure opens in the Run tab like a run
-            answers = answer_prompts(engine.generate_ids, engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
-            for answer in answers:
-                stats = answer.output.stats
-                outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds)
-                if not answer.correct and kept < MAX_KEPT_FAILURES:
-                    kept += 1
-                    outcome.trace = answer.output.trace
-                    outcome.expected = expected_ids(engine, answer.item.response)
-                    outcome.wrong = first_wrong(Timeline(outcome.trace), outcome.expected)
-                post(outcome)
+    def job_on(model: str) -> Job:
+        def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
+            kept = 0
+            for value, cfg in zip(values, configs):
+                encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
+                # the engine's own generate: its trace named as a run's, so a kept failure opens in the Run tab like a run
+                answers = answer_prompts(engine.generate_ids, engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
+                for answer in answers:
+                    stats = answer.output.stats
+                    outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model)
+                    if not answer.correct and kept < MAX_KEPT_FAILURES:
+                        kept += 1
+                        outcome.trace = answer.output.trace
+                        outcome.expected = expected_ids(engine, answer.item.response)
+                        outcome.wrong = first_wrong(Timeline(outcome.trace), outcome.expected)
+                    post(outcome)
 
-    events = start_worker(host, spec, job, cancel)
+        return job
+
     last = time.perf_counter()
     try:
-        while True:
-            try:
-                event = events.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                continue
-            if isinstance(event, Outcome):
-                state.outcomes.append(event)
-                state.message = f"{len(state.outcomes)}/{len(values) * len(examples)} prompts run"
-                if time.perf_counter() - last >= interval:
-                    last = time.perf_counter()
+        for k, current in enumerate(specs):
+            # one worker per model: each takes the engine lock for its own part, as a run does
+            events = start_worker(host, current, job_on(host.name_of(current)), cancel)
+            while True:
+                try:
+                    event = events.get(timeout=POLL_SECONDS)
+                except queue.Empty:
+                    continue
+                if isinstance(event, Outcome):
+                    state.outcomes.append(event)
+                    state.message = f"{len(state.outcomes)}/{total} prompts run"
+                    if time.perf_counter() - last >= interval:
+                        last = time.perf_counter()
+                        yield state
+                elif isinstance(event, (Waiting, Loading)):
+                    state.message = "waiting for the engine: another session is running" if isinstance(event, Waiting) else f"loading {event.spec.describe()}"
                     yield state
-            elif isinstance(event, (Waiting, Loading)):
-                state.message = "waiting for the engine: another session is running" if isinstance(event, Waiting) else f"loading {event.spec.describe()}"
-                yield state
-            elif isinstance(event, Finished):
-                state.done = True
-                state.message = f"done: {len(state.outcomes)} prompts"
-                yield state
-                return
-            elif isinstance(event, Failed):
-                state.done = state.failed = True
-                state.message = event.message
-                yield state
-                return
+                elif isinstance(event, Finished):
+                    break
+                elif isinstance(event, Failed):
+                    state.done = state.failed = True
+                    state.message = event.message
+                    yield state
+                    return
+        state.done = True
+        state.message = f"done: {len(state.outcomes)} prompts" + (f" ({len(state.outcomes) // len(specs)} on each model)" if len(specs) > 1 else "")
+        yield state
     finally:
         cancel.set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 
@@ -75,3 +76,32 @@ def describe_machine() -> str:
     if not cuda_count():
         lines.append("- no CUDA device")
     return "\n".join(lines)
+
+
+def startup_note(options: Mapping[str, Any], device: str, loaded: bool) -> str:
+    """What an engine with these system options spends before its iterations show, that a plain one
+    does not: a line for the page while a run or Load waits on it ('' when nothing). Worker
+    processes start when the engine loads; compiling and capturing happen at the first forward of
+    each shape bucket, in a run, not at the load (engine/compiled.py). `loaded`: the engine is up,
+    so only the first forwards' part is left to say."""
+    world = max(_degree(options.get("tp_size")), _degree(options.get("ep_size")))
+    on_cpu = torch.device(device).type == "cpu"
+    parts = []
+    if world > 1 and not loaded:
+        parts.append(f"starting {world} worker processes ({'gloo on the CPU' if on_cpu else 'NCCL, one GPU each'}), each loading the checkpoint and keeping its shard")
+    if options.get("compile") is True:  # anything else Engine refuses
+        where = "tens of seconds on the CPU, 1-2 s from inductor's disk cache" if on_cpu else "seconds to tens of seconds"
+        parts.append(f"compile on: the first forward of each shape bucket compiles ({where}); later ones run the compiled graph")
+    if options.get("cuda_graphs") is True:
+        parts.append("CUDA graphs on: the first forward of each shape bucket is captured into a CUDA graph, later ones replay it")
+    return "; ".join(parts)
+
+
+def progress_line(what: str, note: str) -> str:
+    """A stage of loading or running (`what`), with what the system options spend at it."""
+    return f"{what} — {note}…" if note else f"{what}…"
+
+
+def _degree(value: Any) -> int:
+    """A degree as Engine takes it; anything else (which Engine refuses with its own message) is 1 here."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 1

@@ -18,6 +18,13 @@ from .tokens import is_special, readable
 EXACT_FORWARDS = ("full", "refresh")
 
 
+def iteration_number(index: int) -> int:
+    """The number the page shows for record `index`: iterations count 1..N, as a class counts
+    forwards, and 0 is the canvas before the first forward (record index -1). Timeline methods
+    and the engine's records stay 0-based; only what is drawn or written for people uses this."""
+    return index + 1
+
+
 @dataclass(frozen=True)
 class Commit:
     iteration: int
@@ -40,6 +47,7 @@ class Timeline:
         self.prompt_length = trace.prompt_lengths[row]
         self.records: list[IterationRecord] = []
         self.commits: dict[int, Commit] = {}
+        self._names: dict[str, str] = {}  # strings of ids the trace does not name (add_token_strings)
         self._tokens: list[int] = []  # commits that are not an end-of-text id, up to each record
         for rec in trace.iterations:
             self.add(rec)
@@ -132,8 +140,18 @@ class Timeline:
         return out
 
     # ---- text -----------------------------------------------------------------------------------
+    def add_token_strings(self, strings: dict[str, str]) -> None:
+        """Strings (id string -> piece, as `Engine.token_strings` gives them) for ids the trace does
+        not name: the trace's `tokens` covers only the ids of the run, so an expected answer's token
+        that the model never proposed would read `<26>` where a view explains a wrong commit. Kept
+        apart from the trace, which stays what the engine recorded."""
+        self._names.update(strings)
+
     def piece(self, token: int) -> str:
-        return self.trace.tokens.get(str(token), f"<{token}>")
+        key = str(token)
+        if key in self.trace.tokens:
+            return self.trace.tokens[key]
+        return self._names.get(key, f"<{token}>")
 
     def text_of(self, token: int) -> str:
         return readable(self.piece(token))

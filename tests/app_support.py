@@ -6,8 +6,12 @@ with the embedded model's character tokenizer, written by the test into a temp f
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine import IterationRecord, Trace, save_model
@@ -15,7 +19,22 @@ from engine.models import LLaDAModelLM
 from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
+CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser downloaded by playwright
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def require_browser() -> None:
+    """Skip a browser test where chromium or playwright is missing; in CI, fail instead (CI
+    installs both, so a missing one is a broken setup, not a reason to pass)."""
+    reason = ""
+    if not shutil.which(CHROMIUM):
+        reason = f"{CHROMIUM} is missing (apt-get install chromium)"
+    elif importlib.util.find_spec("playwright") is None:
+        reason = "playwright is not installed (pip install playwright)"
+    if reason and os.environ.get("CI"):
+        pytest.fail(f"browser test cannot run in CI: {reason}")
+    if reason:
+        pytest.skip(reason)
 
 
 def random_char_model(folder: Path) -> Path:
@@ -39,12 +58,13 @@ def app_model(tmp_factory) -> str:
     return str(random_char_model(tmp_factory.mktemp("char-llada")))
 
 
-def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0):
-    """(demo, url, host): the app on the test model, served on a free local port."""
+def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0, embedded: dict[str, str] | None = None):
+    """(demo, url, host): the app on the test model, served on a free local port. `embedded`: the
+    models the app offers by name (EngineHost's; None: those under assets/)."""
     from dinfer_viz.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
-    host = EngineHost(ModelSpec(app_model(tmp_factory)))
+    host = EngineHost(ModelSpec(app_model(tmp_factory)), embedded=embedded)
     host.preload()
     assert host.default_error is None, host.default_error
     demo = build_demo(Handlers(host, fps=fps, plot_hz=plot_hz))

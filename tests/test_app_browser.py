@@ -5,10 +5,8 @@ In CI (CI set) a missing chromium or playwright is a failure; elsewhere these te
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -17,28 +15,15 @@ import pytest
 
 from engine import GenerationConfig
 
-from .app_support import BROWSER_ARGS, handmade_trace, launch_app
+from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, handmade_trace, launch_app
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
-
-
-def _unavailable() -> str:
-    if not shutil.which(CHROMIUM):
-        return f"{CHROMIUM} is missing (apt-get install chromium)"
-    if importlib.util.find_spec("playwright") is None:
-        return "playwright is not installed (pip install playwright)"
-    return ""
 
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     """(page, host, url): a browser page on the app, the app's engine host, and its address."""
-    reason = _unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test cannot run in CI: {reason}")
-        pytest.skip(reason)
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)

@@ -80,7 +80,8 @@ def test_grid_collapses_early_stop_fill():
     assert cells[-1] == {"t": "∎×4", "k": "fill", "tip": "pos 7–10: filled with end-of-text by early stop", "c": 0.0}
     assert len(cells) == 8 and all("p" not in c for c in cells)
     assert grid_value(Timeline(trace), 0)["cells"][-1]["k"] == "masked"  # before the last record: still masks
-    assert confidence_raster(Timeline(trace)).layout.xaxis.range[1] == 6.5  # figures stop at the last block decoded
+    # figures stop at the last block decoded, or at the end of a window recomputed around it ([2, 9))
+    assert confidence_raster(Timeline(trace)).layout.xaxis.range[1] == 8.5
 
 
 def test_grid_template_has_an_explicit_colour_for_every_state():
@@ -118,13 +119,14 @@ def test_live_renderer_sets_text_never_html():
 
 def test_raster_structure(timeline):
     fig = confidence_raster(timeline, highlight=2)
-    heat, above, forced = fig.data
+    heat, above, forced = fig.data[:3]  # then the legend's blank traces for the marks
     z = np.asarray(heat.z, dtype=float)
     assert z.shape == (4, 8) and heat.x0 == 3 and heat.zmin == 0 and heat.zmax == 1  # columns from the first block
     assert z[0, 0] == pytest.approx(0.95) and math.isnan(z[1, 0])  # position 3 committed in iteration 0
     assert z[1, 1] == pytest.approx(0.6) and math.isnan(z[0, 4])  # position 4 masked until 1; 7 not in block 0
-    assert sorted(zip(above.x, above.y)) == [(3, 0), (5, 0), (6, 1), (8, 3), (9, 3), (10, 3)]
-    assert sorted(zip(forced.x, forced.y)) == [(4, 1), (7, 2)]
+    assert heat.y0 == 1  # iterations numbered 1..N, as the page does
+    assert sorted(zip(above.x, above.y)) == [(3, 1), (5, 1), (6, 2), (8, 4), (9, 4), (10, 4)]
+    assert sorted(zip(forced.x, forced.y)) == [(4, 2), (7, 3)]
     kinds = [(s.type, s.line.dash) for s in fig.layout.shapes]
     assert kinds.count(("rect", None)) == 2  # two refresh bands
     assert kinds.count(("rect", "dash")) == 2  # two windows
@@ -134,9 +136,9 @@ def test_raster_structure(timeline):
 def test_raster_upto_and_live_window_cut_rows(timeline):
     assert np.asarray(confidence_raster(timeline, upto=1).data[0].z).shape == (2, 8)
     live = confidence_raster(timeline, last_rows=2)
-    assert np.asarray(live.data[0].z).shape == (2, 8) and live.data[0].y0 == 2
-    assert list(live.layout.yaxis.range) == [3.5, 1.5]
-    assert sorted(live.data[1].y) == [3, 3, 3] and list(live.data[2].y) == [2]  # commits of iterations 2-3 only
+    assert np.asarray(live.data[0].z).shape == (2, 8) and live.data[0].y0 == 3  # records 2-3: iterations 3-4
+    assert list(live.layout.yaxis.range) == [4.5, 2.5]
+    assert sorted(live.data[1].y) == [4, 4, 4] and list(live.data[2].y) == [3]  # commits of iterations 3-4 only
 
 
 def test_iteration_chart(timeline):
@@ -145,7 +147,7 @@ def test_iteration_chart(timeline):
     assert list(by_uid["above"].y) == [2, 1, 0, 3] and list(by_uid["forced"].y) == [0, 1, 1, 0]
     assert list(by_uid["threshold"].y) == pytest.approx([0.9] * 4)
     assert list(by_uid["scalar-cont_weight"].y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert list(by_uid["ms-refresh"].x) == [0, 2] and list(by_uid["ms-window"].y) == pytest.approx([20, 40])
+    assert list(by_uid["ms-refresh"].x) == [1, 3] and list(by_uid["ms-window"].y) == pytest.approx([20, 40])
 
 
 def test_extras_figure(timeline):

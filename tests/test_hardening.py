@@ -311,9 +311,9 @@ def test_app_load_trace_answers_in_the_page(case, handlers, tmp_path):
 def test_app_load_model_failures_keep_the_loaded_engines(handlers, folder, tmp_path):
     before = dict(handlers.host._engines)
     for broken in list(checkpoint_cases(folder, tmp_path).values())[:4]:
-        message = handlers.load_model(str(broken), "cpu", "auto", *[None] * len(handlers.option_names))
+        *_, message = handlers.load_model(str(broken), "cpu", "auto", *[None] * len(handlers.option_names))
         assert message.startswith("**⚠") and "\n" not in message, message
-    message = handlers.load_model(str(folder), "cuda:7", "auto", *[None] * len(handlers.option_names))
+    *_, message = handlers.load_model(str(folder), "cuda:7", "auto", *[None] * len(handlers.option_names))
     assert "device" in message
     assert dict(handlers.host._engines) == before
 
@@ -391,7 +391,7 @@ def test_public_mode_loads_only_allow_listed_models_and_shows_no_paths(folder, t
     for path in ("/etc", str(tmp_path), "GSAI-ML/LLaDA-8B-Instruct"):
         message = _message(handlers, _last(handlers.run("Q: 1+2=? A:", {"model": {"path": path}})))
         assert "this server loads only these models: tiny" in message
-        assert "loads only" in handlers.load_model(path, "cpu", "auto", *[None] * len(handlers.option_names))
+        assert "loads only" in list(handlers.load_model(path, "cpu", "auto", *[None] * len(handlers.option_names)))[-1]
     done = _message(handlers, _last(handlers.run("Q: 1+2=? A:", {"model": {"path": "tiny"}, "config": {"gen_length": 8, "block_length": 8}})))
     assert done.startswith("done")
     assert list(host._engines) == [host.default]  # "tiny" is the default engine, not a second copy

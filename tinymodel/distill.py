@@ -225,9 +225,11 @@ def collect(
 
 
 def format_counts(counts: dict[tuple[str, str], CollectCount], trajectories: list[Trajectory]) -> str:
-    lines = [f"{'setting':<14}{'family':<10}{'prompts':>8}{'kept':>6}{'kept %':>8}{'steps':>7}"]
+    # sampled settings are named like "hierarchical T1 s0": the column fits the longest name
+    width = max([len("setting"), *(len(name) for name, _ in counts)]) + 2
+    lines = [f"{'setting':<{width}}{'family':<10}{'prompts':>8}{'kept':>6}{'kept %':>8}{'steps':>7}"]
     for (name, task), c in counts.items():
-        lines.append(f"{name:<14}{task:<10}{c.prompts:>8}{c.kept:>6}{100 * c.kept / c.prompts:>8.1f}{c.steps / max(c.kept, 1):>7.1f}")
+        lines.append(f"{name:<{width}}{task:<10}{c.prompts:>8}{c.kept:>6}{100 * c.kept / c.prompts:>8.1f}{c.steps / max(c.kept, 1):>7.1f}")
     usable = sum(t.n_steps >= 2 for t in trajectories)
     lines.append(f"{len(trajectories)} distinct trajectories, {usable} with two or more steps (the ones pairs come from)")
     return "\n".join(lines)

@@ -5,14 +5,15 @@ and dtype, with which system options; loading it ahead of a run; and the page's 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import gradio as gr
 
 from engine import EngineError
 
+from ..explain import system_markdown
 from ..host import DTYPES
-from ..system import SystemOption, describe_machine, devices, system_options
+from ..system import SystemOption, describe_machine, devices, progress_line, startup_note, system_options
 from .common import ENGINE_QUEUE, TabHandlers, error_text, guarded
 
 
@@ -20,17 +21,24 @@ class ModelHandlers(TabHandlers):
     """Loading a model, and saying which one serves by default."""
 
     @guarded(None)
-    def load_model(self, path: str, device: str, dtype: str, *options: Any) -> str:
+    def load_model(self, path: str, device: str, dtype: str, *options: Any) -> Iterator[str]:
+        """A progress line (what loading this spec involves: worker processes, ...) unless it is
+        loaded already, then the result or the error, each one line."""
         try:
             spec, _ = self.parse({"model": self.model_settings(path, device, dtype, *options)})
+            if not self.host.is_loaded(spec):  # before the lock: another session's run may hold it
+                note = startup_note(dict(spec.options), spec.device, loaded=False)
+                yield progress_line(f"loading {spec.describe()}", note)
             with self.host.lock:
                 t0 = time.perf_counter()
                 engine = self.host.get(spec)
                 seconds = time.perf_counter() - t0
         except EngineError as exc:
-            return error_text(str(exc))
+            yield error_text(str(exc))
+            return
         params = sum(p.numel() for p in engine.model.parameters())
-        return f"loaded **{engine.name}** ({params / 1e6:.1f} M parameters) on {spec.device} in {seconds:.1f} s"
+        ahead = startup_note(dict(spec.options), spec.device, loaded=True)  # compiling is left to the first run
+        yield f"loaded **{engine.name}** ({params / 1e6:.1f} M parameters) on {spec.device} in {seconds:.1f} s" + (f"; the first run: {ahead}" if ahead else "")
 
     def model_status(self) -> str:
         d = self.host.default
@@ -62,9 +70,11 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
                 options.append(gr.Checkbox(label=opt.label, value=False, **_option_update(opt)))
             else:
                 options.append(gr.Number(label=opt.label, value=1, precision=0, minimum=1, **_option_update(opt)))
-        load_btn = gr.Button("Load model")
-        load_msg = gr.Markdown()
+        load_btn = gr.Button("Load model", elem_id="load-btn")
+        load_msg = gr.Markdown(elem_id="load-msg")
         gr.Markdown(describe_machine())
+        with gr.Accordion("What the system options do", open=False, elem_id="system-explain"):
+            gr.Markdown(system_markdown())
     inputs = [model_path, device, dtype, *options]
 
     def offer(chosen: str) -> list[Any]:

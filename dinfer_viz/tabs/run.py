@@ -16,18 +16,20 @@ from engine import EngineError, GenerationConfig, Trace
 
 from .. import answers
 from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
+from ..cost_figure import cost_figure
 from ..explain import explain
 from ..figures import confidence_raster, extras_figure, iteration_chart, message_figure
 from ..grid import EMPTY_GRID, LiveGrid, grid_value
 from ..readouts import live_line, message_readout, readout
 from ..runner import Frame, run_live
 from ..settings import all_controls, control_value, sections, sweep_setting, visible_fields
+from ..system import progress_line, startup_note
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 
 log = logging.getLogger(__name__)
 
-RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "extras", "scrub", "download", "message", "state", "explain")
+RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "cost", "extras", "scrub", "download", "message", "state", "explain")
 LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
 # The live view's pace: iterations shown per second, 0 for as fast as the engine makes them.
 LIVE_SPEEDS = [("as fast as the engine", 0), *((f"{n} iteration{'s' * (n > 1)} / s", n) for n in (1, 2, 5, 10, 20))]
@@ -59,6 +61,7 @@ def timeline_view(
     if plots:
         out["raster"] = confidence_raster(timeline, highlight=mark)
         out["iterations"] = iteration_chart(timeline, highlight=mark)
+        out["cost"] = cost_figure(timeline, highlight=mark)
     if extras:
         out["extras"] = extras_figure(timeline, highlight=mark)
     out.update(slots)
@@ -107,15 +110,20 @@ class RunHandlers(TabHandlers):
             return error_text(str(exc)), gr.update(interactive=False)
         return "settings ok", gr.update(interactive=True)
 
-    def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool) -> tuple:
+    def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> tuple:
         """Show only the controls that matter for this decoder / cache mode / feature set, the
         explanation of the choice, and the setting a sweep of this decoder varies."""
         shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll))
         return (
             *(gr.update(visible=c.field in shown) for c in all_controls()),
-            explain(decoder, cache, bool(smoothing), bool(unroll)),
+            self.explanation(decoder, cache, smoothing, unroll, *system),
             gr.update(value=sweep_setting(decoder)),
         )
+
+    def explanation(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> str:
+        """The explanation panel: the decoder, cache mode and features, and the system options that
+        are on (`system`: the Model and system controls' values, in `option_names` order)."""
+        return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)))
 
     def suggest_expected(self, prompt: str) -> tuple[str, str]:
         """(the known right response of an arithmetic prompt, the note on the prompt's family)."""
@@ -136,6 +144,13 @@ class RunHandlers(TabHandlers):
         expected_ids: list[int] | None = None
         unknown = ""  # characters the tokenizer cannot encode, said with the result
         live: LiveGrid | None = None
+        # What this spec's engine spends before its iterations show (worker processes, compiling),
+        # said while the page would otherwise only count seconds: with the loading line and its
+        # heartbeats, then with the heartbeats of a slow forward (a bucket compiling)
+        notes = {"loading": startup_note(dict(spec.options), spec.device, loaded=False), "running": startup_note(dict(spec.options), spec.device, loaded=True)}
+        phase = "running" if self.host.is_loaded(spec) else "loading"  # the stage a heartbeat ("busy") belongs to
+        if phase == "loading":  # said at once, before waiting for the engine or loading it
+            yield outputs(RUN_VIEW, {"message": progress_line(f"loading {spec.describe()}", notes["loading"])})
         for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher):
             if frame.stage == "running" and live is None:  # the first frame: the masked canvas
                 engine = self.host.peek(spec)
@@ -144,16 +159,19 @@ class RunHandlers(TabHandlers):
                     missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
                     unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
                 live = LiveGrid(frame.timeline, frame.run, expected_ids or None)
-            view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt)
+            phase = phase if frame.stage == "busy" else frame.stage
+            view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt, notes.get(phase, ""))
             if frame.stage == "done" and unknown:
                 view["message"] += unknown
             yield outputs(RUN_VIEW, view)
 
-    def _frame_view(self, frame: Frame, model: str, live: LiveGrid | None, expected: list[int] | None, prompt: str = "") -> dict[str, Any]:
+    def _frame_view(self, frame: Frame, model: str, live: LiveGrid | None, expected: list[int] | None, prompt: str = "", note: str = "") -> dict[str, Any]:
+        """One frame's slots; `note`: what the engine's system options spend at this stage (run)."""
         if frame.stage in ("waiting", "loading"):
-            return {"readout": message_readout(frame.message), "message": frame.message}
+            message = progress_line(frame.message, note) if note else frame.message
+            return {"readout": message_readout(frame.message), "message": message}
         if frame.stage == "busy":  # a heartbeat: says what is slow, or nothing (the page is still painting)
-            return {"message": f"{frame.message} ({frame.wall:.0f} s)…"} if frame.message else {}
+            return {"message": progress_line(f"{frame.message} ({frame.wall:.0f} s)", note)} if frame.message else {}
         if frame.timeline is None:  # failed before the engine started
             return {"message": error_text(frame.message)}
         tl, last = frame.timeline, frame.shown - 1
@@ -165,7 +183,7 @@ class RunHandlers(TabHandlers):
             if frame.number == 0:
                 out.update(message=f"{frame.message}…", readout=message_readout(LIVE_README), text="")
             if frame.plots:
-                out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last))
+                out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last), cost=cost_figure(tl, upto=last))
             return out
         out = timeline_view(tl, last, expected)
         judged = answers.verdict(prompt, frame.text or "")
@@ -248,6 +266,7 @@ class RunTab:
     controls: dict[str, gr.components.Component]  # by GenerationConfig field
     explain: gr.Markdown
     engine: Stoppable
+    system: list[gr.components.Component]  # the Model and system section's system options
 
 
 def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]]) -> RunTab:
@@ -304,6 +323,9 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 with gr.Row(equal_height=False):
                     raster = gr.Plot(message_figure("run something, or load a trace", 360), label="Confidence raster: iteration × position", elem_id="raster")
                     iterations = gr.Plot(message_figure("", 380), label="Per iteration: commits, threshold, engine time", elem_id="iterations")
+                cost = gr.Plot(
+                    message_figure("", 340), label="Per iteration cost: compute, communication, compile, host (ms per rank)", elem_id="cost"
+                )
                 extras = gr.Plot(message_figure("", 220), label="Extras: credit, staleness, anchors (drawn when a run ends)", elem_id="extras")
                 with gr.Row():
                     download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
@@ -313,7 +335,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
 
     settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
     slots = dict(
-        grid=grid, readout=readout_md, text=text_out, raster=raster, iterations=iterations, extras=extras,
+        grid=grid, readout=readout_md, text=text_out, raster=raster, iterations=iterations, cost=cost, extras=extras,
         scrub=scrub, download=download, message=message, state=run_state, explain=explain_md,
     )
     view = [slots[name] for name in RUN_VIEW]
@@ -335,13 +357,18 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     timer.tick(h.step, [scrub, run_state], [scrub, grid, text_out, timer], api_visibility="private")
     upload.upload(h.load_trace, upload, view, api_name="load_trace")
     demo.load(h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
-    return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message))
+    system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
+    return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message), system)
 
 
 def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.components.Component) -> None:
     """Decoder, cache mode and features decide which controls show, the explanation, and the
-    setting the Sweep tab varies (`parameter`, hence wired once that tab exists)."""
-    inputs = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"]]
+    setting the Sweep tab varies (`parameter`, hence wired once that tab exists); the system
+    options add their paragraphs to the explanation."""
+    choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"]]
+    inputs = [*choice, *tab.system]
     changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter]
-    gr.on([c.change for c in inputs], h.structure, inputs, changed, **PRIVATE)
+    gr.on([c.change for c in choice], h.structure, inputs, changed, **PRIVATE)
+    # a system option changes the explanation only (structure would also reset the sweep's setting)
+    gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **PRIVATE)
     demo.load(h.structure, inputs, changed, **PRIVATE)

@@ -1,7 +1,7 @@
 """The Threshold sweep tab: one setting swept over held-out prompts with known answers (the sweep
-itself is dinfer_viz/sweep.py), with the Run tab's other settings; accuracy against tokens per
-forward, a table per value, and the wrong answers, each opening in the Run tab at its first wrong
-commit.
+itself is dinfer_viz/sweep.py), with the Run tab's other settings, on the Run tab's model and
+optionally a second one; accuracy against tokens per forward (a curve per model), a table per model
+and value, and the wrong answers, each opening in the Run tab at its first wrong commit.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import gradio as gr
 from engine import EngineError, GenerationConfig
 
 from ..figures import sweep_figure
+from ..grid import inert
 from ..settings import numeric_fields, sweep_setting
 from ..sweep import SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
 from ..timeline import Timeline
@@ -21,8 +22,9 @@ from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, g
 from .run import RUN_VIEW, RunTab, stored_view
 
 SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
-SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS", "prompts"]
-FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced"]
+# The model is the last column, so API clients reading the earlier ones by place keep working.
+SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS", "prompts", "model"]
+FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced", "model"]
 SWEEP_DEFAULT_SETS = ("pairsum",)
 SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
 
@@ -33,7 +35,7 @@ def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
 
 
 def _sweep_rows(state: SweepState) -> list[list[Any]]:
-    return [[p["value"], round(p["accuracy"], 3), round(p["tpf"], 2), round(p["tps"], 1), p["examples"]] for p in state.points()]
+    return [[p["value"], round(p["accuracy"], 3), round(p["tpf"], 2), round(p["tps"], 1), p["examples"], p["model"]] for p in state.points()]
 
 
 def _failure_rows(state: SweepState) -> list[list[Any]]:
@@ -42,7 +44,7 @@ def _failure_rows(state: SweepState) -> list[list[Any]]:
         if o.trace is None:
             continue
         w = o.wrong
-        rows.append([o.value, o.example.prompt, o.example.response, o.text, w.position if w else "", w.iteration if w else "", round(w.confidence, 3) if w else "", w.forced if w else ""])
+        rows.append([o.value, o.example.prompt, o.example.response, o.text, w.position if w else "", w.iteration if w else "", round(w.confidence, 3) if w else "", w.forced if w else "", o.model])
     return rows
 
 
@@ -51,16 +53,25 @@ class SweepHandlers(TabHandlers):
 
     @guarded(SWEEP_VIEW)
     def sweep(
-        self, settings: dict[str, Any] | None, tasks: list[str] | None, per_task: float, parameter: str, values: str, own_prompts: str = ""
+        self,
+        settings: dict[str, Any] | None,
+        tasks: list[str] | None,
+        per_task: float,
+        parameter: str,
+        values: str,
+        own_prompts: str = "",
+        also_model: str | None = "",
     ) -> Iterator[tuple]:
-        """Run every chosen prompt at every value; stream the accuracy-vs-TPF chart and tables."""
+        """Run every chosen prompt at every value, on the settings' model and then on `also_model`
+        when one is named (same settings); stream the accuracy-vs-TPF chart and tables."""
         try:
             spec, config = self.parse(settings)
+            also = self.host.second_model(spec, also_model)
             examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed, own_prompts=own_prompts)
             for example in examples:
                 self.check_request(example.prompt, config)
             numbers = parse_values(values)
-            states = run_sweep(self.host, spec, config, parameter, numbers, examples)
+            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also)
             first = next(states)  # a generator: its own checks (setting, values) raise on this first step
         except EngineError as exc:
             yield outputs(SWEEP_VIEW, {"message": error_text(str(exc))})
@@ -90,8 +101,8 @@ class SweepHandlers(TabHandlers):
         where = f"first wrong commit at position {outcome.wrong.position}, iteration {outcome.wrong.iteration}, confidence {outcome.wrong.confidence:.3f}" if outcome.wrong else "no single wrong commit found"
         out = stored_view(
             tl, at, outcome.expected, highlight=True,
-            note=f"sweep: {state.parameter} = {outcome.value:g}",
-            message=f"wrong answer from the sweep ({state.parameter} = {outcome.value:g}): {where}",
+            note=f"sweep: {inert(outcome.model)}, {state.parameter} = {outcome.value:g}",
+            message=f"wrong answer from the sweep ({inert(outcome.model)}, {state.parameter} = {outcome.value:g}): {where}",
         )
         return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"))
 
@@ -119,6 +130,11 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
             per_task = gr.Number(24, precision=0, minimum=1, label="prompts per set")
             parameter = gr.Dropdown(numeric_fields(), value=sweep_setting(GenerationConfig().decoder), label="setting to sweep", info="set by the decoder's declaration; any numeric setting")
             values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
+            also_model = gr.Dropdown(
+                [("none", ""), *h.host.model_choices()], value="", label="also sweep model",
+                info="the same sweep on a second model, after the Run tab's; the chart overlays the two curves",
+                allow_custom_value=not h.host.public, elem_id="sweep-also-model",
+            )
         own_prompts = gr.Textbox(label="your own prompts (optional; one a line, each from a family)", lines=2, elem_id="sweep-own")
         with gr.Row():
             sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep-btn")
@@ -134,7 +150,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
 
     collect = sweep_btn.click(None, run.settings_inputs, run.settings_json, js=h.settings_js(), **PRIVATE)
     event = collect.then(
-        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts], [slots[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **ENGINE_QUEUE
+        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts, also_model], [slots[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **ENGINE_QUEUE
     )
     failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs], api_visibility="private")
     return SweepTab(Stoppable(event, stop_btn, message), parameter)
