@@ -1,0 +1,315 @@
+"""The details panel: everything the trace knows about one canvas position at one iteration, as
+HTML large enough for a projector.
+
+What it shows, all from the trace (docs/trace.md), nothing inferred beyond the decoders' rules:
+the token there (or [MASK]), when and by which rule it was committed with the numbers the rule
+compared (stated as engine/decoders.py applies it), the decoder's top-1 candidate and confidence at
+that iteration and at every iteration its block was decoded (the trace records only the top-1 and
+its probability, not a top-k list, and the panel says so), the decoder's and the cache's extras
+(credit, runs and anchors, factor ranks, staleness), the position's K/V state (cache_figure's
+rule) and, given an expected answer, the token it wanted.
+
+Every string that reaches the HTML goes through `grid.inert` (html.escape plus the characters a
+template step could evaluate): token strings come from tokenizers and trace files, i.e. anyone.
+`iteration` is a record index as everywhere in Timeline (-1: before the first forward); the page's
+numbers are `iteration_number`'s (1..N, 0 before the first forward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import IterationRecord
+
+from .cache_figure import STATES, cache_states, state_explanation
+from .grid import expected_at, inert
+from .timeline import Timeline, iteration_number
+
+BASE_FONT = 20  # px: read from the back of a room
+HISTORY_ROWS = 40  # a block decoded over more iterations shows its last ones
+_STYLE = (
+    f"font-size:{BASE_FONT}px;line-height:1.45;color:#111827;background:#ffffff;"
+    "border:2px solid #d1d5db;border-radius:8px;padding:14px 18px;max-width:1100px"
+)
+_LABEL = "color:#4b5563;padding:4px 16px 4px 0;vertical-align:top;white-space:nowrap"
+_NOTE = "color:#4b5563;font-size:18px"
+
+
+def _line(text: str) -> str:
+    """The one-line message for a request the trace cannot answer."""
+    return f'<div class="pos-details" style="font-size:{BASE_FONT}px;color:#4b5563">{inert(text)}</div>'
+
+
+def _num(value: float, against: float | None = None) -> str:
+    """A confidence with 3 decimals, 4 when 3 would print it equal to the value it is compared with
+    (the trace keeps 4: 0.8996 against τ 0.90 must not read "0.900 < τ 0.90")."""
+    text = f"{value:.3f}"
+    if against is not None and text == f"{against:.3f}" and value != against:
+        text = f"{value:.4f}"
+    return text
+
+
+def _tau(value: float) -> str:
+    return f"{value:.2f}" if round(value, 2) == value else f"{value:.4g}"
+
+
+def _token(timeline: Timeline, token: int) -> str:
+    """A token as the page names it: its text (quoted, so spaces show) and id."""
+    if token == timeline.mask_id:
+        return f"[MASK] (id {token})"
+    return f"{timeline.text_of(token)!r} (id {token})"
+
+
+def _masked_before(timeline: Timeline, position: int, index: int) -> bool:
+    """Whether `position` held [MASK] when record `index` started (its decoder chose among these)."""
+    if timeline.initial[position] != timeline.mask_id:
+        return False
+    commit = timeline.commits.get(position)
+    return commit is None or commit.iteration >= index
+
+
+def _config(timeline: Timeline, name: str, default: Any = None) -> Any:
+    return timeline.trace.config.get(name, default)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _block_masks(timeline: Timeline, rec: IterationRecord, index: int) -> list[int]:
+    s, e = rec.block_range
+    return [q for q in range(s, e) if _masked_before(timeline, q, index)]
+
+
+def rule_text(timeline: Timeline, index: int, position: int) -> str:
+    """What record `index`'s decoder decided for `position` (masked when the record started and
+    inside its block), with the numbers it compared, as engine/decoders.py applies each rule."""
+    rec = timeline.records[index]
+    row, s = timeline.row, rec.block_range[0]
+    c = float(rec.confidence[row][position - s])
+    committed, forced = position in rec.committed[row], position in rec.forced[row]
+    extras = {name: values[position - s] for name, values in timeline.extras_at(index).items() if len(values) > position - s}
+    decoder = _config(timeline, "decoder", "?")
+    tau = rec.threshold
+    if decoder in ("threshold", "credit") and tau is not None:
+        text = _threshold_rule(c, tau, committed, forced)
+        if decoder == "credit" and _is_number(extras.get("raw_confidence")) and _is_number(extras.get("credit")):  # a trace file's extras are untrusted
+            text += (
+                f" (the credit decoder's fused confidence: raw probability {_num(float(extras['raw_confidence']))}, "
+                f"credit {float(extras['credit']):.3f}, logits + α·log(1 + credit) with α = {_config(timeline, 'credit_alpha', '?')})"
+            )
+    elif decoder == "hierarchical" and tau is not None:
+        text = _hierarchical_rule(timeline, c, tau, committed, forced, extras)
+    elif decoder == "factor" and "rank" in extras:
+        text = _factor_rule(timeline, rec, index, position, c, committed, forced)
+    elif decoder == "fixed":
+        text = _fixed_rule(timeline, rec, index, position, c, committed)
+    else:
+        verdict = "committed" + (" (forced by the at-least-one rule)" if forced else "") if committed else "not committed"
+        text = f"{verdict} by decoder {decoder!r} (confidence {_num(c)}); no rule for it is written here"
+    configured = _config(timeline, "threshold")
+    if tau is not None and _is_number(configured) and tau != configured and decoder in ("threshold", "credit", "hierarchical"):
+        text += f"; τ {_tau(tau)} is the threshold in force this iteration (smoothing decays it from 1.0 to the configured {_tau(float(configured))})"
+    return text
+
+
+def _threshold_rule(c: float, tau: float, committed: bool, forced: bool) -> str:
+    if forced:
+        return (
+            f"forced: confidence {_num(c, tau)} < τ {_tau(tau)}, but no masked position of the block reached τ, and every "
+            "iteration commits at least one token per row: this was the most confident one"
+        )
+    if committed:
+        return f"committed: confidence {_num(c, tau)} ≥ τ {_tau(tau)}"
+    return f"not committed: confidence {_num(c, tau)} < τ {_tau(tau)}"
+
+
+def _hierarchical_rule(timeline: Timeline, c: float, tau: float, committed: bool, forced: bool, extras: dict[str, Any]) -> str:
+    low = _config(timeline, "low_threshold", "?")
+    anchor = bool(extras.get("anchors"))
+    run = extras.get("runs")
+    how = "its run's most confident position" if _config(timeline, "anchor") == "confidence" else "the eligible position nearest its run's centre"
+    run_name = f"run {run + 1} of consecutive masks" if isinstance(run, int) and run >= 0 else "its run of consecutive masks"
+    # the engine's flags pick the branch: the recorded confidences are rounded to 4 decimals
+    if forced:
+        return (
+            f"forced: confidence {_num(c, tau)} ≤ τ {_tau(tau)} and not an anchor, but the row's most confident masked "
+            "position is always committed"
+        )
+    if committed and anchor and not c > tau:
+        return f"committed as the anchor of {run_name}: confidence {_num(c)} > low threshold {low}, and {how} (τ {_tau(tau)} not reached)"
+    if committed:
+        return f"committed: confidence {_num(c, tau)} > τ {_tau(tau)} (strictly above)" + (f", and the anchor of {run_name}" if anchor else "")
+    why = f"not above the low threshold {low}" if _is_number(low) and c <= low else f"not {how}"
+    return f"not committed: confidence {_num(c, tau)} ≤ τ {_tau(tau)}, and not the anchor of {run_name} ({why})"
+
+
+def _factor_rule(timeline: Timeline, rec: IterationRecord, index: int, position: int, c: float, committed: bool, forced: bool) -> str:
+    """Fast-dLLM's factor rule, recomputed from the block's recorded confidences: ranks sorted by
+    confidence, rank n passes when c_(n) ≥ 1 - factor/(n + 1) (rank 1 always), the leading run of
+    passing ranks commits, all K when that run reaches K - 1."""
+    factor = _config(timeline, "factor", 1.0)
+    factor = float(factor) if _is_number(factor) else 1.0  # the engine's default, for a trace file without one
+    row, s = timeline.row, rec.block_range[0]
+    masks = _block_masks(timeline, rec, index)
+    conf = {q: float(rec.confidence[row][q - s]) for q in masks}
+    order = sorted(masks, key=lambda q: (-conf[q], q))  # the engine's stable descending sort
+    passes = [n == 1 or conf[q] >= 1.0 - factor / (n + 1) for n, q in enumerate(order, start=1)]
+    leading = next((n for n, ok in enumerate(passes) if not ok), len(passes))
+    k = len(order)
+    n = order.index(position) + 1 if position in order else 0
+    t = 1.0 - factor / (n + 1)
+    rule = f"rank {n} of the {k} masks by confidence, threshold 1 − factor/(n + 1) = 1 − {factor:g}/{n + 1} = {t:.3f}"
+    if committed and not forced:  # the engine's flag: the recorded confidences are rounded
+        return f"committed: {rule}, confidence {_num(c, t)} ≥ {t:.3f}"
+    if committed and n == 1:
+        return f"forced: rank 1 always commits ({rule}; confidence {_num(c, t)} < {t:.3f})"
+    if committed:
+        return (
+            f"forced: {rule}, confidence {_num(c, t)} < {t:.3f}, but the leading run of passing ranks covers {leading} of the {k} "
+            "masks (at least K − 1), so all K are taken (the reference implementation's quirk)"
+        )
+    if c < t:
+        return f"not committed: {rule}, confidence {_num(c, t)} < {t:.3f}"
+    return f"not committed: {rule}, confidence {_num(c, t)} ≥ {t:.3f}, but only the leading run of passing ranks commits and it stops at rank {leading}"
+
+
+def _fixed_rule(timeline: Timeline, rec: IterationRecord, index: int, position: int, c: float, committed: bool) -> str:
+    """LLaDA's schedule: this step commits k masks, k fixed by the steps per block; k is what the
+    record committed (the schedule's share, or every mask left)."""
+    row, s = timeline.row, rec.block_range[0]
+    k = len(rec.committed[row])
+    masks = _block_masks(timeline, rec, index)
+    if _config(timeline, "remasking") == "random":
+        verdict = "committed" if committed else "not committed"
+        return f"{verdict}: the schedule commits {k} of the block's {len(masks)} masks this step, chosen at random (remasking = random); confidence {_num(c)} plays no part"
+    conf = {q: float(rec.confidence[row][q - s]) for q in masks}
+    rank = sorted(masks, key=lambda q: (-conf[q], q)).index(position) + 1
+    if committed:
+        return (
+            f"forced by the schedule: the block had to commit {k} token(s) this iteration (steps per block fixed in advance), "
+            f"and this was among the top {k} by confidence (rank {rank} of {len(masks)} masks, confidence {_num(c)}); no threshold"
+        )
+    return f"not committed: the schedule commits {k} token(s) this iteration, the top {k} by confidence, and this ranked {rank} of {len(masks)} (confidence {_num(c)})"
+
+
+def _extras_text(timeline: Timeline, index: int, position: int) -> list[tuple[str, str]]:
+    """(name, value) of every per-position extra record `index` holds for `position`."""
+    rec = timeline.records[index]
+    offset = position - rec.block_range[0]
+    names = {
+        "credit": "credit of the candidate",
+        "raw_confidence": "probability before the credit boost",
+        "runs": "run of masks (0-based; −1: not masked)",
+        "anchors": "anchor of its run",
+        "rank": "confidence rank (0-based; −1: not masked)",
+        "factor_threshold": "its rank's threshold",
+        "staleness_kl": "staleness: KL(exact ‖ cached)",
+        "staleness_agree": "top-1 agrees with an exact forward",
+    }
+    out = []
+    for name, values in timeline.extras_at(index).items():
+        if offset < len(values):
+            value = values[offset]
+            shown = f"{value:.4g}" if isinstance(value, float) else ("yes" if value is True else "no" if value is False else str(value))
+            out.append((names.get(name, name), shown))
+    return out
+
+
+def _history(timeline: Timeline, position: int, shown: int) -> str:
+    """The top-1 candidate and confidence at every record whose block held `position`."""
+    rows = []
+    for i, rec in enumerate(timeline.records):
+        s, e = rec.block_range
+        if not s <= position < e:
+            continue
+        token = rec.top1[timeline.row][position - s]
+        conf = float(rec.confidence[timeline.row][position - s])
+        state = "masked" if _masked_before(timeline, position, i) else "already committed"
+        if position in rec.committed[timeline.row]:
+            state = "committed here" + (" (forced)" if position in rec.forced[timeline.row] else "")
+        weight = "font-weight:700;background:#fef9c3" if i == shown else ""
+        cells = (str(iteration_number(i)), rec.forward, _token(timeline, token), _num(conf), "—" if rec.threshold is None else _tau(rec.threshold), state)
+        rows.append(f'<tr style="{weight}">' + "".join(f'<td style="padding:2px 12px 2px 0">{inert(c)}</td>' for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    head = "".join(f'<th style="text-align:left;padding:2px 12px 2px 0">{inert(h)}</th>' for h in ("iteration", "forward", "top-1 candidate", "confidence", "τ", "position was"))
+    dropped = len(rows) - HISTORY_ROWS
+    note = f'<div style="{_NOTE}">{dropped} earlier iterations not shown</div>' if dropped > 0 else ""
+    return f'{note}<table style="border-collapse:collapse;font-size:18px;font-variant-numeric:tabular-nums"><tr>{head}</tr>{"".join(rows[-HISTORY_ROWS:])}</table>'
+
+
+def position_details(timeline: Timeline, position: int, iteration: int, expected: list[int] | None = None) -> str:
+    """HTML panel for canvas `position` after record `iteration` (-1: before the first forward) of
+    `timeline`; `expected`: token ids the generation should produce, from the prompt's end. A
+    position or iteration the run does not have gives a one-line message."""
+    if not isinstance(position, int) or not 0 <= position < timeline.canvas_length:
+        return _line(f"position {position} is outside the canvas (0 to {timeline.canvas_length - 1})")
+    if not isinstance(iteration, int) or not -1 <= iteration < timeline.iterations:
+        return _line(f"iteration {iteration_number(iteration) if isinstance(iteration, int) else iteration} is outside this run (0 to {timeline.iterations})")
+    rows: list[tuple[str, str]] = []  # (label, value as escaped HTML)
+
+    def add(label: str, text: str) -> None:
+        rows.append((label, inert(text)))
+
+    token = timeline.canvas_at(iteration)[position]
+    commit = timeline.commits.get(position)
+    in_prompt = position < timeline.prompt_length
+    blocks = [rec for rec in timeline.records if rec.block_range[0] <= position < rec.block_range[1]]
+    where = "prompt" if in_prompt else f"generated token {position - timeline.prompt_length + 1} of the answer"
+    if blocks:
+        where += f", block {blocks[0].block} [{blocks[0].block_range[0]}, {blocks[0].block_range[1]})"
+    elif not in_prompt:
+        where += ", in no block this run decoded (early stop ended it first)"
+    add("position", f"{position} ({where})")
+    if token == timeline.mask_id:
+        add("token", "masked: [MASK], not yet committed")
+    elif commit is None and not in_prompt:
+        add("token", f"{_token(timeline, token)}, filled with end-of-text by early stop (no decoder chose it)")
+    else:
+        add("token", _token(timeline, token) + (" (prompt)" if in_prompt and commit is None else ""))
+    if commit is not None:
+        when = " (this iteration)" if commit.iteration == iteration else " (later than the iteration shown)" if commit.iteration > iteration else ""
+        add("committed", f"at iteration {iteration_number(commit.iteration)}{when} as {_token(timeline, commit.token)}")
+        add("why", rule_text(timeline, commit.iteration, position))
+    elif not in_prompt and token == timeline.mask_id:
+        add("committed", "not by the end of the run" if timeline.finished else "not yet")
+    want = expected_at(timeline, expected, position)
+    if want is not None:
+        verdict = "not committed yet" if token == timeline.mask_id else "matches" if want == token else "differs from the token here"
+        add("expected", f"{_token(timeline, want)}: {verdict}")
+    if iteration < 0:
+        add("this iteration", "before the first forward: nothing computed, nothing in the cache")
+    else:
+        rec = timeline.records[iteration]
+        s, e = rec.block_range
+        if s <= position < e:
+            candidate = rec.top1[timeline.row][position - s]
+            conf = float(rec.confidence[timeline.row][position - s])
+            add("top-1 now", f"{_token(timeline, candidate)} with probability {_num(conf)}")
+            add("top candidates", "the trace records only each position's top-1 candidate and its probability, not a list of alternatives")
+            if commit is not None and commit.iteration == iteration:
+                pass  # the decision is the commit above, with its rule
+            elif _masked_before(timeline, position, iteration):
+                add("decision now", rule_text(timeline, iteration, position))
+            else:
+                add("decision now", "already committed before this iteration: the decoder only reports what it would predict here")
+            for label, text in _extras_text(timeline, iteration, position):
+                add(label, text)
+        else:
+            add("this iteration", f"not in this iteration's block [{s}, {e}): the decoder did not consider it")
+        code, sentence = state_explanation(cache_states(timeline, iteration), timeline, iteration, position)
+        chip = f'<span style="display:inline-block;width:0.9em;height:0.9em;border-radius:3px;margin-right:8px;vertical-align:-0.1em;background:{STATES[code][0]}"></span>'
+        rows.append(("K/V cache", chip + inert(sentence)))
+    body = "".join(
+        f'<tr><td style="{_LABEL}">{inert(label)}</td><td style="padding:4px 0">{value}</td></tr>' for label, value in rows
+    )
+    title = f"Position {position} · " + (f"iteration {iteration_number(iteration)} of {timeline.iterations}" if iteration >= 0 else "before the first forward (iteration 0)")
+    history = _history(timeline, position, iteration)
+    history_html = f'<div style="margin-top:12px;font-weight:600">Its block, iteration by iteration</div>{history}' if history else ""
+    return (
+        f'<div class="pos-details" style="{_STYLE}">'
+        f'<div style="font-size:{BASE_FONT + 6}px;font-weight:700;margin-bottom:8px">{inert(title)}</div>'
+        f'<table style="border-collapse:collapse">{body}</table>{history_html}</div>'
+    )
+
