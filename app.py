@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if host.default_error:
             print(f"error: {host.default_error} (use --no-model to start without one)", file=sys.stderr)
             return 2
-    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length, max_batch=args.max_batch))
+    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length, max_batch=args.max_batch, no_model=args.no_model))
     demo.launch(server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs())
     return 0
 

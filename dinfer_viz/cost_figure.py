@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .figures import _finish, _upto, message_figure
-from .timeline import Timeline
+from .timeline import Timeline, iteration_number
 
 # (name, colour): the order bars stack in, bottom first
 CATEGORIES = (("compute", "#2563eb"), ("communication", "#dc2626"), ("compile", "#7c3aed"), ("host", "#9ca3af"))
@@ -61,7 +61,7 @@ def _shares(ms: np.ndarray) -> str:
 
 def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | None = None) -> go.Figure:
     """Per-iteration stacked bars of compute / communication / compile / host milliseconds, one
-    bar per rank; compiles + captures per iteration as a line (right axis); graph replays marked.
+    bar per rank, iterations numbered 1..N as the page does (`upto`, `highlight`: record indices); compiles + captures per iteration as a line (right axis); graph replays marked.
     A trace without cost (an older one) gets a one-line message."""
     if timeline.iterations == 0:
         return message_figure("no iterations yet", HEIGHT)
@@ -71,7 +71,7 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
         return message_figure(NO_COST, HEIGHT)
     ms = cost_ms(timeline, upto)
     ranks = ms.shape[1]
-    its = np.arange(len(records), dtype=np.float32)
+    its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
     fig = go.Figure()
     # Stacked and grouped at once: barmode "group" places each rank's bars side by side
     # (offsetgroup), and each category's `base` is the sum of those below it.
@@ -136,7 +136,8 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
         )
     shapes = []
     if highlight is not None and 0 <= highlight <= upto:
-        shapes.append(dict(type="line", xref="x", yref="paper", x0=highlight, x1=highlight, y0=0, y1=1, line=dict(color="#dc2626", width=2)))
+        x = iteration_number(highlight)
+        shapes.append(dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color="#dc2626", width=2)))
     fig.update_layout(
         barmode="group",
         bargap=0.15,
@@ -144,7 +145,7 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
         shapes=shapes,
         # below the gr.Plot label badge, which covers the figure's top left
         title=dict(text=_shares(ms), font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
-        xaxis=dict(range=[-0.5, len(records) - 0.5], title=dict(text="iteration")),
+        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration")),
         yaxis=layout_y,
         yaxis2=dict(
             overlaying="y", side="right", range=[0, max(1.0, float(np.nanmax(graphs, initial=0.0))) * 1.2], dtick=1, showgrid=False,

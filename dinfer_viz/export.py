@@ -286,21 +286,25 @@ def run_mp4(timeline: Timeline, path: str | Path | None = None, frame_ms: int = 
 
 COMPARE_COLUMNS = (
     "run", "settings", "decoder", "threshold", "cache", "block_length", "iterations", "nfe", "tokens", "tpf", "tps",
-    "forwards_per_second", "engine_seconds", "trace_seconds", "wall_seconds", "text",
+    "forwards_per_second", "engine_seconds", "trace_seconds", "wall_seconds", "passes", "text",
 )
 
 
-def compare_csv(timelines: Sequence[Timeline], labels: Sequence[str], wall_seconds: Sequence[float | None] | None = None) -> str:
+def compare_csv(
+    timelines: Sequence[Timeline], labels: Sequence[str], wall_seconds: Sequence[float | None] | None = None, stats: Sequence[dict | None] | None = None
+) -> str:
     """The Compare tab's runs as CSV, one row per run, from what the tab draws (the timelines and
     labels `compare_figure` takes; `wall_seconds` as its readouts show, when kept): the settings,
-    the engine's stats (the readout's figures, unrounded), the iterations and the answer text.
+    the engine's stats (the readout's figures, unrounded: `stats`, the median of several passes
+    (readouts.median_stats), when given, else the trace's), the iterations and the answer text.
     Threshold is empty for a decoder without one (fixed, factor)."""
     walls = list(wall_seconds) if wall_seconds is not None else [None] * len(timelines)
+    figures = list(stats) if stats is not None else [None] * len(timelines)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COMPARE_COLUMNS)
-    for k, (tl, label, wall) in enumerate(zip(timelines, labels, walls)):
-        cfg, stats = tl.trace.config or {}, tl.trace.stats or {}
+    for k, (tl, label, wall, measured) in enumerate(zip(timelines, labels, walls, figures)):
+        cfg, stats = tl.trace.config or {}, measured or tl.trace.stats or {}
         threshold = next((r.threshold for r in tl.records if r.threshold is not None), None)
         writer.writerow(
             [
@@ -319,6 +323,7 @@ def compare_csv(timelines: Sequence[Timeline], labels: Sequence[str], wall_secon
                 _number(stats.get("seconds")),
                 _number(stats.get("trace_seconds", tl.trace.trace_seconds)),
                 _number(wall),
+                stats.get("passes", 1),
                 _cell(tl.text_at(tl.iterations - 1)),
             ]
         )

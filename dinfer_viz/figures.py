@@ -7,6 +7,7 @@ base64 typed arrays: gr.Plot resends the whole figure on every update, so size i
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,6 +17,7 @@ from plotly.subplots import make_subplots
 from engine import IterationRecord
 
 from .grid import CELL_COLOURS, expected_at
+from .readouts import percent
 from .timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 _TEMPLATE = go.layout.Template(
@@ -34,8 +36,27 @@ RUN_COLOURS = ("#2563eb", "#ea580c")
 MAX_SHAPES = 300  # shapes are one SVG element each; past this the raster draws none
 
 
-def _finish(fig: go.Figure, height: int, key: str) -> go.Figure:
+# What the camera button in each figure's modebar saves: a PNG at twice the figure's size (sharp on
+# a 1080p slide). Plotly's modebar saves one format; SVG would need kaleido on the server.
+FIGURE_DOWNLOAD = {"format": "png", "scale": 2}
+
+
+class Figure(go.Figure):
+    """A go.Figure whose JSON also carries Plotly's config, the modebar's download (FIGURE_DOWNLOAD,
+    the file named after the figure's `uirevision` key): gr.Plot takes no Plotly config, but it sends
+    the figure's `to_json()` to the page, which hands the JSON's `config` to Plotly."""
+
+    def to_json(self, *args: Any, **kwargs: Any) -> str:
+        text = super().to_json(*args, **kwargs).rstrip()
+        config = {"toImageButtonOptions": {**FIGURE_DOWNLOAD, "filename": f"dinfer-viz-{self.layout.uirevision or 'figure'}"}, "displaylogo": False}
+        return text[:-1] + ',"config":' + json.dumps(config) + "}"  # one more key in the figure's JSON object
+
+
+def _finish(fig: go.Figure, height: int, key: str) -> Figure:
     fig.update_layout(template=_TEMPLATE, height=height, uirevision=key, hovermode="closest")
+    # Every figure leaves through here: made a Figure in place (go.Figure(fig) would copy and
+    # re-validate every trace, and live figures are redrawn several times a second)
+    fig.__class__ = Figure
     return fig
 
 
@@ -408,7 +429,8 @@ def sweep_figure(points: Sequence[dict[str, Any]], parameter: str = "threshold")
                 textposition="top center",
                 textfont=dict(color=colour),
                 customdata=np.array([[r["tps"], r["examples"]] for r in mine], dtype=np.float32),
-                hovertemplate="%{fullData.name}: %{text}<br>TPF %{x:.2f} · accuracy %{y:.1%}<br>TPS %{customdata[0]:.1f} over %{customdata[1]} prompts<extra></extra>",
+                hovertext=[percent(r["accuracy"]) for r in mine],  # written as the table writes it
+                hovertemplate="%{fullData.name}: %{text}<br>TPF %{x:.2f} · accuracy %{hovertext}<br>TPS %{customdata[0]:.1f} over %{customdata[1]} prompts<extra></extra>",
                 marker=dict(size=9, color=colour),
                 line=dict(color=colour),
                 uid=f"sweep-{k}",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import html
 
-from .timeline import EXACT_FORWARDS, Timeline
+from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 from .tokens import glyph, is_special
 
 # state -> (background colour, legend label). Order is the legend's order.
@@ -95,7 +95,7 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
         else:
             kind = ("forced" if commit.forced else "new") if commit.iteration == iteration else "old"
             how = "forced top-1 (below threshold)" if commit.forced else "above threshold"
-            tip = [f"pos {p} · committed at iteration {commit.iteration} ({how}) · confidence then {commit.confidence:.3f}"]
+            tip = [f"pos {p} · committed at iteration {iteration_number(commit.iteration)} ({how}) · confidence then {commit.confidence:.3f}"]
         classes = [kind]
         c = 0.0
         if in_block:
@@ -150,15 +150,17 @@ def _collapse_fill(cells: list[dict]) -> list[dict]:
 
 
 def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
-    """What record `iteration` did; `of`: the iterations counted (default: all the timeline's)."""
+    """What record `iteration` did, numbered as the page numbers it (`iteration_number`: 0 is the
+    canvas before the first forward); `of`: the iterations counted (default: all the timeline's)."""
+    total = timeline.iterations if of is None else of
     if iteration < 0:
-        return f"before the first forward · {timeline.canvas_length - timeline.prompt_length} positions to generate"
+        return f"iteration 0/{total} · before the first forward · {timeline.canvas_length - timeline.prompt_length} positions to generate"
     rec = timeline.records[iteration]
     s, e = rec.block_range
     where = ", ".join(f"[{a}, {b})" for a, b in rec.recomputed)
     threshold = "" if rec.threshold is None else f" · threshold {rec.threshold:.2f}"
     return (
-        f"iteration {iteration + 1}/{timeline.iterations if of is None else of} · block {rec.block} [{s}, {e}) · "
+        f"iteration {iteration_number(iteration)}/{total} · block {rec.block} [{s}, {e}) · "
         f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}"
     )
 
@@ -313,7 +315,8 @@ const paint = live => {
     const now = it === live.at;
     s.className = 'cell ' + (now ? (forced ? 'forced' : 'new') : 'old') + (wrong ? ' wrong' : '');
     s.textContent = text;
-    view.tips.set(p, `pos ${p} · committed at iteration ${it} (${forced ? 'forced top-1 (below threshold)' : 'above threshold'}) · confidence then ${conf.toFixed(3)}`);
+    // `it` is a record index (0-based); the page numbers iterations 1..N (timeline.iteration_number)
+    view.tips.set(p, `pos ${p} · committed at iteration ${it + 1} (${forced ? 'forced top-1 (below threshold)' : 'above threshold'}) · confidence then ${conf.toFixed(3)}`);
     s.title = view.tips.get(p);
     if (now) view.fresh.push(s);
   }

@@ -8,7 +8,14 @@ The wall time since the click (which includes the UI) is shown apart, labelled a
 
 from __future__ import annotations
 
+import statistics
+from typing import Any, Sequence
+
+from engine import EngineError
+
 from .timeline import Timeline
+
+MAX_PASSES = 5  # most passes of one configuration a comparison or a sweep times
 
 _HEAD = "| TPS | TPF | NFE | fwd/s | engine s | tokens | tracing | wall s |\n|---|---|---|---|---|---|---|---|\n"
 _LEGEND = (
@@ -17,11 +24,46 @@ _LEGEND = (
 )
 
 
-def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "") -> str:
-    """Markdown table of the run's speed; `note` is a line under it (stage, model)."""
+def percent(fraction: float) -> str:
+    """An accuracy as the page writes it everywhere (table, chart, messages): "100%", "66.7%"."""
+    return f"{fraction * 100:.1f}".removesuffix(".0") + "%"
+
+
+def passes_count(value: Any) -> int:
+    """How many passes to time (a control's or an API client's value), checked: 1..MAX_PASSES."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if not 1 <= n <= MAX_PASSES or n != value:
+        raise EngineError(f"passes must be a whole number from 1 to {MAX_PASSES}, got {value!r}")
+    return n
+
+
+def median_stats(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The engine stats of N passes of one greedy run as one: the first pass's counts (every pass
+    decodes the same tokens in the same forwards), the median engine seconds, and TPS and
+    forwards/s from that median; `passes` and `seconds_range` say what it summarises."""
+    seconds = [p["seconds"] for p in passes]
+    out = dict(passes[0])
+    middle = statistics.median(seconds)
+    batch = out.get("batch", 1) or 1
+    out.update(
+        seconds=middle,
+        tps=out["tokens"] / middle / batch if middle > 0 else 0.0,
+        forwards_per_second=out["nfe"] / middle if middle > 0 else 0.0,
+        passes=len(passes),
+        seconds_range=(min(seconds), max(seconds)),
+    )
+    return out
+
+
+def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "", stats: dict[str, Any] | None = None) -> str:
+    """Markdown table of the run's speed; `note` is a line under it (stage, model). `stats`: the
+    finished run's figures when they are not the trace's own (`median_stats` of several passes)."""
     wall = "–" if wall_seconds is None else f"{wall_seconds:.2f}"
     if timeline.finished:
-        s = timeline.trace.stats
+        s = stats or timeline.trace.stats
         seconds, overhead = s["seconds"], s.get("trace_seconds", timeline.trace.trace_seconds)
         share = f" ({overhead / seconds:.1%})" if seconds > 0 else ""
         row = (
@@ -29,6 +71,9 @@ def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "
             f"{seconds:.3f} | {s['tokens']} | {overhead * 1000:.1f} ms{share} | {wall} |"
         )
         source = "the finished run's engine stats (device-synchronised)"
+        if s.get("passes", 1) > 1:
+            low, high = s["seconds_range"]
+            source += f"; TPS, fwd/s and engine s: median of {s['passes']} passes (engine s {low:.3f}–{high:.3f})"
     else:
         tps, tpf, nfe, fps, seconds, tokens = _so_far(timeline, timeline.iterations)
         row = f"| {tps:.1f} | {tpf:.2f} | {nfe} | {fps:.1f} | {seconds:.3f} | {tokens} | – | {wall} |"

@@ -338,3 +338,32 @@ def run_live(
         cancel.set()
         with _PACERS_LOCK:
             del _PACERS[run_id]
+
+
+def timed_passes(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, passes: int) -> Iterator[dict | None]:
+    """Generate `prompt` `passes` more times with no view, for timings: yields each pass's engine
+    stats (a trace footer's dict: traced like the live run, so the figures compare) as it ends, and
+    None when nothing came for HEARTBEAT_SECONDS (the caller yields, so Gradio can close it).
+    EngineError when the engine fails; closed early, the engine is cancelled before its next layer."""
+    cancel = threading.Event()
+
+    def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
+        for _ in range(passes):
+            post(engine.generate(prompt, config, trace=True, cancel=cancel).output.stats.to_dict())
+
+    events = start_worker(host, spec, job, cancel)
+    try:
+        while True:
+            try:
+                event = events.get(timeout=HEARTBEAT_SECONDS)
+            except queue.Empty:
+                yield None
+                continue
+            if isinstance(event, dict):
+                yield event
+            elif isinstance(event, Failed):
+                raise EngineError(event.message)
+            elif isinstance(event, Finished):
+                return
+    finally:
+        cancel.set()

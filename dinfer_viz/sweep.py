@@ -7,6 +7,11 @@ the user's own prompts of any family; each answer is judged by its family's veri
 the engine's stats; each wrong answer keeps its trace, to open in the Run tab at the first wrong
 commit. A second model (the distilled one against the base, say) runs the same prompts and values
 after the first, each holding the engine lock for its own part.
+
+With `passes` > 1 each prompt runs that many times in a row and a value's TPS is the median over
+the passes (each pass: every prompt's tokens over every prompt's engine seconds). Only the first
+pass is decoded and judged: decoding is greedy, so every pass commits the same tokens in the same
+forwards (tests/test_app_teaching.py checks it), and only the time differs.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import queue
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,6 +53,9 @@ class Outcome:
     expected: list[int] | None = None
     wrong: WrongCommit | None = None
     model: str = ""  # the model's name (EngineHost.name_of), which the table and chart group by
+    model_box: str = ""  # the model as the Run tab's model box takes it (a wrong answer opens there)
+    passes: list[float] = field(default_factory=list)  # engine seconds of each pass (the first: `seconds`)
+    names: dict[str, str] = field(default_factory=dict)  # strings of the expected ids (Timeline.add_token_strings)
 
 
 @dataclass
@@ -58,36 +67,40 @@ class SweepState:
     message: str = ""
 
     def points(self) -> list[dict]:
-        """Per model and value: accuracy, TPF, TPS (sums over prompts, so long answers weigh more),
-        count; models in the order they ran, each by value."""
+        """Per model and value: accuracy, TPF, TPS (sums over prompts, so long answers weigh more;
+        TPS the median over the passes), count; models in the order they ran, each by value."""
         rows: dict[tuple[str, float], dict] = {}
         order: dict[str, int] = {}
         for o in self.outcomes:
             order.setdefault(o.model, len(order))
-            r = rows.setdefault((o.model, o.value), {"model": o.model, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "seconds": 0.0})
+            r = rows.setdefault((o.model, o.value), {"model": o.model, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "pass_seconds": []})
             r["correct"] += o.correct
             r["examples"] += 1
             r["tokens"] += o.tokens
             r["nfe"] += o.nfe
-            r["seconds"] += o.seconds
+            timings = o.passes or [o.seconds]
+            r["pass_seconds"] = [a + b for a, b in zip(r["pass_seconds"], timings)] if r["pass_seconds"] else list(timings)
         for r in rows.values():
             r["accuracy"] = r["correct"] / r["examples"]
             r["tpf"] = r["tokens"] / r["nfe"] if r["nfe"] else 0.0
-            r["tps"] = r["tokens"] / r["seconds"] if r["seconds"] > 0 else 0.0
+            r["passes"] = len(r["pass_seconds"])
+            r["seconds"] = statistics.median(r["pass_seconds"])
+            r["tps"] = statistics.median(r["tokens"] / s if s > 0 else 0.0 for s in r["pass_seconds"])
         return sorted(rows.values(), key=lambda r: (order[r["model"]], r["value"]))
 
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.correct]
 
     def csv(self) -> str:
-        """The per-model, per-value table as CSV (accuracy as a fraction, TPF and TPS as measured);
+        """The per-model, per-value table as CSV (accuracy as a fraction, for spreadsheets: the page
+        shows it as a percentage; TPF, and TPS as the median over `passes`);
         the model is the last column, so the earlier ones keep their places, and is quoted when its
         name (a path) holds a comma."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "model"])
+        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model"])
         for p in self.points():
-            writer.writerow([f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["model"]])
+            writer.writerow([f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["passes"], p["model"]])
         return out.getvalue()
 
 
@@ -158,30 +171,37 @@ def run_sweep(
     examples: list[Example],
     interval: float = 0.5,
     also: ModelSpec | None = None,
+    passes: int = 1,
 ) -> Iterator[SweepState]:
     """Yield the growing SweepState at most every `interval` seconds, and when done. `also`: a
-    second model swept the same way once the first is done (EngineHost.second_model)."""
+    second model swept the same way once the first is done (EngineHost.second_model); `passes`:
+    runs of each prompt timed (module docstring)."""
     configs = sweep_configs(config, parameter, values)
     specs = [spec] if also is None else [spec, also]
     state = SweepState(parameter)
     cancel = threading.Event()
     total = len(values) * len(examples) * len(specs)
 
-    def job_on(model: str) -> Job:
+    def job_on(model: str, model_box: str) -> Job:
         def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
             kept = 0
             for value, cfg in zip(values, configs):
                 encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
                 # the engine's own generate: its trace named as a run's, so a kept failure opens in the Run tab like a run
                 answers = answer_prompts(engine.generate_ids, engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
-                for answer in answers:
+                for answer, ids in zip(answers, encoded):
                     stats = answer.output.stats
-                    outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model)
+                    # the other passes are timed only (traced as the first, so the times compare)
+                    timings = [stats.seconds] + [engine.generate_ids([ids], cfg, trace=True, cancel=cancel).stats.seconds for _ in range(passes - 1)]
+                    outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings)
                     if not answer.correct and kept < MAX_KEPT_FAILURES:
                         kept += 1
                         outcome.trace = answer.output.trace
                         outcome.expected = expected_ids(engine, answer.item.response)
-                        outcome.wrong = first_wrong(Timeline(outcome.trace), outcome.expected)
+                        outcome.names = engine.token_strings(set(outcome.expected or []))
+                        timeline = Timeline(outcome.trace)
+                        timeline.add_token_strings(outcome.names)
+                        outcome.wrong = first_wrong(timeline, outcome.expected)
                     post(outcome)
 
         return job
@@ -190,7 +210,7 @@ def run_sweep(
     try:
         for k, current in enumerate(specs):
             # one worker per model: each takes the engine lock for its own part, as a run does
-            events = start_worker(host, current, job_on(host.name_of(current)), cancel)
+            events = start_worker(host, current, job_on(host.name_of(current), current.label or host.label_of(current.path)), cancel)
             while True:
                 try:
                     event = events.get(timeout=POLL_SECONDS)

@@ -1,8 +1,8 @@
 """The page: every tab's handlers on one object (`Handlers`) and the tabs composed into one Blocks
 (`build_demo`). Each tab's layout, events and handlers live in dinfer_viz/tabs/.
 
-Public API endpoints (gradio_client, `api_name`): /run, /replay, /load_trace, /load_model,
-/compare, /compare_replay, /sweep. Runs, comparisons, sweeps and model loads share the queue
+Public API endpoints (gradio_client, `api_name`): /run, /replay, /load_trace, /load_sample,
+/export_gif, /export_mp4, /load_model, /compare, /compare_replay, /sweep. Runs, comparisons, sweeps and model loads share the queue
 concurrency id "engine" with limit 1: one at a time on the shared engine, the rest wait in line.
 """
 
@@ -24,13 +24,19 @@ class Handlers(run.RunHandlers, compare.CompareHandlers, sweep.SweepHandlers, mo
 # The largest trace the app writes (1024 generated positions in one block, the fixed decoder: one
 # record per position) measured 12.5 MB; the cap leaves room for a longer prompt.
 MAX_UPLOAD = "32mb"
+# The readout tables (Run, Compare): a cell never breaks inside a word or a number ("TP S", "95. 5");
+# a table wider than its column scrolls sideways instead.
+READOUT_CSS = (
+    "#stats table, #stats-a table, #stats-b table {display: block; overflow-x: auto; max-width: 100%}\n"
+    "#stats th, #stats td, #stats-a th, #stats-a td, #stats-b th, #stats-b td {white-space: nowrap}"
+)
 
 
 def launch_kwargs(max_upload: str = MAX_UPLOAD) -> dict[str, Any]:
     """The theme goes to launch() in Gradio 6 (Blocks(theme=) is deprecated). Gradio's run history
     would store every run's outputs (plots, grids) in the browser: the trace download does that job.
-    Uploads (trace files) are capped at `max_upload`."""
-    return {"theme": gr.themes.Soft(primary_hue="blue"), "run_history": False, "max_file_size": max_upload}
+    Uploads (trace files) are capped at `max_upload`. The page's own CSS goes to launch() too."""
+    return {"theme": gr.themes.Soft(primary_hue="blue"), "run_history": False, "max_file_size": max_upload, "css": READOUT_CSS}
 
 
 def build_demo(handlers: Handlers) -> gr.Blocks:

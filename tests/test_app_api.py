@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import threading
@@ -15,6 +16,7 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from gradio_client.utils import Status
 
+from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.ui import Handlers
 from dinfer_viz.host import EngineHost, ModelSpec
@@ -66,7 +68,7 @@ def test_run_streams_live_frames_and_ends_with_the_engine_text(app):
     assert out(result, "text") == expected.text
     assert out(result, "message").startswith("done")
     assert f"| {stats.tpf:.2f} | {stats.nfe} |" in out(result, "readout") and "engine stats" in out(result, "readout")
-    assert out(result, "scrub")["maximum"] == len(trace.iterations) - 1
+    assert out(result, "scrub")["maximum"] == out(result, "scrub")["value"] == len(trace.iterations)  # 0 = before the first forward
     grid = out(result, "grid")
     covered = sum(int(c["t"][2:]) if c["t"].startswith("∎×") else 1 for c in grid["cells"])  # early-stop fill runs are one cell
     assert covered == trace.canvas_length and grid["caption"].startswith(f"iteration {stats.nfe}/{stats.nfe}")
@@ -147,8 +149,10 @@ def test_trace_download_and_upload_round_trip(app):
     assert out(loaded, "message").startswith("loaded a trace")
     assert readout_cells(out(loaded, "readout"))[:7] == readout_cells(out(result, "readout"))[:7]  # all but the UI wall time
     assert out(loaded, "grid") == out(result, "grid")
-    replay = client.predict(0, api_name="/replay")  # the session now holds the loaded trace
+    replay = client.predict(1, api_name="/replay")  # the session now holds the loaded trace
     assert out(replay, "grid")["caption"].startswith(f"iteration 1/{trace.stats['nfe']}")
+    before = client.predict(0, api_name="/replay")
+    assert out(before, "grid")["caption"].startswith(f"iteration 0/{trace.stats['nfe']} · before the first forward")
 
 
 def test_a_trace_loads_and_replays_with_no_model(tmp_path):
@@ -159,7 +163,7 @@ def test_a_trace_loads_and_replays_with_no_model(tmp_path):
     file.write_text(handmade_trace().to_json())
     view = dict(zip(RUN_VIEW, handlers.load_trace(str(file))))
     assert view["message"].startswith("loaded a trace") and len(view["grid"]["cells"]) == 11
-    replay = dict(zip(RUN_VIEW, handlers.replay(1, view["state"])))
+    replay = dict(zip(RUN_VIEW, handlers.replay(2, view["state"])))
     assert replay["grid"]["caption"].startswith("iteration 2/4")
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": 99}')
@@ -173,7 +177,7 @@ def test_two_sessions_at_once_get_their_own_runs(app):
     def session(k: int) -> None:
         client = Client(app.url, verbose=False)
         results[k] = client.predict(prompts[k], {"config": SMALL}, "", api_name="/run")
-        results[k + 10] = client.predict(0, api_name="/replay")  # every run has an iteration 0
+        results[k + 10] = client.predict(0, api_name="/replay")  # every run has an iteration 0: its canvas before the first forward
 
     threads = [threading.Thread(target=session, args=(k,)) for k in range(2)]
     for t in threads:
@@ -190,11 +194,23 @@ def test_compare_runs_both_settings(app):
     client = Client(app.url, verbose=False)
     a = {"config": {**SMALL, "decoder": "fixed"}}
     b = {"config": {**SMALL, "cache": "dual"}}
-    job = client.submit(PROMPT, a, b, api_name="/compare")
+    job = client.submit(PROMPT, a, b, "", 2, api_name="/compare")  # two passes a side
     result = job.result(timeout=180)
     message = result[7]
-    assert message.startswith("done") and "A: fixed" in message and "B: threshold" in message
-    assert json.loads(result[6]["plot"])["data"][0]["type"] == "scatter"
+    assert message.startswith("done") and "A: fixed" in message and "B: threshold" in message and "median of 2 passes" in message
+    plot = json.loads(result[6]["plot"])
+    assert plot["data"][0]["type"] == "scatter" and plot["config"]["toImageButtonOptions"]["format"] == "png"  # the modebar's download
+    rows = list(csv.DictReader(open(result[COMPARE_VIEW.index("csv") - 1])))  # gr.State is not part of the API
+    expected = {side: direct(app, PROMPT, GenerationConfig(**cfg["config"])) for side, cfg in (("A", a), ("B", b))}
+    assert [r["run"] for r in rows] == ["A", "B"] and [r["passes"] for r in rows] == ["2", "2"]
+    for r in rows:
+        assert r["text"] == expected[r["run"]].text and int(r["nfe"]) == expected[r["run"]].output.stats.nfe
+    assert "median of 2 passes" in result[1] and "median of 2 passes" in result[4]  # both readouts say so
+    try:  # out of the slider's range: Gradio refuses it, or the handler says so in the page
+        refused = client.predict(PROMPT, a, b, "", 9, api_name="/compare")[7]
+    except AppError as exc:
+        refused = str(exc)
+    assert "9" in refused and ("maximum" in refused or "passes must be" in refused)
 
 
 def test_sweep_reports_accuracy_and_tpf_per_value_and_downloads_csv(app):
@@ -204,8 +220,8 @@ def test_sweep_reports_accuracy_and_tpf_per_value_and_downloads_csv(app):
     )
     assert message.startswith("done: 6 prompts")  # two held-out prompts and the user's own, at two values
     assert [row[0] for row in table["data"]] == [0.5, 0.9]
-    assert all(0.0 <= row[1] <= 1.0 and row[2] >= 1.0 and row[4] == 3 for row in table["data"])
-    wrong = round(sum((1 - row[1]) * row[4] for row in table["data"]))
+    assert all(row[1].endswith("%") and 0 <= float(row[1][:-1]) <= 100 and row[2] >= 1.0 and row[4] == 3 for row in table["data"])
+    wrong = round(sum((1 - float(row[1][:-1]) / 100) * row[4] for row in table["data"]))
     assert len(failures["data"]) == wrong
     lines = open(csv).read().splitlines()
     assert lines[0].startswith("threshold,accuracy,correct,prompts") and [line.split(",")[0] for line in lines[1:]] == ["0.5", "0.9"]
@@ -213,3 +229,17 @@ def test_sweep_reports_accuracy_and_tpf_per_value_and_downloads_csv(app):
     assert "threshold must be in (0, 1]" in bad[3]
     stranger = client.predict({}, ["add"], 2, "threshold", "0.9", "Hello there", api_name="/sweep")
     assert "in no task family" in stranger[3]
+
+
+def test_the_run_exports_as_a_gif_with_one_frame_per_iteration_and_iteration_0(app):
+    from PIL import Image
+
+    client = Client(app.url, verbose=False)
+    result = client.predict(PROMPT, {"config": SMALL}, "", api_name="/run")
+    iterations = out(result, "scrub")["maximum"]
+    path, message = client.predict(api_name="/export_gif")
+    with Image.open(path) as gif:
+        assert gif.format == "GIF" and gif.n_frames == iterations + 1  # the canvas before the first forward, then each iteration
+    assert message.startswith(f"animation of {iterations} iterations")
+    fresh = Client(app.url, verbose=False)  # a session with nothing to export gets a message, not an error
+    assert "nothing to export" in fresh.predict(api_name="/export_gif")[1]

@@ -31,7 +31,7 @@ def session(tmp_path_factory):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
         page.goto(url)
-        yield SimpleNamespace(page=page, host=host, url=url)
+        yield SimpleNamespace(page=page, host=host, url=url, browser=browser)
         browser.close()
     demo.close()
 
@@ -74,11 +74,44 @@ def test_a_loaded_trace_replays_in_the_browser(session, tmp_path):
     caption = page.locator("#grid .caption")
     expect(page.locator("#message")).to_contain_text("loaded a trace: handmade, 4 iterations")
     expect(caption).to_contain_text("iteration 4/4")
-    page.locator("#scrub input[type=number]").fill("1")
+    page.locator("#scrub input[type=number]").fill("0")
     page.keyboard.press("Enter")
-    expect(caption).to_contain_text("iteration 2/4 · block 0 [3, 7) · window forward")
+    expect(caption).to_contain_text("iteration 0/4 · before the first forward")
     page.click("#play-btn")
     expect(caption).to_contain_text("iteration 4/4", timeout=10_000)
+
+
+def test_slider_caption_raster_chart_and_hover_number_iterations_alike(session, tmp_path):
+    """Slider at 2: the grid's caption, the raster's and the chart's red line, and the hover of the
+    commit made then all say iteration 2 (record 1; 0 is the canvas before the first forward)."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.goto(session.url)  # a fresh page: the previous test's message is the same as this one's
+    file = tmp_path / "trace.json"
+    file.write_text(handmade_trace().to_json())
+    with page.expect_file_chooser() as chooser:
+        page.click("#upload")
+    chooser.value.set_files(str(file))
+    expect(page.locator("#message")).to_contain_text("loaded a trace: handmade, 4 iterations")
+    expect(page.locator("#scrub input[type=number]")).to_have_value("4")
+    slider = page.locator("#scrub input[type=range]")
+    box = slider.bounding_box()
+    slider.click(position={"x": box["width"] / 2, "y": box["height"] / 2})  # the middle of 0..4: a release at 2
+    expect(page.locator("#scrub input[type=number]")).to_have_value("2")
+    expect(page.locator("#grid .caption")).to_contain_text("iteration 2/4 · block 0 [3, 7) · window forward")
+    red = "sel => Array.from(document.querySelector(sel + ' .js-plotly-plot').layout.shapes || []).filter(s => s.line && s.line.color === '#dc2626')"
+    page.wait_for_function(f"({red})('#raster').length === 1 && ({red})('#iterations').length === 1")
+    assert page.evaluate(f"({red})('#raster')[0].y0") == 2 and page.evaluate(f"({red})('#iterations')[0].x0") == 2
+    tip = page.locator("#grid .cells .cell[title^='pos 4 ·']").get_attribute("title")
+    assert "committed at iteration 2 (forced top-1" in tip  # position 4 was forced by record 1
+    forced = page.evaluate(
+        "() => { const d = document.querySelector('#raster .js-plotly-plot')._fullData.find(t => t.name === 'committed now, forced top-1');"
+        " return Array.from(d.x).map((x, i) => [x, d.y[i]]); }"
+    )
+    assert [4, 2] in forced  # the raster's marker of that commit sits on row 2
+    # the modebar's camera saves the figure as a PNG at twice its size (the figure's config reached Plotly)
+    assert page.evaluate("document.querySelector('#raster .js-plotly-plot')._context.toImageButtonOptions") == {"format": "png", "scale": 2, "filename": "dinfer-viz-raster"}
 
 
 HOSTILE_TOKENS = {
@@ -172,3 +205,62 @@ def test_stop_and_a_tab_switch_answer_quickly_during_a_long_live_run(session):
     assert not figures["completed"], figures  # Stop ended the run before its 448th iteration
     assert figures["stop_message_s"] < 3 and figures["stop_free_s"] < 3, figures
     assert figures["compare_ms"] < 2000 and figures["run_ms"] < 2000, figures
+
+
+# 1000 px: the readout's column is narrowest there (358 px), where Gradio's prose styles broke cells
+# anywhere; at 1024x768 and 1400x1000 it happens to be wider, but a longer tracing cell breaks it too.
+@pytest.mark.parametrize("width,height", [(1000, 768), (1024, 768), (1400, 1000)])
+def test_readout_cells_never_wrap_inside_a_word_or_number(session, width, height):
+    """"TP S", "95. 5": each readout cell's text must stay on one line, at a projector's size too
+    (a table wider than its column scrolls sideways instead)."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    if "engine stats" not in (page.locator("#stats").text_content() or ""):
+        page.click("#run-btn")
+        expect(page.locator("#stats")).to_contain_text("engine stats", timeout=90_000)
+    page.set_viewport_size({"width": width, "height": height})
+    try:
+        lines = page.evaluate(
+            "() => Array.from(document.querySelectorAll('#stats table th, #stats table td')).map(c => {"
+            " const r = document.createRange(); r.selectNodeContents(c);"
+            " return [c.textContent, new Set(Array.from(r.getClientRects()).filter(b => b.width > 0).map(b => Math.round(b.top))).size]; })"
+        )
+    finally:
+        page.set_viewport_size({"width": 1500, "height": 1000})
+    assert len(lines) == 16 and all(text.strip() for text, _ in lines)  # 8 headers, 8 figures
+    assert all(n == 1 for _, n in lines), lines
+
+
+@pytest.fixture(scope="module")
+def offline_page(session, tmp_path_factory):
+    """A page on an app started as `python app.py --no-model` starts it: no model loaded."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
+
+    handlers = Handlers(EngineHost(ModelSpec(str(tmp_path_factory.mktemp("none") / "absent"))), no_model=True)
+    demo = build_demo(handlers)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    page = session.browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    yield SimpleNamespace(page=page, handlers=handlers)
+    page.close()
+    demo.close()
+
+
+def test_a_sample_trace_replays_with_no_model(offline_page):
+    from playwright.sync_api import expect
+
+    from dinfer_viz.sample_traces import shipped_samples
+
+    page = offline_page.page
+    label = next(label for label, path in shipped_samples() if path.endswith("threshold-dual.json"))
+    menu = page.locator("#samples input")
+    expect(menu).to_be_visible()  # the accordion is open with no model: replay is what the app can do
+    menu.fill(label)
+    page.keyboard.press("Enter")
+    expect(page.locator("#message")).to_contain_text("loaded a trace: tiny-llada", timeout=20_000)
+    expect(page.locator("#grid .cells .cell").first).to_be_visible()
+    expect(page.locator("#raster .js-plotly-plot .heatmaplayer image")).to_have_count(1)
+    expect(page.locator("#grid .caption")).to_contain_text("dual forward")
+    assert not offline_page.handlers.host._engines  # replayed with no engine

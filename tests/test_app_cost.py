@@ -67,12 +67,13 @@ def test_cost_chart_counts_graphs_marks_replays_and_scales_to_the_warm_iteration
     traces = {t.uid: t for t in fig.data}
     np.testing.assert_array_equal(traces["cost-graphs"].y, [1, 0, 1, 0])  # compiles + captures
     assert traces["cost-graphs"].yaxis == "y2"
-    np.testing.assert_array_equal(traces["cost-replays"].x, [3])
+    np.testing.assert_array_equal(traces["cost-replays"].x, [4])  # record 3: the page's iteration 4
     # the 5 s compile would flatten the millisecond bars: the axis fits the warm ones (iterations 1
     # and 3, at most 40 ms) and the compiling bar is labelled with its time
     assert fig.layout.yaxis.range[1] == pytest.approx(40 * 1.25)
-    assert list(traces["cost-off-scale"].x) == [0] and traces["cost-off-scale"].text == ("↑ 5.0 s",)
-    assert [s.x0 for s in fig.layout.shapes] == [2]  # the scrubbed iteration
+    assert list(traces["cost-off-scale"].x) == [1] and traces["cost-off-scale"].text == ("↑ 5.0 s",)
+    assert [s.x0 for s in fig.layout.shapes] == [3]  # the scrubbed record 2: iteration 3, as the slider says
+    assert list(fig.layout.xaxis.range) == [0.5, 4.5] and list(traces["cost-graphs"].x) == [1, 2, 3, 4]
     live = cost_figure(Timeline(costed_trace()), upto=1)  # a live run's first two iterations
     assert len(_bars(live)["0", "compute"].x) == 2
 
@@ -93,8 +94,8 @@ def test_a_loaded_trace_with_cost_draws_the_chart_and_replay_marks_the_iteration
     file.write_text(costed_trace().to_json())
     view = dict(zip(RUN_VIEW, offline.load_trace(str(file))))
     assert len(_bars(view["cost"])) == 6 and not view["cost"].layout.shapes
-    replay = dict(zip(RUN_VIEW, offline.replay(1, RunState(Timeline(costed_trace())))))
-    assert [s.x0 for s in replay["cost"].layout.shapes] == [1]
+    replay = dict(zip(RUN_VIEW, offline.replay(2, RunState(Timeline(costed_trace())))))  # the slider at 2
+    assert [s.x0 for s in replay["cost"].layout.shapes] == [2] and replay["grid"]["caption"].startswith("iteration 2/4")
 
 
 def test_startup_notes_say_what_each_option_spends_and_when():

@@ -10,6 +10,7 @@ import gradio as gr
 import pytest
 
 from dinfer_viz.answers import first_wrong
+from dinfer_viz.settings import all_controls
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
 from dinfer_viz.ui import Handlers
 from dinfer_viz.host import EngineHost, ModelSpec
@@ -30,28 +31,34 @@ def state() -> RunState:
     return RunState(Timeline(handmade_trace()), expected=None)
 
 
+# The slider shows the page's numbering: 0 is the canvas before the first forward, 1..4 the records.
 def test_playback_steps_and_stops_at_the_end(handlers, state):
-    it, grid, text, timer = handlers.step(1, state)
-    assert it == 2 and grid["caption"].startswith("iteration 3/4") and timer.active
+    it, grid, text, timer = handlers.step(0, state)
+    assert it == 1 and grid["caption"].startswith("iteration 1/4") and text == "x░z░░░░░" and timer.active
     it, grid, text, timer = handlers.step(2, state)
-    assert it == 3 and text == "x yzzx" and not timer.active  # reached the last iteration
-    *_, timer = handlers.step(3, state)
+    assert it == 3 and grid["caption"].startswith("iteration 3/4") and timer.active
+    it, grid, text, timer = handlers.step(3, state)
+    assert it == 4 and text == "x yzzx" and not timer.active  # reached the last iteration
+    *_, timer = handlers.step(4, state)
     assert not timer.active
 
 
 def test_play_restarts_from_the_beginning_at_the_end(handlers, state):
-    start, timer = handlers.play(3, state)
-    assert start == -1 and timer.active
-    start, timer = handlers.play(1, state)
+    start, timer = handlers.play(4, state)
+    assert start == 0 and timer.active
+    start, timer = handlers.play(2, state)
     assert isinstance(start, type(gr.skip())) and timer.active
 
 
 def test_scrubbing_marks_the_iteration_on_the_figures(handlers, state):
-    view = dict(zip(RUN_VIEW, handlers.replay(1, state)))
+    view = dict(zip(RUN_VIEW, handlers.replay(2, state)))
     assert view["grid"]["caption"].startswith("iteration 2/4")
-    assert any(s.line.color == "#dc2626" for s in view["raster"].layout.shapes)  # the highlight line
-    grid, text = handlers.glance(0, state)
+    red = [s for s in view["raster"].layout.shapes if s.line.color == "#dc2626"]  # the highlight line
+    assert [s.y0 for s in red] == [2] and [s.x0 for s in view["iterations"].layout.shapes] == [2]
+    grid, text = handlers.glance(1, state)
     assert grid["caption"].startswith("iteration 1/4") and text == "x░z░░░░░"
+    grid, text = handlers.glance(0, state)
+    assert grid["caption"].startswith("iteration 0/4 · before the first forward") and text == "░" * 8
 
 
 def test_nothing_to_replay_is_a_message(handlers):
@@ -67,8 +74,13 @@ def test_a_sweep_failure_opens_at_its_first_wrong_commit(handlers):
     state = SweepState("threshold", outcomes=[outcome], done=True)
     result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 2], "value": "x"}))
     view = dict(zip(RUN_VIEW, result[: len(RUN_VIEW)]))
-    prompt, response, tabs = result[len(RUN_VIEW) :]
+    prompt, response, tabs, model_box, *controls = result[len(RUN_VIEW) :]
     assert (prompt, response) == (example.prompt, example.response)
-    assert view["grid"]["caption"].startswith("iteration 1/4") and view["scrub"]["value"] == 0
+    # the Run tab's controls take the failure's settings (the trace's config), so Run reproduces it
+    values = dict(zip([c.field for c in all_controls()], controls))
+    assert (values["decoder"], values["cache"], values["threshold"]) == ("threshold", "vicinity", 0.9)
+    assert isinstance(model_box, type(gr.skip()))  # no model recorded on this hand-made outcome: the box stays
+    assert view["grid"]["caption"].startswith("iteration 1/4") and view["scrub"]["value"] == 1  # record 0
+    assert (view["scrub"]["minimum"], view["scrub"]["maximum"]) == (0, 4)
     assert "wrong" in view["grid"]["cells"][5]["k"] and "confidence 0.920" in view["message"]
     assert view["state"].expected == expected

@@ -98,13 +98,13 @@ def test_compare_two_models_gives_each_side_its_solo_tokens_and_one_slider_scrub
     assert state.a.trace.config == state.b.trace.config  # the same settings on both
 
     longest = max(state.a.iterations, state.b.iterations)
-    assert view["scrub"]["maximum"] == longest - 1
-    for it in range(-1, longest):
-        shown = dict(zip(COMPARE_VIEW, handlers.compare_replay(it, state)))
+    assert (view["scrub"]["minimum"], view["scrub"]["maximum"], view["scrub"]["value"]) == (0, longest, longest)  # 0: before the first forward
+    for number in range(0, longest + 1):
+        shown = dict(zip(COMPARE_VIEW, handlers.compare_replay(number, state)))
         for side, tl in (("a", state.a), ("b", state.b)):
-            # past its own end a run holds its last frame
-            assert shown[f"grid_{side}"] == grid_value(tl, min(it, tl.iterations - 1))
-    end = dict(zip(COMPARE_VIEW, handlers.compare_replay(longest - 1, state)))
+            # the slider's number n is record n - 1; past its own end a run holds its last frame
+            assert shown[f"grid_{side}"] == grid_value(tl, min(number - 1, tl.iterations - 1))
+    end = dict(zip(COMPARE_VIEW, handlers.compare_replay(longest, state)))
     assert all("masked" not in cell["k"].split() for side in "ab" for cell in end[f"grid_{side}"]["cells"])
 
 

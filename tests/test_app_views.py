@@ -95,7 +95,7 @@ def test_live_grid_sends_the_canvas_then_the_commits_since_what_the_page_holds(t
     live = LiveGrid(timeline, "r1", expected=[20, 21, 20, 22, 0])
     first = live.value(0, 0, -1, "line")["live"]
     assert (first["run"], first["frame"], first["at"], first["commits"], first["stats"]) == ("r1", 0, -1, [], "line")
-    assert first["caption"] == "before the first forward · 8 positions to generate"
+    assert first["caption"] == "iteration 0/0 · before the first forward · 8 positions to generate"
     assert [c[:3] for c in first["canvas"][:4]] == [[0, "A", "prompt"], [1, "B", "prompt"], [2, "C", "prompt"], [3, "▒", "masked"]]
     assert first["canvas"][0][3] == "pos 0 · prompt\ntoken 'A' (id 10)" and len(first["canvas"]) == 11
     two = live.value(2, 1, -1, "line")["live"]  # a page that holds nothing gets the canvas and every commit

@@ -149,7 +149,8 @@ def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> g
 
 class TabHandlers:
     """What every tab's handlers use: the EngineHost, the live frame rates, the bounds of one
-    request, the settings mapping and the folder of files for download buttons."""
+    request, the settings mapping and the folder of files for download buttons; `no_model`: the
+    app started without loading a model (trace replay first)."""
 
     def __init__(
         self,
@@ -159,8 +160,10 @@ class TabHandlers:
         max_prompt_chars: int = 4000,
         max_gen_length: int = 1024,
         max_batch: int = MAX_BATCH,
+        no_model: bool = False,
     ) -> None:
         self.host = host
+        self.no_model = no_model  # started with no model (app.py --no-model): the page leads with the sample traces
         # Runs of different sessions that wait for the engine join one batch (README, "Concurrency
         # rule"); max_batch 1: each run alone, in arrival order.
         self.batcher = RunBatcher(host, max_batch)
@@ -211,14 +214,18 @@ class TabHandlers:
         if config.gen_length > self.max_gen_length:
             raise EngineError(f"generation length {config.gen_length} is above this server's limit of {self.max_gen_length}")
 
-    def write_file(self, stem: str, suffix: str, text: str) -> str:
-        """A file for a download button (Gradio serves files from the temp dir), named uniquely."""
+    def write_file(self, stem: str, suffix: str, content: str | bytes) -> str:
+        """A file for a download button (Gradio serves files from the temp dir), named uniquely:
+        text (traces, CSV) or bytes (animations)."""
         if self._files is None:
             self._files = Path(tempfile.mkdtemp(prefix="dinfer-viz-traces-"))
         prune(self._files)
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem)[:80]
         path = self._files / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6}{suffix}"
-        path.write_text(text)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
         return str(path)
 
     def stopped(self) -> str:

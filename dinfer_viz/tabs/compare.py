@@ -2,6 +2,8 @@
 settings (COMPARE_FIELDS); or, when "model B" names another model, the Run tab's settings unchanged
 on the Run tab's model (A) and on model B (the distilled model against the base, say). Both stream
 into their panels, then a chart sets them against each other and one slider steps through both.
+Each side runs `passes` times (the first one shown live): its TPS, forwards/s and engine seconds are
+the median over the passes (greedy decoding: the tokens, and so TPF and NFE, are the same every pass).
 """
 
 from __future__ import annotations
@@ -13,29 +15,38 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
+from ..export import compare_csv
 from ..figures import compare_figure
 from ..grid import EMPTY_GRID, LiveGrid, grid_value, inert
-from ..readouts import live_line, message_readout, readout
-from ..runner import run_live
+from ..readouts import MAX_PASSES, live_line, median_stats, message_readout, passes_count, readout
+from ..runner import run_live, timed_passes
 from ..settings import all_controls, control_value
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 from .run import LIVE_README, RunTab
 
 # The panels' titles come last, so API clients reading the earlier outputs by place keep working.
-COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state", "title_a", "title_b")
+COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state", "title_a", "title_b", "csv")
 # The settings each side of a comparison sets itself; the rest come from the Run tab.
 COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll")
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "dual"})
 SAME_MODEL = ("same as A: compare settings", "")  # model B's first choice
+COMPARE_PASSES = 3  # runs of each side whose median timings are shown (MAX_PASSES at most)
 
 
 @dataclass
 class CompareState:
-    """A session's finished comparison: what the shared slider steps through."""
+    """A session's finished comparison: what the shared slider steps through, and what its CSV holds."""
 
     a: Timeline
     b: Timeline
+    labels: tuple[str, str] = ("A", "B")
+    wall_seconds: tuple[float, float] | None = None  # since each side's start, UI included (the readouts' wall s)
+    stats: tuple[dict[str, Any], dict[str, Any]] | None = None  # each side's median_stats over its passes
+
+    def csv(self) -> str:
+        """Both runs as the CSV of the Compare tab's download (export.compare_csv)."""
+        return compare_csv([self.a, self.b], self.labels, self.wall_seconds, self.stats)
 
 
 def _label(config: dict[str, Any]) -> str:
@@ -71,12 +82,16 @@ class CompareHandlers(TabHandlers):
         return out[0], out[1]
 
     @guarded(COMPARE_VIEW)
-    def compare(self, prompt: str, settings_a: dict[str, Any] | None, settings_b: dict[str, Any] | None, model_b: str | None = "") -> Iterator[tuple]:
+    def compare(
+        self, prompt: str, settings_a: dict[str, Any] | None, settings_b: dict[str, Any] | None, model_b: str | None = "", passes: float = COMPARE_PASSES
+    ) -> Iterator[tuple]:
         """Run A, then B (one device: runs never overlap, so each speed is its own), streaming each
         into its panel (live frames, as the Run tab's grid); then the comparison chart. With
         `model_b` (a model's name, folder or hub id) B is A's settings on that model and
-        `settings_b` is not read: the two models decode under the same settings."""
+        `settings_b` is not read: the two models decode under the same settings. `passes`: runs
+        of each side; the readouts' timings are their median."""
         try:
+            passes = passes_count(passes)
             runs = [self.parse(settings_a)]
             other = self.host.second_model(runs[0][0], model_b)
             runs.append((other, runs[0][1]) if other is not None else self.parse(settings_b))
@@ -94,7 +109,9 @@ class CompareHandlers(TabHandlers):
             titles = {f"title_{side}": f"### {side.upper()} · {inert(name)}" for side, name in zip("ab", names)}
         yield outputs(COMPARE_VIEW, titles)  # the panels say at once which side is which
         done: list[Timeline] = []
-        texts: dict[str, str] = {}  # each side's output, sent again at the end: an API client's result holds both
+        walls: list[float] = []
+        medians: list[dict[str, Any]] = []
+        texts: dict[str, str] = {}  # each side's output and readout, sent again at the end: an API client's result holds both
         for side, (spec, config) in zip("ab", runs):
             live: LiveGrid | None = None
             for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
@@ -112,29 +129,48 @@ class CompareHandlers(TabHandlers):
                     out = {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1), f"text_{side}": frame.text}
                     out[f"readout_{side}"] = readout(tl, frame.wall, note=inert(labels["ab".index(side)]))
                     done.append(tl)
+                    walls.append(frame.wall)
                     texts[f"text_{side}"] = frame.text
                 else:  # waiting, loading, a heartbeat
                     out = {"message": say} if frame.message else {}
                 yield outputs(COMPARE_VIEW, out)
+            # The other passes, with no view: one pass's timing is noise (another process, a GC)
+            timings = [done[-1].trace.stats]
+            try:
+                for stats in timed_passes(self.host, spec, prompt, config, passes - 1):
+                    if stats is not None:
+                        timings.append(stats)
+                    yield outputs(COMPARE_VIEW, {"message": f"{side.upper()}: timing pass {len(timings)} of {passes}"})
+            except EngineError as exc:
+                yield outputs(COMPARE_VIEW, {"message": error_text(f"{side.upper()}: {exc}")})
+                return
+            medians.append(median_stats(timings))
+            texts[f"readout_{side}"] = readout(done[-1], walls[-1], note=inert(labels["ab".index(side)]), stats=medians[-1])
+            yield outputs(COMPARE_VIEW, {f"readout_{side}": texts[f"readout_{side}"]})
         longest = max(t.iterations for t in done)
         shared = "" if other is None else f" (both: {_label(runs[0][1].to_dict())})"
+        timing = f" (TPS: median of {passes} passes)" if passes > 1 else ""
+        state = CompareState(done[0], done[1], labels, (walls[0], walls[1]), (medians[0], medians[1]))
         yield outputs(
             COMPARE_VIEW,
             {
                 "chart": compare_figure(done, labels),
-                "scrub": gr.update(minimum=-1, maximum=max(longest - 1, 0), value=longest - 1, interactive=True),
-                "state": CompareState(done[0], done[1]),
-                "message": "done: " + " · ".join(f"{inert(l)} → TPF {t.trace.stats['tpf']:.2f}, TPS {t.trace.stats['tps']:.1f}" for l, t in zip(labels, done)) + shared,
+                # the page's numbering (timeline.iteration_number): 0 before the first forward, 1..N
+                "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
+                "state": state,
+                "csv": self.write_file("compare", ".csv", state.csv()),
+                "message": "done: " + " · ".join(f"{inert(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, medians)) + timing + shared,
                 **titles,
                 **texts,
             },
         )
 
     def compare_replay(self, iteration: float, state: CompareState | None) -> tuple:
-        """Both runs at the same iteration (a run that already finished holds its last frame)."""
+        """Both runs at the same iteration (the slider's number: 0 before the first forward, 1..N;
+        a run that already finished holds its last frame)."""
         if state is None:
             return outputs(COMPARE_VIEW, {"message": "nothing to replay: compare first"})
-        it = int(iteration)
+        it = int(iteration) - 1  # the record index
         return outputs(
             COMPARE_VIEW,
             {
@@ -162,6 +198,10 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
                 info="another model: both sides run the Run tab's settings", allow_custom_value=not h.host.public,
                 elem_id="compare-model-b", scale=2,
             )
+            passes = gr.Slider(
+                1, MAX_PASSES, value=COMPARE_PASSES, step=1, label="passes per side", info="timings: the median of the passes (the first one shown live)",
+                elem_id="compare-passes", scale=1,
+            )
             compare_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
         message = gr.Markdown()
@@ -181,13 +221,14 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
                     slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
                     slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
                     slots[f"text_{x}"] = gr.Textbox(label=f"{side} output", interactive=False, elem_id=f"output-{x}")
-        scrub = gr.Slider(-1, 0, value=0, step=1, label="iteration (both runs)", interactive=False)
+        scrub = gr.Slider(0, 1, value=0, step=1, label="iteration, both runs (0 = before the first forward)", interactive=False, elem_id="compare-scrub")
         chart = gr.Plot(label="A against B", elem_id="compare-chart")
+        csv = gr.DownloadButton("Download table (CSV)", value=None, elem_id="compare-csv")
         with gr.Accordion("Settings JSON of A and B (what /compare receives)", open=False):
             settings_a = gr.JSON(value=None)
             settings_b = gr.JSON(value=None)
         state = gr.State(None)
-    slots.update(chart=chart, message=message, scrub=scrub, state=state)
+    slots.update(chart=chart, message=message, scrub=scrub, state=state, csv=csv)
     view = [slots[name] for name in COMPARE_VIEW]
 
     def mode(chosen: str | None) -> list[Any]:
@@ -196,6 +237,6 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
 
     model_b.change(mode, model_b, side_groups, **PRIVATE)
     collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b], [settings_a, settings_b], **PRIVATE)
-    event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
+    event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
     return Stoppable(event, stop_btn, message)

@@ -58,7 +58,7 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
     host = h.host
     with gr.Accordion("Model and system", open=False):
         model_path = gr.Textbox(
-            label="model" + (f" (this server offers: {', '.join(host.allowed)})" if host.public else " folder or hub id"),
+            label="model" + (f" (this server offers: {', '.join(host.allowed)})" if host.public else f" folder, hub id or embedded name ({', '.join([*host.embedded, '…'])})"),
             value=host.default.label or host.default.path,
             elem_id="model-path",
         )

@@ -1,6 +1,11 @@
 """The Run tab: a prompt and its settings, the live run, then replay (scrubber, playback) of the
-finished run or of a trace file loaded from disk. The Model and system section (tabs/model.py) sits
-in this tab's settings column; a sweep's wrong answer opens here too (`stored_view`).
+finished run, of a trace file loaded from disk or of a shipped sample trace (assets/traces, what
+`app.py --no-model` leads with), and its exports (the trace as JSON, the animation as GIF or MP4).
+The Model and system section (tabs/model.py) sits in this tab's settings column; a sweep's wrong
+answer opens here too (`stored_view`).
+
+The scrubber shows the page's iteration numbers (timeline.iteration_number: 0 is the canvas before
+the first forward, 1..N the iterations); the handlers turn them into record indices (n - 1).
 """
 
 from __future__ import annotations
@@ -18,17 +23,20 @@ from .. import answers
 from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
 from ..cost_figure import cost_figure
 from ..explain import explain
+from ..export import mp4_unavailable, run_gif, run_mp4
 from ..figures import confidence_raster, extras_figure, iteration_chart, message_figure
-from ..grid import EMPTY_GRID, LiveGrid, grid_value
+from ..grid import EMPTY_GRID, LiveGrid, grid_value, inert
 from ..readouts import live_line, message_readout, readout
 from ..runner import Frame, run_live
+from ..sample_traces import shipped_samples
 from ..settings import all_controls, control_value, sections, sweep_setting, visible_fields
 from ..system import progress_line, startup_note
-from ..timeline import Timeline
+from ..timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 
 log = logging.getLogger(__name__)
 
+EXPORT_VIEW = ("file", "message")  # the GIF / MP4 exports: the file, and the Run tab's message
 RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "cost", "extras", "scrub", "download", "message", "state", "explain")
 LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
 # The live view's pace: iterations shown per second, 0 for as fast as the engine makes them.
@@ -59,7 +67,7 @@ def timeline_view(
     }
     mark = iteration if highlight else None
     if plots:
-        out["raster"] = confidence_raster(timeline, highlight=mark)
+        out["raster"] = confidence_raster(timeline, highlight=mark, expected=expected)
         out["iterations"] = iteration_chart(timeline, highlight=mark)
         out["cost"] = cost_figure(timeline, highlight=mark)
     if extras:
@@ -69,8 +77,9 @@ def timeline_view(
 
 
 def scrub_to(timeline: Timeline, value: int) -> Any:
-    """The scrubber spanning `timeline`'s iterations (-1: before the first), at `value`."""
-    return gr.update(minimum=-1, maximum=max(timeline.iterations - 1, 0), value=timeline.clamp(value), interactive=True)
+    """The scrubber spanning `timeline`'s iterations, at record `value`. The slider shows the
+    page's numbering (`iteration_number`): 0 is the canvas before the first forward, N the last."""
+    return gr.update(minimum=0, maximum=max(timeline.iterations, 1), value=iteration_number(timeline.clamp(value)), interactive=True)
 
 
 def stored_view(timeline: Timeline, at: int, expected: list[int] | None, *, note: str, message: str, highlight: bool = False) -> dict[str, Any]:
@@ -142,6 +151,7 @@ class RunHandlers(TabHandlers):
             yield outputs(RUN_VIEW, {"message": error_text(str(exc))})
             return
         expected_ids: list[int] | None = None
+        names: dict[str, str] = {}  # strings of the expected answer's ids, which the trace may not name
         unknown = ""  # characters the tokenizer cannot encode, said with the result
         live: LiveGrid | None = None
         # What this spec's engine spends before its iterations show (worker processes, compiling),
@@ -156,9 +166,14 @@ class RunHandlers(TabHandlers):
                 engine = self.host.peek(spec)
                 if engine is not None:
                     expected_ids = answers.expected_ids(engine, expected) if expected else []
+                    # the trace names only the ids the run proposed: a wrong commit's hover would
+                    # show the expected token as `<26>` without the tokenizer's string for it
+                    names = engine.token_strings(set(expected_ids)) if expected_ids else {}
                     missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
                     unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
                 live = LiveGrid(frame.timeline, frame.run, expected_ids or None)
+            if frame.timeline is not None and names:  # the done frame brings a new Timeline
+                frame.timeline.add_token_strings(names)
             phase = phase if frame.stage == "busy" else frame.stage
             view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt, notes.get(phase, ""))
             if frame.stage == "done" and unknown:
@@ -203,17 +218,18 @@ class RunHandlers(TabHandlers):
 
     @guarded(RUN_VIEW)
     def replay(self, iteration: float, state: RunState | None) -> tuple:
-        """The stored run at `iteration`, figures included, the iteration marked on them."""
+        """The stored run at `iteration` (the slider's number: 0 before the first forward, 1..N),
+        figures included, the iteration marked on them."""
         if state is None:
             return outputs(RUN_VIEW, {"message": "nothing to replay: run something or load a trace"})
-        it = int(iteration)
+        it = int(iteration) - 1  # the record index
         return outputs(RUN_VIEW, timeline_view(state.timeline, it, state.expected, highlight=True))
 
     def glance(self, iteration: float, state: RunState | None) -> tuple:
         """While the scrubber is dragged: grid and text only (figures follow on release)."""
         if state is None:
             return gr.skip(), gr.skip()
-        view = timeline_view(state.timeline, int(iteration), state.expected, plots=False, extras=False)
+        view = timeline_view(state.timeline, int(iteration) - 1, state.expected, plots=False, extras=False)
         return view["grid"], view["text"]
 
     def step(self, iteration: float, state: RunState | None, delta: int = 1) -> tuple:
@@ -222,18 +238,18 @@ class RunHandlers(TabHandlers):
         if state is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
         tl = state.timeline
-        it = int(iteration) + delta
+        it = int(iteration) - 1 + delta  # the record index shown next
         if it > tl.iterations - 1:
             return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
         view = timeline_view(tl, it, state.expected, plots=False, extras=False)
-        return it, view["grid"], view["text"], gr.Timer(active=it < tl.iterations - 1)
+        return iteration_number(it), view["grid"], view["text"], gr.Timer(active=it < tl.iterations - 1)
 
     def play(self, iteration: float, state: RunState | None) -> tuple:
         """Start playback (from the beginning when at the end)."""
         if state is None:
             return gr.skip(), gr.Timer(active=False)
-        at_end = int(iteration) >= state.timeline.iterations - 1
-        return (-1 if at_end else gr.skip()), gr.Timer(active=True)
+        at_end = int(iteration) - 1 >= state.timeline.iterations - 1
+        return (0 if at_end else gr.skip()), gr.Timer(active=True)
 
     @guarded(RUN_VIEW)
     def load_trace(self, file: Any) -> tuple:
@@ -250,8 +266,43 @@ class RunHandlers(TabHandlers):
             log.exception("trace could not be shown")
             return outputs(RUN_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
         note = f"loaded trace of {trace.model or 'an unnamed model'}"
-        message = f"loaded a trace: {trace.model}, {tl.iterations} iterations"
+        message = f"loaded a trace: {trace.model}, {tl.iterations} iteration{'s' * (tl.iterations != 1)}"
         return outputs(RUN_VIEW, stored_view(tl, tl.iterations - 1, None, note=note, message=message))
+
+    @guarded(RUN_VIEW)
+    def load_sample(self, name: str | None) -> tuple:
+        """Load one of the shipped sample traces (assets/traces), by file name, for replay."""
+        path = self.samples.get(name or "")
+        if path is None:
+            return outputs(RUN_VIEW, {"message": error_text(f"no sample trace named {inert(repr(name))}")})
+        return self.load_trace(path)
+
+    @property
+    def samples(self) -> dict[str, str]:
+        """File name -> path of each shipped sample trace: the page and the API name a sample by
+        its file, never by a path (public mode shows no paths)."""
+        return {Path(path).name: path for _, path in shipped_samples()}
+
+    @guarded(EXPORT_VIEW)
+    def export_gif(self, state: RunState | None) -> tuple:
+        """The stored run as an animated GIF, one frame per iteration (iteration 0 first)."""
+        return self._export(state, ".gif", run_gif)
+
+    @guarded(EXPORT_VIEW)
+    def export_mp4(self, state: RunState | None) -> tuple:
+        """The stored run as an MP4 (needs ffmpeg on the server: mp4_unavailable says why not)."""
+        return self._export(state, ".mp4", run_mp4)
+
+    def _export(self, state: RunState | None, suffix: str, render: Callable[[Timeline], bytes]) -> tuple:
+        if state is None:
+            return outputs(EXPORT_VIEW, {"message": "nothing to export: run something or load a trace"})
+        tl = state.timeline
+        try:
+            data = render(tl)
+        except EngineError as exc:
+            return outputs(EXPORT_VIEW, {"message": error_text(str(exc))})
+        path = self.write_file(f"run-{tl.trace.model or 'model'}", suffix, data)
+        return outputs(EXPORT_VIEW, {"file": path, "message": f"animation of {tl.iterations} iteration{'s' * (tl.iterations != 1)} ({len(data) / 1024:.0f} KiB): download it below the figures"})
 
 
 @dataclass
@@ -292,6 +343,12 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                     info="slower than the engine: it finishes first and the view plays the run back (for a class)",
                 )
                 settings_msg = gr.Markdown(elem_id="settings-msg")
+                # open by default with no model (app.py --no-model): replaying them is all it can do
+                with gr.Accordion("Sample traces (replay with no model)", open=h.no_model, elem_id="samples-box"):
+                    sample = gr.Dropdown(
+                        [(label, Path(path).name) for label, path in shipped_samples()], value=None, label="Sample traces",
+                        info="made by the engine on the embedded model: one per decoder and per cache mode", elem_id="samples",
+                    )
                 with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
                     for family, prompts in FAMILY_EXAMPLES.items():
                         gr.Examples([[p] for p in prompts], inputs=[prompt], label=FAMILY_DESCRIPTIONS[family])
@@ -314,7 +371,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                         grid = grid_view(EMPTY_GRID, "grid", 120)
                         text_out = gr.Textbox(label="Output text", interactive=False, lines=2, elem_id="output")
                         with gr.Row(equal_height=False):
-                            scrub = gr.Slider(-1, 0, value=0, step=1, label="iteration", interactive=False, elem_id="scrub", scale=5)
+                            scrub = gr.Slider(0, 1, value=0, step=1, label="iteration (0 = before the first forward)", interactive=False, elem_id="scrub", scale=5)
                             play_btn = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=90)
                             pause_btn = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=90)
                             speed = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1)
@@ -330,6 +387,12 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 with gr.Row():
                     download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
                     upload = gr.UploadButton("Load a trace (JSON)", file_types=[".json"], elem_id="upload")
+                    gif_btn = gr.Button("Download animation (GIF)", elem_id="export-gif")
+                    no_mp4 = mp4_unavailable()
+                    mp4_btn = gr.Button("Download MP4", elem_id="export-mp4", interactive=no_mp4 is None)
+                if no_mp4:  # a gr.Button has no info line: the reason sits under the row
+                    gr.Markdown(f"<small>{no_mp4}</small>", elem_id="mp4-note")
+                export_file = gr.File(label="animation", visible=False, interactive=False, elem_id="export-file")
         run_state = gr.State(None)
         timer = gr.Timer(1 / 6, active=False)
 
@@ -356,6 +419,11 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     speed.change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), speed, timer, **PRIVATE)
     timer.tick(h.step, [scrub, run_state], [scrub, grid, text_out, timer], api_visibility="private")
     upload.upload(h.load_trace, upload, view, api_name="load_trace")
+    sample.input(h.load_sample, sample, view, api_name="load_sample")
+    # The file box shows once it holds a file (an API client gets the plain path: no update dict)
+    reveal = dict(fn=lambda f: gr.update(visible=f is not None), inputs=export_file, outputs=export_file, **PRIVATE)
+    gif_btn.click(h.export_gif, run_state, [export_file, message], api_name="export_gif", show_progress="minimal", show_progress_on=message).then(**reveal)
+    mp4_btn.click(h.export_mp4, run_state, [export_file, message], api_name="export_mp4", show_progress="minimal", show_progress_on=message).then(**reveal)
     demo.load(h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
     return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message), system)

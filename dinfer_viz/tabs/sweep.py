@@ -1,7 +1,8 @@
 """The Threshold sweep tab: one setting swept over held-out prompts with known answers (the sweep
 itself is dinfer_viz/sweep.py), with the Run tab's other settings, on the Run tab's model and
 optionally a second one; accuracy against tokens per forward (a curve per model), a table per model
-and value, and the wrong answers, each opening in the Run tab at its first wrong commit.
+and value, and the wrong answers, each opening in the Run tab at its first wrong commit with the
+Run tab's controls set to the settings it ran with (the swept value included), so Run reproduces it.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ from engine import EngineError, GenerationConfig
 
 from ..figures import sweep_figure
 from ..grid import inert
-from ..settings import numeric_fields, sweep_setting
+from ..readouts import MAX_PASSES, passes_count, percent
+from ..settings import all_controls, control_value, numeric_fields, sweep_setting
 from ..sweep import SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
-from ..timeline import Timeline
+from ..timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, RunTab, stored_view
 
 SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
 # The model is the last column, so API clients reading the earlier ones by place keep working.
-SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS", "prompts", "model"]
+SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS (median of the passes)", "prompts", "model"]
 FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced", "model"]
 SWEEP_DEFAULT_SETS = ("pairsum",)
 SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
@@ -35,7 +37,7 @@ def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
 
 
 def _sweep_rows(state: SweepState) -> list[list[Any]]:
-    return [[p["value"], round(p["accuracy"], 3), round(p["tpf"], 2), round(p["tps"], 1), p["examples"], p["model"]] for p in state.points()]
+    return [[p["value"], percent(p["accuracy"]), round(p["tpf"], 2), round(p["tps"], 1), p["examples"], p["model"]] for p in state.points()]
 
 
 def _failure_rows(state: SweepState) -> list[list[Any]]:
@@ -44,7 +46,7 @@ def _failure_rows(state: SweepState) -> list[list[Any]]:
         if o.trace is None:
             continue
         w = o.wrong
-        rows.append([o.value, o.example.prompt, o.example.response, o.text, w.position if w else "", w.iteration if w else "", round(w.confidence, 3) if w else "", w.forced if w else "", o.model])
+        rows.append([o.value, o.example.prompt, o.example.response, o.text, w.position if w else "", iteration_number(w.iteration) if w else "", round(w.confidence, 3) if w else "", w.forced if w else "", o.model])
     return rows
 
 
@@ -61,17 +63,20 @@ class SweepHandlers(TabHandlers):
         values: str,
         own_prompts: str = "",
         also_model: str | None = "",
+        passes: float = 1,
     ) -> Iterator[tuple]:
         """Run every chosen prompt at every value, on the settings' model and then on `also_model`
-        when one is named (same settings); stream the accuracy-vs-TPF chart and tables."""
+        when one is named (same settings); stream the accuracy-vs-TPF chart and tables. `passes`:
+        runs of each prompt timed; TPS is the median over them."""
         try:
+            passes = passes_count(passes)
             spec, config = self.parse(settings)
             also = self.host.second_model(spec, also_model)
             examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed, own_prompts=own_prompts)
             for example in examples:
                 self.check_request(example.prompt, config)
             numbers = parse_values(values)
-            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also)
+            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also, passes=passes)
             first = next(states)  # a generator: its own checks (setting, values) raise on this first step
         except EngineError as exc:
             yield outputs(SWEEP_VIEW, {"message": error_text(str(exc))})
@@ -89,22 +94,31 @@ class SweepHandlers(TabHandlers):
             yield outputs(SWEEP_VIEW, out)
 
     def open_failure(self, state: SweepState | None, evt: gr.SelectData) -> tuple:
-        """A clicked wrong answer opens in the Run tab at its first wrong commit.
-        Returns the Run view, then (prompt, expected, tab selection)."""
+        """A clicked wrong answer opens in the Run tab at its first wrong commit, and the Run tab's
+        controls take the settings it ran with (the swept value included) and its model, so Run
+        reproduces it. Returns the Run view, then (prompt, expected, tab selection, model box,
+        every control in `all_controls()` order)."""
         kept = [o for o in (state.failures() if state else []) if o.trace is not None]
         row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         if state is None or not 0 <= row < len(kept):
-            return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(), gr.skip(), gr.skip())
+            return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(),) * (4 + len(all_controls()))
         outcome = kept[row]
         tl = Timeline(outcome.trace)
+        tl.add_token_strings(outcome.names)  # the expected tokens by their characters in the hovers
         at = outcome.wrong.iteration if outcome.wrong else tl.iterations - 1
-        where = f"first wrong commit at position {outcome.wrong.position}, iteration {outcome.wrong.iteration}, confidence {outcome.wrong.confidence:.3f}" if outcome.wrong else "no single wrong commit found"
+        where = (
+            f"first wrong commit at position {outcome.wrong.position}, iteration {iteration_number(outcome.wrong.iteration)}, confidence {outcome.wrong.confidence:.3f}"
+            if outcome.wrong
+            else "no single wrong commit found"
+        )
         out = stored_view(
             tl, at, outcome.expected, highlight=True,
             note=f"sweep: {inert(outcome.model)}, {state.parameter} = {outcome.value:g}",
-            message=f"wrong answer from the sweep ({inert(outcome.model)}, {state.parameter} = {outcome.value:g}): {where}",
+            message=f"wrong answer from the sweep ({inert(outcome.model)}, {state.parameter} = {outcome.value:g}): {where}; the Run tab's settings are now its settings, so Run reproduces it",
         )
-        return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"))
+        config = GenerationConfig.from_dict(outcome.trace.config)  # what the engine ran: the swept value included
+        controls = tuple(control_value(c, config) for c in all_controls())
+        return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"), outcome.model_box or gr.skip(), *controls)
 
 
 @dataclass
@@ -130,6 +144,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
             per_task = gr.Number(24, precision=0, minimum=1, label="prompts per set")
             parameter = gr.Dropdown(numeric_fields(), value=sweep_setting(GenerationConfig().decoder), label="setting to sweep", info="set by the decoder's declaration; any numeric setting")
             values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
+            passes = gr.Slider(1, MAX_PASSES, value=1, step=1, label="passes", info="runs of each prompt; TPS: the median of the passes", elem_id="sweep-passes")
             also_model = gr.Dropdown(
                 [("none", ""), *h.host.model_choices()], value="", label="also sweep model",
                 info="the same sweep on a second model, after the Run tab's; the chart overlays the two curves",
@@ -150,8 +165,10 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
 
     collect = sweep_btn.click(None, run.settings_inputs, run.settings_json, js=h.settings_js(), **PRIVATE)
     event = collect.then(
-        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts, also_model], [slots[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **ENGINE_QUEUE
+        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts, also_model, passes], [slots[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **ENGINE_QUEUE
     )
-    failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs], api_visibility="private")
+    # run.settings_inputs[0]: the model box (TabHandlers.settings' order)
+    copied = [run.settings_inputs[0], *(run.controls[c.field] for c in all_controls())]
+    failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs, *copied], api_visibility="private")
     return SweepTab(Stoppable(event, stop_btn, message), parameter)
 

@@ -1,0 +1,152 @@
+"""Issue 16 through the handlers, on the test model: the hover names the expected token by its
+characters, a sweep's wrong answer copies its settings (the swept value too) into the Run tab so Run
+reproduces it, timings are medians over passes of identical greedy runs, accuracy is a percentage
+in the table and the chart alike, and the shipped sample traces replay with no model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr
+import pytest
+
+from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.readouts import median_stats, passes_count, percent
+from dinfer_viz.sample_traces import shipped_samples
+from dinfer_viz.settings import all_controls
+from dinfer_viz.sweep import run_sweep, sweep_examples
+from dinfer_viz.system import system_options
+from dinfer_viz.tabs.run import RUN_VIEW
+from dinfer_viz.tabs.sweep import SWEEP_VIEW
+from dinfer_viz.ui import Handlers
+from engine import EngineError
+
+from .app_support import app_model
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")
+PROMPT = "Q: 23+45=? A:"
+SMALL = {"gen_length": 16, "block_length": 16}
+# Pair-sum prompts at a threshold this low commit dependent digits in one forward: wrong answers
+WRONG_PROMPTS = "\n".join(f"Q: ?+?={n} A:" for n in (38, 57, 91, 120))
+
+
+@pytest.fixture(scope="module")
+def handlers(tmp_path_factory) -> Handlers:
+    return Handlers(EngineHost(ModelSpec(app_model(tmp_path_factory))), fps=1000, plot_hz=1000)
+
+
+def final(frames) -> dict:
+    """The slots of a streamed handler's last frame that filled them, by name."""
+    seen: dict = {}
+    for frame in frames:
+        seen.update({k: v for k, v in zip(RUN_VIEW, frame) if not (isinstance(v, dict) and v == gr.skip())})
+    return seen
+
+
+def test_a_wrong_commits_hover_names_the_expected_token_by_its_characters(handlers):
+    view = final(handlers.run(PROMPT, {"config": SMALL}, expected="ZZZZ"))
+    tl = view["state"].timeline
+    with handlers.host.lock:
+        engine = handlers.host.get(handlers.host.default)
+        z = engine.encode("Z", use_chat_template=False)[0]
+    assert str(z) not in tl.trace.tokens  # the run never proposed it: only the tokenizer can name it
+    wrong = [cell for cell in view["grid"]["cells"] if "wrong" in cell["k"].split()]
+    assert wrong and all("expected &#x27;Z&#x27;" in cell["tip"] for cell in wrong[:4])
+    raster = {t.uid: t for t in view["raster"].data}
+    hovers = [text for t in (raster["commits-new"], raster["commits-forced"]) for text in (t.text or ())]
+    said = [h for h in hovers if "expected 'Z'" in h]
+    assert len(said) == 4  # the four positions of ZZZZ; the fifth expects the end of text, by its name
+    raw_id = re.compile(r"(<|&lt;)\d+(>|&gt;)")  # `<26>`: an id with no string
+    assert not any(raw_id.search(h) for h in hovers) and not any(raw_id.search(cell["tip"]) for cell in view["grid"]["cells"])
+
+
+def sweep_to_the_end(handlers: Handlers, settings: dict, values: str, passes: int = 1):
+    frames = list(handlers.sweep(settings, [], 1, "threshold", values, WRONG_PROMPTS, "", passes))
+    view = dict(zip(SWEEP_VIEW, frames[-1]))
+    assert view["message"].startswith("done"), view["message"]
+    return view
+
+
+def test_a_sweep_failure_copies_its_settings_so_run_reproduces_its_trace(handlers):
+    settings = {"config": {**SMALL, "block_length": 8}}  # not the Run tab's defaults: they must be copied too
+    view = sweep_to_the_end(handlers, settings, "0.05")
+    state = view["state"]
+    failed = [o for o in state.failures() if o.trace is not None]
+    assert failed, "the low threshold should break at least one pair-sum"
+    result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 0], "value": ""}))
+    prompt, response, _, model_box, *controls = result[len(RUN_VIEW) :]
+    values = dict(zip([c.field for c in all_controls()], controls))
+    assert values["threshold"] == 0.05 and (values["gen_length"], values["block_length"]) == (16, 8)  # the swept value, and the rest
+    defaults = [False if o.kind is bool else 1 for o in system_options()]
+    copied = handlers.settings(model_box, "cpu", "auto", *defaults, *controls)
+    again = final(handlers.run(prompt, copied, response))
+    assert again["message"].startswith("done")
+    assert again["state"].timeline.trace.final == failed[0].trace.final  # the same tokens: Run reproduced it
+    assert [r.committed for r in again["state"].timeline.records] == [r.committed for r in failed[0].trace.iterations]
+
+
+def test_sweep_tps_is_the_median_of_passes_of_identical_greedy_runs(handlers):
+    spec, config = handlers.parse({"config": {**SMALL, "threshold": 0.5}})
+    examples = sweep_examples([], 1, own_prompts=WRONG_PROMPTS)
+    *_, state = run_sweep(handlers.host, spec, config, "threshold", [0.5], examples, passes=3)
+    assert all(len(o.passes) == 3 and o.passes[0] == o.seconds for o in state.outcomes)
+    point = state.points()[0]
+    per_pass = [sum(o.passes[k] for o in state.outcomes) for k in range(3)]
+    assert point["passes"] == 3 and point["tps"] == pytest.approx(statistics.median(point["tokens"] / s for s in per_pass))
+    # only the first pass is judged: greedy decoding makes every pass the same tokens in the same forwards
+    with handlers.host.lock:
+        engine = handlers.host.get(spec)
+        ids = [engine.encode(e.prompt, config.use_chat_template) for e in examples]
+        runs = [engine.generate_ids(ids[:1], config.replace(threshold=0.5), trace=True) for _ in range(3)]
+    assert all(r.token_ids == runs[0].token_ids and r.stats.nfe == runs[0].stats.nfe for r in runs)
+    assert all([rec.committed for rec in r.trace.iterations] == [rec.committed for rec in runs[0].trace.iterations] for r in runs)
+
+
+def test_accuracy_is_a_percentage_in_the_table_and_the_chart_alike(handlers):
+    view = sweep_to_the_end(handlers, {"config": SMALL}, "0.05, 0.9")
+    table = [row[1] for row in view["table"]]
+    chart = [h for t in view["chart"].data for h in t.hovertext]
+    assert table == chart and all(a.endswith("%") for a in table)
+    assert (percent(1.0), percent(2 / 3), percent(0.5), percent(0.0)) == ("100%", "66.7%", "50%", "0%")
+
+
+def test_passes_and_their_median():
+    assert passes_count(3) == 3 and passes_count(5.0) == 5
+    for bad in (0, 6, 2.5, "x", None):
+        with pytest.raises(EngineError, match="passes must be a whole number from 1 to 5"):
+            passes_count(bad)
+    stats = median_stats([{"seconds": 0.4, "tokens": 8, "nfe": 4, "tps": 20.0, "batch": 1}, {"seconds": 0.1, "tokens": 8, "nfe": 4}, {"seconds": 0.2, "tokens": 8, "nfe": 4}])
+    assert (stats["seconds"], stats["tps"], stats["forwards_per_second"], stats["passes"], stats["seconds_range"]) == (0.2, 40.0, 20.0, 3, (0.1, 0.4))
+
+
+def test_every_sample_trace_replays_with_no_model(tmp_path):
+    offline = Handlers(EngineHost(ModelSpec(str(tmp_path / "absent"))), no_model=True)
+    samples = shipped_samples()
+    assert len(samples) == 8
+    for label, path in samples:
+        view = dict(zip(RUN_VIEW, offline.load_sample(os.path.basename(path))))
+        assert view["message"].startswith("loaded a trace"), (label, view["message"])
+        assert view["grid"]["cells"] and view["raster"].data[0].type == "heatmap" and view["scrub"]["value"] == view["scrub"]["maximum"]
+    assert "no sample trace named" in dict(zip(RUN_VIEW, offline.load_sample("../../etc/passwd")))["message"]
+    assert not offline.host._engines  # nothing was loaded
+
+
+def test_every_figure_saves_as_a_png_and_the_model_box_names_the_embedded_models(tmp_path):
+    from dinfer_viz.figures import FIGURE_DOWNLOAD
+    from dinfer_viz.ui import build_demo
+
+    offline = Handlers(EngineHost(ModelSpec(str(tmp_path / "absent")), embedded={"tiny-llada": "/m/a", "tiny-llada-td": "/m/b"}), no_model=True)
+    view = dict(zip(RUN_VIEW, offline.load_sample("threshold-dual.json")))
+    for slot in ("raster", "iterations", "cost", "extras"):  # what gr.Plot sends the page: the figure's to_json()
+        config = json.loads(gr.Plot().postprocess(view[slot]).plot)["config"]
+        assert config["toImageButtonOptions"] == {**FIGURE_DOWNLOAD, "filename": f"dinfer-viz-{view[slot].layout.uirevision}"}
+    demo = build_demo(offline)
+    box = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "model-path")
+    assert box.label == "model folder, hub id or embedded name (tiny-llada, tiny-llada-td, …)"
+    samples = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "samples-box")
+    assert samples.open  # no model: the sample traces lead
