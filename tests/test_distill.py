@@ -224,3 +224,33 @@ def test_a_tiny_run_without_the_shipped_model_changes_the_weights(tmp_path):
     trained = load_model(cfg.out).state_dict()
     assert trained.keys() == start.state_dict().keys()
     assert any(not torch.equal(p, trained[k]) for k, p in start.state_dict().items())
+
+
+def test_the_train_stage_defaults_are_the_shipped_runs_settings():
+    """`python -m tinymodel.distill train` with no flags repeats the run that made assets/tiny-llada-td
+    (docs/distillation.md §5): its learning rate and the base model's last family mix, kept per family
+    when --tasks picks some."""
+    from tinymodel.distill import DistillConfig, build_parser
+    from tinymodel.train import config_from_args, task_weights
+
+    _, train_parser = build_parser()
+    cfg = config_from_args(train_parser, vars(train_parser.parse_args([])), DistillConfig)
+    assert cfg.lr == 2e-4 and cfg.max_minutes == 25.0
+    assert task_weights(cfg) == [1.0, 1.5, 2.5, 0.5, 1.0] and list(cfg.tasks) == list(TASKS)
+    picked = config_from_args(train_parser, vars(train_parser.parse_args(["--tasks", "pairsum", "rhyme"])), DistillConfig)
+    assert task_weights(picked) == [2.5, 0.5]
+
+
+DISTILLED = SHIPPED.parent / "tiny-llada-td"
+
+
+@pytest.mark.skipif(not (DISTILLED / "model.safetensors").is_file() or not (SHIPPED / "model.safetensors").is_file(), reason="embedded models not shipped")
+def test_the_shipped_distilled_model_is_a_drop_in_copy_of_the_base():
+    base, distilled = load_model(SHIPPED), load_model(DISTILLED)
+    assert distilled.config == base.config
+    assert any(not torch.equal(p, distilled.state_dict()[k]) for k, p in base.state_dict().items())
+    assert (DISTILLED / "tokenizer.json").read_bytes() == (SHIPPED / "tokenizer.json").read_bytes()
+    from engine import Engine
+
+    with Engine(str(DISTILLED)) as engine:  # answers a held-in-range prompt through the engine
+        assert "19" in engine.generate("Q: 12+7=? A:", GenerationConfig(gen_length=32, block_length=32, threshold=0.9)).text

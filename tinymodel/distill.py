@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -312,7 +312,12 @@ class DistillConfig(TrainConfig):
     run_dir: str = RUN_DIR
     init_from: str = DEFAULT_MODEL
     max_minutes: float = 25.0  # + one held-out check and the saves: within 30 minutes on 2 CPU cores
-    lr: float = 5e-4
+    # 2e-4: a restart of the base model at 5.6e-4 erased most of what it knew in 150 steps
+    # (assets/tiny-llada/README.md); 1.9e-4 kept it
+    lr: float = 2e-4
+    # the base model's last training segment's mix, so the ordinary objective keeps the balance the
+    # shipped weights were trained to (and the pairs are drawn by family with the same weights)
+    default_weights: ClassVar[dict[str, float]] = {"add": 1.0, "sub": 1.5, "pairsum": 2.5, "rhyme": 0.5, "grammar": 1.0}
     warmup: int = 50
     tokens_per_batch: int = 4000  # the ordinary objective's batch; the pairs add about as many tokens
     eval_every: int = 300

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +60,9 @@ class TrainConfig:
     out: str = "runs/tiny-llada/model"  # never the shipped assets/tiny-llada unless asked: a run would replace it
     run_dir: str = "runs/tiny-llada"
     tasks: tuple[str, ...] = tuple(TASKS)
-    # sampling weight of each task, in `tasks` order (empty: DEFAULT_TASK_WEIGHTS)
+    # sampling weight of each task, in `tasks` order (empty: the class's default_weights)
     task_weights: tuple[float, ...] = ()
+    default_weights: ClassVar[dict[str, float]] = DEFAULT_TASK_WEIGHTS
     d_model: int = 192
     n_layers: int = 6
     n_heads: int = 6
@@ -204,7 +205,7 @@ def diffusion_loss(
 
 
 def task_weights(cfg: TrainConfig) -> list[float]:
-    return list(cfg.task_weights) or [DEFAULT_TASK_WEIGHTS.get(name, 1.0) for name in cfg.tasks]
+    return list(cfg.task_weights) or [cfg.default_weights.get(name, 1.0) for name in cfg.tasks]
 
 
 def gen_length_sample(cfg: TrainConfig) -> int:
