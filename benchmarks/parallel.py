@@ -51,27 +51,30 @@ class Row:
     same_tokens: bool
     ms_per_forward: float
     nfe: float
+    comm_share: float  # rank 0's all-reduce seconds over its engine seconds (median)
 
 
-def measure(engine: Engine, config: GenerationConfig, repeats: int) -> tuple[list[list[list[int]]], float, float]:
-    """(token ids of every repeat, median ms per forward, median NFE) after one warm-up."""
+def measure(engine: Engine, config: GenerationConfig, repeats: int) -> tuple[list[list[list[int]]], float, float, float]:
+    """(token ids of every repeat, median ms per forward, median NFE, median share of engine time
+    in all-reduces) after one warm-up."""
     engine.generate(PROMPTS, config)
-    tokens, ms, nfe = [], [], []
+    tokens, ms, nfe, comm = [], [], [], []
     for _ in range(repeats):
         out = engine.generate(PROMPTS, config).output
         tokens.append(out.token_ids)
         ms.append(1000 * out.stats.seconds / out.stats.nfe)
         nfe.append(out.stats.nfe)
-    return tokens, statistics.median(ms), statistics.median(nfe)
+        comm.append(out.stats.comm_seconds / out.stats.seconds)
+    return tokens, statistics.median(ms), statistics.median(nfe), statistics.median(comm)
 
 
 def bench(name: str, folder: Path, layouts: dict[str, dict[str, int]], config: GenerationConfig, repeats: int) -> list[Row]:
     rows, reference = [], None
     for layout, degrees in layouts.items():
         with Engine(folder, **degrees) as engine:
-            tokens, ms, nfe = measure(engine, config, repeats)
+            tokens, ms, nfe, comm = measure(engine, config, repeats)
         reference = reference or tokens[0]
-        rows.append(Row(name, layout, all(t == reference for t in tokens), ms, nfe))
+        rows.append(Row(name, layout, all(t == reference for t in tokens), ms, nfe, comm))
     return rows
 
 
@@ -96,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench(name, folder, layouts, config, args.repeats)
     print(f"{config.decoder}, cache {config.cache}, gen {config.gen_length}, block {config.block_length}, {len(PROMPTS)} prompts; "
           f"{args.repeats} repeats; TP=1 on {threads} thread(s), each rank on {max(1, threads // 2)}\n")
-    print("| model | layout | tokens identical to TP=1 | ms per forward (median) | × TP=1 | NFE (median) | × TP=1 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | layout | tokens identical to TP=1 | ms per forward (median) | × TP=1 | in all-reduces | NFE (median) | × TP=1 |")
+    print("|---|---|---|---|---|---|---|---|")
     base = {}
     for r in rows:
         ms0, nfe0 = base.setdefault(r.model, (r.ms_per_forward, r.nfe))
-        print(f"| {r.model} | {r.layout} | {'yes' if r.same_tokens else 'no'} | {r.ms_per_forward:.2f} | {r.ms_per_forward / ms0:.2f} | {r.nfe:g} | {r.nfe / nfe0:.2f} |")
+        print(f"| {r.model} | {r.layout} | {'yes' if r.same_tokens else 'no'} | {r.ms_per_forward:.2f} | {r.ms_per_forward / ms0:.2f} | {100 * r.comm_share:.0f}% | {r.nfe:g} | {r.nfe / nfe0:.2f} |")
     return 0
 
 
