@@ -105,9 +105,13 @@ def click(page: Any, selector: str) -> float:
 
 
 def wait_for_iteration(page: Any, at_least: int, timeout_ms: int = 300_000) -> None:
-    page.wait_for_function(
-        f"window.__m.frames.some(f => {{ const m = /^iteration (\\d+)\\//.exec(f[1]); return m && +m[1] >= {at_least}; }})", timeout=timeout_ms
-    )
+    try:
+        page.wait_for_function(
+            f"window.__m.frames.some(f => {{ const m = /^iteration (\\d+)\\//.exec(f[1]); return m && +m[1] >= {at_least}; }})", timeout=timeout_ms
+        )
+    except Exception as exc:  # say what the page showed instead: the captions it painted and its message
+        seen = page.evaluate("[window.__m.frames.slice(-3).map(f => f[1]), document.querySelector('#message')?.innerText]")
+        raise AssertionError(f"no live frame reached iteration {at_least}; last captions {seen[0]}, message {seen[1]!r}") from exc
 
 
 def whole_run(page: Any, url: str, length: int, sent: list[float]) -> dict[str, float]:
@@ -117,8 +121,8 @@ def whole_run(page: Any, url: str, length: int, sent: list[float]) -> dict[str, 
     page.wait_for_function(f"window.__m.frames.some(f => f[1].startsWith('iteration {length}/{length}'))", timeout=600_000)
     m = page.evaluate("window.__m")
     frames = m["frames"]
-    canvas = next(t for t, text in frames if text.startswith("before the first"))
-    iterations = [t for t, text in frames if text.startswith("iteration")]
+    canvas = next(t for t, text in frames if text.startswith("iteration 0/"))  # before the first forward
+    iterations = [t for t, text in frames if text.startswith("iteration") and not text.startswith("iteration 0/")]
     span = iterations[-1] - iterations[0]
     busy = sum(d for s, d in m["longtasks"] if t_click <= s <= iterations[-1])
     return {

@@ -43,6 +43,11 @@ POLL_SECONDS = 0.1  # longest the consumer blocks on the queue
 # when it yields, and one forward on a long canvas can take many seconds without an event.
 HEARTBEAT_SECONDS = 1.0
 MAX_UNPAINTED = 2  # frames sent that the page has not painted yet, at most
+# A page that reported once but has said nothing for this long while frames wait is presumed to
+# have lost a report (a failed request, a hidden tab that stopped animation frames, a paint that
+# threw): the next frame goes anyway and carries everything, so a lost report costs this long, not
+# the rest of the live view. A page that is only slow is sent one frame per this interval.
+REPORT_GRACE_SECONDS = 5.0
 
 
 Job = Callable[[Engine, Callable[[object], None], threading.Event], object]
@@ -150,6 +155,7 @@ class PagePacer:
         self.shown: list[int] = []  # records each frame showed
         self.plot_frames: dict[int, float] = {}  # frames with plots not yet painted -> when sent
         self.plot_due = float("-inf")  # the next plot redraw may go from then
+        self.heard = float("-inf")  # when the page last reported, or a frame last went without a report
         self._wake = wake
         self._lock = threading.Lock()
 
@@ -157,6 +163,9 @@ class PagePacer:
         """Register a frame showing `shown` records: (its number, the records the page holds,
         -1 for none: the frame carries the canvas and everything)."""
         with self._lock:
+            if self.latest >= 0 and self.sent - 1 - self.latest >= MAX_UNPAINTED:
+                # past the limit: only after the page's silence (may_send), whose state is unknown now
+                self.base, self.heard = -1, now
             number = self.sent
             self.sent += 1
             self.shown.append(shown)
@@ -168,6 +177,7 @@ class PagePacer:
         """The page painted `frame`; -1: it holds nothing of this run (its grid was redrawn by
         another view meanwhile), so the next frame carries everything."""
         with self._lock:
+            self.heard = now
             if frame < 0:
                 self.base, self.latest = -1, self.sent - 1
             elif frame < self.sent:
@@ -178,10 +188,12 @@ class PagePacer:
                     self.plot_due = max(self.plot_due, now + took * (1 / self.PLOT_SHARE - 1))
         self._wake()
 
-    def may_send(self) -> bool:
-        """A page that reports (an API client never does) is at most MAX_UNPAINTED - 1 frames behind."""
+    def may_send(self, now: float) -> bool:
+        """A page that reports (an API client never does) is at most MAX_UNPAINTED - 1 frames behind,
+        unless it has been silent for REPORT_GRACE_SECONDS: then one frame goes, carrying everything
+        (a report it lost would otherwise stop the live view for good)."""
         with self._lock:
-            return self.latest < 0 or self.sent - 1 - self.latest < MAX_UNPAINTED
+            return self.latest < 0 or self.sent - 1 - self.latest < MAX_UNPAINTED or now - self.heard >= REPORT_GRACE_SECONDS
 
     def plots_allowed(self, now: float) -> bool:
         with self._lock:
@@ -285,7 +297,7 @@ def run_live(
             # Sleep until an event, or until the clock allows a frame when there is something to
             # show and the page is ready for it, or until the playback shows one more record.
             arrived = timeline.iterations if timeline is not None else 0
-            due = timeline is not None and playback.shown(arrived, time.perf_counter()) > shown and pacer.may_send()
+            due = timeline is not None and playback.shown(arrived, time.perf_counter()) > shown and pacer.may_send(time.perf_counter())
             timeout = clock.wait(time.perf_counter()) if due else playback.wait(arrived)
             try:
                 event = events.get(timeout=min(POLL_SECONDS, timeout))
@@ -323,7 +335,7 @@ def run_live(
                 clock.tick(now, force=True)
                 yield frame("done", plots=True, timeline=Timeline(result.output.trace), text=result.text, message="done", shown=len(result.output.trace.iterations))
                 return
-            if timeline is not None and target > shown and pacer.may_send():
+            if timeline is not None and target > shown and pacer.may_send(now):
                 send, plots = clock.tick(now, plots_allowed=pacer.plots_allowed(now))
                 if send:
                     shown = target

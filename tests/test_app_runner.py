@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.runner import MAX_UNPAINTED, FrameClock, PagePacer, Playback, acknowledge, run_live
+from dinfer_viz.runner import MAX_UNPAINTED, REPORT_GRACE_SECONDS, FrameClock, PagePacer, Playback, acknowledge, run_live
 from engine import GenerationConfig
 
 from .app_support import app_model
@@ -49,17 +49,33 @@ def test_frame_clock_holds_plots_back_without_spending_their_turn():
 def test_page_pacer_keeps_the_page_at_most_one_frame_behind():
     pacer = PagePacer()
     assert pacer.send(0, True, 0.0) == (0, -1)  # the canvas: the page holds nothing
-    assert pacer.may_send()  # no report yet (an API client never sends one): the clock alone decides
+    assert pacer.may_send(0.0)  # no report yet (an API client never sends one): the clock alone decides
     pacer.painted(0, 0.1)
     assert pacer.send(3, False, 0.2) == (1, 0)  # the changes since frame 0, which showed no record
-    assert pacer.may_send() and pacer.send(5, False, 0.3) == (2, 0)  # the page is one frame behind
-    assert not pacer.may_send() and MAX_UNPAINTED == 2  # frames 1 and 2 in flight: wait
+    assert pacer.may_send(0.0) and pacer.send(5, False, 0.3) == (2, 0)  # the page is one frame behind
+    assert not pacer.may_send(0.0) and MAX_UNPAINTED == 2  # frames 1 and 2 in flight: wait
     pacer.painted(1, 0.4)
-    assert pacer.may_send() and pacer.send(7, False, 0.5) == (3, 3)  # the changes since frame 1 (3 records)
+    assert pacer.may_send(0.0) and pacer.send(7, False, 0.5) == (3, 3)  # the changes since frame 1 (3 records)
     pacer.painted(99, 0.6)  # never beyond what was sent
     assert pacer.latest == 1
     pacer.painted(-1, 0.7)  # the page lost its grid: the next frame carries everything
-    assert pacer.may_send() and pacer.send(9, False, 0.8) == (4, -1)
+    assert pacer.may_send(0.0) and pacer.send(9, False, 0.8) == (4, -1)
+
+
+def test_a_lost_report_costs_the_grace_period_not_the_live_view():
+    """A page that stops reporting (a failed request, a hidden tab) gets one whole frame after
+    REPORT_GRACE_SECONDS of silence, then one per such interval; a report resumes the pacing."""
+    pacer = PagePacer()
+    pacer.send(0, True, 0.0)
+    pacer.painted(0, 1.0)
+    pacer.send(2, False, 1.0)
+    pacer.send(4, False, 1.1)  # frames 1 and 2 in flight: their reports never come
+    silent = 1.0 + REPORT_GRACE_SECONDS
+    assert not pacer.may_send(silent - 0.01) and pacer.may_send(silent)
+    assert pacer.send(6, False, silent) == (3, -1)  # the page's state is unknown: everything
+    assert not pacer.may_send(silent + 1.0) and pacer.may_send(silent + REPORT_GRACE_SECONDS)
+    pacer.painted(3, silent + 1.5)  # it reports again: paced as before, deltas since frame 3
+    assert pacer.may_send(silent + 1.6) and pacer.send(8, False, silent + 1.6) == (4, 6)
 
 
 def test_page_pacer_gives_plots_a_quarter_of_the_page():
