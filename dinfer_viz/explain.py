@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .cache_figure import cache_rule_markdown
 from .settings import _option_is_set
 
 DECODERS = {
@@ -128,6 +129,8 @@ def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = Fa
         DECODERS.get(decoder, f"**{decoder}.** No explanation written for this decoder yet; the engine registers it, so it runs."),
         CACHE_MODES.get(cache, f"**{cache} cache.** No explanation written for this cache mode yet."),
     ]
+    if cache != "none":  # what a cache costs in forwards, and why a short canvas hides its saving
+        parts.append(cache_rule_markdown(cache))
     if smoothing:
         parts.append(SMOOTHING)
     if unroll:

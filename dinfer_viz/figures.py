@@ -391,8 +391,9 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
     return _finish(fig, 180 + 200 * len(names), "extras")
 
 
-def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str]) -> go.Figure:
-    """Two (or more) runs: tokens committed against engine time, and against iteration."""
+def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str], highlight: int | None = None) -> go.Figure:
+    """Two (or more) runs: tokens committed against engine time, and against iteration;
+    `highlight` (a record index, the shared slider's) is marked on the iteration axis."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["tokens vs engine time", "tokens vs iteration"], horizontal_spacing=0.1)
     for k, (timeline, label) in enumerate(zip(timelines, labels)):
         colour = RUN_COLOURS[k % len(RUN_COLOURS)]
@@ -405,7 +406,13 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str]) -> go.F
     fig.update_xaxes(title_text="engine seconds (sum of iterations)", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="iteration", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1)
-    return _finish(fig, 320, "compare")
+    if highlight is not None:
+        fig.add_vline(x=iteration_number(highlight), line=dict(color="#dc2626", width=2), row=1, col=2)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="iteration shown", line=dict(color="#dc2626", width=2), hoverinfo="skip", uid="shown"), row=1, col=2)
+    # the legend at the figure's foot, below the axis titles (the template's legend, just under the
+    # plot, sat on them); the bottom margin holds both
+    fig.update_layout(legend=dict(yref="container", y=0.01, yanchor="bottom"), margin=dict(b=110))
+    return _finish(fig, 360, "compare")
 
 
 def sweep_figure(points: Sequence[dict[str, Any]], parameter: str = "threshold") -> go.Figure:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 
+from .readouts import plural
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 from .tokens import glyph, is_special
 
@@ -127,16 +128,17 @@ def expected_at(timeline: Timeline, expected: list[int] | None, p: int) -> int |
 
 
 def _collapse_fill(cells: list[dict]) -> list[dict]:
-    """Runs of early-stop fill (often most of a long canvas) become one cell; drops the `p` keys."""
+    """Runs of early-stop fill (often most of a long canvas) become one cell, which keeps the first
+    position of its run as `p` (a click on it opens that position's details)."""
     out: list[dict] = []
     run: list[dict] = []
 
     def flush() -> None:
         if len(run) >= FILL_RUN_COLLAPSE:
             a, b = run[0]["p"], run[-1]["p"]
-            out.append({"t": f"∎×{len(run)}", "k": "fill", "tip": f"pos {a}–{b}: filled with end-of-text by early stop", "c": 0.0})
+            out.append({"t": f"∎×{len(run)}", "k": "fill", "tip": f"pos {a}–{b}: filled with end-of-text by early stop", "c": 0.0, "p": a})
         else:
-            out.extend({k: v for k, v in c.items() if k != "p"} for c in run)
+            out.extend(run)
         run.clear()
 
     for cell in cells:
@@ -144,7 +146,7 @@ def _collapse_fill(cells: list[dict]) -> list[dict]:
             run.append(cell)
             continue
         flush()
-        out.append({k: v for k, v in cell.items() if k != "p"})
+        out.append(cell)
     flush()
     return out
 
@@ -154,7 +156,7 @@ def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
     canvas before the first forward); `of`: the iterations counted (default: all the timeline's)."""
     total = timeline.iterations if of is None else of
     if iteration < 0:
-        return f"iteration 0/{total} · before the first forward · {timeline.canvas_length - timeline.prompt_length} positions to generate"
+        return f"iteration 0/{total} · before the first forward · {plural(timeline.canvas_length - timeline.prompt_length, 'position')} to generate"
     rec = timeline.records[iteration]
     s, e = rec.block_range
     where = ", ".join(f"[{a}, {b})" for a, b in rec.recomputed)
@@ -264,10 +266,25 @@ GRID_TEMPLATE = (
     _legend_html()
     + "{{#if value.live}}<div class=\"live\"></div>{{else}}"  # a live frame: GRID_JS fills the box
     + '<div class="caption">{{{value.caption}}}</div>'
-    + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" title="{{{tip}}}" style="--c:{{c}}">{{{t}}}</span>{{/each}}</div>'
+    + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" data-p="{{p}}" title="{{{tip}}}" style="--c:{{c}}">{{{t}}}</span>{{/each}}</div>'
     + "{{/if}}"
 )
 EMPTY_GRID = {"cells": [], "caption": "no run yet: press Run, or load a trace"}
+# The Run tab's raster (#raster) pins a position too: a click on a point sends its position and
+# iteration (the page's number, the raster's y) through the grid's select event. Plotly's click
+# event lives on the figure's div, which Gradio makes anew when the plot first draws (and after a
+# tab's re-render), so the listener is attached to whichever div is there, once per div.
+RASTER_PICK_JS = r"""
+setInterval(() => {
+  const plot = document.querySelector('#raster .js-plotly-plot');
+  if (!plot || plot.dataset.pick || typeof plot.on !== 'function') return;
+  plot.dataset.pick = '1';
+  plot.on('plotly_click', ev => {
+    const pt = ev && ev.points && ev.points[0];
+    if (pt && Number.isFinite(+pt.x) && Number.isFinite(+pt.y)) trigger('select', {index: Math.round(+pt.x), value: Math.round(+pt.y)});
+  });
+}, 500);
+"""
 # The live renderer (gr.HTML's js_on_load: `element`, `props`, `watch`, `server`). It keeps the
 # cells of the run it shows by position and, per frame, applies its commits, moves the block and
 # recomputed-window marks, sets the caption and speed line, and on the next animation frame (the
@@ -293,6 +310,7 @@ const start = (root, live) => {
   const at = new Map(), tips = new Map();
   for (const [p, text, kind, tip] of live.canvas) {
     const s = cell(kind, text, tip);
+    s.dataset.p = p;
     parts[2].append(s);
     if (p >= 0) { at.set(p, s); tips.set(p, tip); }
   }
@@ -330,7 +348,6 @@ const paint = live => {
     const s = view.at.get(p);
     if (!s) return null;
     s.classList.add(name);
-    s.dataset.p = p;
     view.marked.push(s);
     return s;
   };
@@ -349,5 +366,11 @@ const paint = live => {
 watch('value', () => {
   const v = props.value;
   if (v && v.live) paint(v.live);
+});
+// A click on a cell pins its position in the details panel (the grid's select event, index =
+// position; -1 is the summary cell of a long prompt's head, which the server answers in one line).
+element.addEventListener('click', e => {
+  const s = e.target.closest('.cell[data-p]');
+  if (s && element.contains(s) && !s.closest('.legend')) trigger('select', {index: +s.dataset.p, value: null});
 });
 """

@@ -20,8 +20,22 @@ MAX_PASSES = 5  # most passes of one configuration a comparison or a sweep times
 _HEAD = "| TPS | TPF | NFE | fwd/s | engine s | tokens | tracing | wall s |\n|---|---|---|---|---|---|---|---|\n"
 _LEGEND = (
     "TPS, TPF, NFE, forwards/s and engine s are the engine's; tracing: time excluded from engine s "
-    "(trace recording, the live hook, staleness probes); wall s: since the click, UI included"
+    "(trace recording, the live hook, staleness probes); wall s: since the click, UI included; "
+    "tokens (and so TPF, TPS) count no end-of-text: the fill after the answer is not output"
 )
+# Under a fixed-decoder run's readout when its TPF is this low: a class reads 0.06 as a bug
+LOW_TPF = 0.5
+FIXED_NOTE = (
+    "**Why TPF is this low:** the fixed decoder commits one position per forward, including the "
+    "end-of-text positions after the answer, and those are not counted as tokens; so TPF is the answer's "
+    "length over the positions decoded, far below 1."
+)
+
+
+def plural(n: int, word: str) -> str:
+    """`n` and `word`, with an s unless n is 1 ("1 iteration", "2 iterations"): every count the
+    page writes goes through here."""
+    return f"{n} {word}{'s' * (n != 1)}"
 
 
 def percent(fraction: float) -> str:
@@ -79,6 +93,9 @@ def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "
         row = f"| {tps:.1f} | {tpf:.2f} | {nfe} | {fps:.1f} | {seconds:.3f} | {tokens} | – | {wall} |"
         source = "summed from the engine's per-iteration timings (the trace has no footer)"
     lines = [_HEAD + row, f"<small>{source} · {_LEGEND}{' · ' + note if note else ''}</small>"]
+    tpf = (stats or timeline.trace.stats)["tpf"] if timeline.finished else _so_far(timeline, timeline.iterations)[1]
+    if (timeline.trace.config or {}).get("decoder") == "fixed" and tpf < LOW_TPF:
+        lines.append(f"<small>{FIXED_NOTE}</small>")
     return "\n\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from engine.cli import set_cpu_threads
 from engine.config import CACHE_MODES
 
 from .answers import FAMILY_EXAMPLES
+from .readouts import plural
 
 ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL = ROOT / "assets" / "tiny-llada"
@@ -98,7 +99,7 @@ def shipped_samples(folder: Path = TRACES) -> list[tuple[str, str]]:
     out = []
     for e in index.get("traces", []):
         settings = e["settings"]
-        label = f"{settings['decoder']} decoder, cache {settings['cache']}: {e['answer'].strip()!r} in {e['iterations']} iterations"
+        label = f"{settings['decoder']} decoder, cache {settings['cache']}: {e['answer'].strip()!r} in {plural(e['iterations'], 'iteration')}"
         out.append((label, str(folder / e["file"])))
     return out
 

@@ -32,6 +32,7 @@ from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_
 from .answers import WrongCommit, expected_ids, first_wrong
 from .host import EngineHost, ModelSpec
 from .settings import coerce
+from .readouts import plural
 from .runner import POLL_SECONDS, Failed, Finished, Job, Loading, Waiting, start_worker
 from .timeline import Timeline
 
@@ -233,7 +234,7 @@ def run_sweep(
                     yield state
                     return
         state.done = True
-        state.message = f"done: {len(state.outcomes)} prompts" + (f" ({len(state.outcomes) // len(specs)} on each model)" if len(specs) > 1 else "")
+        state.message = f"done: {plural(len(state.outcomes), 'prompt')}" + (f" ({len(state.outcomes) // len(specs)} on each model)" if len(specs) > 1 else "")
         yield state
     finally:
         cancel.set()

@@ -15,6 +15,8 @@ import torch
 
 from engine import Engine
 
+from .readouts import plural
+
 
 @dataclass(frozen=True)
 class SystemOption:
@@ -69,7 +71,7 @@ def system_options(device: str = "cpu") -> list[SystemOption]:
 
 def describe_machine() -> str:
     """Markdown: the devices found (each system option's control states its own availability)."""
-    lines = [f"- CPU: {torch.get_num_threads()} torch threads"]
+    lines = [f"- CPU: {plural(torch.get_num_threads(), 'torch thread')}"]
     for i in range(cuda_count()):
         props = torch.cuda.get_device_properties(i)
         lines.append(f"- cuda:{i}: {props.name}, {props.total_memory / 2**30:.0f} GiB")

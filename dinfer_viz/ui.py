@@ -24,11 +24,26 @@ class Handlers(run.RunHandlers, compare.CompareHandlers, sweep.SweepHandlers, mo
 # The largest trace the app writes (1024 generated positions in one block, the fixed decoder: one
 # record per position) measured 12.5 MB; the cap leaves room for a longer prompt.
 MAX_UPLOAD = "32mb"
+PLOTS = ("raster", "iterations", "cost", "extras", "cache-states", "forward-costs", "compare-chart", "sweep-chart")  # every gr.Plot's elem_id
 # The readout tables (Run, Compare): a cell never breaks inside a word or a number ("TP S", "95. 5");
 # a table wider than its column scrolls sideways instead.
 READOUT_CSS = (
     "#stats table, #stats-a table, #stats-b table {display: block; overflow-x: auto; max-width: 100%}\n"
-    "#stats th, #stats td, #stats-a th, #stats-a td, #stats-b th, #stats-b td {white-space: nowrap}"
+    "#stats th, #stats td, #stats-a th, #stats-a td, #stats-b th, #stats-b td {white-space: nowrap}\n"
+    # The details panel and the explanation sit in the narrow column beside the grid: a smaller
+    # font than the panel's full-width 20 px (still readable from the back), and each scrolls
+    # inside a bounded box, so the column never pushes the raster below a 768 px screen
+    "#details .pos-details {font-size: 16px !important; padding: 8px 10px !important; max-height: 360px; overflow: auto}\n"
+    "#explain {max-height: 200px; overflow-y: auto}\n"
+    # ... and in that column's width a label sits above its value, not beside it
+    "#details .pos-details > div:first-child {font-size: 19px !important}\n"
+    "#details .pos-details > table:first-of-type td {display: block; padding: 0 !important; border: none}\n"
+    "#details .pos-details > table:first-of-type td:first-child {font-size: 13px; margin-top: 6px}\n"
+    "#grid .cells .cell, #grid-a .cells .cell, #grid-b .cells .cell {cursor: pointer}\n"
+    # A plot's label is a chip floating over the figure's top (its title, the colour bar's top);
+    # on a projector's narrow columns it wraps and covers more: it takes its own line instead
+    + "".join(f"#{p} > label[data-testid=block-label]," for p in PLOTS).rstrip(",")
+    + " {position: static !important; margin-bottom: 4px}"
 )
 
 

@@ -264,3 +264,166 @@ def test_a_sample_trace_replays_with_no_model(offline_page):
     expect(page.locator("#raster .js-plotly-plot .heatmaplayer image")).to_have_count(1)
     expect(page.locator("#grid .caption")).to_contain_text("dual forward")
     assert not offline_page.handlers.host._engines  # replayed with no engine
+
+
+def _load_handmade(page, tmp_path, trace=None) -> None:
+    from playwright.sync_api import expect
+
+    file = tmp_path / "trace.json"
+    file.write_text((trace or handmade_trace()).to_json())
+    with page.expect_file_chooser() as chooser:
+        page.click("#upload")
+    chooser.value.set_files(str(file))
+    expect(page.locator("#message")).to_contain_text("loaded a trace: handmade, 4 iterations")
+
+
+def test_a_clicked_cell_pins_its_details_while_scrubbing_and_a_raster_point_too(session, tmp_path):
+    """#16 item 1: a grid click pins the position's details beside the grid; scrubbing keeps it
+    pinned and refreshes it; a raster point pins its position and moves the view to its iteration."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.goto(session.url)
+    _load_handmade(page, tmp_path)
+    details = page.locator("#details")
+    expect(details).to_contain_text("Click a cell")
+    page.locator("#grid .cells .cell[data-p='4']").click()
+    expect(details).to_contain_text("Position 4 · iteration 4 of 4")
+    expect(details).to_contain_text("forced")
+    page.locator("#scrub input[type=number]").fill("1")
+    page.keyboard.press("Enter")
+    expect(page.locator("#grid .caption")).to_contain_text("iteration 1/4")
+    expect(details).to_contain_text("Position 4 · iteration 1 of 4")  # still pinned, refreshed
+    # a raster point (plotly's click event, as plotly emits it): position 5 at iteration 3
+    page.wait_for_function("() => { const p = document.querySelector('#raster .js-plotly-plot'); return p && p.dataset.pick === '1'; }")
+    page.evaluate("() => document.querySelector('#raster .js-plotly-plot').emit('plotly_click', {points: [{x: 5, y: 3}]})")
+    expect(details).to_contain_text("Position 5 · iteration 3 of 4")
+    expect(page.locator("#scrub input[type=number]")).to_have_value("3")
+    expect(page.locator("#grid .caption")).to_contain_text("iteration 3/4")
+    # the handmade trace ran a vicinity cache: the K/V states are drawn, their rule explained
+    expect(page.locator("#cache-states .js-plotly-plot")).to_have_count(1)
+    box = details.bounding_box()
+    assert box and box["y"] < 1000 and box["height"] > 50
+
+
+def test_hostile_token_strings_stay_text_in_the_details_panel(session, tmp_path):
+    page = session.page
+    trace = handmade_trace()
+    trace.tokens.update(HOSTILE_TOKENS)
+    page.goto(session.url)
+    file = tmp_path / "hostile.json"
+    file.write_text(trace.to_json())
+    with page.expect_file_chooser() as chooser:
+        page.click("#upload")
+    chooser.value.set_files(str(file))
+    from playwright.sync_api import expect
+
+    expect(page.locator("#grid .cells .cell").first).to_have_text(HOSTILE_TOKENS["10"])
+    page.locator("#grid .cells .cell[data-p='5']").click()  # token 22: the Handlebars attack
+    expect(page.locator("#details")).to_contain_text(HOSTILE_TOKENS["22"])
+    page.locator("#grid .cells .cell[data-p='1']").click()  # token 11: a script tag
+    expect(page.locator("#details")).to_contain_text(HOSTILE_TOKENS["11"])
+    assert page.evaluate("window.pwned") is None and page.locator("#details script, #details img").count() == 0
+
+
+def test_at_1024x768_grid_and_raster_share_the_screen_and_no_chip_covers_a_plot(session, tmp_path):
+    """A projector: after a run, with the grid scrolled to the top of the screen, the raster starts
+    within the same screen; every plot's label sits above its figure, not on it."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.set_viewport_size({"width": 1024, "height": 768})
+    try:
+        page.goto(session.url)
+        _load_handmade(page, tmp_path)
+        expect(page.locator("#raster .js-plotly-plot .heatmaplayer image")).to_have_count(1)
+        page.evaluate("document.querySelector('#grid').scrollIntoView({block: 'start'})")
+        grid, raster = page.locator("#grid").bounding_box(), page.locator("#raster").bounding_box()
+        assert grid["y"] + grid["height"] <= 768 and grid["y"] >= -1, grid
+        assert raster["y"] < 768, raster  # both boxes meet the viewport
+        page.locator("#details").scroll_into_view_if_needed()
+        assert page.locator("#details").bounding_box()["y"] < 768
+        for plot in ("raster", "iterations", "cost", "cache-states"):
+            gap = page.evaluate(
+                f"() => {{ const b = document.querySelector('#{plot}'); const l = b.querySelector(':scope > label[data-testid=block-label]');"
+                f" const f = b.querySelector('.js-plotly-plot'); return l && f ? f.getBoundingClientRect().top - l.getBoundingClientRect().bottom : null; }}"
+            )
+            assert gap is not None and gap >= 0, (plot, gap)
+    finally:
+        page.set_viewport_size({"width": 1500, "height": 1000})
+
+
+def test_a_lesson_sets_the_run_tabs_controls_one_step_at_a_time(session):
+    from playwright.sync_api import expect
+
+    from dinfer_viz.lessons import LESSONS
+
+    page = session.page
+    page.goto(session.url)
+    page.locator("#lessons-box").get_by_text("Lessons").click()
+    page.locator("#lesson input").fill(LESSONS[0].name)
+    page.keyboard.press("Enter")
+    note = page.locator("#lesson-note")
+    expect(note).to_contain_text("Step 1 of 4")
+    expect(page.locator("#cfg-decoder input")).to_have_value("fixed")
+    expect(page.locator("#cfg-threshold")).to_be_hidden()  # the fixed decoder reads no τ
+    expect(page.locator("#prompt textarea")).to_have_value(LESSONS[0].prompt)
+    page.click("#lesson-next")
+    expect(note).to_contain_text("Step 2 of 4")
+    expect(page.locator("#cfg-decoder input")).to_have_value("threshold")
+    page.click("#lesson-next")
+    expect(note).to_contain_text("Step 3 of 4")
+    expect(page.locator("#cfg-threshold input[type=number]")).to_have_value("0.7")
+    expect(page.locator("#settings-msg")).to_contain_text("settings ok")
+
+
+def test_compare_side_a_shows_no_tau_for_the_fixed_decoder(session):
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.goto(session.url)
+    page.get_by_role("tab", name="Compare").click()
+    expect(page.locator("#compare-a-decoder input")).to_have_value("fixed")
+    expect(page.locator("#compare-a-threshold")).to_be_hidden()
+    expect(page.locator("#compare-b-threshold")).to_be_visible()
+    expect(page.locator("#compare-b-decoder input")).to_have_value("threshold")
+    expect(page.locator("#compare-b-cache input")).to_have_value("none")  # B changes the decoder only
+    page.locator("#compare-a-decoder input").fill("threshold")
+    page.keyboard.press("Enter")
+    expect(page.locator("#compare-a-threshold")).to_be_visible()
+
+
+def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_clears_the_axis_titles(session):
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.goto(session.url)
+    page.fill("#prompt textarea", "Q: 23+45=? A:")
+    page.fill("#expected textarea", " 99+ 99= 999")  # wrong on purpose: the commits that differ are struck out
+    for field in ("gen_length", "block_length"):
+        page.fill(f"#cfg-{field} input", "16")
+        page.keyboard.press("Tab")
+    page.get_by_role("tab", name="Compare").click()
+    for side in "ab":  # each side sets its own block length
+        page.fill(f"#compare-{side}-block_length input", "16")
+        page.keyboard.press("Tab")
+    page.locator("#compare-passes input[type=number]").fill("1")
+    page.keyboard.press("Enter")
+    page.click("#compare-btn")
+    expect(page.locator("#compare-chart .js-plotly-plot")).to_have_count(1, timeout=90_000)
+    expect(page.locator("#grid-a .cells .cell.wrong").first).to_be_visible()
+    expect(page.locator("#grid-b .cells .cell.wrong").first).to_be_visible()
+    overlap = (
+        "() => { const p = document.querySelector('#compare-chart .js-plotly-plot'); const l = p.querySelector('.legend').getBoundingClientRect();"
+        " return Array.from(p.querySelectorAll('.g-xtitle, .g-x2title')).map(t => t.getBoundingClientRect()).filter(t => t.height > 0)"
+        ".some(t => t.bottom > l.top && t.top < l.bottom && t.right > l.left && t.left < l.right); }"
+    )
+    assert page.evaluate(overlap) is False
+    slider = page.locator("#compare-scrub input[type=range]")
+    box = slider.bounding_box()
+    slider.click(position={"x": box["width"] / 2, "y": box["height"] / 2})  # a release in the middle of the range
+    red = "() => Array.from(document.querySelector('#compare-chart .js-plotly-plot').layout.shapes || []).filter(s => s.line && s.line.color === '#dc2626').map(s => s.x0)"
+    page.wait_for_function(f"({red})().length === 1")
+    at = int(page.locator("#compare-scrub input[type=number]").input_value())
+    assert 0 < at and page.evaluate(red) == [at]
+    expect(page.locator("#grid-a .caption")).to_contain_text(f"iteration {at}/")

@@ -33,11 +33,13 @@ def state() -> RunState:
 
 # The slider shows the page's numbering: 0 is the canvas before the first forward, 1..4 the records.
 def test_playback_steps_and_stops_at_the_end(handlers, state):
-    it, grid, text, timer = handlers.step(0, state)
+    it, grid, text, details, timer = handlers.step(0, state)
     assert it == 1 and grid["caption"].startswith("iteration 1/4") and text == "x░z░░░░░" and timer.active
-    it, grid, text, timer = handlers.step(2, state)
+    assert "Click a cell" in details  # nothing pinned
+    it, grid, text, details, timer = handlers.step(2, state, 4)
     assert it == 3 and grid["caption"].startswith("iteration 3/4") and timer.active
-    it, grid, text, timer = handlers.step(3, state)
+    assert "Position 4 · iteration 3 of 4" in details  # the pinned position follows playback
+    it, grid, text, _, timer = handlers.step(3, state)
     assert it == 4 and text == "x yzzx" and not timer.active  # reached the last iteration
     *_, timer = handlers.step(4, state)
     assert not timer.active
@@ -55,9 +57,9 @@ def test_scrubbing_marks_the_iteration_on_the_figures(handlers, state):
     assert view["grid"]["caption"].startswith("iteration 2/4")
     red = [s for s in view["raster"].layout.shapes if s.line.color == "#dc2626"]  # the highlight line
     assert [s.y0 for s in red] == [2] and [s.x0 for s in view["iterations"].layout.shapes] == [2]
-    grid, text = handlers.glance(1, state)
-    assert grid["caption"].startswith("iteration 1/4") and text == "x░z░░░░░"
-    grid, text = handlers.glance(0, state)
+    grid, text, details = handlers.glance(1, state, 5)
+    assert grid["caption"].startswith("iteration 1/4") and text == "x░z░░░░░" and "Position 5 · iteration 1 of 4" in details
+    grid, text, _ = handlers.glance(0, state)
     assert grid["caption"].startswith("iteration 0/4 · before the first forward") and text == "░" * 8
 
 
@@ -74,7 +76,7 @@ def test_a_sweep_failure_opens_at_its_first_wrong_commit(handlers):
     state = SweepState("threshold", outcomes=[outcome], done=True)
     result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 2], "value": "x"}))
     view = dict(zip(RUN_VIEW, result[: len(RUN_VIEW)]))
-    prompt, response, tabs, model_box, *controls = result[len(RUN_VIEW) :]
+    prompt, response, tabs, model_box, *controls, pinned = result[len(RUN_VIEW) :]
     assert (prompt, response) == (example.prompt, example.response)
     # the Run tab's controls take the failure's settings (the trace's config), so Run reproduces it
     values = dict(zip([c.field for c in all_controls()], controls))
@@ -84,3 +86,5 @@ def test_a_sweep_failure_opens_at_its_first_wrong_commit(handlers):
     assert (view["scrub"]["minimum"], view["scrub"]["maximum"]) == (0, 4)
     assert "wrong" in view["grid"]["cells"][5]["k"] and "confidence 0.920" in view["message"]
     assert view["state"].expected == expected
+    # the details panel opens on the first wrong commit, pinned for the scrubbing that follows
+    assert pinned == 5 and "Position 5 · iteration 1 of 4" in view["details"]

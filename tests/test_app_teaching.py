@@ -9,6 +9,7 @@ import json
 import os
 import re
 import statistics
+from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -79,7 +80,7 @@ def test_a_sweep_failure_copies_its_settings_so_run_reproduces_its_trace(handler
     failed = [o for o in state.failures() if o.trace is not None]
     assert failed, "the low threshold should break at least one pair-sum"
     result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 0], "value": ""}))
-    prompt, response, _, model_box, *controls = result[len(RUN_VIEW) :]
+    prompt, response, _, model_box, *controls, _pinned = result[len(RUN_VIEW) :]
     values = dict(zip([c.field for c in all_controls()], controls))
     assert values["threshold"] == 0.05 and (values["gen_length"], values["block_length"]) == (16, 8)  # the swept value, and the rest
     defaults = [False if o.kind is bool else 1 for o in system_options()]
@@ -150,3 +151,89 @@ def test_every_figure_saves_as_a_png_and_the_model_box_names_the_embedded_models
     assert box.label == "model folder, hub id or embedded name (tiny-llada, tiny-llada-td, …)"
     samples = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "samples-box")
     assert samples.open  # no model: the sample traces lead
+
+
+# ---- #16 items 1, 2 and 4 through the handlers ---------------------------------------------------
+
+from dinfer_viz import readouts  # noqa: E402
+from dinfer_viz.explain import explain  # noqa: E402
+from dinfer_viz.settings import control_value  # noqa: E402
+from dinfer_viz.tabs import run as run_tab  # noqa: E402
+from dinfer_viz.tabs.compare import COMPARE_DEFAULTS, COMPARE_FIELDS, COMPARE_VIEW, side_fields  # noqa: E402
+from engine import GenerationConfig  # noqa: E402
+
+
+def page_values(handlers: Handlers, **config) -> list:
+    """The Run tab's control values as the page sends them (TabHandlers.settings' order)."""
+    cfg = GenerationConfig().replace(**config)
+    return [None, None, None, *((1 if o.kind is int else False) for o in system_options()), *(control_value(c, cfg) for c in all_controls())]
+
+
+def test_a_pinned_position_shows_at_the_end_of_a_run_and_follows_replay(handlers):
+    view = final(handlers.run(PROMPT, {"config": {**SMALL, "cache": "dual"}}, pinned=15))
+    tl = view["state"].timeline
+    assert f"Position 15 · iteration {tl.iterations} of {tl.iterations}" in view["details"]
+    assert view["cache_states"]["visible"] is True  # a cache: its K/V states are drawn
+    replay = dict(zip(RUN_VIEW, handlers.replay(1, view["state"], 15)))
+    assert "Position 15 · iteration 1 of" in replay["details"]
+    none = final(handlers.run(PROMPT, {"config": SMALL}))
+    assert none["cache_states"] == gr.update(visible=False) and "Click a cell" in none["details"]
+
+
+def test_the_explanation_states_the_forward_count_rule_of_a_cache():
+    assert "Forward count, dual cache" in explain("threshold", "dual")
+    assert "Forward count" not in explain("threshold", "none")
+
+
+def test_forward_costs_are_measured_on_the_loaded_model_and_a_parallel_engine_says_why_not(handlers, monkeypatch):
+    monkeypatch.setattr(run_tab, "COST_LENGTHS", (32, 64))
+    fig, message = handlers.forward_costs(*page_values(handlers))
+    assert "measured on" in message and {t.uid for t in fig.data} >= {"fc-full", "fc-dual"}
+    fake = SimpleNamespace(model=SimpleNamespace(device=SimpleNamespace(type="meta"), max_positions=512))
+    monkeypatch.setattr(handlers.host, "get", lambda spec: fake)
+    fig, message = handlers.forward_costs(*page_values(handlers))
+    assert "worker processes" in message and "\n" not in message
+
+
+def test_compare_default_b_changes_one_setting_and_fixed_shows_no_tau():
+    a, b = COMPARE_DEFAULTS
+    full = [{f: side.get(f, getattr(GenerationConfig(), f)) for f in COMPARE_FIELDS} for side in (a, b)]
+    assert sum(full[0][f] != full[1][f] for f in COMPARE_FIELDS) == 1
+    assert "threshold" not in side_fields("fixed") and "threshold" in side_fields("threshold")
+
+
+def test_compare_marks_wrong_commits_against_the_expected_answer_and_replay_marks_the_iteration(handlers):
+    settings = {"config": SMALL}
+    frames = list(handlers.compare(PROMPT, settings, settings, "", 1, expected="ZZZZ"))
+    seen: dict = {}
+    for frame in frames:
+        seen.update({k: v for k, v in zip(COMPARE_VIEW, frame) if not (isinstance(v, dict) and v == gr.skip())})
+    assert any("wrong" in cell["k"] for cell in seen["grid_a"]["cells"])
+    state = seen["state"]
+    assert state.expected[0] and state.expected[1]
+    replay = dict(zip(COMPARE_VIEW, handlers.compare_replay(1, state)))
+    assert any("wrong" in cell["k"] for cell in replay["grid_b"]["cells"]) or state.b.iterations < 2
+    shown = [t for t in replay["chart"].data if t.uid == "shown"]
+    assert shown and any(s.x0 == 1 for s in replay["chart"].layout.shapes)
+    assert replay["chart"].layout.legend.yref == "container"  # below the axis titles, never on them
+
+
+def test_counts_are_singular_for_one_and_a_fixed_runs_low_tpf_is_explained(handlers):
+    assert readouts.plural(1, "iteration") == "1 iteration" and readouts.plural(2, "torch thread") == "2 torch threads"
+    view = final(handlers.run(PROMPT, {"config": {"gen_length": 64, "block_length": 64, "decoder": "fixed"}}))  # one block: 64 forwards
+    tl = view["state"].timeline
+    assert tl.trace.stats["tpf"] < readouts.LOW_TPF and "Why TPF is this low" in view["readout"]
+    assert "Why TPF" not in final(handlers.run(PROMPT, {"config": SMALL}))["readout"]
+
+
+def test_one_torch_thread_is_singular():
+    import torch
+
+    from dinfer_viz.system import describe_machine
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert "1 torch thread" in describe_machine() and "1 torch threads" not in describe_machine()
+    finally:
+        torch.set_num_threads(threads)

@@ -77,8 +77,9 @@ def test_grid_collapses_early_stop_fill():
     trace.iterations = trace.iterations[:2]  # block 0 only; early stop filled positions 7-10
     trace.final = [[10, 11, 12, 20, 21, 22, 22, 0, 0, 0, 0]]
     cells = grid_value(Timeline(trace), 1)["cells"]
-    assert cells[-1] == {"t": "∎×4", "k": "fill", "tip": "pos 7–10: filled with end-of-text by early stop", "c": 0.0}
-    assert len(cells) == 8 and all("p" not in c for c in cells)
+    # the collapsed cell keeps its run's first position (a click opens its details)
+    assert cells[-1] == {"t": "∎×4", "k": "fill", "tip": "pos 7–10: filled with end-of-text by early stop", "c": 0.0, "p": 7}
+    assert len(cells) == 8 and [c["p"] for c in cells] == [0, 1, 2, 3, 4, 5, 6, 7]
     assert grid_value(Timeline(trace), 0)["cells"][-1]["k"] == "masked"  # before the last record: still masks
     # figures stop at the last block decoded, or at the end of a window recomputed around it ([2, 9))
     assert confidence_raster(Timeline(trace)).layout.xaxis.range[1] == 8.5

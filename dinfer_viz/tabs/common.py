@@ -115,12 +115,14 @@ class Stoppable:
     message: gr.Markdown
 
 
-def grid_view(value: dict, elem_id: str, min_height: int) -> gr.HTML:
+def grid_view(value: dict, elem_id: str, min_height: int, extra_js: str = "") -> gr.HTML:
     """A token grid (dinfer_viz/grid.py): full values drawn by its template, live frames by its
     renderer, which reports each frame it painted through the server function `painted` (a plain
-    request: no queue, no event, nothing else updated in the page)."""
+    request: no queue, no event, nothing else updated in the page). A click on a cell is the grid's
+    select event (index: the position); `extra_js` runs in the same scope (RASTER_PICK_JS)."""
     return gr.HTML(
-        value, html_template=GRID_TEMPLATE, css_template=GRID_CSS, js_on_load=GRID_JS, elem_id=elem_id, min_height=min_height, server_functions=[painted]
+        value, html_template=GRID_TEMPLATE, css_template=GRID_CSS, js_on_load=GRID_JS + extra_js, elem_id=elem_id, min_height=min_height,
+        server_functions=[painted],
     )
 
 

@@ -15,12 +15,13 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
+from .. import answers
 from ..export import compare_csv
 from ..figures import compare_figure
 from ..grid import EMPTY_GRID, LiveGrid, grid_value, inert
 from ..readouts import MAX_PASSES, live_line, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
-from ..settings import all_controls, control_value
+from ..settings import all_controls, control_value, decoder_fields
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 from .run import LIVE_README, RunTab
@@ -29,7 +30,8 @@ from .run import LIVE_README, RunTab
 COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state", "title_a", "title_b", "csv")
 # The settings each side of a comparison sets itself; the rest come from the Run tab.
 COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll")
-COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "dual"})
+# B changes one setting of A (the first lesson's first comparison): what differs is what explains
+COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "none"})
 SAME_MODEL = ("same as A: compare settings", "")  # model B's first choice
 COMPARE_PASSES = 3  # runs of each side whose median timings are shown (MAX_PASSES at most)
 
@@ -43,10 +45,17 @@ class CompareState:
     labels: tuple[str, str] = ("A", "B")
     wall_seconds: tuple[float, float] | None = None  # since each side's start, UI included (the readouts' wall s)
     stats: tuple[dict[str, Any], dict[str, Any]] | None = None  # each side's median_stats over its passes
+    expected: tuple[list[int] | None, list[int] | None] = (None, None)  # each side's expected ids (its tokenizer's)
 
     def csv(self) -> str:
         """Both runs as the CSV of the Compare tab's download (export.compare_csv)."""
         return compare_csv([self.a, self.b], self.labels, self.wall_seconds, self.stats)
+
+
+def side_fields(decoder: str) -> set[str]:
+    """The COMPARE_FIELDS a side shows for `decoder`: the Run tab's rule (only the settings the
+    decoder reads), so the fixed decoder shows no τ."""
+    return {f for f in COMPARE_FIELDS if f != "threshold" or "threshold" in decoder_fields(decoder)}
 
 
 def _label(config: dict[str, Any]) -> str:
@@ -83,13 +92,20 @@ class CompareHandlers(TabHandlers):
 
     @guarded(COMPARE_VIEW)
     def compare(
-        self, prompt: str, settings_a: dict[str, Any] | None, settings_b: dict[str, Any] | None, model_b: str | None = "", passes: float = COMPARE_PASSES
+        self,
+        prompt: str,
+        settings_a: dict[str, Any] | None,
+        settings_b: dict[str, Any] | None,
+        model_b: str | None = "",
+        passes: float = COMPARE_PASSES,
+        expected: str = "",
     ) -> Iterator[tuple]:
         """Run A, then B (one device: runs never overlap, so each speed is its own), streaming each
         into its panel (live frames, as the Run tab's grid); then the comparison chart. With
         `model_b` (a model's name, folder or hub id) B is A's settings on that model and
         `settings_b` is not read: the two models decode under the same settings. `passes`: runs
-        of each side; the readouts' timings are their median."""
+        of each side; the readouts' timings are their median. `expected`: the Run tab's expected
+        response; each side strikes out its committed tokens that differ from it."""
         try:
             passes = passes_count(passes)
             runs = [self.parse(settings_a)]
@@ -112,23 +128,34 @@ class CompareHandlers(TabHandlers):
         walls: list[float] = []
         medians: list[dict[str, Any]] = []
         texts: dict[str, str] = {}  # each side's output and readout, sent again at the end: an API client's result holds both
+        wanted: list[list[int] | None] = []  # each side's expected ids (two models may tokenize apart)
         for side, (spec, config) in zip("ab", runs):
             live: LiveGrid | None = None
+            want: list[int] | None = None
+            names: dict[str, str] = {}  # the expected ids' strings, which the trace may not name (run.py)
             for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
                 tl, say = frame.timeline, f"{side.upper()}: {frame.message}"
                 if frame.stage == "error":
                     yield outputs(COMPARE_VIEW, {"message": error_text(say)})
                     return
+                if tl is not None and names:  # the done frame brings a new Timeline
+                    tl.add_token_strings(names)
                 if frame.stage == "running" and tl is not None:
                     out: dict[str, Any] = {}
                     if live is None:  # the first frame: the masked canvas
-                        live = LiveGrid(tl, frame.run)
+                        engine = self.host.peek(spec)
+                        if engine is not None and expected:
+                            want = answers.expected_ids(engine, expected)
+                            names = engine.token_strings(set(want or []))
+                            tl.add_token_strings(names)
+                        live = LiveGrid(tl, frame.run, want)
                         out = {"message": say, f"readout_{side}": message_readout(LIVE_README), f"text_{side}": ""}
                     out[f"grid_{side}"] = live.value(frame.shown, frame.number, frame.since, live_line(tl, frame.shown, frame.wall))
                 elif frame.stage == "done" and tl is not None:
-                    out = {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1), f"text_{side}": frame.text}
+                    out = {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1, want), f"text_{side}": frame.text}
                     out[f"readout_{side}"] = readout(tl, frame.wall, note=inert(labels["ab".index(side)]))
                     done.append(tl)
+                    wanted.append(want)
                     walls.append(frame.wall)
                     texts[f"text_{side}"] = frame.text
                 else:  # waiting, loading, a heartbeat
@@ -150,7 +177,7 @@ class CompareHandlers(TabHandlers):
         longest = max(t.iterations for t in done)
         shared = "" if other is None else f" (both: {_label(runs[0][1].to_dict())})"
         timing = f" (TPS: median of {passes} passes)" if passes > 1 else ""
-        state = CompareState(done[0], done[1], labels, (walls[0], walls[1]), (medians[0], medians[1]))
+        state = CompareState(done[0], done[1], labels, (walls[0], walls[1]), (medians[0], medians[1]), (wanted[0], wanted[1]))
         yield outputs(
             COMPARE_VIEW,
             {
@@ -174,8 +201,9 @@ class CompareHandlers(TabHandlers):
         return outputs(
             COMPARE_VIEW,
             {
-                "grid_a": grid_value(state.a, state.a.clamp(it)),
-                "grid_b": grid_value(state.b, state.b.clamp(it)),
+                "grid_a": grid_value(state.a, state.a.clamp(it), state.expected[0]),
+                "grid_b": grid_value(state.b, state.b.clamp(it), state.expected[1]),
+                "chart": compare_figure([state.a, state.b], state.labels, highlight=it),
                 "text_a": state.a.text_at(state.a.clamp(it)),
                 "text_b": state.b.text_at(state.b.clamp(it)),
             },
@@ -190,7 +218,8 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
         gr.Markdown(
             "Runs **A**, then **B**, on the Run tab's prompt, each with the Run tab's settings changed as below; "
             "or, with **model B** set, the Run tab's settings unchanged on the Run tab's model (A) and on model B "
-            "(one device: the runs never overlap, so each speed is its own)."
+            "(one device: the runs never overlap, so each speed is its own). Committed tokens that differ from the Run tab's "
+            "expected response are struck out on both sides."
         )
         with gr.Row():
             model_b = gr.Dropdown(
@@ -213,10 +242,17 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
                 x = side.lower()
                 with gr.Column():
                     slots[f"title_{x}"] = gr.Markdown(f"### {side}", elem_id=f"compare-title-{x}")
+                    shown = side_fields(overrides.get("decoder", defaults.decoder))
                     with gr.Column() as group:
                         for row in (COMPARE_FIELDS[:3], COMPARE_FIELDS[3:]):
                             with gr.Row():
-                                side_controls += [make_control(by_field[f], overrides.get(f, control_value(by_field[f], defaults)), show_info=False, min_width=140) for f in row]
+                                side_controls += [
+                                    make_control(
+                                        by_field[f], overrides.get(f, control_value(by_field[f], defaults)), show_info=False, min_width=140,
+                                        visible=f in shown, elem_id=f"compare-{x}-{f}",
+                                    )
+                                    for f in row
+                                ]
                     side_groups.append(group)
                     slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
                     slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
@@ -235,8 +271,17 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
         """Model B set: the sides' settings do not apply (both run the Run tab's), so they hide."""
         return [gr.update(visible=not chosen) for _ in side_groups]
 
+    def decoder_shown(decoder: str) -> list[Any]:
+        """A side's decoder chose: only the settings that decoder reads show (the Run tab's rule)."""
+        shown = side_fields(decoder)
+        return [gr.update(visible=f in shown) for f in COMPARE_FIELDS]
+
+    n = len(COMPARE_FIELDS)
+    for k in range(2):
+        controls = side_controls[k * n : (k + 1) * n]
+        controls[COMPARE_FIELDS.index("decoder")].change(decoder_shown, controls[COMPARE_FIELDS.index("decoder")], controls, **PRIVATE)
     model_b.change(mode, model_b, side_groups, **PRIVATE)
     collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b], [settings_a, settings_b], **PRIVATE)
-    event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
+    event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
     return Stoppable(event, stop_btn, message)

@@ -21,12 +21,15 @@ from engine import EngineError, GenerationConfig, Trace
 
 from .. import answers
 from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
+from ..cache_figure import cache_state_figure, forward_cost_figure, measure_forward_costs
 from ..cost_figure import cost_figure
+from ..details import position_details
 from ..explain import explain
 from ..export import mp4_unavailable, run_gif, run_mp4
 from ..figures import confidence_raster, extras_figure, iteration_chart, message_figure
-from ..grid import EMPTY_GRID, LiveGrid, grid_value, inert
-from ..readouts import live_line, message_readout, readout
+from ..grid import EMPTY_GRID, RASTER_PICK_JS, LiveGrid, grid_value, inert
+from ..lessons import LESSONS, lesson_named
+from ..readouts import live_line, message_readout, plural, readout
 from ..runner import Frame, run_live
 from ..sample_traces import shipped_samples
 from ..settings import all_controls, control_value, sections, sweep_setting, visible_fields
@@ -37,7 +40,14 @@ from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, g
 log = logging.getLogger(__name__)
 
 EXPORT_VIEW = ("file", "message")  # the GIF / MP4 exports: the file, and the Run tab's message
-RUN_VIEW = ("grid", "readout", "text", "raster", "iterations", "cost", "extras", "scrub", "download", "message", "state", "explain")
+# details and cache_states come last: API clients reading the earlier outputs by place keep working
+RUN_VIEW = (
+    "grid", "readout", "text", "raster", "iterations", "cost", "extras", "scrub", "download", "message", "state", "explain", "details", "cache_states",
+)
+PICK_VIEW = (*RUN_VIEW, "pinned")  # a click on the grid or the raster: the view, and the position pinned
+PICK_HINT = "Click a cell of the grid or a point of the raster: everything about that position at the iteration shown appears here, and stays pinned while you scrub."
+# Canvas lengths of the forward-cost chart (those above the model's limit are left out)
+COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
 LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
 # The live view's pace: iterations shown per second, 0 for as fast as the engine makes them.
 LIVE_SPEEDS = [("as fast as the engine", 0), *((f"{n} iteration{'s' * (n > 1)} / s", n) for n in (1, 2, 5, 10, 20))]
@@ -56,20 +66,45 @@ class RunState:
     expected: list[int] | None = None
 
 
+def details_view(timeline: Timeline, pinned: int | None, iteration: int, expected: list[int] | None) -> str:
+    """The details panel: the pinned position at record `iteration`, or how to pin one."""
+    if pinned is None:
+        return f'<div class="pos-details">{inert(PICK_HINT)}</div>'
+    return position_details(timeline, pinned, iteration, expected)
+
+
+def cache_view(timeline: Timeline, highlight: int | None) -> Any:
+    """The K/V-state figure of a run with a cache; hidden for cache mode none (nothing is cached)."""
+    if (timeline.trace.config or {}).get("cache", "none") == "none":
+        return gr.update(visible=False)
+    return gr.update(value=cache_state_figure(timeline, highlight=highlight), visible=True)
+
+
 def timeline_view(
-    timeline: Timeline, iteration: int, expected: list[int] | None, *, plots: bool = True, extras: bool = True, highlight: bool = False, **slots: Any
+    timeline: Timeline,
+    iteration: int,
+    expected: list[int] | None,
+    *,
+    plots: bool = True,
+    extras: bool = True,
+    highlight: bool = False,
+    pinned: int | None = None,
+    **slots: Any,
 ) -> dict[str, Any]:
-    """Grid, text and (optionally) figures of `timeline` at `iteration`, plus extra slots."""
+    """Grid, text, details of the `pinned` position and (optionally) figures of `timeline` at
+    `iteration`, plus extra slots."""
     iteration = timeline.clamp(iteration)
     out: dict[str, Any] = {
         "grid": grid_value(timeline, iteration, expected),
         "text": timeline.text_at(iteration),
+        "details": details_view(timeline, pinned, iteration, expected),
     }
     mark = iteration if highlight else None
     if plots:
         out["raster"] = confidence_raster(timeline, highlight=mark, expected=expected)
         out["iterations"] = iteration_chart(timeline, highlight=mark)
         out["cost"] = cost_figure(timeline, highlight=mark)
+        out["cache_states"] = cache_view(timeline, mark)
     if extras:
         out["extras"] = extras_figure(timeline, highlight=mark)
     out.update(slots)
@@ -82,11 +117,13 @@ def scrub_to(timeline: Timeline, value: int) -> Any:
     return gr.update(minimum=0, maximum=max(timeline.iterations, 1), value=iteration_number(timeline.clamp(value)), interactive=True)
 
 
-def stored_view(timeline: Timeline, at: int, expected: list[int] | None, *, note: str, message: str, highlight: bool = False) -> dict[str, Any]:
+def stored_view(
+    timeline: Timeline, at: int, expected: list[int] | None, *, note: str, message: str, highlight: bool = False, pinned: int | None = None
+) -> dict[str, Any]:
     """A finished run (a loaded trace, a sweep's wrong answer) opened for replay at iteration `at`:
     its view, readout, scrubber, state and the explanation of the settings it ran with."""
     cfg = timeline.trace.config or {}
-    out = timeline_view(timeline, at, expected, highlight=highlight)
+    out = timeline_view(timeline, at, expected, highlight=highlight, pinned=pinned)
     out.update(
         readout=readout(timeline, None, note=note),
         scrub=scrub_to(timeline, at),
@@ -139,10 +176,10 @@ class RunHandlers(TabHandlers):
         return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
 
     @guarded(RUN_VIEW)
-    def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "", speed: float = 0) -> Iterator[tuple]:
+    def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "", speed: float = 0, pinned: int | None = None) -> Iterator[tuple]:
         """Stream a run: live frames (the grid's changes, the plots at a lower rate), then the
         final view, trace file and state. `speed`: iterations shown per second, 0 for as fast as
-        the engine (LIVE_SPEEDS)."""
+        the engine (LIVE_SPEEDS); `pinned`: the position the details panel shows at the end."""
         try:
             spec, config = self.parse(settings)
             self.check_request(prompt, config)
@@ -175,12 +212,14 @@ class RunHandlers(TabHandlers):
             if frame.timeline is not None and names:  # the done frame brings a new Timeline
                 frame.timeline.add_token_strings(names)
             phase = phase if frame.stage == "busy" else frame.stage
-            view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt, notes.get(phase, ""))
+            view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt, notes.get(phase, ""), pinned)
             if frame.stage == "done" and unknown:
                 view["message"] += unknown
             yield outputs(RUN_VIEW, view)
 
-    def _frame_view(self, frame: Frame, model: str, live: LiveGrid | None, expected: list[int] | None, prompt: str = "", note: str = "") -> dict[str, Any]:
+    def _frame_view(
+        self, frame: Frame, model: str, live: LiveGrid | None, expected: list[int] | None, prompt: str = "", note: str = "", pinned: int | None = None
+    ) -> dict[str, Any]:
         """One frame's slots; `note`: what the engine's system options spend at this stage (run)."""
         if frame.stage in ("waiting", "loading"):
             message = progress_line(frame.message, note) if note else frame.message
@@ -191,7 +230,7 @@ class RunHandlers(TabHandlers):
             return {"message": error_text(frame.message)}
         tl, last = frame.timeline, frame.shown - 1
         if frame.stage == "error":
-            return {"message": error_text(frame.message), **timeline_view(tl, last, expected, plots=True, extras=True)}
+            return {"message": error_text(frame.message), **timeline_view(tl, last, expected, pinned=pinned)}
         if frame.stage == "running":
             assert live is not None  # run() makes it at the first running frame
             out: dict[str, Any] = {"grid": live.value(frame.shown, frame.number, frame.since, live_line(tl, frame.shown, frame.wall))}
@@ -200,11 +239,11 @@ class RunHandlers(TabHandlers):
             if frame.plots:
                 out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last), cost=cost_figure(tl, upto=last))
             return out
-        out = timeline_view(tl, last, expected)
+        out = timeline_view(tl, last, expected, pinned=pinned)
         judged = answers.verdict(prompt, frame.text or "")
         out.update(
             readout=readout(tl, frame.wall, note=model),
-            message=f"{frame.message}: {tl.iterations} iterations" + (f"; {judged}" if judged else ""),
+            message=f"{frame.message}: {plural(tl.iterations, 'iteration')}" + (f"; {judged}" if judged else ""),
             text=frame.text,
             scrub=scrub_to(tl, tl.iterations - 1),
             download=self._write_trace(tl.trace),
@@ -217,32 +256,79 @@ class RunHandlers(TabHandlers):
         return self.write_file(f"trace-{trace.model or 'model'}", ".json", trace.to_json())
 
     @guarded(RUN_VIEW)
-    def replay(self, iteration: float, state: RunState | None) -> tuple:
+    def replay(self, iteration: float, state: RunState | None, pinned: int | None = None) -> tuple:
         """The stored run at `iteration` (the slider's number: 0 before the first forward, 1..N),
-        figures included, the iteration marked on them."""
+        figures included, the iteration marked on them; the details of the `pinned` position."""
         if state is None:
             return outputs(RUN_VIEW, {"message": "nothing to replay: run something or load a trace"})
         it = int(iteration) - 1  # the record index
-        return outputs(RUN_VIEW, timeline_view(state.timeline, it, state.expected, highlight=True))
+        return outputs(RUN_VIEW, timeline_view(state.timeline, it, state.expected, highlight=True, pinned=pinned))
 
-    def glance(self, iteration: float, state: RunState | None) -> tuple:
-        """While the scrubber is dragged: grid and text only (figures follow on release)."""
+    def glance(self, iteration: float, state: RunState | None, pinned: int | None = None) -> tuple:
+        """While the scrubber is dragged: grid, text and details only (figures follow on release)."""
         if state is None:
-            return gr.skip(), gr.skip()
-        view = timeline_view(state.timeline, int(iteration) - 1, state.expected, plots=False, extras=False)
-        return view["grid"], view["text"]
+            return gr.skip(), gr.skip(), gr.skip()
+        view = timeline_view(state.timeline, int(iteration) - 1, state.expected, plots=False, extras=False, pinned=pinned)
+        return view["grid"], view["text"], view["details"]
 
-    def step(self, iteration: float, state: RunState | None, delta: int = 1) -> tuple:
-        """Playback tick: the next iteration's grid and text (figures untouched); the timer stops at
-        the end. Returns (scrub value, grid, text, timer update)."""
+    def step(self, iteration: float, state: RunState | None, pinned: int | None = None, delta: int = 1) -> tuple:
+        """Playback tick: the next iteration's grid, text and details (figures untouched); the timer
+        stops at the end. Returns (scrub value, grid, text, details, timer update)."""
         if state is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
         tl = state.timeline
         it = int(iteration) - 1 + delta  # the record index shown next
         if it > tl.iterations - 1:
-            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
-        view = timeline_view(tl, it, state.expected, plots=False, extras=False)
-        return iteration_number(it), view["grid"], view["text"], gr.Timer(active=it < tl.iterations - 1)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        view = timeline_view(tl, it, state.expected, plots=False, extras=False, pinned=pinned)
+        return iteration_number(it), view["grid"], view["text"], view["details"], gr.Timer(active=it < tl.iterations - 1)
+
+    def lesson_step(self, name: str | None, step: Any) -> tuple:
+        """Step `step` (0-based; past the last: the last) of the lesson `name`: (the step menu, the
+        prompt, the sentence of what to look at, every Run control's value in all_controls' order).
+        An unknown lesson or step changes nothing but the sentence, which says why."""
+        try:
+            lesson = lesson_named(name)
+            index = min(max(int(step or 0), 0), len(lesson.steps) - 1)
+            config = lesson.config(index)
+        except (EngineError, TypeError, ValueError) as exc:
+            return (gr.skip(), gr.skip(), error_text(inert(str(exc))), *(gr.skip() for _ in all_controls()))
+        choices = [(f"{i + 1}. {s.title}", i) for i, s in enumerate(lesson.steps)]
+        last = " (the last step)" if index == len(lesson.steps) - 1 else ""
+        note = f"**Step {index + 1} of {len(lesson.steps)}{last}: {inert(lesson.steps[index].title)}.** Press Run, then: {inert(lesson.steps[index].look)}"
+        return (gr.update(choices=choices, value=index), lesson.prompt, note, *(control_value(c, config) for c in all_controls()))
+
+    @guarded(PICK_VIEW)
+    def pick(self, iteration: float, state: RunState | None, evt: gr.SelectData) -> tuple:
+        """A click on the grid (index: the cell's position) or on the raster (index: position,
+        value: the point's iteration number): that position's details, pinned (PICK_VIEW). A
+        raster click also moves the whole view to the point's iteration."""
+        position, number = evt.index, evt.value
+        if state is None:
+            return outputs(PICK_VIEW, {"details": f'<div class="pos-details">{inert("nothing to inspect yet: run something or load a trace")}</div>'})
+        if not isinstance(position, int) or isinstance(position, bool):
+            return outputs(PICK_VIEW, {"message": error_text(f"cannot pin position {inert(repr(position))}: not a canvas position")})
+        tl = state.timeline
+        if isinstance(number, int) and not isinstance(number, bool):  # the raster: go to that iteration
+            it = tl.clamp(number - 1)
+            view = timeline_view(tl, it, state.expected, highlight=True, pinned=position, scrub=iteration_number(it))
+        else:
+            view = {"details": details_view(tl, position, tl.clamp(int(iteration) - 1), state.expected)}
+        return outputs(PICK_VIEW, {**view, "pinned": position})
+
+    def forward_costs(self, *values: Any) -> tuple[Any, str]:
+        """Measure each forward kind's cost against canvas length on the Run tab's model (its
+        settings' values, TabHandlers.settings' order): (figure, one-line message)."""
+        try:
+            spec, _ = self.parse(self.settings(*values))
+            with self.host.lock:
+                engine = self.host.get(spec)
+                limit = engine.model.max_positions
+                lengths = [n for n in COST_LENGTHS if not limit or n <= limit]
+                rows = measure_forward_costs(engine, lengths)
+        except EngineError as exc:
+            return gr.skip(), error_text(str(exc))
+        return forward_cost_figure(rows), f"measured on {inert(spec.describe())}: median of {plural(rows[0]['repeats'] if rows else 0, 'forward')} per kind and length"
 
     def play(self, iteration: float, state: RunState | None) -> tuple:
         """Start playback (from the beginning when at the end)."""
@@ -266,7 +352,7 @@ class RunHandlers(TabHandlers):
             log.exception("trace could not be shown")
             return outputs(RUN_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
         note = f"loaded trace of {trace.model or 'an unnamed model'}"
-        message = f"loaded a trace: {trace.model}, {tl.iterations} iteration{'s' * (tl.iterations != 1)}"
+        message = f"loaded a trace: {trace.model}, {plural(tl.iterations, 'iteration')}"
         return outputs(RUN_VIEW, stored_view(tl, tl.iterations - 1, None, note=note, message=message))
 
     @guarded(RUN_VIEW)
@@ -302,7 +388,7 @@ class RunHandlers(TabHandlers):
         except EngineError as exc:
             return outputs(EXPORT_VIEW, {"message": error_text(str(exc))})
         path = self.write_file(f"run-{tl.trace.model or 'model'}", suffix, data)
-        return outputs(EXPORT_VIEW, {"file": path, "message": f"animation of {tl.iterations} iteration{'s' * (tl.iterations != 1)} ({len(data) / 1024:.0f} KiB): download it below the figures"})
+        return outputs(EXPORT_VIEW, {"file": path, "message": f"animation of {plural(tl.iterations, 'iteration')} ({len(data) / 1024:.0f} KiB): download it below the figures"})
 
 
 @dataclass
@@ -318,6 +404,7 @@ class RunTab:
     explain: gr.Markdown
     engine: Stoppable
     system: list[gr.components.Component]  # the Model and system section's system options
+    pinned: gr.State  # the position the details panel shows
 
 
 def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]]) -> RunTab:
@@ -326,7 +413,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     defaults = GenerationConfig()
     with gr.Tab("Run", id="run"):
         with gr.Row(equal_height=False):
-            with gr.Column(scale=1, min_width=330):
+            with gr.Column(scale=1, min_width=300):
                 prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt", info=h.limits_text(), max_length=h.max_prompt_chars)
                 expected = gr.Textbox(
                     label="Expected response (optional)",
@@ -344,6 +431,12 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 )
                 settings_msg = gr.Markdown(elem_id="settings-msg")
                 # open by default with no model (app.py --no-model): replaying them is all it can do
+                with gr.Accordion("Lessons: one setting changed at a time", open=False, elem_id="lessons-box"):
+                    lesson_menu = gr.Dropdown([l.name for l in LESSONS], value=None, label="Lesson", elem_id="lesson")
+                    with gr.Row():
+                        lesson_steps = gr.Radio([], value=None, label="Step", elem_id="lesson-step", scale=3)
+                        next_btn = gr.Button("Next step ▶", elem_id="lesson-next", scale=1, min_width=100)
+                    lesson_note = gr.Markdown("Choose a lesson: each step sets the prompt and the settings; press Run after each.", elem_id="lesson-note")
                 with gr.Accordion("Sample traces (replay with no model)", open=h.no_model, elem_id="samples-box"):
                     sample = gr.Dropdown(
                         [(label, Path(path).name) for label, path in shipped_samples()], value=None, label="Sample traces",
@@ -364,18 +457,25 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 with gr.Accordion("Settings JSON (what /run receives)", open=False):
                     settings_json = gr.JSON(value=None, elem_id="settings-json")
             with gr.Column(scale=3):
+                # message and readout above the grid's row, at its full width: the grid and the
+                # details panel beside it start at the same height (both on a projector's screen)
+                message = gr.Markdown(elem_id="message")
+                readout_md = gr.Markdown(message_readout("no run yet"), elem_id="stats")
                 with gr.Row(equal_height=False):
-                    with gr.Column(scale=3, min_width=420):
-                        message = gr.Markdown(elem_id="message")
-                        readout_md = gr.Markdown(message_readout("no run yet"), elem_id="stats")
-                        grid = grid_view(EMPTY_GRID, "grid", 120)
+                    # narrow enough minimums that at 1024 px the details stay beside the grid
+                    with gr.Column(scale=3, min_width=380):
+                        grid = grid_view(EMPTY_GRID, "grid", 120, extra_js=RASTER_PICK_JS)
                         text_out = gr.Textbox(label="Output text", interactive=False, lines=2, elem_id="output")
-                        with gr.Row(equal_height=False):
-                            scrub = gr.Slider(0, 1, value=0, step=1, label="iteration (0 = before the first forward)", interactive=False, elem_id="scrub", scale=5)
-                            play_btn = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=90)
-                            pause_btn = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=90)
-                            speed = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1)
-                    with gr.Column(scale=1, min_width=240):
+                        # the scrubber on a line of its own, playback under it: one row of all four
+                        # wraps into three in a projector's column, pushing the raster off the screen
+                        scrub = gr.Slider(0, 1, value=0, step=1, label="iteration (0 = before the first forward)", interactive=False, elem_id="scrub")
+                        with gr.Row(equal_height=True):
+                            play_btn = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=100)
+                            pause_btn = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=80)
+                            speed = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1, min_width=160)
+                    with gr.Column(scale=1, min_width=220):
+                        # above the explanation: a click on the grid shows its answer beside the grid
+                        details = gr.HTML(f'<div class="pos-details">{inert(PICK_HINT)}</div>', label="Position details", elem_id="details")
                         explain_md = gr.Markdown(explain(defaults.decoder, defaults.cache), elem_id="explain")
                 with gr.Row(equal_height=False):
                     raster = gr.Plot(message_figure("run something, or load a trace", 360), label="Confidence raster: iteration × position", elem_id="raster")
@@ -384,6 +484,17 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                     message_figure("", 340), label="Per iteration cost: compute, communication, compile, host (ms per rank)", elem_id="cost"
                 )
                 extras = gr.Plot(message_figure("", 220), label="Extras: credit, staleness, anchors (drawn when a run ends)", elem_id="extras")
+                cache_states = gr.Plot(
+                    label="K/V cache state: iteration × position (drawn when a run ends; runs with a cache)", elem_id="cache-states", visible=False
+                )
+                with gr.Accordion("What a forward costs", open=False, elem_id="forward-costs-box"):
+                    gr.Markdown(
+                        "Times one forward of each kind (full, refresh, prefix, dual, window) on the Run tab's model at several canvas "
+                        "lengths: a cache pays only where its forwards are cheaper than a full one. Takes a few seconds; it waits for the engine."
+                    )
+                    costs_btn = gr.Button("Measure forward costs", elem_id="forward-costs-btn")
+                    costs_msg = gr.Markdown(elem_id="forward-costs-msg")
+                    costs_plot = gr.Plot(label="Cost per forward kind against canvas length", elem_id="forward-costs")
                 with gr.Row():
                     download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
                     upload = gr.UploadButton("Load a trace (JSON)", file_types=[".json"], elem_id="upload")
@@ -394,12 +505,13 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                     gr.Markdown(f"<small>{no_mp4}</small>", elem_id="mp4-note")
                 export_file = gr.File(label="animation", visible=False, interactive=False, elem_id="export-file")
         run_state = gr.State(None)
+        pinned = gr.State(None)  # the position the details panel shows, kept while scrubbing and across runs
         timer = gr.Timer(1 / 6, active=False)
 
     settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
     slots = dict(
         grid=grid, readout=readout_md, text=text_out, raster=raster, iterations=iterations, cost=cost, extras=extras,
-        scrub=scrub, download=download, message=message, state=run_state, explain=explain_md,
+        scrub=scrub, download=download, message=message, state=run_state, explain=explain_md, details=details, cache_states=cache_states,
     )
     view = [slots[name] for name in RUN_VIEW]
 
@@ -409,15 +521,23 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     # Progress (queue position, elapsed time) on the message only: the live grid says where the
     # run is, and a timer over each of the eleven outputs is noise.
     run_ev = collect.then(
-        h.run, [prompt, settings_json, expected, live_speed_menu], view, api_name="run", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE
+        h.run, [prompt, settings_json, expected, live_speed_menu, pinned], view, api_name="run", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE
     )
 
-    scrub.release(h.replay, [scrub, run_state], view, api_name="replay", show_progress="hidden")
-    scrub.input(h.glance, [scrub, run_state], [grid, text_out], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
+    scrub.release(h.replay, [scrub, run_state, pinned], view, api_name="replay", show_progress="hidden")
+    scrub.input(h.glance, [scrub, run_state, pinned], [grid, text_out, details], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
+    grid.select(h.pick, [scrub, run_state], [*view, pinned], show_progress="hidden", api_visibility="private")
+    # A lesson's step sets the prompt and every control (their change events check the settings and
+    # show the step's controls); .input: only the user's choices, never the handler's own updates
+    lesson_out = [lesson_steps, prompt, lesson_note, *(controls[c.field] for c in all_controls())]
+    lesson_menu.input(lambda name: h.lesson_step(name, 0), lesson_menu, lesson_out, **PRIVATE)
+    lesson_steps.input(h.lesson_step, [lesson_menu, lesson_steps], lesson_out, **PRIVATE)
+    next_btn.click(lambda name, step: h.lesson_step(name, (step if isinstance(step, int) else -1) + 1), [lesson_menu, lesson_steps], lesson_out, **PRIVATE)
     play_btn.click(h.play, [scrub, run_state], [scrub, timer], **PRIVATE)
     pause_btn.click(lambda: gr.Timer(active=False), None, timer, **PRIVATE)
     speed.change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), speed, timer, **PRIVATE)
-    timer.tick(h.step, [scrub, run_state], [scrub, grid, text_out, timer], api_visibility="private")
+    timer.tick(h.step, [scrub, run_state, pinned], [scrub, grid, text_out, details, timer], api_visibility="private")
+    costs_btn.click(h.forward_costs, settings_inputs, [costs_plot, costs_msg], show_progress="minimal", show_progress_on=costs_msg, api_visibility="private", **ENGINE_QUEUE)
     upload.upload(h.load_trace, upload, view, api_name="load_trace")
     sample.input(h.load_sample, sample, view, api_name="load_sample")
     # The file box shows once it holds a file (an API client gets the plain path: no update dict)
@@ -426,7 +546,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     mp4_btn.click(h.export_mp4, run_state, [export_file, message], api_name="export_mp4", show_progress="minimal", show_progress_on=message).then(**reveal)
     demo.load(h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
-    return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message), system)
+    return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message), system, pinned)
 
 
 def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.components.Component) -> None:

@@ -101,7 +101,7 @@ class SweepHandlers(TabHandlers):
         kept = [o for o in (state.failures() if state else []) if o.trace is not None]
         row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         if state is None or not 0 <= row < len(kept):
-            return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(),) * (4 + len(all_controls()))
+            return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(),) * (5 + len(all_controls()))
         outcome = kept[row]
         tl = Timeline(outcome.trace)
         tl.add_token_strings(outcome.names)  # the expected tokens by their characters in the hovers
@@ -111,14 +111,15 @@ class SweepHandlers(TabHandlers):
             if outcome.wrong
             else "no single wrong commit found"
         )
+        pinned = outcome.wrong.position if outcome.wrong else None  # the details panel opens on the wrong commit
         out = stored_view(
-            tl, at, outcome.expected, highlight=True,
+            tl, at, outcome.expected, highlight=True, pinned=pinned,
             note=f"sweep: {inert(outcome.model)}, {state.parameter} = {outcome.value:g}",
             message=f"wrong answer from the sweep ({inert(outcome.model)}, {state.parameter} = {outcome.value:g}): {where}; the Run tab's settings are now its settings, so Run reproduces it",
         )
         config = GenerationConfig.from_dict(outcome.trace.config)  # what the engine ran: the swept value included
         controls = tuple(control_value(c, config) for c in all_controls())
-        return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"), outcome.model_box or gr.skip(), *controls)
+        return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"), outcome.model_box or gr.skip(), *controls, pinned)
 
 
 @dataclass
@@ -169,6 +170,6 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
     )
     # run.settings_inputs[0]: the model box (TabHandlers.settings' order)
     copied = [run.settings_inputs[0], *(run.controls[c.field] for c in all_controls())]
-    failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs, *copied], api_visibility="private")
+    failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs, *copied, run.pinned], api_visibility="private")
     return SweepTab(Stoppable(event, stop_btn, message), parameter)
 

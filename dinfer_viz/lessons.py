@@ -1,0 +1,163 @@
+"""Lessons: short sequences of runs, each step changing one setting of the one before, with one
+sentence of what to look at (#16 item 3). The Run tab's Lessons box sets its prompt and controls
+to a step's settings; the user presses Run.
+
+A step's settings are the engine's defaults (GenerationConfig()), then the lesson's `base`, then
+every step's `change` up to and including it: so a step differs from the one before in exactly the
+settings its `change` names (one, by construction; `check_lessons` verifies it and that every step
+builds a valid GenerationConfig against the registries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine import EngineError, GenerationConfig
+
+from .settings import build_config
+
+
+@dataclass(frozen=True)
+class Step:
+    """One run of a lesson: the one setting it changes (`change`: field -> value), its title, and
+    one sentence of what to look at once it ran."""
+
+    title: str
+    change: dict[str, Any]
+    look: str
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """A prompt, the settings every step shares (`base`, on top of GenerationConfig's defaults) and
+    the steps, in order."""
+
+    name: str
+    prompt: str
+    base: dict[str, Any]
+    steps: tuple[Step, ...]
+
+    def settings(self, index: int) -> dict[str, Any]:
+        """Step `index`'s full generation settings (GenerationConfig.to_dict's form)."""
+        if not 0 <= index < len(self.steps):
+            raise EngineError(f"lesson {self.name!r} has steps 1 to {len(self.steps)}, not {index + 1}")
+        out = {**GenerationConfig().to_dict(), **self.base}
+        for step in self.steps[: index + 1]:
+            out.update(step.change)
+        return out
+
+    def config(self, index: int) -> GenerationConfig:
+        """Step `index`'s settings, validated as a run's settings are (registries included)."""
+        return build_config(self.settings(index))
+
+
+# Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
+# and the fixed decoder's 64 iterations stay short enough to watch.
+_SHORT = {"gen_length": 64, "block_length": 32}
+LESSONS: tuple[Lesson, ...] = (
+    Lesson(
+        "1 · fixed → threshold → lower τ → credit",
+        # a grammar prompt: a long answer, so each step's iteration count differs visibly
+        "every sleepy teacher",
+        {**_SHORT, "cache": "none", "decoder": "fixed"},
+        (
+            Step(
+                "fixed: one token per iteration",
+                {"decoder": "fixed"},
+                "Count the iterations: the fixed decoder commits one token per forward, so NFE is the number of positions it decodes "
+                "(the early-stop fill after the answer is not counted as tokens, hence the low TPF).",
+            ),
+            Step(
+                "threshold τ = 0.9",
+                {"decoder": "threshold"},
+                "Green cells commit above τ, orange ones are forced (the best below τ): several tokens per forward once the model is sure, "
+                "so far fewer iterations for the same answer.",
+            ),
+            Step(
+                "threshold τ = 0.7",
+                {"threshold": 0.7},
+                "A lower τ commits more per forward (TPF up, iterations down): click a cell committed early and compare its confidence "
+                "with τ, then check whether the answer still reads right (an arithmetic prompt's wrong digits are struck out).",
+            ),
+            Step(
+                "credit decoding",
+                {"decoder": "credit"},
+                "Credit adds evidence a position built up over earlier iterations to its logits: look at the extras chart's credit and at "
+                "positions that commit an iteration earlier than with plain threshold.",
+            ),
+        ),
+    ),
+    Lesson(
+        "2 · cache none → prefix → dual → vicinity",
+        "Q: ?+?=38 A:",
+        {**_SHORT, "decoder": "threshold", "cache": "none"},
+        (
+            Step(
+                "no cache",
+                {"cache": "none"},
+                "Every iteration is one full forward over the whole canvas: NFE equals the iterations, and no K/V is ever stale.",
+            ),
+            Step(
+                "prefix cache",
+                {"cache": "prefix"},
+                "Each block starts with a refresh; the K/V-state chart shows the prompt and earlier blocks cached (and stale) while the "
+                "block and everything after it are recomputed.",
+            ),
+            Step(
+                "dual cache",
+                {"cache": "dual"},
+                "Only the block is recomputed now, against a staler store: compare the answer and the verifier's verdict with the "
+                "runs before, and open \"What a forward costs\" to see why a short canvas saves little time.",
+            ),
+            Step(
+                "vicinity",
+                {"cache": "vicinity"},
+                "The first forwards are full (warmup), then a window around the block is recomputed: the dashed cells in the grid and "
+                "the K/V-state chart show which neighbours stay fresh.",
+            ),
+        ),
+    ),
+    Lesson(
+        "3 · smoothing off → on",
+        "Q: ?+?=57 A:",
+        {**_SHORT, "decoder": "threshold", "cache": "none", "smoothing": False},
+        (
+            Step(
+                "smoothing off",
+                {"smoothing": False},
+                "Still-masked positions see only [MASK]: note the iterations and the confidence raster's colours before the first commits.",
+            ),
+            Step(
+                "smoothing on",
+                {"smoothing": True},
+                "Masked positions now see a mix of [MASK] and their last prediction, and the threshold starts at 1 and falls: compare the "
+                "per-iteration chart's threshold line and the iterations with the run before.",
+            ),
+        ),
+    ),
+)
+
+
+def lesson_named(name: str | None) -> Lesson:
+    """The lesson called `name`; EngineError (one line) for any other name."""
+    if not name:
+        raise EngineError("choose a lesson first")
+    for lesson in LESSONS:
+        if lesson.name == name:
+            return lesson
+    raise EngineError(f"no lesson named {name!r}")
+
+
+def check_lessons(lessons: tuple[Lesson, ...] = LESSONS) -> None:
+    """EngineError unless every step builds a valid GenerationConfig and changes exactly one
+    setting from the step before (the first step: from the lesson's base)."""
+    for lesson in lessons:
+        before = {**GenerationConfig().to_dict(), **lesson.base}
+        for i, step in enumerate(lesson.steps):
+            lesson.config(i)
+            now = lesson.settings(i)
+            changed = sorted(k for k in now if now[k] != before.get(k))
+            if i > 0 and len(changed) != 1:
+                raise EngineError(f"lesson {lesson.name!r} step {i + 1} changes {changed or 'nothing'}, not one setting")
+            before = now
