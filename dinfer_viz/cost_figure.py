@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .figures import _finish, _upto, message_figure
+from .figures import _finish, _upto, message_figure, shown_iteration_shapes
 from .timeline import Timeline, iteration_number
 
 # (name, colour): the order bars stack in, bottom first
@@ -134,10 +134,7 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
                 hovertemplate="iteration %{x}: replayed a CUDA graph<extra></extra>", uid="cost-replays",
             )
         )
-    shapes = []
-    if highlight is not None and 0 <= highlight <= upto:
-        x = iteration_number(highlight)
-        shapes.append(dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color="#dc2626", width=2)))
+    shapes = shown_iteration_shapes(highlight, upto)
     fig.update_layout(
         barmode="group",
         bargap=0.15,

@@ -52,6 +52,17 @@ class Figure(go.Figure):
         return text[:-1] + ',"config":' + json.dumps(config) + "}"  # one more key in the figure's JSON object
 
 
+SHOWN_LINE = dict(color="#dc2626", width=2)  # the iteration the page shows, in every figure
+
+
+def shown_iteration_shapes(highlight: int | None, upto: int) -> list[dict]:
+    """A vertical line at record `highlight` on an x axis of iteration numbers, when it is drawn."""
+    if highlight is None or not 0 <= highlight <= upto:
+        return []
+    x = iteration_number(highlight)
+    return [dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=SHOWN_LINE)]
+
+
 def _finish(fig: go.Figure, height: int, key: str) -> Figure:
     fig.update_layout(template=_TEMPLATE, height=height, uirevision=key, hovermode="closest")
     # Every figure leaves through here: made a Figure in place (go.Figure(fig) would copy and
@@ -150,7 +161,7 @@ RASTER_MARKS = {
     "exact": ("recomputed everything (grey band)", dict(mode="markers", marker=dict(symbol="square", size=11, color="rgba(107,114,128,0.35)"))),
     "partial": ("recomputed only this range (dashed)", dict(mode="lines", line=dict(color="#db2777", width=1.5, dash="dash"))),
     "block": ("block start (blue line)", dict(mode="lines", line=dict(color="#2563eb", width=1.5))),
-    "shown": ("iteration shown (red line)", dict(mode="lines", line=dict(color="#dc2626", width=2))),
+    "shown": ("iteration shown (red line)", dict(mode="lines", line=SHOWN_LINE)),
 }
 
 
@@ -229,7 +240,7 @@ def confidence_raster(
     if highlight is not None and first <= highlight <= upto:
         drawn.add("shown")
         y = iteration_number(highlight)
-        shapes.append(dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=dict(color="#dc2626", width=2)))
+        shapes.append(dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=SHOWN_LINE))
     for kind in RASTER_MARKS:
         if kind in drawn:
             fig.add_trace(_legend_only(kind))
@@ -290,10 +301,7 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
                 uid=f"ms-{kind}",
             )
         )
-    shapes = []
-    if highlight is not None and 0 <= highlight <= upto:
-        x = iteration_number(highlight)
-        shapes.append(dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color="#dc2626", width=2)))
+    shapes = shown_iteration_shapes(highlight, upto)
     fig.update_layout(
         barmode="stack",
         bargap=0.15,
@@ -384,7 +392,7 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
         )
         fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(0) - 0.5], row=row, col=1)
         if highlight is not None and 0 <= highlight <= upto:
-            fig.add_hline(y=iteration_number(highlight), line=dict(color="#dc2626", width=2), row=row, col=1)
+            fig.add_hline(y=iteration_number(highlight), line=SHOWN_LINE, row=row, col=1)
     fig.update_xaxes(range=[x0 - 0.5, x1 - 0.5])
     fig.update_xaxes(title_text="canvas position", row=len(names), col=1)
     fig.update_layout(margin=dict(t=60))
@@ -407,8 +415,8 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str], highlig
     fig.update_xaxes(title_text="iteration", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1)
     if highlight is not None:
-        fig.add_vline(x=iteration_number(highlight), line=dict(color="#dc2626", width=2), row=1, col=2)
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="iteration shown", line=dict(color="#dc2626", width=2), hoverinfo="skip", uid="shown"), row=1, col=2)
+        fig.add_vline(x=iteration_number(highlight), line=SHOWN_LINE, row=1, col=2)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="iteration shown", line=SHOWN_LINE, hoverinfo="skip", uid="shown"), row=1, col=2)
     # the legend at the figure's foot, below the axis titles (the template's legend, just under the
     # plot, sat on them); the bottom margin holds both
     fig.update_layout(legend=dict(yref="container", y=0.01, yanchor="bottom"), margin=dict(b=110))

@@ -45,6 +45,16 @@ def _masked_before(timeline: Timeline, p: int, i: int) -> bool:
     return timeline.initial[p] == timeline.mask_id and (commit is None or commit.iteration >= i)
 
 
+def _decisions(timeline: Timeline):
+    """(record index, record, position, the panel's rule text) for every position of the record's
+    block still masked before it: each decision the decoder made."""
+    for i, rec in enumerate(timeline.records):
+        s, e = rec.block_range
+        for p in range(s, e):
+            if _masked_before(timeline, p, i):
+                yield i, rec, p, rule_text(timeline, i, p)
+
+
 # ---- the panel on a hand-made trace -------------------------------------------------------------
 def test_panel_names_the_rule_and_its_numbers() -> None:
     timeline = Timeline(handmade_trace())
@@ -169,21 +179,16 @@ def test_states_follow_the_records_in_each_mode(engine: Engine, cache: str) -> N
 def test_panel_matches_every_decision_of_a_real_run(engine: Engine, cache: str) -> None:
     timeline = _run(engine, cache=cache, warmup=1)
     seen = set()
-    for i, rec in enumerate(timeline.records):
-        s, e = rec.block_range
-        for p in range(s, e):
-            if not _masked_before(timeline, p, i):
-                continue
-            text = rule_text(timeline, i, p)
-            c, tau = rec.confidence[timeline.row][p - s], rec.threshold
-            if p in rec.forced[timeline.row]:
-                assert text.startswith(f"forced: confidence {c:.3f} < τ {tau:.2f}"), text
-            elif p in rec.committed[timeline.row]:
-                assert text.startswith("committed: confidence") and f"≥ τ {tau:.2f}" in text, text
-            else:
-                assert text.startswith("not committed: confidence") and f"< τ {tau:.2f}" in text, text
-            seen.add(text.split(":")[0])
-            assert "K/V cache" in position_details(timeline, p, i)
+    for i, rec, p, text in _decisions(timeline):
+        c, tau = rec.confidence[timeline.row][p - rec.block_range[0]], rec.threshold
+        if p in rec.forced[timeline.row]:
+            assert text.startswith(f"forced: confidence {c:.3f} < τ {tau:.2f}"), text
+        elif p in rec.committed[timeline.row]:
+            assert text.startswith("committed: confidence") and f"≥ τ {tau:.2f}" in text, text
+        else:
+            assert text.startswith("not committed: confidence") and f"< τ {tau:.2f}" in text, text
+        seen.add(text.split(":")[0])
+        assert "K/V cache" in position_details(timeline, p, i)
     assert seen == {"committed", "not committed", "forced"}  # the default prompt forces a commit
 
 
@@ -201,21 +206,16 @@ def test_panel_matches_every_decision_of_a_real_run(engine: Engine, cache: str) 
 )
 def test_rules_of_every_decoder_agree_with_the_engine(engine: Engine, settings: dict) -> None:
     timeline = _run(engine, **settings)
-    for i, rec in enumerate(timeline.records):
-        s, e = rec.block_range
-        for p in range(s, e):
-            if not _masked_before(timeline, p, i):
-                continue
-            text = rule_text(timeline, i, p)
-            assert text.startswith("not committed") != (p in rec.committed[timeline.row]), text
-            if settings["decoder"] == "fixed":  # the schedule's commits are "forced" by it (the trace's forced stays empty)
-                committed = p in rec.committed[timeline.row]
-                word = "at random" if settings.get("remasking") == "random" else "forced by the schedule" if committed else "the top"
-                assert word in text, text
-            else:
-                assert text.startswith("forced") == (p in rec.forced[timeline.row]), text
-            if settings["decoder"] == "credit":
-                assert "raw probability" in text and "α = 0.7" in text
+    for i, rec, p, text in _decisions(timeline):
+        assert text.startswith("not committed") != (p in rec.committed[timeline.row]), text
+        if settings["decoder"] == "fixed":  # the schedule's commits are "forced" by it (the trace's forced stays empty)
+            committed = p in rec.committed[timeline.row]
+            word = "at random" if settings.get("remasking") == "random" else "forced by the schedule" if committed else "the top"
+            assert word in text, text
+        else:
+            assert text.startswith("forced") == (p in rec.forced[timeline.row]), text
+        if settings["decoder"] == "credit":
+            assert "raw probability" in text and "α = 0.7" in text
 
 
 # ---- forward costs ------------------------------------------------------------------------------------
