@@ -208,19 +208,26 @@ def cache_config(mode: str, gen_length: int, block_length: int) -> GenerationCon
     return GenerationConfig(gen_length=gen_length, block_length=block_length, cache=mode, warmup=0)
 
 
-def block_forwards(
-    model: DiffusionLM,
-    x: torch.Tensor,
-    block: tuple[int, int],
-    gen_length: int,
-    block_length: int,
-    repeats: int,
-    bandwidth: float,
-    flops: float | None,
-    device: torch.device,
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class BlockBench:
+    """One block's forwards to time on one model: the canvas, the block, the generation settings
+    the cache plans follow, and what the floor compares against."""
+
+    model: DiffusionLM
+    x: torch.Tensor
+    block: tuple[int, int]
+    gen_length: int
+    block_length: int
+    repeats: int
+    bandwidth: float
+    flops: float | None
+    device: torch.device
+
+
+def block_forwards(b: BlockBench) -> list[dict[str, Any]]:
     """Correctness of each cached mode against the uncached forward, then ms per forward per mode."""
-    s, e = block
+    model, x, (s, e), repeats, device = b.model, b.x, b.block, b.repeats, b.device
+    gen_length, block_length, bandwidth, flops = b.gen_length, b.block_length, b.bandwidth, b.flops
     n = x.shape[1]
     shape = Shape.of(model)
     exact = model(input_ids=x).logits[:, s:e].float()
@@ -248,21 +255,11 @@ def block_forwards(
     return rows
 
 
-def static_forwards(
-    model: DiffusionLM,
-    x: torch.Tensor,
-    block: tuple[int, int],
-    gen_length: int,
-    block_length: int,
-    repeats: int,
-    bandwidth: float,
-    flops: float | None,
-    device: torch.device,
-    variants: list[str],
-) -> list[dict[str, Any]]:
+def static_forwards(b: BlockBench, variants: list[str]) -> list[dict[str, Any]]:
     """The dual forward plain and behind static shapes: first call, ms per forward (synchronised
     and back to back), device gap between forwards, error against the plain logits."""
-    s, e = block
+    model, x, (s, e), repeats, device = b.model, b.x, b.block, b.repeats, b.device
+    gen_length, block_length, bandwidth, flops = b.gen_length, b.block_length, b.bandwidth, b.flops
     n = x.shape[1]
     manager = KVCacheManager(cache_config("dual", gen_length, block_length), n)
     manager.forward(model, manager.plan(0, 0, s, e), 0, input_ids=x)  # the refresh: the store
@@ -358,8 +355,9 @@ def check_model(name: str, config: dict[str, Any], args: argparse.Namespace, dev
     x = canvas(model, args.prompt_length, args.gen_length, args.block_length // 2, device)
     block = (args.prompt_length, args.prompt_length + args.block_length)
     with torch.inference_mode():
-        blocks = block_forwards(model, x, block, args.gen_length, args.block_length, args.repeats, bandwidth, flops, device)
-        static = static_forwards(model, x, block, args.gen_length, args.block_length, args.repeats, bandwidth, flops, device, args.static)
+        bench = BlockBench(model, x, block, args.gen_length, args.block_length, args.repeats, bandwidth, flops, device)
+        blocks = block_forwards(bench)
+        static = static_forwards(bench, args.static)
         prompt = x[0, : args.prompt_length].tolist()
         generates = full_generate(model, prompt, args.gen_length, args.block_length, args.tokens_per_step, bandwidth, flops)
     params = sum(p.numel() for p in model.parameters())

@@ -313,7 +313,7 @@ def test_gpu_check_catches_a_wrong_cache_merge(monkeypatch):
     model = gpu_check.build(gpu_check.TINY_LLADA, torch.device("cpu"), torch.float32)
     x = gpu_check.canvas(model, 24, 16, 4, torch.device("cpu"))
     with torch.inference_mode():
-        rows = gpu_check.block_forwards(model, x, (24, 32), 16, 8, 1, 1e9, None, torch.device("cpu"))
+        rows = gpu_check.block_forwards(gpu_check.BlockBench(model, x, (24, 32), 16, 8, 1, 1e9, None, torch.device("cpu")))
     errors = {r["mode"]: r["rel_error"] for r in rows}
     assert errors["full"] == 0.0 and errors["refresh"] == 0.0
     assert min(errors["prefix"], errors["dual"], errors["window"]) > 1e-3
