@@ -31,7 +31,7 @@ from PIL import Image, ImageColor, ImageDraw, ImageFont
 
 from engine import EngineError
 
-from .grid import CELL_COLOURS, _cell_text, first_shown
+from .grid import CELL_COLOURS, cell_state, cell_text, first_shown
 from .timeline import Timeline, iteration_number
 
 MAX_FRAMES = 120  # a 448-iteration run still fits a slide deck (and a GIF stays a few hundred KB)
@@ -101,27 +101,13 @@ def frame_plan(timeline: Timeline, max_frames: int = MAX_FRAMES) -> FramePlan:
     return FramePlan(iterations, positions, [_settings_line(timeline)] + ([" · ".join(cuts)] if cuts else []))
 
 
-def _state(timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
-    """The grid's cell state (grid.grid_value's rules) of position `p` after record `iteration`."""
-    commit = timeline.commits.get(p)
-    if p < timeline.prompt_length and commit is None:
-        return "prompt"
-    if canvas[p] == timeline.mask_id:
-        return "masked"
-    if commit is None or commit.iteration > iteration:
-        return "fill"
-    if commit.iteration == iteration:
-        return "forced" if commit.forced else "new"
-    return "old"
-
-
 def _layout(timeline: Timeline, positions: list[int], font, top: int) -> tuple[list[_Cell], int]:
     """Cells placed left to right, wrapping like the page's grid; each as wide as the token it
     ends with (the final canvas), so no cell moves between frames. Returns (cells, bottom)."""
     final = timeline.canvas_at(timeline.iterations - 1)
     x, y, cells = PAD, top, []
     for p in positions:
-        text = _cell_text(timeline, final[p])
+        text = cell_text(timeline, final[p])
         width = int(min(CELL_MAX_WIDTH, max(CELL_MIN_WIDTH, font.getlength(text) + 8)))
         if x + width > WIDTH - PAD and x > PAD:
             x, y = PAD, y + CELL_HEIGHT + GAP
@@ -182,11 +168,11 @@ def render_frames(timeline: Timeline, max_frames: int = MAX_FRAMES) -> list[Imag
             draw.text((PAD, PAD + 22 + 18 * k), _fit(line, small, WIDTH - 2 * PAD), font=small, fill=MUTED)
         canvas = timeline.canvas_at(index)
         for cell in cells:
-            state = _state(timeline, canvas, cell.position, index)
+            state = cell_state(timeline, canvas, cell.position, index)
             box = (cell.x, cell.y, cell.x + cell.width - 1, cell.y + CELL_HEIGHT - 1)
             draw.rounded_rectangle(box, radius=3, fill=CELL_COLOURS[state][0])
             if state != "masked":  # a mask is its colour; its glyph would only add noise
-                text = _fit(_cell_text(timeline, canvas[cell.position]), big, cell.width - 4)
+                text = _fit(cell_text(timeline, canvas[cell.position]), big, cell.width - 4)
                 draw.text((cell.x + cell.width / 2, cell.y + CELL_HEIGHT / 2), text, font=big, fill=TEXT, anchor="mm")
         _legend(draw, small, bottom + 14)
         frames.append(image)

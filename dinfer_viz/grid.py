@@ -87,14 +87,10 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
         token = canvas[p]
         commit = timeline.commits.get(p)
         in_block = p in block
-        if p < timeline.prompt_length and commit is None:
-            kind, tip = "prompt", [f"pos {p} · prompt"]
-        elif token == timeline.mask_id:
-            kind, tip = "masked", [f"pos {p} · masked"]
-        elif commit is None or commit.iteration > iteration:
-            kind, tip = "fill", [f"pos {p} · filled with end-of-text by early stop"]
+        kind = cell_state(timeline, canvas, p, iteration)
+        if kind in ("prompt", "masked", "fill"):
+            tip = [f"pos {p} · {STATE_TIPS[kind]}"]
         else:
-            kind = ("forced" if commit.forced else "new") if commit.iteration == iteration else "old"
             how = "forced top-1 (below threshold)" if commit.forced else "above threshold"
             tip = [f"pos {p} · committed at iteration {iteration_number(commit.iteration)} ({how}) · confidence then {commit.confidence:.3f}"]
         classes = [kind]
@@ -117,7 +113,7 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
         if kind in ("old", "new", "forced") and want is not None and want != token:
             classes.append("wrong")
             tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
-        cells.append({"t": inert(_cell_text(timeline, token)), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
+        cells.append({"t": inert(cell_text(timeline, token)), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
     return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration))}
 
 
@@ -192,9 +188,9 @@ class LiveGrid:
         for p in range(first, timeline.canvas_length):
             token = timeline.initial[p]
             if token == timeline.mask_id:
-                self.canvas.append([p, _cell_text(timeline, token), "masked", f"pos {p} · masked"])
+                self.canvas.append([p, cell_text(timeline, token), "masked", f"pos {p} · masked"])
             else:
-                self.canvas.append([p, _cell_text(timeline, token), "prompt", f"pos {p} · prompt\ntoken {timeline.text_of(token)!r} (id {token})"])
+                self.canvas.append([p, cell_text(timeline, token), "prompt", f"pos {p} · prompt\ntoken {timeline.text_of(token)!r} (id {token})"])
 
     def value(self, shown: int, frame: int, since: int, stats: str) -> dict:
         """The frame showing the timeline's first `shown` records to a page that holds the first
@@ -207,7 +203,7 @@ class LiveGrid:
             for p in rec.committed[row]:
                 token = rec.top1[row][p - start]
                 want = expected_at(tl, self.expected, p)
-                commits.append([p, _cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token)])
+                commits.append([p, cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token)])
         at = shown - 1
         live: dict = {"run": self.run, "frame": frame, "commits": commits, "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
         if since < 0:
@@ -223,7 +219,26 @@ class LiveGrid:
         return {"live": live}
 
 
-def _cell_text(timeline: Timeline, token: int) -> str:
+STATE_TIPS = {"prompt": "prompt", "masked": "masked", "fill": "filled with end-of-text by early stop"}
+
+
+def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
+    """Position `p`'s state after record `iteration` (-1: before the first forward), as the grid
+    colours it: prompt, masked, fill (early stop's end-of-text), or committed new / forced (by this
+    record) / old (earlier)."""
+    commit = timeline.commits.get(p)
+    if p < timeline.prompt_length and commit is None:
+        return "prompt"
+    if canvas[p] == timeline.mask_id:
+        return "masked"
+    if commit is None or commit.iteration > iteration:
+        return "fill"
+    if commit.iteration == iteration:
+        return "forced" if commit.forced else "new"
+    return "old"
+
+
+def cell_text(timeline: Timeline, token: int) -> str:
     if token == timeline.mask_id:
         return "▒"
     if timeline.is_end(token):
