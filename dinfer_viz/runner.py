@@ -109,6 +109,12 @@ class FrameClock:
     def plot_interval(self) -> float:
         return min(max(1.0 / self.plot_hz, self.plot_cost / self.budget), max(self.MAX_PLOT_GAP, 1.0 / self.plot_hz))
 
+    def share(self, streams: int) -> None:
+        """`streams` runs of one engine batch stream at once: each takes its share of the frame
+        rate, the plot rate and the server's budget, so a batch costs the server what one run does
+        (on a CPU, eight sessions' frames at the full rate took more than the engine saved)."""
+        self.fps, self.plot_hz, self.budget = self.fps / streams, self.plot_hz / streams, self.budget / streams
+
     def wait(self, now: float) -> float:
         """Seconds until the next frame may go."""
         return max(0.0, self.last_frame + self.frame_interval - now)
@@ -309,10 +315,12 @@ def run_live(
                 elif isinstance(event, Started):
                     timeline = Timeline(event.trace)
                     status = "generating: a forward is running"
+                    clock.share(event.batch)
                     now = time.perf_counter()
                     clock.tick(now, force=True)
                     number, since = pacer.send(0, True, now)
-                    joined = f" (batched with {event.batch - 1} other session{'s' * (event.batch > 2)}'s run)" if event.batch > 1 else ""
+                    others = "1 other session's run" if event.batch == 2 else f"{event.batch - 1} other sessions' runs"
+                    joined = f" (batched with {others})" if event.batch > 1 else ""
                     yield frame("running", plots=True, timeline=timeline, message="generating" + joined, number=number, since=since)
                 elif isinstance(event, Waiting):
                     status = "waiting for the engine: another session is running"

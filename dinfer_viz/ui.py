@@ -2,8 +2,10 @@
 (`build_demo`). Each tab's layout, events and handlers live in dinfer_viz/tabs/.
 
 Public API endpoints (gradio_client, `api_name`): /run, /replay, /load_trace, /load_sample,
-/export_gif, /export_mp4, /load_model, /compare, /compare_replay, /sweep. Runs, comparisons, sweeps and model loads share the queue
-concurrency id "engine" with limit 1: one at a time on the shared engine, the rest wait in line.
+/export_gif, /export_mp4, /load_model, /compare, /compare_replay, /sweep. Comparisons, sweeps and
+model loads share the queue concurrency id "engine" with limit 1: one at a time, the rest wait in
+line. Runs have their own ("runs", up to a batch at once): they wait for the engine in the
+RunBatcher, where runs of different sessions join one batch (dinfer_viz/batching.py).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
         stoppable = [run_tab.engine, compare_tab, sweep_tab.engine]
         for tab in stoppable:
             tab.stop.click(handlers.stopped, None, tab.message, cancels=[t.event for t in stoppable], **PRIVATE)
-    # Engine events queue one at a time (concurrency id "engine"); replay and loading traces are
-    # cheap and run side by side for several sessions.
+    # Comparisons, sweeps and loads queue one at a time (concurrency id "engine"), runs up to a batch
+    # at once ("runs"); replay and loading traces are cheap and run side by side for several sessions.
     demo.queue(max_size=32, default_concurrency_limit=4)
     return demo

@@ -190,6 +190,28 @@ def test_two_sessions_at_once_get_their_own_runs(app):
         assert prompt.replace(" ", "·") in prompt_cells  # each session replays its own run
 
 
+def test_runs_of_sessions_waiting_for_a_busy_engine_join_one_batch_through_the_api(app):
+    """Through Gradio's queue, not only the handler: /run calls of three sessions that arrive while
+    the engine is busy all wait in the RunBatcher at once (a one-at-a-time queue would hand it one),
+    then run as one batch, each with its solo text."""
+    prompts = [f"Q: ?+?={n} A:" for n in (57, 12, 83)]  # one prompt length: one batch
+    clients = [Client(app.url, verbose=False) for _ in prompts]
+
+    def messages(job) -> list[str]:
+        return [str(out(f, "message") or "") for f in job.outputs()]
+
+    with app.host.lock:  # the engine is busy
+        jobs = [c.submit(p, {"config": SMALL}, "", api_name="/run") for c, p in zip(clients, prompts)]
+        deadline = time.time() + 180  # a bound for a loaded machine, not a measurement
+        while not all(any(m.startswith("waiting") for m in messages(j)) for j in jobs) and time.time() < deadline:
+            time.sleep(0.05)
+        assert all(any(m.startswith("waiting") for m in messages(j)) for j in jobs), [messages(j) for j in jobs]
+    results = [j.result(timeout=180) for j in jobs]
+    for job, prompt, result in zip(jobs, prompts, results):
+        assert any("batched with 2 other sessions' runs" in m for m in messages(job)), messages(job)
+        assert out(result, "text") == direct(app, prompt, GenerationConfig(**SMALL)).text
+
+
 def test_compare_runs_both_settings(app):
     client = Client(app.url, verbose=False)
     a = {"config": {**SMALL, "decoder": "fixed"}}

@@ -410,7 +410,10 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     page.locator("#compare-passes input[type=number]").fill("1")
     page.keyboard.press("Enter")
     page.click("#compare-btn")
-    expect(page.locator("#compare-chart .js-plotly-plot")).to_have_count(1, timeout=90_000)
+    # the message first: if the comparison fails, the assertion shows what the page said
+    expect(page.locator("#compare-message")).to_contain_text("done:", timeout=180_000)
+    page.locator("#compare-chart").scroll_into_view_if_needed()
+    expect(page.locator("#compare-chart .js-plotly-plot")).to_have_count(1, timeout=30_000)
     expect(page.locator("#grid-a .cells .cell.wrong").first).to_be_visible()
     expect(page.locator("#grid-b .cells .cell.wrong").first).to_be_visible()
     overlap = (

@@ -205,6 +205,7 @@ def test_two_grids_appear_after_a_two_model_compare_in_the_browser(app, tmp_path
         page.locator("#compare-model-b input").click()
         page.get_by_role("option", name=TITLE_B).click()
         page.click("#compare-btn")
+        expect(page.locator("#compare-message")).to_contain_text("done:", timeout=180_000)  # or what went wrong
         page.locator("#compare-chart").scroll_into_view_if_needed()
         expect(page.locator("#compare-chart .js-plotly-plot")).to_have_count(1, timeout=120_000)  # drawn once both finished
         expect(page.locator("#compare-title-b")).to_contain_text(TITLE_B)

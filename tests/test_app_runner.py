@@ -46,6 +46,15 @@ def test_frame_clock_holds_plots_back_without_spending_their_turn():
     assert clock.tick(1.1) == (True, True)  # the plots' turn was kept
 
 
+def test_runs_of_one_batch_share_the_frame_rate_and_the_servers_budget():
+    clock = FrameClock(fps=20, plot_hz=4)
+    clock.share(4)  # four sessions' runs in one engine batch: together, one run's frames
+    assert clock.frame_interval == pytest.approx(0.2) and clock.plot_interval == pytest.approx(1.0)
+    for _ in range(50):
+        clock.spent(0.05, plots=False)  # at a quarter of the 25% budget: one frame per 0.8 s
+    assert clock.frame_interval == pytest.approx(0.8)
+
+
 def test_page_pacer_keeps_the_page_at_most_one_frame_behind():
     pacer = PagePacer()
     assert pacer.send(0, True, 0.0) == (0, -1)  # the canvas: the page holds nothing

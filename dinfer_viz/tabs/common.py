@@ -33,7 +33,7 @@ from ..system import system_options
 
 log = logging.getLogger(__name__)
 
-# Runs, comparisons, sweeps and model loads: one at a time on the shared engine, the rest in line.
+# Comparisons, sweeps and model loads: one at a time, the rest in line (runs queue apart: run.py).
 ENGINE_QUEUE: dict[str, Any] = dict(concurrency_id="engine", concurrency_limit=1)
 # Events that only update the page: no API endpoint, no queue, no spinner.
 PRIVATE: dict[str, Any] = dict(api_visibility="private", queue=False, show_progress="hidden")

@@ -233,7 +233,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
             )
             compare_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
-        message = gr.Markdown()
+        message = gr.Markdown(elem_id="compare-message")
         side_controls: list[gr.components.Component] = []  # A's COMPARE_FIELDS, then B's
         side_groups: list[gr.Column] = []  # each side's controls: hidden while model B is set
         slots: dict[str, gr.components.Component] = {}  # each side's panel, by COMPARE_VIEW name

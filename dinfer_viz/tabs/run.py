@@ -519,9 +519,12 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     prompt.change(h.suggest_expected, prompt, [expected, note], **PRIVATE)
     collect = run_btn.click(None, settings_inputs, settings_json, js=h.settings_js(), **PRIVATE)
     # Progress (queue position, elapsed time) on the message only: the live grid says where the
-    # run is, and a timer over each of the eleven outputs is noise.
+    # run is, and a timer over each of the eleven outputs is noise. Runs do not queue on "engine":
+    # up to a batch of them at once wait for the engine in the RunBatcher, which is where runs of
+    # different sessions join one batch (Gradio's one-at-a-time queue would hand it one run at a time).
     run_ev = collect.then(
-        h.run, [prompt, settings_json, expected, live_speed_menu, pinned], view, api_name="run", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE
+        h.run, [prompt, settings_json, expected, live_speed_menu, pinned], view, api_name="run", show_progress="minimal", show_progress_on=message,
+        concurrency_id="runs", concurrency_limit=h.batcher.max_batch,
     )
 
     scrub.release(h.replay, [scrub, run_state, pinned], view, api_name="replay", show_progress="hidden")

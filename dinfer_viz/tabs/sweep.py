@@ -155,7 +155,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
         with gr.Row():
             sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep-btn")
             stop_btn = gr.Button("Stop", variant="stop")
-        message = gr.Markdown()
+        message = gr.Markdown(elem_id="sweep-message")
         with gr.Row(equal_height=False):
             chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
             table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False)
