@@ -82,7 +82,7 @@ class RowView:
         r = self.row
         mine = replace(
             rec, iteration=self.kept, committed=[rec.committed[r]], forced=[rec.forced[r]], top1=[rec.top1[r]],
-            confidence=[rec.confidence[r]], extras={k: [v[r]] if isinstance(v, list) else v for k, v in rec.extras.items()},
+            confidence=[rec.confidence[r]], candidates=None if rec.candidates is None else [rec.candidates[r]], extras={k: [v[r]] if isinstance(v, list) else v for k, v in rec.extras.items()},
         )
         for p in rec.committed[r]:
             self.canvas[p] = rec.top1[r][p - s]

@@ -4,8 +4,9 @@ HTML large enough for a projector.
 What it shows, all from the trace (docs/trace.md), nothing inferred beyond the decoders' rules:
 the token there (or [MASK]), when and by which rule it was committed with the numbers the rule
 compared (stated as engine/decoders.py applies it), the decoder's top-1 candidate and confidence at
-that iteration and at every iteration its block was decoded (the trace records only the top-1 and
-its probability, not a top-k list, and the panel says so), the decoder's and the cache's extras
+that iteration and at every iteration its block was decoded, the top candidates with their
+probabilities where the trace kept them (engine/trace.py: blocks of at most CANDIDATES_MAX_BLOCK
+positions; otherwise the panel says why not), the decoder's and the cache's extras
 (credit, runs and anchors, factor ranks, staleness), the position's K/V state (cache_figure's
 rule) and, given an expected answer, the token it wanted.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import IterationRecord
+from engine.trace import CANDIDATES_MAX_BLOCK
 
 from .cache_figure import STATES, cache_states, state_explanation
 from .grid import expected_at, inert
@@ -216,6 +218,16 @@ def _extras_text(timeline: Timeline, index: int, position: int) -> list[tuple[st
     return out
 
 
+def _candidates_text(timeline: Timeline, rec: IterationRecord, position: int) -> str:
+    """The alternatives the decoder weighed at `position` in `rec`, or why the trace has none."""
+    if rec.candidates is None:
+        return f"not recorded: the trace keeps them for blocks of at most {CANDIDATES_MAX_BLOCK} positions (and not in traces written before it did)"
+    pairs = rec.candidates[timeline.row][position - rec.block_range[0]]
+    if not pairs:
+        return "none: the position was already committed, so the decoder weighed nothing here"
+    return " · ".join(f"{_token(timeline, int(token))} {_num(float(p))}" for token, p in pairs)
+
+
 def _history(timeline: Timeline, position: int, shown: int) -> str:
     """The top-1 candidate and confidence at every record whose block held `position`."""
     rows = []
@@ -287,7 +299,7 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
             candidate = rec.top1[timeline.row][position - s]
             conf = float(rec.confidence[timeline.row][position - s])
             add("top-1 now", f"{_token(timeline, candidate)} with probability {_num(conf)}")
-            add("top candidates", "the trace records only each position's top-1 candidate and its probability, not a list of alternatives")
+            add("top candidates", _candidates_text(timeline, rec, position))
             if commit is not None and commit.iteration == iteration:
                 pass  # the decision is the commit above, with its rule
             elif _masked_before(timeline, position, iteration):

@@ -54,6 +54,13 @@ def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Gen
     return (logits.double() - temperature * torch.log(-torch.log(u))).argmax(dim=-1)
 
 
+def _real_token_logits(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """fp32 logits with [MASK]'s at -inf: a decoder never proposes [MASK]."""
+    logits = logits.to(torch.float32, copy=True)  # a copy: `.float()` of fp32 logits would alias the model's output
+    logits[..., mask_id] = float("-inf")
+    return logits
+
+
 def top1(
     logits: torch.Tensor, mask_id: int, temperature: float = 0.0, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,12 +68,18 @@ def top1(
 
     The [MASK] logit is -inf first; the confidence uses the unnoised logits (LLaDA's rule).
     """
-    logits = logits.to(torch.float32, copy=True)  # a copy: `.float()` of fp32 logits would alias the model's output
-    logits[..., mask_id] = float("-inf")
+    logits = _real_token_logits(logits, mask_id)
     tokens = gumbel_argmax(logits, temperature, generator)
     probs = torch.softmax(logits, dim=-1)
     confidence = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, confidence, probs
+
+
+def top_candidates(logits: torch.Tensor, mask_id: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, probs), each `[B, W, k]`: every position's k most probable tokens by `top1`'s softmax
+    (unnoised, [MASK] excluded), most probable first: the alternatives the decoder weighed."""
+    probs, ids = torch.softmax(_real_token_logits(logits, mask_id), dim=-1).topk(k, dim=-1)
+    return ids, probs
 
 
 def best_per_row(score: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:

@@ -33,12 +33,12 @@ import torch
 from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
 from .compiled import CompiledLM, ForwardCounters
 from .config import GenerationConfig
-from .decoders import DecodeResult, make_decoder
+from .decoders import DecodeResult, make_decoder, top_candidates
 from .errors import EngineError
 from .models.base import DiffusionLM
 from .parallel import COMM
 from .stats import GenerationStats, count_tokens, generated_mask
-from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
+from .trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, IterationRecord, TokenStrings, Trace, TraceRecorder
 
 
 class GenerationCancelled(EngineError):
@@ -242,7 +242,7 @@ class _Request:
         if self.recorder is not None:
             _sync(self.device)
             seconds = time.perf_counter() - t0 - probe_seconds
-            self._record(block_index, s, e, plan, threshold, result, seconds, measured, cost)
+            self._record(block_index, s, e, plan, threshold, result, seconds, measured, cost, logits, masked)
         self.iteration += 1
         return plan.kind
 
@@ -272,9 +272,12 @@ class _Request:
         seconds: float,
         staleness: dict[str, torch.Tensor],
         cost: dict[str, Any] | None,
+        logits: torch.Tensor,
+        masked: torch.Tensor,
     ) -> None:
         t0 = time.perf_counter()
         extras = {**result.extras, **staleness}
+        candidates = top_candidates(logits, self.mask_id, TOP_CANDIDATES) if e - s <= CANDIDATES_MAX_BLOCK else None
         rec = self.recorder.record(
             iteration=self.iteration,
             block=block_index,
@@ -289,6 +292,8 @@ class _Request:
             seconds=seconds,
             extras=extras,
             cost=cost,
+            candidates=candidates,
+            masked=masked,
         )
         if self.on_iteration is not None:
             self.on_iteration(rec)

@@ -18,6 +18,10 @@ iterations: a list of records, one per forward + decode:
   forced         per row, the subset committed only by the at-least-one rule
   top1           per row, per block position, the candidate token id
   confidence     per row, per block position, its probability (4 decimals)
+  candidates     (optional) per row, per block position: the TOP_CANDIDATES most probable tokens
+                 as [id, probability] pairs, most probable first, at the positions masked before
+                 this forward ([] elsewhere); recorded for blocks of at most CANDIDATES_MAX_BLOCK
+                 positions (a longer block's lists would grow the trace with its square)
   seconds        wall time of this iteration (forward + decode), device synchronised
   extras         decoder/cache specifics: name -> per row list (e.g. credit, anchors, staleness)
   cost           (optional) what the forward cost: compute and all-reduce seconds per rank,
@@ -64,6 +68,11 @@ class IterationRecord:
     seconds: float
     extras: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] | None = None  # absent from traces written before it existed
+    candidates: list[list[list[list[float]]]] | None = None  # likewise; None for long blocks
+
+
+TOP_CANDIDATES = 3
+CANDIDATES_MAX_BLOCK = 128
 
 
 # cost: the per-rank lists (rank 0 first) and the rank-0 scalars, with their types (docs/trace.md §3)
@@ -107,7 +116,7 @@ class Trace:
         _need(isinstance(records, list), "iterations must be a list")
         names = set(IterationRecord.__dataclass_fields__)
         for i, r in enumerate(records):
-            _need(isinstance(r, dict) and names - {"extras", "cost"} <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
+            _need(isinstance(r, dict) and names - {"extras", "cost", "candidates"} <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
         trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
         trace.check()
         return trace
@@ -143,11 +152,13 @@ class Trace:
             _need(rec.threshold is None or _is_number(rec.threshold), f"{where}.threshold must be a number or null")
             _need(_is_number(rec.seconds) and isinstance(rec.extras, dict), f"{where}: seconds must be a number and extras an object")
             _need(rec.cost is None or _valid_cost(rec.cost), f"{where}.cost must hold {', '.join(COST_PER_RANK)} (one number per rank) and {', '.join(COST_SCALARS)}")
+            _need(rec.candidates is None or (isinstance(rec.candidates, list) and len(rec.candidates) == rows), f"{where}.candidates needs one list per row")
             per_row = (rec.committed, rec.forced, rec.top1, rec.confidence)
             _need(all(isinstance(v, list) and len(v) == rows for v in per_row), f"{where}: committed, forced, top1 and confidence need one list per row")
             for row in range(rows):
                 _need(_int_list(rec.top1[row]) and len(rec.top1[row]) == e - s, f"{where}.top1[{row}] must be one integer per block position")
                 _need(isinstance(rec.confidence[row], list) and len(rec.confidence[row]) == e - s and all(map(_is_number, rec.confidence[row])), f"{where}.confidence[{row}] must be one number per block position")
+                _need(rec.candidates is None or _valid_candidates(rec.candidates, row, e - s), f"{where}.candidates[{row}] must be one list of [id, probability] pairs per block position")
                 for name, positions in (("committed", rec.committed[row]), ("forced", rec.forced[row])):
                     _need(_int_list(positions) and all(s <= p < e for p in positions), f"{where}.{name}[{row}] must be positions inside the block")
 
@@ -204,7 +215,11 @@ class TraceRecorder:
         seconds: float,
         extras: dict[str, torch.Tensor],
         cost: dict[str, Any] | None = None,
+        candidates: tuple[torch.Tensor, torch.Tensor] | None = None,
+        masked: torch.Tensor | None = None,
     ) -> IterationRecord:
+        """One record from the iteration's tensors; `candidates` (ids, probs `[B, W, k]`) are kept
+        at the positions `masked` (`[B, W]`) held before the forward."""
         t0 = time.perf_counter()
         s = block_range[0]
         rec = IterationRecord(
@@ -221,11 +236,20 @@ class TraceRecorder:
             seconds=seconds,
             extras={k: _jsonable(v) for k, v in extras.items()},
             cost=cost,
+            candidates=_candidate_lists(candidates, masked) if candidates is not None and masked is not None else None,
         )
-        self._add_tokens({i for row in rec.top1 for i in row})
+        self._add_tokens({i for row in rec.top1 for i in row} | {pair[0] for row in rec.candidates or [] for pairs in row for pair in pairs})
         self.trace.iterations.append(rec)
         self.trace.trace_seconds += time.perf_counter() - t0
         return rec
+
+
+def _candidate_lists(candidates: tuple[torch.Tensor, torch.Tensor], masked: torch.Tensor) -> list[list[list[list[float]]]]:
+    ids, probs = (t.cpu().tolist() for t in candidates)
+    return [
+        [[[i, round(p, 4)] for i, p in zip(row_ids[w], row_probs[w])] if was_masked else [] for w, was_masked in enumerate(row_masked)]
+        for row_ids, row_probs, row_masked in zip(ids, probs, masked.cpu().tolist())
+    ]
 
 
 def _need(ok: bool, message: str) -> None:
@@ -253,6 +277,14 @@ def _valid_cost(cost: Any) -> bool:
         return False
     kinds = {"number": _is_number, "count": lambda v: _is_int(v, 0), "bool": lambda v: isinstance(v, bool)}
     return all(kinds[kind](cost[k]) for k, kind in COST_SCALARS.items())
+
+
+def _valid_candidates(candidates: list, row: int, width: int) -> bool:
+    lists = candidates[row]
+    return isinstance(lists, list) and len(lists) == width and all(
+        isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0]) and _is_number(pair[1]) for pair in pairs)
+        for pairs in lists
+    )
 
 
 def _jsonable(value: Any) -> Any:

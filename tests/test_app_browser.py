@@ -287,7 +287,14 @@ def test_a_clicked_cell_pins_its_details_while_scrubbing_and_a_raster_point_too(
     _load_handmade(page, tmp_path)
     details = page.locator("#details")
     expect(details).to_contain_text("Click a cell")
+    page.locator("#scrub input[type=number]").fill("3")
+    page.keyboard.press("Enter")
+    expect(page.locator("#grid .caption")).to_contain_text("iteration 3/4")
+    # the first click after typing: it blurs the box, which releases the slider; the click must win that race
     page.locator("#grid .cells .cell[data-p='4']").click()
+    expect(details).to_contain_text("Position 4 · iteration 3 of 4")
+    page.locator("#scrub input[type=number]").fill("4")
+    page.keyboard.press("Enter")
     expect(details).to_contain_text("Position 4 · iteration 4 of 4")
     expect(details).to_contain_text("forced")
     page.locator("#scrub input[type=number]").fill("1")
@@ -400,13 +407,12 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     page.goto(session.url)
     page.fill("#prompt textarea", "Q: 23+45=? A:")
     page.fill("#expected textarea", " 99+ 99= 999")  # wrong on purpose: the commits that differ are struck out
-    for field in ("gen_length", "block_length"):
-        page.fill(f"#cfg-{field} input", "16")
-        page.keyboard.press("Tab")
+    # one block of 32 (every side's default block length): a side's own box, typed into while the
+    # tab first renders, could lose the value (the flake this test had: "16 must be a multiple of 32")
+    page.fill("#cfg-gen_length input", "32")
+    page.keyboard.press("Tab")
     page.get_by_role("tab", name="Compare").click()
-    for side in "ab":  # each side sets its own block length
-        page.fill(f"#compare-{side}-block_length input", "16")
-        page.keyboard.press("Tab")
+    expect(page.locator("#compare-a-block_length input")).to_have_value("32")
     page.locator("#compare-passes input[type=number]").fill("1")
     page.keyboard.press("Enter")
     page.click("#compare-btn")
@@ -430,3 +436,8 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     at = int(page.locator("#compare-scrub input[type=number]").input_value())
     assert 0 < at and page.evaluate(red) == [at]
     expect(page.locator("#grid-a .caption")).to_contain_text(f"iteration {at}/")
+    page.locator("#compare-scrub input[type=number]").fill("1")  # a typed number moves both runs too
+    page.keyboard.press("Enter")
+    expect(page.locator("#grid-a .caption")).to_contain_text("iteration 1/")
+    expect(page.locator("#grid-b .caption")).to_contain_text("iteration 1/")
+    page.wait_for_function(f"JSON.stringify(({red})()) === '[1]'")

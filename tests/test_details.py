@@ -66,7 +66,7 @@ def test_panel_names_the_rule_and_its_numbers() -> None:
     # the token, its commit and the cache state are named; iteration numbers are the page's (1..N)
     assert "Position 4 · iteration 2 of 4" in forced and "at iteration 2 (this iteration)" in forced
     assert "recomputed by this forward" in forced  # 4 lies in record 1's window [2, 9)
-    assert "only each position&#x27;s top-1 candidate" in forced  # no top-k in the trace: said, not invented
+    assert "top candidates" in forced and "not recorded" in forced  # none in this trace: said, not invented
     assert "credit of the candidate" in forced
 
 
@@ -81,10 +81,13 @@ def test_panel_expected_token_and_before_the_first_forward() -> None:
 def test_panel_escapes_hostile_token_strings() -> None:
     trace = handmade_trace()
     trace.tokens["21"] = HOSTILE  # position 4's token and candidate
+    for rec in trace.iterations:  # and every position's runner-up
+        rec.candidates = [[[[20, 0.5], [21, 0.25]] for _ in range(rec.block_range[1] - rec.block_range[0])]]
     timeline = Timeline(trace)
     for iteration in (-1, 0, 1, 3):
         panel = position_details(timeline, 4, iteration)
         assert "<img" not in panel and "&lt;img src=x onerror=alert(1)&gt;" in panel
+    assert "onerror=alert(1)&gt;&#x27; (id 21) 0.250" in position_details(timeline, 6, 0)
     assert "<img" not in cache_state_figure(timeline).to_json()
 
 
@@ -188,7 +191,12 @@ def test_panel_matches_every_decision_of_a_real_run(engine: Engine, cache: str) 
         else:
             assert text.startswith("not committed: confidence") and f"< τ {tau:.2f}" in text, text
         seen.add(text.split(":")[0])
-        assert "K/V cache" in position_details(timeline, p, i)
+        panel = position_details(timeline, p, i)
+        assert "K/V cache" in panel
+        # greedy decoding: the first candidate is the decoder's top-1, at its confidence, and the panel lists it
+        pairs = rec.candidates[timeline.row][p - rec.block_range[0]]
+        assert pairs[0] == [rec.top1[timeline.row][p - rec.block_range[0]], c] and pairs[1][1] <= c
+        assert f"(id {pairs[1][0]}) {pairs[1][1]:.3f}" in panel
     assert seen == {"committed", "not committed", "forced"}  # the default prompt forces a commit
 
 

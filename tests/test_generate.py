@@ -8,7 +8,7 @@ from engine import EngineError, GenerationCancelled, GenerationConfig, Trace, ge
 from engine.iteration import block_ranges
 
 from .conftest import tiny_llada
-from .scripted import EOS, MASK, ScriptedLM
+from .scripted import EOS, MASK, VOCAB, ScriptedLM
 
 
 def test_block_ranges_aligned_and_unaligned():
@@ -109,6 +109,42 @@ def test_each_record_carries_its_forwards_cost_and_traces_without_one_still_load
         data["iterations"][0]["cost"] = bad
         with pytest.raises(EngineError, match=r"iterations\[0\]\.cost must hold compute_seconds, comm_seconds"):
             Trace.from_dict(data)
+
+
+def test_records_keep_the_top_candidates_of_the_masked_positions_and_long_blocks_none():
+    import math
+
+    from engine.trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES
+
+    prompt = [1, 2, 3, 4]
+    strength = [5.0] * 4 + [4.0, 0.5, 4.0, 0.5]  # two positions pass tau 0.5 at once, two wait
+    model = ScriptedLM(_script(4, [5, 6, 7, 8], 8), strength)
+    cfg = GenerationConfig(gen_length=4, block_length=4, decoder="threshold", threshold=0.5, early_stop=False)
+    out = generate(model, [prompt], cfg, stop_ids=[EOS], trace=True)
+    first, second = out.trace.iterations[:2]
+    others = VOCAB - 2  # every real token but the scripted one ([MASK] excluded)
+
+    def prob(logit: float) -> float:
+        return round(math.exp(logit) / (math.exp(logit) + others), 4)
+
+    assert sorted(first.committed[0]) == [4, 6]
+    for w, token in enumerate([5, 6, 7, 8]):
+        pairs = first.candidates[0][w]
+        assert len(pairs) == TOP_CANDIDATES and pairs[0] == [token, prob(strength[4 + w])]
+        assert [p for _, p in pairs[1:]] == [round(1 / (math.exp(strength[4 + w]) + others), 4)] * 2
+        assert MASK not in [t for t, _ in pairs]
+    assert second.candidates[0][0] == [] and second.candidates[0][2] == []  # committed before: nothing weighed
+    assert second.candidates[0][1][0][0] == 6 and second.candidates[0][3][0][0] == 8
+    loaded = Trace.from_json(out.trace.to_json())
+    assert loaded.iterations == out.trace.iterations
+    data = out.trace.to_dict()
+    data["iterations"][0]["candidates"][0][1] = [[6, "high"]]
+    with pytest.raises(EngineError, match=r"iterations\[0\]\.candidates\[0\] must be one list of \[id, probability\] pairs"):
+        Trace.from_dict(data)
+    n = CANDIDATES_MAX_BLOCK + 1  # a longer block: its lists would grow with its square
+    long_model = ScriptedLM(_script(4, [5] * n, 4 + n), [5.0] * (4 + n))
+    long_cfg = GenerationConfig(gen_length=n, block_length=n, decoder="threshold", threshold=0.5, early_stop=False, align_blocks=False)
+    assert all(rec.candidates is None for rec in generate(long_model, [prompt], long_cfg, stop_ids=[EOS], trace=True).trace.iterations)
 
 
 def test_forced_commits_are_those_below_threshold():

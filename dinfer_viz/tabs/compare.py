@@ -284,4 +284,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b], [settings_a, settings_b], **PRIVATE)
     event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
+    # a number typed into the slider's box fires `input`, not `release`; while dragging, only the
+    # latest value is drawn
+    scrub.input(h.compare_replay, [scrub, state], view, trigger_mode="always_last", show_progress="hidden", api_visibility="private")
     return Stoppable(event, stop_btn, message)

@@ -73,6 +73,14 @@ def details_view(timeline: Timeline, pinned: int | None, iteration: int, expecte
     return position_details(timeline, pinned, iteration, expected)
 
 
+def unpinned_kept(view: dict[str, Any], pinned: int | None) -> dict[str, Any]:
+    """A view of the same run at another iteration with nothing pinned leaves the details panel as
+    it is: it shows the hint already, unless a cell click is pinning a position at this very moment
+    (leaving the scrubber's box blurs it and releases the slider, so both events race) and the
+    click must win."""
+    return {**view, "details": gr.skip()} if pinned is None else view
+
+
 def cache_view(timeline: Timeline, highlight: int | None) -> Any:
     """The K/V-state figure of a run with a cache; hidden for cache mode none (nothing is cached)."""
     if (timeline.trace.config or {}).get("cache", "none") == "none":
@@ -262,13 +270,13 @@ class RunHandlers(TabHandlers):
         if state is None:
             return outputs(RUN_VIEW, {"message": "nothing to replay: run something or load a trace"})
         it = int(iteration) - 1  # the record index
-        return outputs(RUN_VIEW, timeline_view(state.timeline, it, state.expected, highlight=True, pinned=pinned))
+        return outputs(RUN_VIEW, unpinned_kept(timeline_view(state.timeline, it, state.expected, highlight=True, pinned=pinned), pinned))
 
     def glance(self, iteration: float, state: RunState | None, pinned: int | None = None) -> tuple:
         """While the scrubber is dragged: grid, text and details only (figures follow on release)."""
         if state is None:
             return gr.skip(), gr.skip(), gr.skip()
-        view = timeline_view(state.timeline, int(iteration) - 1, state.expected, plots=False, extras=False, pinned=pinned)
+        view = unpinned_kept(timeline_view(state.timeline, int(iteration) - 1, state.expected, plots=False, extras=False, pinned=pinned), pinned)
         return view["grid"], view["text"], view["details"]
 
     def step(self, iteration: float, state: RunState | None, pinned: int | None = None, delta: int = 1) -> tuple:
@@ -280,7 +288,7 @@ class RunHandlers(TabHandlers):
         it = int(iteration) - 1 + delta  # the record index shown next
         if it > tl.iterations - 1:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
-        view = timeline_view(tl, it, state.expected, plots=False, extras=False, pinned=pinned)
+        view = unpinned_kept(timeline_view(tl, it, state.expected, plots=False, extras=False, pinned=pinned), pinned)
         return iteration_number(it), view["grid"], view["text"], view["details"], gr.Timer(active=it < tl.iterations - 1)
 
     def lesson_step(self, name: str | None, step: Any) -> tuple:
