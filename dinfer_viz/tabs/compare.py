@@ -229,7 +229,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
             )
             passes = gr.Slider(
                 1, MAX_PASSES, value=COMPARE_PASSES, step=1, label="passes per side", info="timings: the median of the passes (the first one shown live)",
-                elem_id="compare-passes", scale=1,
+                elem_id="compare-passes", scale=1, min_width=240,  # narrower, its label and info wrap a word a line (1024 px)
             )
             compare_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
