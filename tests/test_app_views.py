@@ -168,6 +168,11 @@ def test_compare_and_sweep_figures(timeline):
     assert list(fig.data[0].x) == pytest.approx([0.01, 0.03, 0.06, 0.10])
     sweep = sweep_figure([{"value": 0.9, "accuracy": 1.0, "tpf": 1.5, "tps": 10.0, "examples": 4}, {"value": 0.5, "accuracy": 0.5, "tpf": 3.0, "tps": 20.0, "examples": 4}])
     assert list(sweep.data[0].x) == [3.0, 1.5] and list(sweep.data[0].text) == ["τ=0.5", "τ=0.9"]
+    assert "τ=0.9<br>TPF 1.50 · accuracy 100%" in sweep.data[0].hovertext[1]
+    # the flat pair-sum sweep: points that would print their labels over each other share one
+    flat = [(0.05, 8.0, 0.042), (0.1, 8.0, 0.042), (0.2, 2.37, 0.208), (0.3, 2.04, 0.208), (0.5, 1.79, 0.208), (0.9, 1.68, 0.208)]
+    crowded = sweep_figure([{"value": v, "tpf": t, "accuracy": a, "tps": 1.0, "examples": 24} for v, t, a in flat])
+    assert list(crowded.data[0].text) == ["τ=0.05–0.1", "", "τ=0.2–0.9", "", "", ""]
 
 
 def test_readout_uses_engine_stats(timeline):
