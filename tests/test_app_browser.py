@@ -406,6 +406,9 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     page = session.page
     page.goto(session.url)
     page.fill("#prompt textarea", "Q: 23+45=? A:")
+    # the page suggests the right answer for an arithmetic prompt; a wrong one typed before that
+    # arrives would be overwritten (a loaded machine did so)
+    expect(page.locator("#expected textarea")).to_have_value("  23+ 45=  68")
     page.fill("#expected textarea", " 99+ 99= 999")  # wrong on purpose: the commits that differ are struck out
     # one block of 32 (every side's default block length): a side's own box, typed into while the
     # tab first renders, could lose the value (the flake this test had: "16 must be a multiple of 32")

@@ -82,6 +82,23 @@ def test_pair_sum_shows_the_speed_accuracy_trade_off(model, tokenizer):
     assert careful - hasty >= 0.2, (careful, hasty)
 
 
+def test_the_apps_default_sweep_draws_the_curve():
+    """The Threshold sweep tab's defaults (every held-out pair-sum prompt, its default values), run
+    as the tab runs them: several TPF regimes and an accuracy spread (measured 21 points; the floor
+    sits one prompt or two below it, as every floor here does)."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.sweep import parse_values, run_sweep, sweep_examples
+    from dinfer_viz.tabs.sweep import SWEEP_DEFAULT_PER_SET, SWEEP_DEFAULT_SETS, SWEEP_DEFAULT_VALUES
+
+    host = EngineHost(ModelSpec(str(FOLDER)))
+    host.preload()
+    examples = sweep_examples(list(SWEEP_DEFAULT_SETS), SWEEP_DEFAULT_PER_SET)
+    *_, state = run_sweep(host, host.default, GenerationConfig(), "threshold", parse_values(SWEEP_DEFAULT_VALUES), examples)
+    points = state.points()
+    accuracy = [p["accuracy"] for p in points]
+    assert len({round(p["tpf"], 1) for p in points}) >= 3 and max(accuracy) - min(accuracy) >= 0.17, points
+
+
 def test_the_apps_first_run_animates_several_iterations():
     from dinfer_viz.tabs.run import DEFAULT_PROMPT
 
