@@ -162,6 +162,11 @@ def test_examples_fill_the_prompt_its_expected_answer_and_the_family_note(sessio
     expect(page.locator("#prompt-note")).to_contain_text("family pairsum")
     page.locator("#examples").get_by_text("Hello, how are you?").click()
     expect(page.locator("#prompt-note")).to_contain_text("outside every family")
+    # an expected answer the user typed is theirs: another prompt does not replace it
+    page.fill("#expected textarea", " my answer")
+    page.locator("#examples").get_by_text("Q: 123+45=? A:").click()
+    expect(page.locator("#prompt-note")).to_contain_text("family add")
+    expect(page.locator("#expected textarea")).to_have_value(" my answer")
 
 
 # One token piece with every attack of HOSTILE_TOKENS and no whitespace, so a cell shows it exactly.

@@ -179,9 +179,16 @@ class RunHandlers(TabHandlers):
         are on (`system`: the Model and system controls' values, in `option_names` order)."""
         return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)))
 
-    def suggest_expected(self, prompt: str) -> tuple[str, str]:
-        """(the known right response of an arithmetic prompt, the note on the prompt's family)."""
-        return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
+    def suggest_expected(self, prompt: str, current: str = "", suggested: str = "") -> tuple[Any, str, str]:
+        """(the expected box, the note on the prompt's family, the suggestion the box now holds): the
+        box takes the known right response of an arithmetic prompt ("" for other families) only
+        while it is empty or still holds the last suggestion (`suggested`); an answer the user
+        typed stays when the prompt changes."""
+        note = answers.prompt_note(prompt or "")
+        if (current or "") not in ("", suggested or ""):
+            return gr.skip(), note, suggested or ""
+        response = answers.expected_response(prompt or "")
+        return response, note, response
 
     @guarded(RUN_VIEW)
     def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "", speed: float = 0, pinned: int | None = None) -> Iterator[tuple]:
@@ -514,6 +521,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 export_file = gr.File(label="animation", visible=False, interactive=False, elem_id="export-file")
         run_state = gr.State(None)
         pinned = gr.State(None)  # the position the details panel shows, kept while scrubbing and across runs
+        suggested = gr.State("")  # the expected answer the page last filled in (suggest_expected)
         timer = gr.Timer(1 / 6, active=False)
 
     settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
@@ -524,7 +532,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     view = [slots[name] for name in RUN_VIEW]
 
     gr.on([c.change for c in settings_inputs], h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
-    prompt.change(h.suggest_expected, prompt, [expected, note], **PRIVATE)
+    prompt.change(h.suggest_expected, [prompt, expected, suggested], [expected, note, suggested], **PRIVATE)
     collect = run_btn.click(None, settings_inputs, settings_json, js=h.settings_js(), **PRIVATE)
     # Progress (queue position, elapsed time) on the message only: the live grid says where the
     # run is, and a timer over each of the eleven outputs is noise. Runs do not queue on "engine":
