@@ -41,7 +41,14 @@ def test_make_batch_pads_responses_with_eos_and_marks_the_prompt():
     assert not response[1, :14].any() and response[1, 14:].all()
 
 
-def test_masking_never_touches_the_prompt_and_follows_t():
+def test_a_batch_whose_longest_response_leaves_no_room_for_an_eos_gets_a_wider_canvas():
+    # the example a training run crashed on at step 740 with --min-gen 36: 36 characters of response
+    example = get_task("grammar").example("one grey bridge followed every hungry table".split(), 2)
+    ids, response = make_batch([example], build_tokenizer(), 36, IDS["eos_token_id"])
+    assert ids.shape == (1, 8 + 37) and ids[0, -1] == IDS["eos_token_id"] and response[0, 8:].all()
+
+
+
     ids = torch.randint(3, 90, (400, 60))
     response = torch.zeros_like(ids, dtype=torch.bool)
     response[:, 20:] = True

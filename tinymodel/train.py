@@ -11,7 +11,7 @@ The objective is LLaDA's SFT masked diffusion: per sample t ~ U(eps, 1), every r
 (the answer and its EOS padding) is replaced by [MASK] with probability t, the prompt never is,
 and the loss is the cross-entropy on masked positions weighted by 1/t, normalised by the response
 length. Responses are padded with EOS to a length drawn per batch from [min_gen, max_gen] (skewed
-towards short canvases with `--length-skew`), so the model sees every canvas length the app
+towards short canvases with `--length-skew`; longer where a response needs it), so the model sees every canvas length the app
 offers. AdamW with linear warm-up and cosine decay; with `--max-minutes` the cosine runs on wall
 time (or steps, whichever is further), so a run on a shared CPU ends on time with its learning
 rate decayed.
@@ -75,7 +75,7 @@ class TrainConfig:
     warmup: int = 200
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    min_gen: int = 36  # the longest response (a grammar sentence) has 35 characters
+    min_gen: int = 36  # most responses fit; a batch with a longer one gets its canvas widened (make_batch)
     max_gen: int = 96
     # gen length = min_gen + (max_gen - min_gen) * u ** length_skew, u ~ U(0, 1): 1 is uniform; larger
     # values favour short canvases, where the prompt is not drowned in EOS padding (measured: one-digit
@@ -162,16 +162,18 @@ def warm_start(model: LLaDAModelLM, folder: str) -> None:
 def make_batch(examples: list[Example], tokenizer, gen_length: int, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, response_mask) `[B, P_max + gen_length]`: prompt, response, EOS to the end.
 
-    A shorter prompt gets a longer response region, as the engine's canvas gives it.
+    A shorter prompt gets a longer response region, as the engine's canvas gives it. A batch whose
+    longest response would not leave room for one EOS gets the canvas that does (a grammar
+    sentence can reach 36 characters, above the default `min_gen`: a training run crashed on one
+    at step 740).
     """
     prompts = [tokenizer.encode(e.prompt, add_special_tokens=False).ids for e in examples]
     responses = [tokenizer.encode(e.response, add_special_tokens=False).ids for e in examples]
+    gen_length = max(gen_length, 1 + max(map(len, responses)))
     width = max(map(len, prompts)) + gen_length
     ids = torch.full((len(examples), width), eos_id, dtype=torch.long)
     response = torch.ones((len(examples), width), dtype=torch.bool)
     for row, (p, r) in enumerate(zip(prompts, responses)):
-        if len(r) >= gen_length:
-            raise EngineError(f"response of {len(r)} tokens does not fit gen length {gen_length}: {examples[row]}")
         ids[row, : len(p) + len(r)] = torch.tensor(p + r)
         response[row, : len(p)] = False
     return ids, response
