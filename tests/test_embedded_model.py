@@ -57,15 +57,15 @@ def _valid_rate(model, tokenizer, family: str, setting: str, limit: int, seed: i
     return sum(s.correct for s in scores.values()) / sum(s.n for s in scores.values())
 
 
-# The checkpoint's own level (these 30 prompts measured: add 100%, sub 93%, pairsum 27%, rhyme 75%, grammar 80%)
-@pytest.mark.parametrize("family, floor", [("add", 0.9), ("sub", 0.8), ("pairsum", 0.15), ("rhyme", 0.55), ("grammar", 0.6)])
+# The checkpoint's own level (these 30 prompts measured: add 100%, sub 96.7%, pairsum 83.3%, rhyme 83.3%, grammar 76.7%)
+@pytest.mark.parametrize("family, floor", [("add", 0.9), ("sub", 0.85), ("pairsum", 0.7), ("rhyme", 0.65), ("grammar", 0.6)])
 def test_threshold_decoder_answers_held_out_prompts_of_every_family(model, tokenizer, family, floor):
     rate = _valid_rate(model, tokenizer, family, "thr 0.9", limit=30)
     assert rate >= floor, f"{family}: {rate:.0%} valid at threshold 0.9"
 
 
 NOT_YET = pytest.mark.xfail(strict=True, reason="not reached by the shipped checkpoint yet (assets/tiny-llada/README.md)")
-ISSUE_TARGETS = [("add", 0.95), pytest.param("sub", 0.95, marks=NOT_YET), pytest.param("pairsum", 0.9, marks=NOT_YET),
+ISSUE_TARGETS = [("add", 0.95), ("sub", 0.95), pytest.param("pairsum", 0.9, marks=NOT_YET),
                  pytest.param("rhyme", 0.95, marks=NOT_YET), pytest.param("grammar", 0.95, marks=NOT_YET)]
 
 
@@ -84,8 +84,8 @@ def test_pair_sum_shows_the_speed_accuracy_trade_off(model, tokenizer):
 
 def test_the_apps_default_sweep_draws_the_curve():
     """The Threshold sweep tab's defaults (every held-out pair-sum prompt, its default values), run
-    as the tab runs them: several TPF regimes and an accuracy spread (measured 21 points; the floor
-    sits one prompt or two below it, as every floor here does)."""
+    as the tab runs them: several TPF regimes and an accuracy spread (measured 74 points; the floor
+    sits well below it, as every floor here does)."""
     from dinfer_viz.host import EngineHost, ModelSpec
     from dinfer_viz.sweep import parse_values, run_sweep, sweep_examples
     from dinfer_viz.tabs.sweep import SWEEP_DEFAULT_PER_SET, SWEEP_DEFAULT_SETS, SWEEP_DEFAULT_VALUES
@@ -96,7 +96,7 @@ def test_the_apps_default_sweep_draws_the_curve():
     *_, state = run_sweep(host, host.default, GenerationConfig(), "threshold", parse_values(SWEEP_DEFAULT_VALUES), examples)
     points = state.points()
     accuracy = [p["accuracy"] for p in points]
-    assert len({round(p["tpf"], 1) for p in points}) >= 3 and max(accuracy) - min(accuracy) >= 0.17, points
+    assert len({round(p["tpf"], 1) for p in points}) >= 3 and max(accuracy) - min(accuracy) >= 0.5, points
 
 
 def test_the_apps_first_run_animates_several_iterations():

@@ -58,6 +58,6 @@ def test_regenerating_a_sample_gives_the_same_tokens(engine, stem):
 def test_shipped_samples_menu(tmp_path):
     menu = shipped_samples()
     assert [Path(path).name for _, path in menu] == [f"{stem}.json" for stem in SAMPLES]
-    assert menu[0][0] == "fixed decoder, cache none: '12 + 26' in 20 iterations"
+    assert menu[0][0] == "fixed decoder, cache none: '16 + 22' in 20 iterations"
     assert all(Path(path).is_file() for _, path in menu)
     assert shipped_samples(tmp_path) == []  # no index: no menu, no error
