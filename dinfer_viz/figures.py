@@ -8,6 +8,7 @@ base64 typed arrays: gr.Plot resends the whole figure on every update, so size i
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any, Sequence
 
 import numpy as np
@@ -71,10 +72,16 @@ def _finish(fig: go.Figure, height: int, key: str) -> Figure:
     return fig
 
 
+# Characters a line of a figure's message holds: the narrowest plot (the extras chart in a
+# projector's 1024 px column, about 600 px) shows about 80 at the message's size; longer lines were
+# cut off at both edges.
+MESSAGE_LINE_CHARS = 72
+
+
 def message_figure(text: str, height: int = 220) -> go.Figure:
-    """A blank figure that says why it is blank."""
+    """A blank figure that says why it is blank, in lines that fit the narrowest plot."""
     fig = go.Figure()
-    fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=13, color="#6b7280"))
+    fig.add_annotation(text="<br>".join(textwrap.wrap(text, MESSAGE_LINE_CHARS)), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=13, color="#6b7280"))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _finish(fig, height, "message")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dinfer_viz.explain import explain
-from dinfer_viz.figures import compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras, sweep_figure
+from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras, sweep_figure
 from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value
 from dinfer_viz.readouts import live_line, readout
 from dinfer_viz.settings import all_controls, build_config, parse_settings, sections, visible_fields
@@ -159,7 +159,12 @@ def test_extras_figure(timeline):
     trace = handmade_trace()
     for rec in trace.iterations:
         rec.extras = {}
-    assert "no per-position extras" in extras_figure(Timeline(trace)).layout.annotations[0].text
+    message = extras_figure(Timeline(trace)).layout.annotations[0].text
+    assert "no per-position extras" in message
+    # wrapped to fit the narrowest plot, every word kept (it was cut off at both edges at 1024 px)
+    lines = message.split("<br>")
+    assert len(lines) > 1 and max(map(len, lines)) <= MESSAGE_LINE_CHARS
+    assert " ".join(lines).endswith("staleness measurement add them)")
 
 
 def test_compare_and_sweep_figures(timeline):
