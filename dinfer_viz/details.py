@@ -33,7 +33,9 @@ _STYLE = (
     f"font-size:{BASE_FONT}px;line-height:1.45;color:#111827;background:#ffffff;"
     "border:2px solid #d1d5db;border-radius:8px;padding:14px 18px;max-width:1100px"
 )
-_LABEL = "color:#4b5563;padding:4px 16px 4px 0;vertical-align:top;white-space:nowrap"
+# labels wrap between words: unwrapped, a long one ("probability before the credit boost") pushed the values out of
+# the panel in a projector's narrow column
+_LABEL = "color:#4b5563;padding:4px 12px 4px 0;vertical-align:top"
 _NOTE = "color:#4b5563;font-size:18px"
 
 

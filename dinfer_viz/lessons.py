@@ -58,8 +58,9 @@ _SHORT = {"gen_length": 64, "block_length": 32}
 LESSONS: tuple[Lesson, ...] = (
     Lesson(
         "1 · fixed → threshold → lower τ → credit",
-        # a grammar prompt: a long answer, so each step's iteration count differs visibly
-        "every sleepy teacher",
+        # a grammar prompt with a long answer, so each step's iteration count differs visibly; on
+        # the shipped model, fixed and τ = 0.9 answer it right and the later steps break a word
+        "the slow",
         {**_SHORT, "cache": "none", "decoder": "fixed"},
         (
             Step(
@@ -78,7 +79,8 @@ LESSONS: tuple[Lesson, ...] = (
                 "threshold τ = 0.7",
                 {"threshold": 0.7},
                 "A lower τ commits more per forward (TPF up, iterations down): click a cell committed early and compare its confidence "
-                "with τ, then check whether the answer still reads right (an arithmetic prompt's wrong digits are struck out).",
+                "with τ, then check whether the answer still reads right: letters of different words committed in one forward make "
+                "a non-word, and the message gives the verifier's verdict.",
             ),
             Step(
                 "credit decoding",

@@ -318,6 +318,30 @@ def test_a_clicked_cell_pins_its_details_while_scrubbing_and_a_raster_point_too(
     assert box and box["y"] < 1000 and box["height"] > 50
 
 
+def test_the_details_panel_fits_its_column_at_a_projectors_width(session, tmp_path):
+    """At 1024 px the panel's column is about 190 px wide: its labels wrap rather than push the
+    values out of sight (the credit decoder's "probability before the credit boost" did, unwrapped)."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.set_viewport_size({"width": 1024, "height": 768})
+    try:
+        trace = handmade_trace()
+        for rec in trace.iterations:  # as the credit decoder records them: the longest label
+            rec.extras["raw_confidence"] = rec.extras["credit"]
+        page.goto(session.url)
+        _load_handmade(page, tmp_path, trace)
+        page.locator("#grid .cells .cell[data-p='7']").click()  # in the last record's block: its extras are listed
+        expect(page.locator("#details")).to_contain_text("probability before the credit boost")
+        widths = page.evaluate(
+            "() => { const d = document.querySelector('#details .pos-details');"
+            " return [d.clientWidth, d.querySelector('table').scrollWidth]; }"
+        )
+        assert widths[1] <= widths[0], widths
+    finally:
+        page.set_viewport_size({"width": 1500, "height": 1000})
+
+
 def test_hostile_token_strings_stay_text_in_the_details_panel(session, tmp_path):
     page = session.page
     trace = handmade_trace()
