@@ -30,13 +30,15 @@ FAMILY_DESCRIPTIONS = {
     "rhyme": "rhyme: any other word of the prompt word's rhyme group is valid",
     "grammar": "grammar: a sentence's first words; any completion that parses is valid",
 }
-# Per family, prompts the app offers as examples (held-out ones: the model never trained on them).
+# Per family, prompts the app offers as examples: each answered right by the shipped model with the
+# default decoder; some held out (38, 120 and 9, 7+58, night, "the slow": never trained on), the
+# others from the training split.
 FAMILY_EXAMPLES = {
     "pairsum": ["Q: ?+?=38 A:", "Q: ?+?=57 A:", "Q: ?+?=120 A:", "Q: ?+?=9 A:"],
     "add": ["Q: 7+58=? A:", "Q: 123+45=? A:", "Q: 908+376=? A:"],
     "sub": ["Q: 7-65=? A:", "Q: 250-999=? A:"],
     "rhyme": ["Q: rhymes with cat? A:", "Q: rhymes with night? A:"],
-    "grammar": ["the red fox", "every sleepy teacher"],
+    "grammar": ["the red fox", "the slow"],
 }
 OUT_OF_FAMILY_EXAMPLES = ["Hello, how are you?", "Q: 1234+5678=? A:"]
 
