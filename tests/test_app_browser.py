@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -167,6 +168,39 @@ def test_examples_fill_the_prompt_its_expected_answer_and_the_family_note(sessio
     page.locator("#examples").get_by_text("Q: 123+45=? A:").click()
     expect(page.locator("#prompt-note")).to_contain_text("family add")
     expect(page.locator("#expected textarea")).to_have_value(" my answer")
+
+
+def test_an_answer_typed_while_the_suggestion_is_on_its_way_stays(session, tmp_path_factory, monkeypatch):
+    """The server answers a prompt change with the box's value as it was then; a user who types an
+    expected answer before that answer arrives keeps it (the page decides, on the value it has when
+    the suggestion lands). The handler is slowed so the typing surely comes first."""
+    from playwright.sync_api import expect
+
+    from dinfer_viz.tabs.run import RunHandlers
+
+    slow = RunHandlers.suggest_expected
+
+    def suggest_slowly(self, prompt):
+        time.sleep(1.5)
+        return slow(self, prompt)
+
+    monkeypatch.setattr(RunHandlers, "suggest_expected", suggest_slowly)
+    demo, url, _ = launch_app(tmp_path_factory)
+    page = session.browser.new_page()
+    try:
+        page.goto(url)
+        page.fill("#prompt textarea", "Q: 123+45=? A:")
+        page.fill("#expected textarea", " my answer")  # before the suggestion arrives
+        expect(page.locator("#prompt-note")).to_contain_text("family add")  # it has arrived
+        page.wait_for_timeout(300)  # the page's decision follows the answer
+        expect(page.locator("#expected textarea")).to_have_value(" my answer")
+        # an empty box still takes the suggestion
+        page.fill("#expected textarea", "")
+        page.fill("#prompt textarea", "Q: 7+58=? A:")
+        expect(page.locator("#expected textarea")).to_have_value("   7+ 58=  65")
+    finally:
+        page.close()
+        demo.close()
 
 
 # One token piece with every attack of HOSTILE_TOKENS and no whitespace, so a cell shows it exactly.

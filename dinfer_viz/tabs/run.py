@@ -49,6 +49,11 @@ PICK_HINT = "Click a cell of the grid or a point of the raster: everything about
 # Canvas lengths of the forward-cost chart (those above the model's limit are left out)
 COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
 LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only (payload per redraw)
+# The expected box takes the suggested response only while it is empty or still holds the page's
+# last suggestion: an answer the user typed stays when the prompt changes. Decided in the browser
+# when the suggestion arrives, on the box's value at that moment, so that an answer typed while the
+# suggestion was on its way stays too (the server saw the box as it was when the prompt changed).
+KEEP_TYPED_JS = "(suggestion, current, last) => (current === '' || current === last) ? [suggestion, suggestion] : [current, last]"
 # The live view's pace: iterations shown per second, 0 for as fast as the engine makes them.
 LIVE_SPEEDS = [("as fast as the engine", 0), *((f"{n} iteration{'s' * (n > 1)} / s", n) for n in (1, 2, 5, 10, 20))]
 LIVE_README = "live: the engine's figures so far are on the grid's second line; this table fills when the run ends"
@@ -179,16 +184,11 @@ class RunHandlers(TabHandlers):
         are on (`system`: the Model and system controls' values, in `option_names` order)."""
         return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)))
 
-    def suggest_expected(self, prompt: str, current: str = "", suggested: str = "") -> tuple[Any, str, str]:
-        """(the expected box, the note on the prompt's family, the suggestion the box now holds): the
-        box takes the known right response of an arithmetic prompt ("" for other families) only
-        while it is empty or still holds the last suggestion (`suggested`); an answer the user
-        typed stays when the prompt changes."""
-        note = answers.prompt_note(prompt or "")
-        if (current or "") not in ("", suggested or ""):
-            return gr.skip(), note, suggested or ""
-        response = answers.expected_response(prompt or "")
-        return response, note, response
+    def suggest_expected(self, prompt: str) -> tuple[str, str]:
+        """(the known right response of an arithmetic prompt, "" for other families; the note on the
+        prompt's family). Whether the expected box takes the response is the page's decision
+        (KEEP_TYPED_JS)."""
+        return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
 
     @guarded(RUN_VIEW)
     def run(self, prompt: str, settings: dict[str, Any] | None, expected: str = "", speed: float = 0, pinned: int | None = None) -> Iterator[tuple]:
@@ -521,7 +521,10 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
                 export_file = gr.File(label="animation", visible=False, interactive=False, elem_id="export-file")
         run_state = gr.State(None)
         pinned = gr.State(None)  # the position the details panel shows, kept while scrubbing and across runs
-        suggested = gr.State("")  # the expected answer the page last filled in (suggest_expected)
+        # the response suggested for the prompt, and the one the page last put in the expected box
+        # (hidden boxes, not gr.State: KEEP_TYPED_JS reads them in the browser)
+        suggestion = gr.Textbox("", visible=False, elem_id="expected-suggestion")
+        suggested = gr.Textbox("", visible=False, elem_id="expected-suggested")
         timer = gr.Timer(1 / 6, active=False)
 
     settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
@@ -532,7 +535,9 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     view = [slots[name] for name in RUN_VIEW]
 
     gr.on([c.change for c in settings_inputs], h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
-    prompt.change(h.suggest_expected, [prompt, expected, suggested], [expected, note, suggested], **PRIVATE)
+    prompt.change(h.suggest_expected, prompt, [suggestion, note], **PRIVATE).then(
+        None, [suggestion, expected, suggested], [expected, suggested], js=KEEP_TYPED_JS, **PRIVATE
+    )
     collect = run_btn.click(None, settings_inputs, settings_json, js=h.settings_js(), **PRIVATE)
     # Progress (queue position, elapsed time) on the message only: the live grid says where the
     # run is, and a timer over each of the eleven outputs is noise. Runs do not queue on "engine":
