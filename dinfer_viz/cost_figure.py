@@ -22,7 +22,7 @@ from .timeline import Timeline, iteration_number
 # (name, colour): the order bars stack in, bottom first
 CATEGORIES = (("compute", "#2563eb"), ("communication", "#dc2626"), ("compile", "#7c3aed"), ("host", "#9ca3af"))
 HEIGHT = 340
-NO_COST = "this trace has no per-iteration cost (it was written before the engine recorded one)"
+NO_COST = "no per-iteration cost: this trace predates the engine recording one"
 # When some iterations compiled and others did not, the axis is scaled to the others (a compile
 # takes seconds, a warm forward milliseconds: on one scale the warm bars would be invisible) and
 # the compiling bars run off the top, labelled with their time.
