@@ -31,8 +31,8 @@ FAMILY_DESCRIPTIONS = {
     "grammar": "grammar: a sentence's first words; any completion that parses is valid",
 }
 # Per family, prompts the app offers as examples: each answered right by the shipped model with the
-# default decoder; some held out (38, 120 and 9, 7+58, night, "the slow": never trained on), the
-# others from the training split.
+# default decoder; some held out (never trained on), others from the training split (the tasks'
+# is_held_out says which).
 FAMILY_EXAMPLES = {
     "pairsum": ["Q: ?+?=38 A:", "Q: ?+?=57 A:", "Q: ?+?=120 A:", "Q: ?+?=9 A:"],
     "add": ["Q: 7+58=? A:", "Q: 123+45=? A:", "Q: 908+376=? A:"],
