@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import EngineError
-from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples
+from tinymodel.tasks import TASKS, Example, get_task, split_examples, out_of_range_examples
 
 from . import scoring
 
@@ -58,7 +58,7 @@ def _task_set(kind: str, examples: list[Example], names: list[str]) -> PromptSet
 def heldout_set(task_names: list[str] | None = None, limit: int | None = None) -> PromptSet:
     """The embedded model's held-out examples (never seen in training), checked by their task."""
     names = task_names or list(TASKS)
-    return _task_set("heldout", held_out_examples(names, limit), names)
+    return _task_set("heldout", split_examples(names, "held_out", limit), names)
 
 
 def out_of_range_set(task_names: list[str] | None = None, limit: int | None = None) -> PromptSet:

@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, Trace
 from tinymodel.eval import answer_prompts, check_answer
-from tinymodel.tasks import TASKS, Example, get_task, held_out_examples, out_of_range_examples, parse_prompt
+from tinymodel.tasks import TASKS, Example, get_task, split_examples, out_of_range_examples, parse_prompt
 
 from .answers import WrongCommit, expected_ids, first_wrong
 from .host import EngineHost, ModelSpec
@@ -156,7 +156,7 @@ def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: s
             examples += out_of_range_examples([family], per_task, seed=seed)
         else:
             get_task(name)
-            examples += held_out_examples([name], limit=per_task, seed=seed)
+            examples += split_examples([name], "held_out", limit=per_task, seed=seed)
     examples += own_examples(own_prompts or "")
     if not examples:
         raise EngineError("choose at least one task family or type prompts of your own")

@@ -15,7 +15,7 @@ import pytest
 from engine import Engine, GenerationConfig, load_model, load_tokenizer
 from engine.models import LLaDAModelLM
 from tinymodel.eval import evaluate, setting_config
-from tinymodel.tasks import TASKS, held_out_examples
+from tinymodel.tasks import TASKS, split_examples
 
 FOLDER = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 
@@ -52,7 +52,7 @@ def test_loads_through_the_engine_loader_and_auto_tokenizer(model, tokenizer):
 
 
 def _valid_rate(model, tokenizer, family: str, setting: str, limit: int, seed: int = 7) -> float:
-    examples = held_out_examples([family], limit=limit, seed=seed)
+    examples = split_examples([family], "held_out", limit=limit, seed=seed)
     scores = evaluate(model, tokenizer, examples, setting_config(setting, 64, 32), batch_size=len(examples))
     return sum(s.correct for s in scores.values()) / sum(s.n for s in scores.values())
 
@@ -110,7 +110,7 @@ def test_the_apps_first_run_animates_several_iterations():
 
 
 def test_eval_tokens_per_forward_do_not_depend_on_the_batch(model, tokenizer):
-    examples = held_out_examples(["sub"], limit=6, seed=3)
+    examples = split_examples(["sub"], "held_out", limit=6, seed=3)
     config = GenerationConfig(gen_length=64, block_length=8, decoder="threshold", threshold=0.9)
     alone = evaluate(model, tokenizer, examples, config, batch_size=1)
     batched = evaluate(model, tokenizer, examples, config, batch_size=6)

@@ -235,7 +235,7 @@ def test_the_app_runs_and_sweeps_a_parallel_engine_and_ends_its_workers_when_it_
     from dinfer_viz.sweep import run_sweep
     from dinfer_viz.tabs.run import RUN_VIEW
     from dinfer_viz.ui import Handlers
-    from tinymodel.tasks import held_out_examples
+    from tinymodel.tasks import split_examples
 
     handlers = Handlers(EngineHost(ModelSpec(str(EMBEDDED_MODEL))), fps=1000, plot_hz=1000)
     config = {"gen_length": 32, "block_length": 16, "cache": "dual"}
@@ -249,7 +249,7 @@ def test_the_app_runs_and_sweeps_a_parallel_engine_and_ends_its_workers_when_it_
     two_text, two_message = run({"tp_size": 2})
     assert two_message.startswith("done") and two_text == one_text, two_message
     assert len(_workers() - before) == 2
-    examples = held_out_examples(["pairsum"], limit=2)
+    examples = split_examples(["pairsum"], "held_out", limit=2)
     sweeps = [list(run_sweep(handlers.host, spec, GenerationConfig(**config), "threshold", [0.9], examples))[-1] for spec in (
         ModelSpec(str(EMBEDDED_MODEL)), ModelSpec(str(EMBEDDED_MODEL), options=(("tp_size", 2),)))]
     assert all(s.done and not s.failed for s in sweeps), [s.message for s in sweeps]

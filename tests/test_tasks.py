@@ -12,7 +12,7 @@ from tinymodel.tasks import (
     TASKS,
     ExampleSampler,
     get_task,
-    held_out_examples,
+    split_examples,
     is_held_out,
     out_of_range_examples,
     parse_prompt,
@@ -115,7 +115,7 @@ def test_every_generated_response_passes_its_own_verifier():
             for _ in range(200):
                 example = family.sample(rng, split)
                 assert family.check(example, example.response), example
-        assert all(family.check(e, e.response) for e in family.held_out(50))
+        assert all(family.check(e, e.response) for e in family.prompts("held_out", 50))
 
 
 def test_grammar_has_a_few_hundred_distinct_words():
@@ -147,7 +147,7 @@ def test_rhyme_holds_out_prompt_words_of_several_groups():
 def test_samplers_never_draw_held_out_prompts():
     rng = random.Random(2)
     for name, family in TASKS.items():
-        held_prompts = {e.prompt for e in family.held_out(300)}
+        held_prompts = {e.prompt for e in family.prompts("held_out", 300)}
         drawn = {family.sample(rng).prompt for _ in range(500)}
         assert not drawn & held_prompts, name
     for _ in range(300):
@@ -157,13 +157,24 @@ def test_samplers_never_draw_held_out_prompts():
 
 
 def test_held_out_split_is_stable_and_arithmetic_is_stratified_by_digits():
-    sample = held_out_examples(["add", "sub"], limit=30, seed=1)
-    assert sample == held_out_examples(["add", "sub"], limit=30, seed=1)
+    sample = split_examples(["add", "sub"], "held_out", limit=30, seed=1)
+    assert sample == split_examples(["add", "sub"], "held_out", limit=30, seed=1)
     assert [e.task for e in sample] == ["add"] * 30 + ["sub"] * 30
     assert [e.group for e in sample[:30]] == ["1-digit"] * 10 + ["2-digit"] * 10 + ["3-digit"] * 10
     assert len(set(sample)) == 60
     # the split is the hash's, not Python's: these two are fixed forever
-    assert [e.prompt for e in held_out_examples(["pairsum"])][:3] == [e.prompt for e in get_task("pairsum").held_out(300)][:3]
+    assert [e.prompt for e in split_examples(["pairsum"])][:3] == [e.prompt for e in get_task("pairsum").prompts("held_out", 300)][:3]
+
+
+def test_training_split_prompts_are_distinct_seeded_and_never_held_out():
+    train = split_examples(list(TASKS), "train", limit=30, seed=2)
+    held = {e.prompt for e in split_examples(list(TASKS), "held_out")}
+    assert train == split_examples(list(TASKS), "train", limit=30, seed=2)
+    assert len({e.prompt for e in train}) == len(train) == 30 * len(TASKS)
+    assert not {e.prompt for e in train} & held
+    assert [e.group for e in train if e.task == "sub"] == ["1-digit"] * 10 + ["2-digit"] * 10 + ["3-digit"] * 10
+    with pytest.raises(EngineError, match="unknown split"):
+        split_examples(["add"], "test")
 
 
 def test_sampler_is_seeded_weighted_and_restorable():
@@ -195,7 +206,7 @@ def test_out_of_range_examples_have_one_four_digit_operand():
 
 
 def test_parse_prompt_recognises_every_family_and_nothing_else():
-    for e in held_out_examples(list(TASKS), limit=20):
+    for e in split_examples(list(TASKS), "held_out", limit=20):
         parsed = parse_prompt(e.prompt)
         assert parsed is not None and parsed.task == e.task
         assert get_task(e.task).check(parsed, parsed.response)

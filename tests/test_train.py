@@ -220,3 +220,38 @@ def test_training_on_an_explicit_device_writes_a_cpu_loadable_folder(tmp_path):
 
 def test_the_default_output_is_not_the_shipped_model():
     assert "assets" not in parse_args([]).out
+
+
+def test_the_average_moves_each_weight_a_decay_step_towards_the_model():
+    from tinymodel.train import average_decay, update_average
+
+    model, average = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    before = average.weight.detach().clone()
+    update_average(average, model, 0.75)
+    assert torch.allclose(average.weight, 0.75 * before + 0.25 * model.weight)
+    # early updates follow the weights more closely; later ones use the decay asked for
+    assert average_decay(0.999, 0) == pytest.approx(0.1) and average_decay(0.999, 10**6) == 0.999
+
+
+def test_a_run_with_an_average_writes_scores_and_resumes_the_average(tmp_path):
+    from tinymodel.train import average_decay
+
+    common = dict(out=str(tmp_path / "model"), run_dir=str(tmp_path / "run"), warmup=1, lr=1e-2, ema_decay=0.9, eval_every=6, **UNTIMED)
+    logs: list[str] = []
+    train(TrainConfig(steps=6, **common), log=logs.append)
+    state = torch.load(tmp_path / "run" / RESUME_FILE, weights_only=True)
+    written = load_model(common["out"]).state_dict()
+    name = "model.transformer.wte.weight"
+    assert torch.equal(written[name], state["averaged"][name])  # the folder holds the average ...
+    assert not torch.equal(written[name], state["model"][name])  # ... not the weights as stepped
+    assert any(line.startswith("step 6 weights as stepped") for line in logs)
+    # resumed at a negligible learning rate, the average goes on from the saved one, not the raw weights
+    train(TrainConfig(**{**common, "steps": 7, "lr": 1e-9, "eval_every": 1, "resume": True}), log=lambda _: None)
+    resumed = load_model(common["out"]).state_dict()[name]
+    expected = state["averaged"][name].lerp(state["model"][name], 1 - average_decay(0.9, 6))
+    assert torch.allclose(resumed, expected, atol=1e-6)
+
+
+def test_cli_rejects_an_average_decay_outside_0_1():
+    with pytest.raises(SystemExit):
+        parse_args(["--ema-decay", "1"])

@@ -42,7 +42,7 @@ from engine.models import DiffusionLM
 from engine.trace import Trace
 
 from .eval import SETTINGS, TaskScore, _positive, evaluate, format_table, model_answers, setting_config
-from .tasks import TASKS, Example, ExampleSampler, held_out_examples
+from .tasks import TASKS, Example, ExampleSampler, split_examples
 from .train import Trainer, TrainConfig, add_config_args, config_from_args, running_mean, task_weights
 
 TRAJECTORY_VERSION = 1
@@ -442,7 +442,7 @@ def run_collect(args: argparse.Namespace) -> None:
 
 def run_eval(args: argparse.Namespace) -> None:
     models = [(label, *_load(path, args)) for label, path in (("base", args.base), ("TD", args.distilled))]
-    examples = held_out_examples(args.tasks, args.limit)
+    examples = split_examples(args.tasks, "held_out", args.limit)
     rows = compare(models, examples, _settings(args.settings, args.gen_length, args.block_length), args.batch_size)
     print(format_table(rows, args.batch_size))
     print()

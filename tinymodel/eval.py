@@ -2,6 +2,7 @@
 
     python -m tinymodel.eval --model assets/tiny-llada --threads 2       # every setting, every family
     python -m tinymodel.eval --settings fixed "thr 0.9" --tasks pairsum --limit 50
+    python -m tinymodel.eval --model runs/x/model --split train --settings "thr 0.9" --limit 64  # choose a checkpoint
 
 Reports, per family (arithmetic also per digit count of the first operand) and decoder setting
 (`SETTINGS`): the valid rate (the family's verifier accepts the answer), tokens per forward, NFE,
@@ -35,7 +36,7 @@ from engine.models import DiffusionLM
 from engine.pipeline import stop_ids_for
 from engine.stats import generated_mask
 
-from .tasks import TASKS, Example, free_text_examples, get_task, held_out_examples, out_of_range_examples
+from .tasks import TASKS, Example, free_text_examples, get_task, split_examples, out_of_range_examples
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is loaded
     from transformers import PreTrainedTokenizerBase
@@ -284,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=_positive, default=None, help="held-out prompts per family (seeded sample); default 300, or all where fewer")
     parser.add_argument(
         "--split",
-        choices=["held_out", "out_of_range", "free_text"],
+        choices=["held_out", "train", "out_of_range", "free_text"],
         default="held_out",
-        help="held_out: prompts never trained on; out_of_range: arithmetic with a four-digit operand (--limit per family, default 200); free_text: prompts outside every family (no verifier: read the confidence columns)",
+        help="held_out: prompts never trained on; train: training-split prompts (to choose between checkpoints without looking at the held-out figures you report); out_of_range: arithmetic with a four-digit operand (--limit per family, default 200); free_text: prompts outside every family (no verifier: read the confidence columns)",
     )
     parser.add_argument("--batch-size", type=_positive, default=64, help="rows per generate call; TPF does not depend on it, TPS is per sequence at this batch size (1: as one user sees it)")
     add_runtime_args(parser)
@@ -296,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         from engine.pipeline import load_tokenizer
 
         runtime = apply_runtime(args)
-        if args.split == "held_out":
-            examples = held_out_examples(args.tasks, args.limit)
+        if args.split in ("held_out", "train"):
+            examples = split_examples(args.tasks, args.split, args.limit)
         elif args.split == "out_of_range":
             examples = out_of_range_examples(args.tasks, args.limit or 200)
         else:

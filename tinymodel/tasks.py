@@ -97,13 +97,14 @@ class Arithmetic:
             if self.is_held_out(a, b) == held_out:
                 return self.example(a, b)
 
-    def held_out(self, limit: int, seed: int = 0) -> list[Example]:
-        """`limit` held-out prompts, a third for each digit count of the first operand."""
+    def prompts(self, split: str, limit: int, seed: int = 0) -> list[Example]:
+        """`limit` distinct prompts of `split`, a third for each digit count of the first operand."""
+        held_out = _check_split(split)
         rng, out = random.Random(f"{self.name}:{seed}"), []
         for digits in OPERAND_DIGITS:
             while len(out) < limit * digits // len(OPERAND_DIGITS):
                 a, b = _operand(rng, digits), _operand(rng, rng.choice(OPERAND_DIGITS))
-                if self.is_held_out(a, b) and self.example(a, b) not in out:
+                if self.is_held_out(a, b) == held_out and self.example(a, b) not in out:
                     out.append(self.example(a, b))
         return out
 
@@ -150,8 +151,8 @@ class PairSum:
         n = rng.choice(self.sums(split))
         return self.example(n, rng.choice(_pair_splits(n)))
 
-    def held_out(self, limit: int, seed: int = 0) -> list[Example]:
-        sums = self.sums("held_out")
+    def prompts(self, split: str, limit: int, seed: int = 0) -> list[Example]:
+        sums = self.sums(split)
         if limit < len(sums):
             sums = sorted(random.Random(f"{self.name}:{seed}").sample(sums, limit))
         return [self.example(n) for n in sums]
@@ -185,8 +186,8 @@ class Rhyme:
         word = rng.choice(self.words(split))
         return self.example(word, rng.choice([w for w in grammar.rhyme_group(word) if w != word]))
 
-    def held_out(self, limit: int, seed: int = 0) -> list[Example]:
-        words = self.words("held_out")
+    def prompts(self, split: str, limit: int, seed: int = 0) -> list[Example]:
+        words = self.words(split)
         if limit < len(words):
             words = random.Random(f"{self.name}:{seed}").sample(words, limit)
         return [self.example(w) for w in words]
@@ -221,10 +222,10 @@ class Grammar:
             if is_held_out(f"{self.name}:{example.prompt}", self.held_out_percent) == held_out:
                 return example
 
-    def held_out(self, limit: int, seed: int = 0) -> list[Example]:
+    def prompts(self, split: str, limit: int, seed: int = 0) -> list[Example]:
         rng, out, prompts = random.Random(f"{self.name}:{seed}"), [], set()
         while len(out) < limit:
-            example = self.sample(rng, "held_out")
+            example = self.sample(rng, split)
             if example.prompt not in prompts:
                 prompts.add(example.prompt)
                 out.append(example)
@@ -291,9 +292,11 @@ class ExampleSampler:
         self.rng.setstate(state)
 
 
-def held_out_examples(task_names: list[str], limit: int | None = None, seed: int = 0) -> list[Example]:
-    """Each family's held-out prompts: `limit` per family (a seeded sample), default 300 (all where fewer)."""
-    return [e for name in task_names for e in get_task(name).held_out(300 if limit is None else limit, seed)]
+def split_examples(task_names: list[str], split: str = "held_out", limit: int | None = None, seed: int = 0) -> list[Example]:
+    """Each family's distinct prompts of `split`: `limit` per family (a seeded sample), default 300
+    (all where fewer). The held-out ones score a model; training-split ones choose between
+    checkpoints without looking at what is reported (`python -m tinymodel.eval --split train`)."""
+    return [e for name in task_names for e in get_task(name).prompts(split, 300 if limit is None else limit, seed)]
 
 
 # Prompts outside every family (`--split free_text` of the eval): no verifier, only what the

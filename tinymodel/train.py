@@ -21,13 +21,15 @@ generate, the model folder is written (safetensors) and a resume file (weights, 
 elapsed minutes, RNG states; torch.save of tensors and plain values, loaded with
 `weights_only=True`, kept in the run folder only, never shipped) is saved; `--resume` continues
 from it. `--init-from FOLDER` starts from a saved model's weights with a fresh optimizer and
-schedule; `--task-weights` sets the family mix (default `DEFAULT_TASK_WEIGHTS`); `--device cuda`
+schedule; `--task-weights` sets the family mix (default `DEFAULT_TASK_WEIGHTS`); `--ema-decay D`
+scores and writes a moving average of the weights instead of the weights as stepped; `--device cuda`
 trains on a GPU (the noise is drawn on the CPU, so a seed gives the same run on either).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -46,7 +48,7 @@ from engine.errors import EngineError
 from engine.models import LLaDAModelLM, load_model, save_model
 
 from .eval import TaskScore, evaluate
-from .tasks import TASKS, Example, ExampleSampler, held_out_examples
+from .tasks import TASKS, Example, ExampleSampler, split_examples
 from .tokenizer import build_tokenizer, hf_tokenizer, save_tokenizer, special_ids
 
 RESUME_FILE = "resume.pt"
@@ -96,6 +98,11 @@ class TrainConfig:
     # a model folder to start from (fresh optimizer and schedule): continue training a shipped model;
     # the architecture flags must describe that folder's model
     init_from: str = ""
+    # > 0: keep an exponential moving average of the weights (this decay per step, after a short
+    # warm-up) and write, score and ship the average; the raw weights are what the optimizer steps.
+    # Checkpoints of the shipped run swung by 10-25 points on held-out prompts from one to the next
+    # (assets/tiny-llada/README.md): the average is what a late-run checkpoint should be.
+    ema_decay: float = 0.0
 
 
 Config = TypeVar("Config", bound=TrainConfig)  # TrainConfig or a subclass (tinymodel.distill's)
@@ -242,7 +249,7 @@ def learning_rate(cfg: TrainConfig, step: int, progress: float) -> float:
 
 def held_out_scores(model: LLaDAModelLM, tokenizer, cfg: TrainConfig) -> dict[str, TaskScore]:
     """Threshold decoder at 0.9, gen 64, block 32, on a fixed sample of held-out prompts."""
-    examples = held_out_examples(list(cfg.tasks), cfg.eval_per_task, seed=cfg.seed)
+    examples = split_examples(list(cfg.tasks), "held_out", cfg.eval_per_task, seed=cfg.seed)
     config = GenerationConfig(gen_length=64, block_length=32, decoder="threshold", threshold=0.9)
     model.eval()
     scores = evaluate(model, tokenizer, examples, config, batch_size=len(examples))
@@ -260,8 +267,21 @@ def accuracy_report(scores: dict[str, TaskScore]) -> str:
     return "acc " + " ".join(f"{k} {100 * s.accuracy:.1f}%" for k, s in scores.items())
 
 
+def average_decay(decay: float, updates: int) -> float:
+    """The moving average's decay at its `updates`-th update: `decay`, but smaller early on, so the
+    average of a run from scratch is not held at the random initialisation for ~1/(1-decay) steps."""
+    return min(decay, (1 + updates) / (10 + updates))
+
+
+@torch.no_grad()
+def update_average(average: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """average <- decay * average + (1 - decay) * model, parameter by parameter."""
+    for mean, value in zip(average.parameters(), model.parameters()):
+        mean.lerp_(value, 1 - decay)
+
+
 def save_resume(
-    path: Path, step: int, minutes: float, model, optimizer, sampler: ExampleSampler, generator: torch.Generator
+    path: Path, step: int, minutes: float, model, optimizer, sampler: ExampleSampler, generator: torch.Generator, averaged=None
 ) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
@@ -269,6 +289,7 @@ def save_resume(
             "step": step,
             "minutes": minutes,
             "model": model.state_dict(),
+            **({"averaged": averaged.state_dict()} if averaged is not None else {}),
             "optimizer": optimizer.state_dict(),
             "sampler": sampler.state(),
             "generator": generator.get_state(),
@@ -299,6 +320,8 @@ class Trainer:
             warm_start(self.model, cfg.init_from)
             log(f"weights from {cfg.init_from}")
         self.model.to(cfg.device)
+        # the weights' moving average (--ema-decay): what is scored and written; None when off
+        self.averaged = copy.deepcopy(self.model) if cfg.ema_decay > 0 else None
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -322,6 +345,8 @@ class Trainer:
             raise EngineError(f"--resume given but {self.resume_path} does not exist")
         state = torch.load(self.resume_path, map_location="cpu", weights_only=True)
         self.model.load_state_dict(state["model"])
+        if self.averaged is not None:  # a run that kept no average starts one from its weights
+            self.averaged.load_state_dict(state.get("averaged", state["model"]))
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.restore(state["sampler"])
         self.generator.set_state(state["generator"])
@@ -336,11 +361,16 @@ class Trainer:
         batch, response = make_batch(self.sampler.batch(batch_size(cfg, gen_length)), self.tokenizer, gen_length, self.ids["eos_token_id"])
         return diffusion_loss(forward, batch.to(cfg.device), response.to(cfg.device), self.ids["mask_token_id"], cfg.eps, self.generator)
 
+    @property
+    def result(self) -> LLaDAModelLM:
+        """The weights a checkpoint scores and writes: the moving average where one is kept."""
+        return self.model if self.averaged is None else self.averaged
+
     def checkpoint(self, minutes: float) -> None:
         """The model folder (config, safetensors, tokenizer files) and the resume file."""
-        save_model(self.model, self.out)
+        save_model(self.result, self.out)
         save_tokenizer(self.out)
-        save_resume(self.resume_path, self.step, minutes, self.model, self.optimizer, self.sampler, self.generator)
+        save_resume(self.resume_path, self.step, minutes, self.model, self.optimizer, self.sampler, self.generator, self.averaged)
 
     def run(
         self, loss: Callable[[torch.nn.Module], torch.Tensor], report: Callable[[dict[str, TaskScore]], str] = accuracy_report
@@ -371,14 +401,19 @@ class Trainer:
             value.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             self.optimizer.step()
+            if self.averaged is not None:
+                update_average(self.averaged, model, average_decay(cfg.ema_decay, self.step))
             ema = running_mean(ema, value.item())
             self.step += 1
             bar.update()
             bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", refresh=False)
             progress = schedule_progress(cfg, self.step, minutes())
             if self.step % cfg.eval_every == 0 or progress >= 1.0:
-                scores = held_out_scores(model, self.evaluation_tokenizer, cfg)
+                scores = held_out_scores(self.result, self.evaluation_tokenizer, cfg)
                 self.log(f"step {self.step} loss {ema:.4f} held-out {report(scores)} ({minutes():.1f} min)")
+                if self.averaged is not None:  # how far the average is from the weights it averages
+                    raw = held_out_scores(model, self.evaluation_tokenizer, cfg)
+                    self.log(f"step {self.step} weights as stepped (not the average): held-out {report(raw)}")
                 self.checkpoint(minutes())
         bar.close()
         accuracy = {task: s.accuracy for task, s in scores.items()}
@@ -421,6 +456,8 @@ def config_from_args(parser: argparse.ArgumentParser, args: dict, cls: type[Conf
         parser.error(f"--task-weights: {exc}")
     if cfg.length_skew <= 0:
         parser.error("--length-skew must be positive")
+    if not 0 <= cfg.ema_decay < 1:
+        parser.error("--ema-decay must be in [0, 1)")
     if min(cfg.steps, cfg.batch_size, cfg.eval_every, cfg.threads) < 1:
         parser.error("--steps, --batch-size, --eval-every and --threads must be positive")
     return cfg
