@@ -138,6 +138,27 @@ LESSONS: tuple[Lesson, ...] = (
             ),
         ),
     ),
+    Lesson(
+        "4 · one block → blocks of 32",
+        # a grammar prompt the shipped model answers right in blocks of 32 and cuts to one word in a
+        # single block (tests/test_embedded_model.py holds it to both)
+        "his dirty",
+        {"gen_length": 64, "decoder": "threshold", "cache": "none", "block_length": 64},
+        (
+            Step(
+                "one block of 64",
+                {"block_length": 64},
+                "When nothing clears τ the decoder forces the most confident position, and that is the EOS beside the last one committed: "
+                "watch the orange cells march in from the end, one an iteration, until no room is left for a sentence.",
+            ),
+            Step(
+                "blocks of 32",
+                {"block_length": 32},
+                "The first block now ends inside the answer's room, so EOS can only march in from there and the words are committed first: "
+                "compare the answer and the verifier's verdict (this is why LLaDA decodes block by block, semi-autoregressively).",
+            ),
+        ),
+    ),
 )
 
 

@@ -29,6 +29,7 @@ def test_the_three_lessons_of_the_issue():
     assert [LESSONS[0].settings(i)["threshold"] for i in range(4)] == [0.9, 0.9, 0.7, 0.7]
     assert seq[1] == ["none", "prefix", "dual", "vicinity"]
     assert seq[2] == [False, True]
+    assert [LESSONS[3].settings(i)["block_length"] for i in range(2)] == [64, 32]
 
 
 def test_a_lesson_changing_two_settings_or_an_invalid_one_is_refused():
