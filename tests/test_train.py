@@ -18,7 +18,6 @@ from tinymodel.train import (
     make_batch,
     mask_responses,
     model_config,
-    padding_windows,
     parse_args,
     schedule_progress,
     train,
@@ -60,29 +59,6 @@ def test_a_batch_whose_longest_response_leaves_no_room_for_an_eos_gets_a_wider_c
     # the masked fraction of each row's response tracks that row's t
     fraction = masked[:, 20:].float().mean(dim=1)
     assert torch.corrcoef(torch.stack([fraction, p_mask[:, 0]]))[0, 1] > 0.95
-
-
-def test_padding_reveal_shows_a_window_of_eos_padding_and_nothing_else():
-    examples = [get_task("grammar").example("the red fox chased my small cat".split(), k) for k in (2, 3)] * 100
-    ids, response = make_batch(examples, build_tokenizer(), 48, IDS["eos_token_id"])
-    eos = IDS["eos_token_id"]
-    padding = response & (ids == eos)
-    plain = mask_responses(ids, response, IDS["mask_token_id"], 1e-3, torch.Generator().manual_seed(0))
-    # off: the same masks as a run without the option (a seed's run does not change)
-    off = mask_responses(ids, response, IDS["mask_token_id"], 1e-3, torch.Generator().manual_seed(0), eos, 0.0)
-    assert all(torch.equal(a, b) for a, b in zip(plain, off))
-    _, masked, _ = mask_responses(ids, response, IDS["mask_token_id"], 1e-3, torch.Generator().manual_seed(0), eos, 1.0)
-    # on: the same draws, then every row's window unmasked
-    generator = torch.Generator().manual_seed(0)
-    torch.rand(ids.shape[0], generator=generator), torch.rand(ids.shape, generator=generator)  # t, the masks
-    window = padding_windows(ids, response, eos, 1.0, generator)
-    assert torch.equal(masked, plain[1] & ~window)
-    assert window.any(dim=1).all() and (window <= padding).all()
-    for row in window:  # one run of positions inside the padding
-        where = row.nonzero().flatten()
-        assert where[-1] - where[0] + 1 == len(where)
-    windows = torch.stack([padding_windows(ids, response, eos, 0.3, torch.Generator().manual_seed(s)) for s in range(5)])
-    assert 0.2 < windows.any(dim=2).float().mean() < 0.4  # a `rate` share of the rows
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor():
@@ -276,7 +252,6 @@ def test_a_run_with_an_average_writes_scores_and_resumes_the_average(tmp_path):
     assert torch.allclose(resumed, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("flags", [["--ema-decay", "1"], ["--padding-reveal", "1.5"]])
-def test_cli_rejects_an_average_decay_or_reveal_rate_out_of_range(flags):
+def test_cli_rejects_an_average_decay_outside_0_1():
     with pytest.raises(SystemExit):
-        parse_args(flags)
+        parse_args(["--ema-decay", "1"])

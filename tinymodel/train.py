@@ -22,9 +22,7 @@ elapsed minutes, RNG states; torch.save of tensors and plain values, loaded with
 `weights_only=True`, kept in the run folder only, never shipped) is saved; `--resume` continues
 from it. `--init-from FOLDER` starts from a saved model's weights with a fresh optimizer and
 schedule; `--task-weights` sets the family mix (default `DEFAULT_TASK_WEIGHTS`); `--ema-decay D`
-scores and writes a moving average of the weights instead of the weights as stepped;
-`--padding-reveal P` shows a window of EOS padding unmasked in a share P of the examples (the states
-the decoders reach once they commit EOS from a block's end); `--device cuda`
+scores and writes a moving average of the weights instead of the weights as stepped; `--device cuda`
 trains on a GPU (the noise is drawn on the CPU, so a seed gives the same run on either).
 """
 
@@ -105,11 +103,6 @@ class TrainConfig:
     # Checkpoints of the shipped run swung by 10-25 points on held-out prompts from one to the next
     # (assets/tiny-llada/README.md): the average is what a late-run checkpoint should be.
     ema_decay: float = 0.0
-    # probability per example that a random window of its EOS padding is shown unmasked (the rest
-    # masked as usual). The decoders commit EOS from the block's end leftwards, one forced commit a
-    # forward, and independent masking never shows a run of EOS beside a masked answer: the shipped
-    # model went on predicting EOS into room no valid sentence fits (`my pink` -> ` bat.`).
-    padding_reveal: float = 0.0
 
 
 Config = TypeVar("Config", bound=TrainConfig)  # TrainConfig or a subclass (tinymodel.distill's)
@@ -193,32 +186,10 @@ def make_batch(examples: list[Example], tokenizer, gen_length: int, eos_id: int)
     return ids, response
 
 
-def padding_windows(ids: torch.Tensor, response: torch.Tensor, eos_id: int, rate: float, generator: torch.Generator) -> torch.Tensor:
-    """`[B, N]` bool: for a fraction `rate` of the rows, a window `[c, e)` of the EOS padding (c
-    uniform from the first padding position to the end, e uniform after c), else nothing.
-
-    Inside the padding, so whatever the window shows is true: the answer ended before c."""
-    b, n = ids.shape
-    padding = (response & (ids == eos_id)).cpu()  # answers hold no EOS; make_batch leaves room for one
-    start = padding.int().argmax(dim=1)
-    chosen = torch.rand(b, generator=generator) < rate
-    c = start + (torch.rand(b, generator=generator) * (n - start)).long()
-    e = c + 1 + (torch.rand(b, generator=generator) * (n - c)).long()
-    positions = torch.arange(n)
-    return (chosen[:, None] & (positions >= c[:, None]) & (positions < e[:, None])).to(ids.device)
-
-
 def mask_responses(
-    ids: torch.Tensor,
-    response: torch.Tensor,
-    mask_id: int,
-    eps: float,
-    generator: torch.Generator,
-    eos_id: int | None = None,
-    padding_reveal: float = 0.0,
+    ids: torch.Tensor, response: torch.Tensor, mask_id: int, eps: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(noisy ids, masked, p_mask): per row t ~ U(eps, 1); each response token masked w.p. t, but
-    none in the row's `padding_windows` (with `padding_reveal` > 0 and the EOS id).
+    """(noisy ids, masked, p_mask): per row t ~ U(eps, 1); each response token masked w.p. t.
 
     The noise is drawn on the CPU (`generator` is a CPU generator), so a seed gives the same masks
     on every device, and then moved to `ids`' device.
@@ -227,24 +198,15 @@ def mask_responses(
     t = (1 - eps) * torch.rand(b, generator=generator) + eps
     p_mask = t.unsqueeze(1).expand(b, n)
     masked = (torch.rand(b, n, generator=generator) < p_mask).to(ids.device) & response
-    if padding_reveal > 0 and eos_id is not None:
-        masked &= ~padding_windows(ids, response, eos_id, padding_reveal, generator)
     p_mask = p_mask.to(ids.device)
     return torch.where(masked, torch.full_like(ids, mask_id), ids), masked, p_mask
 
 
 def diffusion_loss(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    response: torch.Tensor,
-    mask_id: int,
-    eps: float,
-    generator: torch.Generator,
-    eos_id: int | None = None,
-    padding_reveal: float = 0.0,
+    model: torch.nn.Module, ids: torch.Tensor, response: torch.Tensor, mask_id: int, eps: float, generator: torch.Generator
 ) -> torch.Tensor:
     """LLaDA SFT loss: CE on masked response tokens / t, / response length, mean over rows."""
-    noisy, masked, p_mask = mask_responses(ids, response, mask_id, eps, generator, eos_id, padding_reveal)
+    noisy, masked, p_mask = mask_responses(ids, response, mask_id, eps, generator)
     logits = model(input_ids=noisy).logits
     token_loss = F.cross_entropy(logits[masked], ids[masked], reduction="none") / p_mask[masked]
     lengths = response.sum(dim=1, keepdim=True).expand_as(ids)[masked]
@@ -397,16 +359,7 @@ class Trainer:
         cfg = self.cfg
         gen_length = gen_length_sample(cfg)
         batch, response = make_batch(self.sampler.batch(batch_size(cfg, gen_length)), self.tokenizer, gen_length, self.ids["eos_token_id"])
-        return diffusion_loss(
-            forward,
-            batch.to(cfg.device),
-            response.to(cfg.device),
-            self.ids["mask_token_id"],
-            cfg.eps,
-            self.generator,
-            self.ids["eos_token_id"],
-            cfg.padding_reveal,
-        )
+        return diffusion_loss(forward, batch.to(cfg.device), response.to(cfg.device), self.ids["mask_token_id"], cfg.eps, self.generator)
 
     @property
     def result(self) -> LLaDAModelLM:
@@ -505,8 +458,6 @@ def config_from_args(parser: argparse.ArgumentParser, args: dict, cls: type[Conf
         parser.error("--length-skew must be positive")
     if not 0 <= cfg.ema_decay < 1:
         parser.error("--ema-decay must be in [0, 1)")
-    if not 0 <= cfg.padding_reveal <= 1:
-        parser.error("--padding-reveal must be in [0, 1]")
     if min(cfg.steps, cfg.batch_size, cfg.eval_every, cfg.threads) < 1:
         parser.error("--steps, --batch-size, --eval-every and --threads must be positive")
     return cfg
