@@ -23,6 +23,8 @@ DECODERS = {
         "**Threshold (Fast-dLLM, dInfer).** Every masked position of the current block whose top-1 "
         "probability reaches τ is committed in the same iteration; if none does, the single most "
         "confident one is committed anyway (orange *forced* cells), so every forward makes progress. "
+        "On a model trained on EOS-padded answers that is often the EOS beside the last one, forward "
+        "after forward, until the block's end stops it (lesson 4). "
         "A lower τ commits more per forward (higher TPF) and risks committing wrong tokens together."
     ),
     "hierarchical": (
