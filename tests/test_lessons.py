@@ -23,7 +23,7 @@ def test_every_step_is_a_valid_config_changing_one_setting():
             assert step.look.endswith(".") and len(step.look) < 300  # one sentence
 
 
-def test_the_three_lessons_of_the_issue():
+def test_each_lesson_steps_through_the_setting_it_is_about():
     seq = [[lesson.settings(i)[key] for i in range(len(lesson.steps))] for lesson, key in zip(LESSONS, ("decoder", "cache", "smoothing"))]
     assert seq[0] == ["fixed", "threshold", "threshold", "credit"]
     assert [LESSONS[0].settings(i)["threshold"] for i in range(4)] == [0.9, 0.9, 0.7, 0.7]

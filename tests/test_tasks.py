@@ -12,10 +12,10 @@ from tinymodel.tasks import (
     TASKS,
     ExampleSampler,
     get_task,
-    split_examples,
     is_held_out,
     out_of_range_examples,
     parse_prompt,
+    split_examples,
 )
 
 

@@ -36,7 +36,7 @@ from engine.models import DiffusionLM
 from engine.pipeline import stop_ids_for
 from engine.stats import generated_mask
 
-from .tasks import TASKS, Example, free_text_examples, get_task, split_examples, out_of_range_examples
+from .tasks import TASKS, Example, free_text_examples, get_task, out_of_range_examples, split_examples
 
 if TYPE_CHECKING:  # transformers is imported only where a tokenizer is loaded
     from transformers import PreTrainedTokenizerBase
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-length", type=_positive, default=64)
     parser.add_argument("--block-length", type=_positive, default=32)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    parser.add_argument("--limit", type=_positive, default=None, help="held-out prompts per family (seeded sample); default 300, or all where fewer")
+    parser.add_argument("--limit", type=_positive, default=None, help="prompts per family of the split (seeded sample); default 300, or all where fewer")
     parser.add_argument(
         "--split",
         choices=["held_out", "train", "out_of_range", "free_text"],

@@ -100,8 +100,9 @@ class TrainConfig:
     init_from: str = ""
     # > 0: keep an exponential moving average of the weights (this decay per step, after a short
     # warm-up) and write, score and ship the average; the raw weights are what the optimizer steps.
-    # Checkpoints of the shipped run swung by 10-25 points on held-out prompts from one to the next
-    # (assets/tiny-llada/README.md): the average is what a late-run checkpoint should be.
+    # Checkpoints of the shipped run swung by 10-25 points on held-out prompts from one to the next;
+    # the average damps that, and lags: climbing back from a restart it averages the dip too
+    # (assets/tiny-llada/README.md).
     ema_decay: float = 0.0
 
 
