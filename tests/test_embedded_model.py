@@ -148,6 +148,13 @@ def test_eval_cli_prints_the_table_and_rejects_bad_input(capsys):
     assert main(["--model", str(FOLDER), "--limit", "3", "--settings", "thr 0.9", "credit", "--tasks", "add", "pairsum", "--gen-length", "32", "--block-length", "32"]) == 0
     table = capsys.readouterr().out
     assert "thr 0.9" in table and "credit" in table and "add 1-digit" in table and "pairsum" in table and "confidence" in table
+    # --show-wrong lists each wrong answer; four tokens a forward gets pair-sums wrong (14.7% valid)
+    assert main(["--model", str(FOLDER), "--limit", "4", "--settings", "fixed x4", "--tasks", "pairsum", "--show-wrong"]) == 0
+    table, wrong = capsys.readouterr().out.split("wrong answers", 1)
+    shown = [line for line in wrong.splitlines() if line.startswith("fixed x4 | pairsum | 'Q: ?+?=")]
+    assert shown and all(" -> '" in line for line in shown)
+    row = next(line for line in table.splitlines() if line.startswith("fixed x4") and "pairsum" in line)
+    assert float(row.split()[4]) == 100 * (4 - len(shown)) / 4  # as many as the valid rate leaves
     assert main(["--model", str(FOLDER), "--gen-length", "64", "--block-length", "48"]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
     for bad in (["--gen-length", "0"], ["--device", "nonsense"], ["--settings", "psychic"]):

@@ -101,6 +101,8 @@ class AnswerConfidence:
     mean: float
     min: float
     right: bool
+    prompt: str = ""
+    text: str = ""  # the answer as generated (what `--show-wrong` prints)
 
 
 @dataclass
@@ -207,7 +209,7 @@ def evaluate(
         score.nfe += forwards
         score.seconds += stats.seconds / stats.batch  # this row's share of its batch's time
         mean = sum(confidences) / len(confidences) if confidences else 0.0
-        score.answers.append(AnswerConfidence(mean, min(confidences, default=0.0), answer.correct))
+        score.answers.append(AnswerConfidence(mean, min(confidences, default=0.0), answer.correct, answer.item.prompt, answer.text))
     return scores
 
 
@@ -268,6 +270,16 @@ def format_table(rows: list[tuple[str, GenerationConfig, dict[str, TaskScore]]],
     return "\n".join(lines)
 
 
+def format_wrong(rows: list[tuple[str, GenerationConfig, dict[str, TaskScore]]]) -> str:
+    """Every wrong answer, by setting and family: `prompt -> answer` (Python reprs, so spaces and
+    newlines show), with its weakest committed confidence."""
+    lines = ["wrong answers (prompt -> answer, min confidence):"]
+    for name, _, scores in rows:
+        for task, s in sorted(scores.items()):
+            lines += [f"{name} | {task} | {a.prompt!r} -> {a.text!r}  {a.min:.3f}" for a in s.answers if not a.right]
+    return "\n".join(lines)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -289,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         default="held_out",
         help="held_out: prompts never trained on; train: training-split prompts (to choose between checkpoints without looking at the held-out figures you report); out_of_range: arithmetic with a four-digit operand (--limit per family, default 200); free_text: prompts outside every family (no verifier: read the confidence columns)",
     )
+    parser.add_argument("--show-wrong", action="store_true", help="also print every wrong answer under the table")
     parser.add_argument("--batch-size", type=_positive, default=64, help="rows per generate call; TPF does not depend on it, TPS is per sequence at this batch size (1: as one user sees it)")
     add_runtime_args(parser)
     args = parser.parse_args(argv)
@@ -312,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_table(rows, args.batch_size))
+    if args.show_wrong:
+        print()
+        print(format_wrong(rows))
     return 0
 
 
