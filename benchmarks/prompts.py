@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import EngineError
-from tinymodel.tasks import TASKS, Example, get_task, split_examples, out_of_range_examples
+from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, split_examples
 
 from . import scoring
 

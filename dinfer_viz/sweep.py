@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, Trace
 from tinymodel.eval import answer_prompts, check_answer
-from tinymodel.tasks import TASKS, Example, get_task, split_examples, out_of_range_examples, parse_prompt
+from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
 
 from .answers import WrongCommit, expected_ids, first_wrong
 from .host import EngineHost, ModelSpec
