@@ -97,12 +97,15 @@ CONFIDENCE_BUCKETS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
 
 
 @dataclass(frozen=True)
-class AnswerConfidence:
+class ScoredAnswer:
+    """One answer as a TaskScore keeps it: its mean and weakest committed confidence, the verdict,
+    and the prompt and text `--show-wrong` prints."""
+
     mean: float
     min: float
     right: bool
     prompt: str = ""
-    text: str = ""  # the answer as generated (what `--show-wrong` prints)
+    text: str = ""  # the answer as generated
 
 
 @dataclass
@@ -114,7 +117,7 @@ class TaskScore:
     tokens: int = 0
     nfe: int = 0  # forwards each row would take alone (see per_row_commits)
     seconds: float = 0.0  # each row's share of its batch's wall time
-    answers: list[AnswerConfidence] = field(default_factory=list)
+    answers: list[ScoredAnswer] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
@@ -209,7 +212,7 @@ def evaluate(
         score.nfe += forwards
         score.seconds += stats.seconds / stats.batch  # this row's share of its batch's time
         mean = sum(confidences) / len(confidences) if confidences else 0.0
-        score.answers.append(AnswerConfidence(mean, min(confidences, default=0.0), answer.correct, answer.item.prompt, answer.text))
+        score.answers.append(ScoredAnswer(mean, min(confidences, default=0.0), answer.correct, answer.item.prompt, answer.text))
     return scores
 
 

@@ -282,7 +282,7 @@ def update_average(average: torch.nn.Module, model: torch.nn.Module, decay: floa
 
 
 def save_resume(
-    path: Path, step: int, minutes: float, model, optimizer, sampler: ExampleSampler, generator: torch.Generator, averaged=None
+    path: Path, step: int, minutes: float, model, optimizer, sampler: ExampleSampler, generator: torch.Generator, averaged: torch.nn.Module | None = None
 ) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
