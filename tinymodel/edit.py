@@ -1,0 +1,155 @@
+"""Teach the embedded model to edit: LLaDA2.1's mixed objective, from the shipped base weights.
+
+    python -m tinymodel.edit --threads 2 --compile           # assets/tiny-llada -> runs/tiny-llada-edit/model
+    python -m tinymodel.edit --resume --threads 2 --compile  # continue after an interruption
+
+A model trained only on masked positions (tinymodel/train.py) has no useful prediction at a visible
+position: nothing ever asked it whether a visible token is right. An editing decoder (`edit`,
+docs/algorithms.md §3.9) reads exactly that prediction, so this stage adds LLaDA2.1's token-to-token
+(T2T) examples to the mask-to-token (M2T) objective:
+
+- M2T: per row t ~ U(eps, 1); each response token is [MASK] with probability t; cross-entropy on the
+  masked positions weighted 1/t (the ordinary objective, unchanged).
+- T2T: of the response tokens left visible, a share s ~ U(0, `corrupt_max`) per row is replaced by a
+  wrong token: with probability `plausible_share` one the model itself proposes there (a sample
+  from a no-grad forward in which those positions are masked: the errors a parallel decoder makes),
+  else a uniformly random character. The loss at every visible response position (corrupted or
+  not) is the cross-entropy on the original token, times `edit_weight`, so the model learns both
+  to keep a right token and to replace a wrong one.
+
+Both are normalised by the response length, as train.py's loss is. It runs train.py's loop
+(`Trainer`: optimizer, time-budgeted schedule, held-out checks, model folder, resume) and writes a
+drop-in model folder of the base's architecture (assets/tiny-llada-edit/README.md is its card).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from engine.cli import DEFAULT_MODEL, OneLineParser
+from engine.errors import EngineError
+
+from .eval import TaskScore
+from .tokenizer import SPECIAL_TOKENS
+from .train import Trainer, TrainConfig, add_config_args, batch_size, config_from_args, gen_length_sample, make_batch, mask_responses, running_mean
+
+RUN_DIR = "runs/tiny-llada-edit"
+
+
+@dataclass
+class EditTrainConfig(TrainConfig):
+    """train.py's settings with this stage's defaults (a fine-tune from the shipped weights), plus the
+    corruption's."""
+
+    out: str = f"{RUN_DIR}/model"
+    run_dir: str = RUN_DIR
+    init_from: str = DEFAULT_MODEL
+    max_minutes: float = 100.0  # + the held-out checks and saves: within the 120-minute budget on 2 cores
+    lr: float = 2e-4  # tinymodel/distill.py's fine-tuning rate (higher erased what the base knew)
+    # the families whose parallel failures the editing decoder is to repair get more
+    default_weights: ClassVar[dict[str, float]] = {"add": 1.0, "sub": 1.3, "pairsum": 2.5, "rhyme": 0.5, "grammar": 1.5}
+    warmup: int = 50
+    tokens_per_batch: int = 6000
+    eval_every: int = 400
+    eval_per_task: int = 24
+    corrupt_max: float = 0.5  # per row, the share of visible response tokens replaced is ~ U(0, corrupt_max)
+    plausible_share: float = 0.5  # of the replaced, the share drawn from the model's own proposal
+    edit_weight: float = 1.0  # weight of the T2T loss next to the M2T loss
+
+
+def corrupt_visible(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    noisy: torch.Tensor,
+    visible: torch.Tensor,
+    cfg: EditTrainConfig,
+    mask_id: int,
+    vocabulary: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """`noisy` with a share of its `visible` response tokens replaced by wrong ones (see the module
+    docstring); every replacement differs from the original token. Draws on the CPU `generator`."""
+    b, n = ids.shape
+    share = cfg.corrupt_max * torch.rand(b, 1, generator=generator)
+    chosen = (torch.rand(b, n, generator=generator) < share).to(ids.device) & visible
+    random_ids = vocabulary[torch.randint(len(vocabulary), (b, n), generator=generator)].to(ids.device)
+    replacement = random_ids
+    plausible = (torch.rand(b, n, generator=generator) < cfg.plausible_share).to(ids.device) & chosen
+    if plausible.any():
+        with torch.no_grad():
+            logits = model(input_ids=torch.where(chosen, torch.full_like(ids, mask_id), noisy)).logits.float()
+        logits[..., mask_id] = float("-inf")
+        gumbel = -torch.log(-torch.log(torch.rand(logits.shape, generator=generator).clamp_min(1e-20))).to(ids.device)
+        proposal = (logits + gumbel).argmax(-1)
+        replacement = torch.where(plausible, proposal, random_ids)
+    # a replacement that happens to be the original is no corruption: shift it to another character
+    same = replacement == ids
+    if same.any():
+        index = torch.searchsorted(vocabulary.to(ids.device), ids.clamp(max=int(vocabulary[-1])))
+        replacement = torch.where(same, vocabulary.to(ids.device)[(index + 1) % len(vocabulary)], replacement)
+    return torch.where(chosen, replacement, noisy)
+
+
+class EditLoss:
+    """One step's mixed loss; keeps a running mean of each part for the checkpoint log."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        tokenizer = trainer.tokenizer
+        special = {tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+        self.vocabulary = torch.tensor(sorted(set(range(tokenizer.get_vocab_size())) - special))
+        self.m2t: float | None = None
+        self.t2t: float | None = None
+
+    def __call__(self, forward: torch.nn.Module) -> torch.Tensor:
+        trainer = self.trainer
+        cfg: EditTrainConfig = trainer.cfg
+        mask_id = trainer.ids["mask_token_id"]
+        gen_length = gen_length_sample(cfg)
+        ids, response = make_batch(trainer.sampler.batch(batch_size(cfg, gen_length)), trainer.tokenizer, gen_length, trainer.ids["eos_token_id"])
+        ids, response = ids.to(cfg.device), response.to(cfg.device)
+        noisy, masked, p_mask = mask_responses(ids, response, mask_id, cfg.eps, trainer.generator)
+        visible = response & ~masked
+        noisy = corrupt_visible(forward, ids, noisy, visible, cfg, mask_id, self.vocabulary, trainer.generator)
+        logits = forward(input_ids=noisy).logits
+        lengths = response.sum(dim=1, keepdim=True).expand_as(ids).float()
+        rows = ids.shape[0]
+        m2t = (F.cross_entropy(logits[masked], ids[masked], reduction="none") / p_mask[masked] / lengths[masked]).sum() / rows
+        t2t = (F.cross_entropy(logits[visible], ids[visible], reduction="none") / lengths[visible]).sum() / rows
+        self.m2t, self.t2t = running_mean(self.m2t, m2t.item()), running_mean(self.t2t, t2t.item())
+        return m2t + cfg.edit_weight * t2t
+
+    def report(self, scores: dict[str, TaskScore]) -> str:
+        return f"(m2t {self.m2t:.4f} t2t {self.t2t:.4f}) acc/TPF " + " ".join(f"{k} {100 * s.accuracy:.1f}%/{s.tpf:.2f}" for k, s in scores.items())
+
+
+def train_edit(cfg: EditTrainConfig, log: Callable[[str], None] = print) -> dict:
+    """Fine-tune on the mixed objective (train.py's loop); returns its summary."""
+    trainer = Trainer(cfg, log)
+    loss = EditLoss(trainer)
+    return trainer.run(loss, report=loss.report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m tinymodel.edit", description=__doc__.split("\n\n")[0])
+    add_config_args(parser, EditTrainConfig())
+    cfg = config_from_args(parser, vars(parser.parse_args(argv)), EditTrainConfig)
+    if not (0 <= cfg.corrupt_max <= 1 and 0 <= cfg.plausible_share <= 1 and cfg.edit_weight >= 0):
+        parser.error("need --corrupt-max and --plausible-share in [0, 1] and --edit-weight >= 0")
+    try:
+        summary = train_edit(cfg, log=lambda m: print(m, flush=True))
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
