@@ -1,0 +1,49 @@
+"""What a run reports and obeys, as one object handed from the API to the loop (and across the
+worker boundary): the trace switch, the two callbacks, the cancel flag and the caller's limits
+(docs/trace.md §1 for what the callbacks receive)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
+
+from .trace import IterationRecord, TokenStrings, Trace
+
+
+class CancelFlag(Protocol):
+    """What the loop reads from `RunHooks.cancel`: a threading.Event, or a parallel rank's flag,
+    which must answer each check alike on every rank (engine/runtime/workers.py: RankCancel)."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """`trace`: keep the per-iteration trace (also on when either callback is set, or when the
+    config measures staleness: the trace is where that goes). `on_start` gets the header before the
+    first forward; `on_iteration` each record as it is made. `cancel`: checked between groups of
+    iterations and between layers; when set the run raises GenerationCancelled. `max_tokens`: the
+    caller's bound on the canvas (prompt + gen_length), besides the model's own. `model_name` names
+    the model in the header and `token_strings` fills its `tokens` as ids appear (Engine passes
+    both). `expected_ids`: an expected answer's ids, carried in the header (with their strings) for a
+    viewer that marks where the run departs from it."""
+
+    trace: bool = False
+    on_start: Callable[[Trace], None] | None = None
+    on_iteration: Callable[[IterationRecord], None] | None = None
+    cancel: CancelFlag | None = None
+    max_tokens: int | None = None
+    model_name: str | None = None
+    token_strings: TokenStrings | None = None
+    expected_ids: list[int] | None = None
+
+    def records(self, measure_staleness: bool = False) -> bool:
+        """Whether the run keeps a trace."""
+        return self.trace or self.on_start is not None or self.on_iteration is not None or measure_staleness
+
+    def but(self, **changes: object) -> "RunHooks":
+        """A copy with some hooks replaced (a layer adding its own name, limit or callbacks)."""
+        return replace(self, **changes)
+
+
+NO_HOOKS = RunHooks()
