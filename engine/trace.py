@@ -47,7 +47,8 @@ import torch
 
 from .errors import EngineError
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no revisions, no uniform steps, no expected answer
 
 # ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
 TokenStrings = Callable[[set[int]], dict[str, str]]
@@ -69,6 +70,34 @@ class IterationRecord:
     extras: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] | None = None  # absent from traces written before it existed
     candidates: list[list[list[list[float]]]] | None = None  # likewise; None for long blocks
+    # per row, the committed positions this iteration changed (an edit or a remask), as `Revision`
+    # dicts (docs/trace.md §2.1); None for a decoder that never revises and in version-1 traces
+    revisions: list[list[dict[str, Any]]] | None = None
+    # a uniform-state step's state (docs/trace.md §2.2); None for masked diffusion
+    uniform: dict[str, Any] | None = None
+
+
+# the fields a record may lack (older traces, decoders that never revise, masked diffusion)
+OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "uniform")
+EDIT, REMASK = "edit", "remask"
+REVISION_FIELDS = ("position", "old", "new", "kind", "rule", "score", "bound")
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A committed position changed: `kind` EDIT (`old` -> `new`) or REMASK (`new` is [MASK]),
+    because `score` compared against `bound` as `rule` says (e.g. "p(new) > edit threshold")."""
+
+    position: int
+    old: int
+    new: int
+    kind: str
+    rule: str
+    score: float
+    bound: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "score": round(self.score, 4)}
 
 
 TOP_CANDIDATES = 3
@@ -92,6 +121,9 @@ class Trace:
     config: dict[str, Any] = field(default_factory=dict)
     initial: list[list[int]] = field(default_factory=list)
     tokens: dict[str, str] = field(default_factory=dict)
+    # per row, the ids of an answer the caller expects (a viewer marks where the run departs from
+    # it; their strings are in `tokens`); None when none was given, and in version-1 traces
+    expected: list[list[int]] | None = None
     iterations: list[IterationRecord] = field(default_factory=list)
     final: list[list[int]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -108,7 +140,7 @@ class Trace:
         """A trace from its JSON form, every field checked (a trace file may come from anyone):
         EngineError naming the first field that is missing, of the wrong type or inconsistent."""
         _need(isinstance(data, dict), f"a trace is a JSON object, not {type(data).__name__}")
-        _need(data.get("version") == TRACE_VERSION, f"version {data.get('version')!r} is not {TRACE_VERSION}")
+        _need(data.get("version") in READABLE_VERSIONS, f"version {data.get('version')!r} is not one of {', '.join(map(str, READABLE_VERSIONS))}")
         header = {f: data.get(f) for f in cls.__dataclass_fields__ if f != "iterations"}
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         _need(not unknown, f"unknown field(s): {', '.join(map(str, unknown))[:200]}")
@@ -116,7 +148,7 @@ class Trace:
         _need(isinstance(records, list), "iterations must be a list")
         names = set(IterationRecord.__dataclass_fields__)
         for i, r in enumerate(records):
-            _need(isinstance(r, dict) and names - {"extras", "cost", "candidates"} <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
+            _need(isinstance(r, dict) and names - set(OPTIONAL_RECORD_FIELDS) <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
         trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
         trace.check()
         return trace
@@ -142,6 +174,7 @@ class Trace:
         _need(isinstance(self.tokens, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in self.tokens.items()), "tokens must map id strings to strings")
         _need(isinstance(self.config, dict) and isinstance(self.stats, dict) and isinstance(self.model, str), "config and stats must be objects and model a string")
         _need(_is_number(self.trace_seconds), "trace_seconds must be a number")
+        _need(self.expected is None or (isinstance(self.expected, list) and len(self.expected) == rows and all(map(_int_list, self.expected))), "expected must be one list of integers per row")
         for i, rec in enumerate(self.iterations):
             where = f"iterations[{i}]"
             _need(_int_list(rec.block_range) and len(rec.block_range) == 2, f"{where}.block_range must be [start, end]")
@@ -161,15 +194,22 @@ class Trace:
                 _need(rec.candidates is None or _valid_candidates(rec.candidates, row, e - s), f"{where}.candidates[{row}] must be one list of [id, probability] pairs per block position")
                 for name, positions in (("committed", rec.committed[row]), ("forced", rec.forced[row])):
                     _need(_int_list(positions) and all(s <= p < e for p in positions), f"{where}.{name}[{row}] must be positions inside the block")
+                _need(rec.revisions is None or _valid_revisions(rec.revisions, row, s, e), f"{where}.revisions[{row}] must be revisions ({', '.join(REVISION_FIELDS)}) of positions inside the block")
+            _need(rec.revisions is None or len(rec.revisions) == rows, f"{where}.revisions needs one list per row")
+            _need(rec.uniform is None or isinstance(rec.uniform, dict), f"{where}.uniform must be an object")
 
     def canvas_at(self, iteration: int) -> list[list[int]]:
-        """Canvas per row after record `iteration` (-1: before the first), rebuilt from commits."""
+        """Canvas per row after record `iteration` (-1: before the first), rebuilt from commits
+        and then revisions (an edit writes `new`, a remask [MASK])."""
         canvas = [list(row) for row in self.initial]
         for rec in self.iterations[: iteration + 1]:
             s = rec.block_range[0]
             for row, positions in enumerate(rec.committed):
                 for p in positions:
                     canvas[row][p] = rec.top1[row][p - s]
+            for row, revisions in enumerate(rec.revisions or []):
+                for revision in revisions:
+                    canvas[row][revision["position"]] = revision["new"]
         return canvas
 
 
@@ -267,6 +307,15 @@ def _is_number(value: Any) -> bool:
 
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _valid_revisions(revisions: list, row: int, s: int, e: int) -> bool:
+    entries = revisions[row]
+    return isinstance(entries, list) and all(
+        isinstance(r, dict) and set(r) == set(REVISION_FIELDS) and all(_is_int(r[k]) for k in ("position", "old", "new"))
+        and s <= r["position"] < e and r["kind"] in (EDIT, REMASK) and isinstance(r["rule"], str) and _is_number(r["score"]) and _is_number(r["bound"])
+        for r in entries
+    )
 
 
 def _valid_cost(cost: Any) -> bool:
