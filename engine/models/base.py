@@ -42,6 +42,10 @@ class DiffusionLM(nn.Module):
     fp32_suffixes: tuple[str, ...] = ()
     # True for LLaDA2: attention is block-causal and the prefix cache is exact.
     block_causal: bool = False
+    # "masked": a position is [MASK] until committed (the LLaDA families, engine/iteration.py);
+    # "uniform": every position always holds a token, re-noised until accepted (DiffusionGemma,
+    # engine/uniform.py). The engine's entry point runs the loop of the model's kind.
+    diffusion_kind: str = "masked"
 
     def embedding_weight(self) -> torch.Tensor:
         raise NotImplementedError
