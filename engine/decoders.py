@@ -143,6 +143,9 @@ class Decoder:
     # Settings of this decoder's own that GenerationConfig lacks (plug-ins): given per run in
     # `config.decoder_options`, read with `self.option(name)`; the CLI and the app list them.
     options: ClassVar[dict[str, DecoderOption]] = {}
+    # True when a row's commits depend on that row alone (its logits, mask and state): rows of one
+    # batch then each get their solo tokens, so requests may share a batch (engine/serving/batcher.py).
+    row_wise: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -187,6 +190,7 @@ class FixedStepDecoder(Decoder):
     """
 
     name = "fixed"
+    row_wise = True
     settings = ("steps", "remasking")
     sweep_setting = "steps"
     uses_threshold = False
@@ -224,6 +228,7 @@ class ThresholdDecoder(Decoder):
     """
 
     name = "threshold"
+    row_wise = True
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
@@ -246,6 +251,7 @@ class HierarchicalDecoder(Decoder):
     """
 
     name = "hierarchical"
+    row_wise = True
     settings = ("threshold", "low_threshold", "anchor")
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
@@ -289,6 +295,7 @@ class CreditDecoder(Decoder):
     """
 
     name = "credit"
+    row_wise = True
     settings = ("threshold", "credit_alpha", "credit_beta", "credit_gamma")
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
@@ -337,6 +344,7 @@ class FactorDecoder(Decoder):
     """
 
     name = "factor"
+    row_wise = True
     settings = ("factor",)
     sweep_setting = "factor"
     uses_threshold = False
