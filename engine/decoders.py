@@ -140,6 +140,8 @@ class Decoder:
     settings: ClassVar[tuple[str, ...]] = ("threshold",)
     # The setting a sweep of this decoder varies (the speed/accuracy knob).
     sweep_setting: ClassVar[str] = "threshold"
+    # The paragraph the app shows beside the views (Markdown); a plug-in without one still runs.
+    explanation: ClassVar[str] = ""
     # Settings of this decoder's own that GenerationConfig lacks (plug-ins): given per run in
     # `config.decoder_options`, read with `self.option(name)`; the CLI and the app list them.
     options: ClassVar[dict[str, DecoderOption]] = {}
@@ -149,6 +151,8 @@ class Decoder:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "row_wise" not in vars(cls):  # a subclass may change the rule: it says so itself, never inherits it
+            cls.row_wise = False
         clash = set(cls.options) & {f.name for f in dataclasses.fields(GenerationConfig)}
         if clash:  # one flag and one control per name: an option may not shadow a config field
             raise ValueError(f"decoder {cls.__name__}: options {sorted(clash)} are GenerationConfig fields; read those from self.config")
@@ -190,6 +194,12 @@ class FixedStepDecoder(Decoder):
     """
 
     name = "fixed"
+    explanation = (
+        "**Fixed steps (LLaDA's reference sampler).** Each block gets `steps / blocks` iterations and "
+        "commits the same share of its masks in each, choosing the most confident predictions "
+        "(`low_confidence`) or random ones. Tokens per forward is fixed by the schedule, whatever the "
+        "model's certainty: the baseline the other decoders improve on."
+    )
     row_wise = True
     settings = ("steps", "remasking")
     sweep_setting = "steps"
@@ -228,6 +238,14 @@ class ThresholdDecoder(Decoder):
     """
 
     name = "threshold"
+    explanation = (
+        "**Threshold (Fast-dLLM, dInfer).** Every masked position of the current block whose top-1 "
+        "probability reaches τ is committed in the same iteration; if none does, the single most "
+        "confident one is committed anyway (orange *forced* cells), so every forward makes progress. "
+        "On a model trained on EOS-padded answers that is often the EOS beside the last one, forward "
+        "after forward, until the block's end stops it (lesson 4). "
+        "A lower τ commits more per forward (higher TPF) and risks committing wrong tokens together."
+    )
     row_wise = True
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
@@ -251,6 +269,13 @@ class HierarchicalDecoder(Decoder):
     """
 
     name = "hierarchical"
+    explanation = (
+        "**Hierarchical (dInfer).** The block's masks form runs of consecutive positions. Each run "
+        "commits one *anchor* (its most confident position, or the one nearest its centre) if it beats "
+        "the low threshold, plus everything above the high threshold τ. An anchor splits its run, so "
+        "later iterations work on ever smaller spans, spreading commits across the block instead of "
+        "clustering them."
+    )
     row_wise = True
     settings = ("threshold", "low_threshold", "anchor")
 
@@ -295,6 +320,12 @@ class CreditDecoder(Decoder):
     """
 
     name = "credit"
+    explanation = (
+        "**Credit (CreditDecoding).** A token that stays the top-1 at a position across iterations "
+        "earns credit (decaying by β each iteration, boosted by p^γ); the logits get "
+        "`α·log(1 + credit)` added before the threshold rule. Stable predictions cross τ sooner, so "
+        "fewer forwards are needed; the extras view shows the credit per position."
+    )
     row_wise = True
     settings = ("threshold", "credit_alpha", "credit_beta", "credit_gamma")
 
@@ -344,6 +375,12 @@ class FactorDecoder(Decoder):
     """
 
     name = "factor"
+    explanation = (
+        "**Factor (Fast-dLLM).** The masked positions are ranked by confidence and the n best are "
+        "committed while the n-th still clears `1 - factor/(n+1)`: the more tokens committed together, "
+        "the more confident each must be. There is no single threshold; the rank and its threshold "
+        "are in the extras."
+    )
     row_wise = True
     settings = ("factor",)
     sweep_setting = "factor"

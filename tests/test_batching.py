@@ -1,4 +1,5 @@
-"""Concurrent runs batched into one engine call (dinfer_viz/batching.py): each row's header,
+"""Concurrent runs batched into one engine call (engine/serving/batcher.py, through the app's
+adapter dinfer_viz/batching.py): each row's header,
 records, tokens and NFE equal its solo run's, runs wait and join by the rule, and nothing here
 depends on timing (the host's lock is held while the runs queue up)."""
 
@@ -72,6 +73,18 @@ def test_what_would_change_the_tokens_is_never_batched():
     assert batch_key(ModelSpec("other"), base) != batch_key(SPEC, base)
     for changes in (dict(temperature=0.7), dict(decoder="fixed", remasking="random"), dict(smoothing=True), dict(refresh_every=2, cache="dual"), dict(cache="vicinity"), dict(unroll=True)):
         assert batch_key(SPEC, base.replace(**changes)) is None, changes
+
+
+def test_only_decoders_that_declare_row_wise_are_batched():
+    """The built-ins declare it; a plug-in that does not (or a subclass of a built-in that changes
+    its rule without saying so) runs alone."""
+    from engine.registry import decoder_names
+    from tests.turnstile_decoder import TurnstileDecoder  # registers "turnstile", a FixedStepDecoder subclass
+
+    builtin = ("fixed", "threshold", "hierarchical", "credit", "factor")
+    assert all(batch_key(SPEC, GenerationConfig(decoder=name)) is not None for name in builtin)
+    assert TurnstileDecoder.name in decoder_names() and not TurnstileDecoder.row_wise
+    assert batch_key(SPEC, GenerationConfig(decoder=TurnstileDecoder.name)) is None
 
 
 def drain(events: "queue.SimpleQueue[object]") -> list[object]:
