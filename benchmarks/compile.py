@@ -4,7 +4,7 @@
 
 The embedded model (assets/tiny-llada) as `Engine(path)` (eager) and `Engine(path, compile=True)`,
 per cache mode, on prompts of several lengths (so several canvases, sharing buckets:
-engine/compiled.py). Each engine first generates every prompt once: the warm-up, which for the
+engine/runtime/compiled.py). Each engine first generates every prompt once: the warm-up, which for the
 compiled engine compiles every bucket the prompts need (its wall time, the part of it spent in
 compiling forwards and the graphs compiled are the "warm-up" columns). Then `--repeats` timed
 passes over the prompts, one generate per prompt (batch 1, as the app runs), eager and compiled

@@ -15,7 +15,7 @@ N(0, 0.02), so nothing is downloaded and nothing large is initialised on the hos
    MoE: 64·(1-(1-8/64)^q) of 64 per layer under uniform routing, docs/performance.md §1.2) + the cached
    K/V it reads + the fresh K/V of its query tokens; embedding lookups and activations ignored;
 3. the dual forward (the cached hot path) as the plain model runs it and behind static shapes
-   (engine/compiled.py, `--static`): torch.compile, CUDA graphs, both. Per variant: the first call
+   (engine/runtime/compiled.py, `--static`): torch.compile, CUDA graphs, both. Per variant: the first call
    (compiling or capturing included), the median ms per forward against the floor, and, queued
    back to back without a sync, ms per forward and the median device gap between one forward's
    last kernel and the next one's first (CUDA events: launch overhead the GPU waits through), and
@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from engine.cache import DUAL, FULL, PREFIX, WINDOW, ForwardPlan, KVCacheManager
-from engine.compiled import CompiledLM
+from engine.runtime.compiled import CompiledLM
 from engine.config import GenerationConfig
 from engine.errors import EngineError
 from engine.iteration import generate
@@ -75,7 +75,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 FULL_DEFAULTS = dict(prompt_length=512, gen_length=256, block_length=32, repeats=20)
 TINY_DEFAULTS = dict(prompt_length=24, gen_length=16, block_length=8, repeats=5)
 MODES = (("full", "none"), ("refresh", "dual"), ("prefix", "prefix"), ("dual", "dual"), ("window", "vicinity"))
-# --static variants: name -> (compile, cuda_graphs) of engine/compiled.py's CompiledLM
+# --static variants: name -> (compile, cuda_graphs) of engine/runtime/compiled.py's CompiledLM
 STATIC = {"eager": (False, False), "compile": (True, False), "graphs": (False, True), "compile+graphs": (True, True)}
 
 

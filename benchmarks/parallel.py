@@ -9,7 +9,7 @@ and settings, `--repeats` times after one warm-up. Per layout: whether every rep
 exactly the TP=1 tokens, the median engine time per forward (rank 0's own clock: the all-reduces
 are inside it, the hand-off to this process is not) and the median NFE, each also as a ratio to
 TP=1 in the same run. A degree of 2 runs two worker processes, each with half this process's CPU
-threads (engine/workers.py), so every layout uses the same cores.
+threads (engine/runtime/workers.py), so every layout uses the same cores.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from plotly.subplots import make_subplots
 
 from engine import EngineError, GenerationConfig
 from engine.cache import DUAL, FULL, PREFIX, REFRESH, WINDOW, KVCacheManager
+from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
 from .figures import FORWARD_COLOURS, _finish, _upto, message_figure
@@ -334,44 +335,10 @@ def _pays_from(timings: Sequence[dict[str, Any]]) -> str:
 
 
 # ---- the forward count rule ----------------------------------------------------------------------
-_STEP = (
-    "Each block starts with a *refresh*, a full forward whose K/V become the store, and the same step "
-    "runs the next forward at once, so a block costs at least two forwards: when the refresh's decode "
-    "already completes the block, the forward after it has nothing left to commit (an iteration that "
-    "commits nothing) and is still counted in NFE."
-)
-_STALE = (
-    "Cached K/V were computed before the commits since the refresh, so they are stale (every K/V depends "
-    "on every token in this bidirectional model); stale K/V can lower confidences, so the threshold "
-    "commits fewer tokens per forward and the run may need more iterations."
-)
-RULES = {
-    "none": (
-        "**Forward count, no cache.** Every iteration is one full forward over the whole canvas, so NFE is "
-        "exactly the number of decode iterations and nothing is ever stale. Each forward pays for the "
-        "prompt and the finished blocks again, which is cheap on a short canvas and dominates on a long one."
-    ),
-    "prefix": (
-        "**Forward count, prefix cache.** " + _STEP + " The prefix forwards then recompute the block and "
-        "everything after it against the cached prompt and earlier blocks. " + _STALE + " A prefix forward "
-        "still covers the rest of the canvas, so it saves most on a long prompt."
-    ),
-    "dual": (
-        "**Forward count, dual cache.** " + _STEP + " The dual forwards recompute only the block, reading both "
-        "the prefix and the suffix from the store. " + _STALE + " On a short canvas a forward's fixed cost "
-        "(launching every layer) outweighs the tokens it skips, so a block's extra forward can make dual no "
-        "faster than no cache; the saving appears as the canvas grows (the forward-cost chart)."
-    ),
-    "vicinity": (
-        "**Forward count, vicinity.** The first `warmup` forwards of the request are full, uncached ones; after "
-        "that it works like dual. " + _STEP + " The window forwards recompute the block plus `prefix_look` "
-        "positions before and `after_look` after it, so the neighbours most affected by a commit stay fresh "
-        "while the rest of the store goes stale until the next refresh."
-    ),
-}
 
 
 def cache_rule_markdown(cache_mode: str) -> str:
     """The forward count rule of `cache_mode` (NFE, the extra forward a block entry can cost, why an
     iteration after a refresh can commit nothing), in a few sentences of Markdown."""
-    return RULES.get(cache_mode, f"**{cache_mode} cache.** No forward count rule written for this cache mode yet.")
+    mode = declared_mode(cache_mode)
+    return mode.forward_rule if mode is not None else f"**{cache_mode} cache.** No forward count rule written for this cache mode yet."

@@ -20,7 +20,8 @@ from typing import Any
 
 from engine import Engine, GenerationConfig, Trace
 from engine.cli import set_cpu_threads
-from engine.config import CACHE_MODES
+from engine.cache_modes import cache_modes
+from engine.registry import builtin_decoder_names
 
 from .answers import FAMILY_EXAMPLES
 from .readouts import plural
@@ -32,20 +33,20 @@ INDEX = "index.json"
 # The Run tab's default prompt: the first forward cannot commit the digits, so every decoder shows
 # a choice (forced commits, several iterations), and the answer is short enough for small files
 PROMPT = FAMILY_EXAMPLES["pairsum"][0]
-# Set against the Run tab's defaults: one decoder or one cache mode changed at a time. The cached
-# modes also measure staleness, so a replay's extras show what caching cost in agreement.
-BASE = {"decoder": "threshold", "cache": "none"}
-# The engine's own decoders (a plug-in registered through the environment is not the project's to ship)
-DECODERS = ("fixed", "threshold", "hierarchical", "credit", "factor")
+# Set against the Run tab's defaults: one decoder or one cache mode changed at a time. The modes
+# that are not exact also measure staleness, so a replay's extras show what caching cost in agreement.
+BASE = {"decoder": GenerationConfig.decoder, "cache": GenerationConfig.cache}
 THREADS = 1  # float reductions in one order: regenerating a sample gives the same tokens
 
 
 def sample_settings() -> dict[str, dict[str, Any]]:
-    """File stem -> the GenerationConfig fields it sets (the rest are the defaults)."""
-    out = {f"{d}-none": {**BASE, "decoder": d} for d in DECODERS}
-    for cache in CACHE_MODES:
-        if cache != "none":
-            out[f"threshold-{cache}"] = {**BASE, "cache": cache, "measure_staleness": True}
+    """File stem -> the GenerationConfig fields it sets (the rest are the defaults): each of the
+    engine's own decoders (a plug-in registered through the environment is not the project's to
+    ship) on the base cache mode, then the base decoder on each other mode."""
+    out = {f"{d}-{BASE['cache']}": {**BASE, "decoder": d} for d in builtin_decoder_names()}
+    for mode in cache_modes():
+        if mode.name != BASE["cache"]:
+            out[f"{BASE['decoder']}-{mode.name}"] = {**BASE, "cache": mode.name, **({} if mode.exact else {"measure_staleness": True})}
     return out
 
 

@@ -1,6 +1,6 @@
 """The generation controls and their mapping to `engine.GenerationConfig`.
 
-Choices come from the engine's registries (`decoder_names()`, `engine.config.CACHE_MODES`...),
+Choices come from the engine's declarations (`decoder_names()`, engine/cache_modes.py...),
 never from lists kept here, and every GenerationConfig field without a hand-made control gets an
 automatic one under "Other engine settings", so a setting added to the engine is in the app at
 once. A run's settings travel as one JSON object, which is also the API's input:
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from engine import EngineError, GenerationConfig
-from engine import config as engine_config
+from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
 from engine.registry import DecoderOption, decoder_class, decoder_options
 
 from engine.cli import checked_device
 
 from .host import DTYPES, ModelSpec
-from .system import system_options
+from .system import offered_options
 
 
 @dataclass(frozen=True)
@@ -282,25 +282,16 @@ def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callab
         checked_device(device)
     except argparse.ArgumentTypeError as exc:
         raise EngineError(f"device {exc}") from None
-    offered = {o.name: o for o in system_options(device)}
+    offered = {o.name: o for o in offered_options(device)}
     options = []
     for key, value in sorted((k, v) for k, v in model.items() if k not in ("path", "device", "dtype")):
         if key not in offered:
             raise EngineError(f"unknown model setting '{key}'; known: path, device, dtype, {', '.join(offered)}")
-        if _option_is_set(value):
+        if offered[key].declared.is_set(value):
             if not offered[key].available:
                 raise EngineError(f"{offered[key].label} is unavailable: {offered[key].reason}")
             options.append((key, value))
     return ModelSpec(path, device, dtype, tuple(options), label=label)
-
-
-def _option_is_set(value: Any) -> bool:
-    """System options left at their neutral value (off, degree 1) are not passed to Engine."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return value > 1
-    return value not in (None, "")
 
 
 def parse_settings(
@@ -324,7 +315,8 @@ def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> s
     cache_section = {c.field for c in dict(SECTIONS)["KV cache"]} - {"cache"}
     plugin_options = {n for n in names if n.startswith(OPTION_PREFIX)}
     hidden = (decoder_section | plugin_options) - decoder_fields(decoder)
-    hidden |= cache_section - set(engine_config.CACHE_SETTINGS.get(cache, cache_section))
+    mode = cache_mode(cache)
+    hidden |= cache_section - set(mode.settings if mode is not None else cache_section)
     if not smoothing:
         hidden |= {c.field for c in dict(SECTIONS)["Iteration smoothing"]} - {"smoothing"}
     if not unroll:

@@ -14,29 +14,31 @@ from typing import Any, Mapping
 import torch
 
 from engine import Engine
+from engine.system_options import SystemOption, system_options
 
 from .readouts import plural
 
 
 @dataclass(frozen=True)
-class SystemOption:
-    name: str  # the Engine keyword argument
-    label: str
-    kind: type  # int (a degree) or bool (a switch)
+class OfferedOption:
+    """A system option as the app offers it: its declaration (engine/system_options.py) and
+    whether this engine build and machine can use it, or why not."""
+
+    declared: SystemOption
     available: bool
     reason: str  # why it is unavailable (empty when available)
 
+    @property
+    def name(self) -> str:  # the Engine keyword argument
+        return self.declared.name
 
-# Engine keyword arguments the app knows how to offer, with what they need from the machine:
-# whether they run on the CPU, and how many CUDA devices they need on CUDA. A degree of N runs N
-# worker processes (engine/workers.py): on the CPU they share its cores, on CUDA each takes a
-# device, so the smallest degree that does anything (2) needs two.
-_KNOWN_OPTIONS = (
-    ("tp_size", "tensor-parallel degree", int, True, 2),
-    ("ep_size", "expert-parallel degree (MoE models)", int, True, 2),
-    ("compile", "torch.compile", bool, True, 0),
-    ("cuda_graphs", "CUDA graphs", bool, False, 1),
-)
+    @property
+    def label(self) -> str:
+        return self.declared.label
+
+    @property
+    def kind(self) -> type:  # int (a degree) or bool (a switch)
+        return self.declared.kind
 
 
 def cuda_count() -> int:
@@ -51,21 +53,23 @@ def engine_parameters() -> set[str]:
     return set(inspect.signature(Engine.__init__).parameters) - {"self", "path", "device", "dtype"}
 
 
-def system_options(device: str = "cpu") -> list[SystemOption]:
-    """Each known option for a model on `device`: offered, or why not."""
+def offered_options(device: str = "cpu") -> list[OfferedOption]:
+    """Each declared option for a model on `device`: offered, or why not. A degree of N runs N
+    worker processes: on the CPU they share its cores, on CUDA each takes a device."""
     params, gpus, on_cpu = engine_parameters(), cuda_count(), torch.device(device).type == "cpu"
     out = []
-    for name, label, kind, runs_on_cpu, gpus_needed in _KNOWN_OPTIONS:
-        if name not in params:
-            reason = f"this engine build has no `{name}` option"
-        elif on_cpu and not runs_on_cpu:
+    for option in system_options():
+        needed = option.cuda_devices
+        if option.name not in params:
+            reason = f"this engine build has no `{option.name}` option"
+        elif on_cpu and not option.runs_on_cpu:
             reason = "CUDA only; the model is on the CPU"
-        elif not on_cpu and gpus < gpus_needed:
-            each = " (one per process)" if kind is int else ""
-            reason = f"needs {gpus_needed} CUDA GPU{'s' if gpus_needed > 1 else ''}{each}; this machine has {gpus}"
+        elif not on_cpu and gpus < needed:
+            each = " (one per process)" if option.kind is int else ""
+            reason = f"needs {needed} CUDA GPU{'s' if needed > 1 else ''}{each}; this machine has {gpus}"
         else:
             reason = ""
-        out.append(SystemOption(name, label, kind, not reason, reason))
+        out.append(OfferedOption(option, not reason, reason))
     return out
 
 
@@ -84,7 +88,7 @@ def startup_note(options: Mapping[str, Any], device: str, loaded: bool) -> str:
     """What an engine with these system options spends before its iterations show, that a plain one
     does not: a line for the page while a run or Load waits on it ('' when nothing). Worker
     processes start when the engine loads; compiling and capturing happen at the first forward of
-    each shape bucket, in a run, not at the load (engine/compiled.py). `loaded`: the engine is up,
+    each shape bucket, in a run, not at the load (engine/runtime/compiled.py). `loaded`: the engine is up,
     so only the first forwards' part is left to say."""
     world = max(_degree(options.get("tp_size")), _degree(options.get("ep_size")))
     on_cpu = torch.device(device).type == "cpu"

@@ -15,8 +15,9 @@ import sys
 import typing
 from pathlib import Path
 
-from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
-from .config import CACHE_SETTINGS, GenerationConfig, setting_choices, setting_help
+from .cache_modes import cache_modes
+from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from .config import GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
 
@@ -30,9 +31,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name in decoder_names():
         for setting in decoder_class(name).settings:
             readers.setdefault(setting, []).append(name)
-    for mode, settings in CACHE_SETTINGS.items():
-        for setting in settings:
-            readers.setdefault(setting, []).append(f"cache {mode}")
+    for mode in cache_modes():
+        for setting in mode.settings:
+            readers.setdefault(setting, []).append(f"cache {mode.name}")
     group = parser.add_argument_group("generation settings (every GenerationConfig field)")
     for field in dataclasses.fields(GenerationConfig):
         if field.name == "decoder_options":  # one flag per declared option, below
@@ -86,16 +87,15 @@ def _generate(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # validate before the (slow) model load
     if not args.prompt or not args.prompt.strip():
         raise EngineError("empty prompt")
-    if args.tp < 1 or args.ep < 1:
-        raise EngineError(f"--tp and --ep must be >= 1, got {args.tp} and {args.ep}")
+    system = system_kwargs(args)
     if args.trace:
         check_writable(Path(args.trace))
     if args.threads is not None and args.threads < 1:
         raise EngineError(f"threads must be >= 1, got {args.threads}")
     runtime = apply_runtime(args)
-    # before the engine: --tp/--ep worker processes share this process's threads (engine/workers.py)
+    # before the engine: --tp/--ep worker processes share this process's threads (engine/runtime/workers.py)
     set_cpu_threads(model_skeleton(args.model), args.threads)
-    with Engine(args.model, **runtime, tp_size=args.tp, ep_size=args.ep, compile=args.compile, cuda_graphs=args.cuda_graphs) as engine:
+    with Engine(args.model, **runtime, **system) as engine:
         missing = engine.unencodable(args.prompt, config.use_chat_template)
         if missing:
             print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
@@ -122,10 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runtime_args(gen)
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
-    gen.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: that many worker processes (one GPU each on CUDA)")
-    gen.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE models): that many worker processes (one GPU each on CUDA)")
-    gen.add_argument("--compile", action="store_true", help="run the forwards through torch.compile, at bucketed shapes (the first run compiles)")
-    gen.add_argument("--cuda-graphs", action="store_true", help="CUDA, one process: capture each forward shape once as a CUDA graph and replay it")
+    add_system_flags(gen)
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
     return parser

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 
+from .errors import EngineError
+from .system_options import system_options
+
 DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,3 +71,22 @@ def apply_runtime(args: argparse.Namespace) -> dict[str, typing.Any]:
     """The `device`/`dtype` keywords for Engine or load_model (threads: `set_cpu_threads` once the
     model is loaded, since the default depends on its size)."""
     return {"device": args.device, "dtype": DTYPES.get(args.dtype)}  # "auto": None, the engine's choice
+
+
+def add_system_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per system option (engine/system_options.py): `--tp N` for a degree, `--compile`
+    for a switch, each with its declared help."""
+    for option in system_options():
+        if option.kind is bool:
+            parser.add_argument(option.flag, dest=option.name, action="store_true", help=option.help)
+        else:
+            parser.add_argument(option.flag, dest=option.name, type=option.kind, default=option.off, help=option.help)
+
+
+def system_kwargs(args: argparse.Namespace) -> dict[str, typing.Any]:
+    """The `Engine` keywords the system flags give; EngineError for a degree below 1."""
+    values = {option.name: getattr(args, option.name) for option in system_options()}
+    degrees = [o for o in system_options() if o.kind is int]
+    if any(values[o.name] < 1 for o in degrees):
+        raise EngineError(f"{' and '.join(o.flag for o in degrees)} must be >= 1, got {' and '.join(str(values[o.name]) for o in degrees)}")
+    return values

@@ -9,16 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import EngineError
+from .cache_modes import cache_mode_names
 from .registry import TYPE_NAMES, decoder_class, decoder_names
 
-CACHE_MODES = ("none", "prefix", "dual", "vicinity")
-# The settings each cache mode reads (engine/cache.py), for the CLI's help and the app's controls.
-CACHE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "prefix": ("refresh_every", "measure_staleness"),
-    "dual": ("refresh_every", "measure_staleness"),
-    "vicinity": ("prefix_look", "after_look", "warmup", "refresh_every", "persist_window", "measure_staleness"),
-}
 REMASKING = ("low_confidence", "random")
 ANCHORS = ("confidence", "centre")
 
@@ -34,7 +27,7 @@ def setting_help(name: str) -> str:
 
 def setting_choices(name: str) -> tuple[str, ...] | None:
     """The allowed values of a text setting (decoders include registered plug-ins), else None."""
-    return {"decoder": tuple(decoder_names()), "cache": CACHE_MODES, "remasking": REMASKING, "anchor": ANCHORS}.get(name)
+    return {"decoder": tuple(decoder_names()), "cache": cache_mode_names(), "remasking": REMASKING, "anchor": ANCHORS}.get(name)
 
 
 @dataclass
@@ -130,7 +123,7 @@ class GenerationConfig:
             steps >= self.num_blocks() and steps % self.num_blocks() == 0,
             f"steps ({steps}) must be a positive multiple of the number of blocks ({self.num_blocks()})",
         )
-        need(self.cache in CACHE_MODES, f"unknown cache mode '{self.cache}'; choose from {', '.join(CACHE_MODES)}")
+        need(self.cache in cache_mode_names(), f"unknown cache mode '{self.cache}'; choose from {', '.join(cache_mode_names())}")
         need(min(self.prefix_look, self.after_look, self.warmup) >= 0, "prefix_look, after_look and warmup must be >= 0")
         need(self.refresh_every is None or self.refresh_every >= 1, "refresh_every must be >= 1")
         need(0.0 <= self.cont_weight <= 1.0, f"cont_weight must be in [0, 1], got {self.cont_weight}")

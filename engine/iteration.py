@@ -23,7 +23,6 @@ plain runs can differ; otherwise they give the same tokens.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
@@ -31,12 +30,10 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
-from .compiled import CompiledLM, ForwardCounters
 from .config import GenerationConfig
 from .decoders import DecodeResult, make_decoder, top_candidates
 from .errors import EngineError
-from .models.base import DiffusionLM
-from .parallel import COMM
+from .models.base import DiffusionLM, ForwardCounters
 from .stats import GenerationStats, count_tokens, generated_mask
 from .trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, IterationRecord, TokenStrings, Trace, TraceRecorder
 
@@ -47,7 +44,7 @@ class GenerationCancelled(EngineError):
 
 class CancelFlag(Protocol):
     """What generate reads from its `cancel`: a threading.Event, or a parallel rank's flag, which
-    must answer each check alike on every rank (engine/workers.py: RankCancel)."""
+    must answer each check alike on every rank (engine/runtime/workers.py: RankCancel)."""
 
     def is_set(self) -> bool: ...
 
@@ -118,20 +115,20 @@ def _sync(device: torch.device) -> None:
 
 @dataclass(frozen=True)
 class _Meter:
-    """The process's running totals at one moment: its model's compile/graph counters and its
-    time in all-reduces (engine/parallel.py: COMM)."""
+    """The model's running totals at one moment: its compile/graph counters and this process's
+    time in all-reduces, read through the model interface (zero for a plain model)."""
 
     counters: ForwardCounters
     comm_seconds: float
 
     @classmethod
-    def read(cls, counters: ForwardCounters) -> "_Meter":
-        return cls(dataclasses.replace(counters), COMM.seconds())
+    def read(cls, model: DiffusionLM) -> "_Meter":
+        return cls(model.forward_counters(), model.comm_seconds())
 
 
 def forward_cost(forward_seconds: float, since: ForwardCounters, comm_seconds: float) -> dict[str, Any]:
     """An IterationRecord's `cost` (docs/trace.md §3): one process's entry in the per-rank lists
-    (engine/workers.py appends the other ranks'), and what its forward compiled or replayed. Compute
+    (engine/runtime/workers.py appends the other ranks'), and what its forward compiled or replayed. Compute
     is the forward's wall time less its all-reduces and its compiling (floored at 0: a forward that
     compiled also counted its all-reduces)."""
     compute = max(0.0, forward_seconds - comm_seconds - since.compile_seconds)
@@ -175,8 +172,6 @@ class _Request:
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = make_decoder(config, self.mask_id, self.generator)
         self.embeds = model.embed(self.x) if config.smoothing else None
-        # a plain model compiles nothing: its counters stay at zero
-        self.counters = model.counters if isinstance(model, CompiledLM) else ForwardCounters()
         self.nfe = 0
         self.iteration = 0
         self.host_syncs = 0
@@ -223,7 +218,7 @@ class _Request:
         t0 = time.perf_counter()
         a, b = plan.start, plan.end
         masked = self.x[:, s:e] == self.mask_id
-        meter = _Meter.read(self.counters) if self.recorder is not None else None
+        meter = _Meter.read(self.model) if self.recorder is not None else None
         forward_start = time.perf_counter()
         out = self.cache.forward(self.model, plan, block_index, masked=masked, **self._inputs(a, b))
         cost = self._cost(meter, forward_start) if meter is not None else None
@@ -250,7 +245,7 @@ class _Request:
         """The cost of the forward begun at `start` (a device sync, so only when recording)."""
         _sync(self.device)
         seconds = time.perf_counter() - start
-        after = _Meter.read(self.counters)
+        after = _Meter.read(self.model)
         return forward_cost(seconds, after.counters.since(before.counters), after.comm_seconds - before.comm_seconds)
 
     def _smooth(self, a: int, b: int, logits: torch.Tensor, weight: float) -> None:
@@ -317,7 +312,7 @@ class _Request:
         cfg = self.cfg
         if self.on_start is not None and self.recorder is not None:  # before the clock starts
             self.on_start(self.recorder.header())
-        meter = _Meter.read(self.counters)
+        meter = _Meter.read(self.model)
         start = time.perf_counter()
         blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
         self.nfe += self.cache.prefill(self.model, blocks[0][0], self._inputs)
@@ -379,7 +374,7 @@ class _Request:
         token_ids = [row[k].tolist() for row, k in zip(self.x.cpu(), keep.cpu())]
         _sync(self.device)
         seconds = time.perf_counter() - start - self.excluded_seconds
-        end = _Meter.read(self.counters)
+        end = _Meter.read(self.model)
         done = end.counters.since(meter.counters)
         stats = GenerationStats(
             nfe=self.nfe,

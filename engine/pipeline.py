@@ -12,15 +12,15 @@ from typing import Callable
 
 import torch
 
-from .compiled import CompiledLM, check_options
+from .runtime.compiled import CompiledLM, check_options
 from .config import GenerationConfig
 from .errors import EngineError
 from .iteration import CancelFlag, GenerationOutput, check_request, generate
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
-from .parallel import check_degrees, shard_model
+from .runtime.parallel import check_degrees, shard_model
 from .trace import IterationRecord, Trace
-from .workers import Generate, WorkerGroup
+from .runtime.workers import Generate, WorkerGroup
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
 _END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
@@ -70,7 +70,7 @@ class TextResult:
 
 
 def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, compile: bool, device: str) -> Generate:
-    """In a worker process (engine/workers.py), its process group joined: this rank's one-process
+    """In a worker process (engine/runtime/workers.py), its process group joined: this rank's one-process
     Engine on `device`, cut to its shard; its token-level generate. (A compiled engine compiles on
     its first forward, so it compiles the shard.)"""
     engine = Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, compile=compile)
@@ -102,7 +102,7 @@ class Engine:
         process.
 
         `compile`: the model forward runs through torch.compile, `cuda_graphs` (CUDA, one process)
-        through CUDA graphs, both over bucketed static shapes (engine/compiled.py, docs/algorithms.md
+        through CUDA graphs, both over bucketed static shapes (engine/runtime/compiled.py, docs/algorithms.md
         §6.5); the first generate at new shapes compiles or captures, and `GenerationStats` and
         each record's `cost` count it.
         """

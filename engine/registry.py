@@ -92,6 +92,12 @@ def decoder_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def builtin_decoder_names() -> list[str]:
+    """The decoders the engine ships (engine/decoders.py), without plug-ins: what the project's own
+    samples and benchmarks cover."""
+    return [name for name, cls in _REGISTRY.items() if cls.__module__.split(".")[0] == __name__.split(".")[0]]
+
+
 def decoder_class(name: str) -> type:
     """The registered decoder `name` (plug-ins loaded first); EngineError for an unknown one."""
     load_plugins()

@@ -9,7 +9,7 @@
   block for early stop); loop unrolling exists to lower it.
 - comm_seconds: of `seconds`, the time this process spent in all-reduces (a parallel engine's rank 0).
 - compiles, captures, compile_seconds: graphs torch.compile compiled and CUDA graphs captured
-  during the call (engine/compiled.py; 0 once the shapes are warm), and the wall time of the
+  during the call (engine/runtime/compiled.py; 0 once the shapes are warm), and the wall time of the
   forwards that did it (inside `seconds`); graph_replays: forwards that replayed a CUDA graph.
 - tps = tokens / seconds / batch (tokens per second per sequence); tpf = tokens / nfe / batch.
 """

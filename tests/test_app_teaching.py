@@ -21,7 +21,7 @@ from dinfer_viz.readouts import median_stats, passes_count, percent
 from dinfer_viz.sample_traces import shipped_samples
 from dinfer_viz.settings import all_controls
 from dinfer_viz.sweep import run_sweep, sweep_examples
-from dinfer_viz.system import system_options
+from dinfer_viz.system import offered_options
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_VIEW
 from dinfer_viz.ui import Handlers
@@ -83,7 +83,7 @@ def test_a_sweep_failure_copies_its_settings_so_run_reproduces_its_trace(handler
     prompt, response, _, model_box, *controls, _pinned = result[len(RUN_VIEW) :]
     values = dict(zip([c.field for c in all_controls()], controls))
     assert values["threshold"] == 0.05 and (values["gen_length"], values["block_length"]) == (16, 8)  # the swept value, and the rest
-    defaults = [False if o.kind is bool else 1 for o in system_options()]
+    defaults = [False if o.kind is bool else 1 for o in offered_options()]
     copied = handlers.settings(model_box, "cpu", "auto", *defaults, *controls)
     again = final(handlers.run(prompt, copied, response))
     assert again["message"].startswith("done")
@@ -166,7 +166,7 @@ from engine import GenerationConfig  # noqa: E402
 def page_values(handlers: Handlers, **config) -> list:
     """The Run tab's control values as the page sends them (TabHandlers.settings' order)."""
     cfg = GenerationConfig().replace(**config)
-    return [None, None, None, *((1 if o.kind is int else False) for o in system_options()), *(control_value(c, cfg) for c in all_controls())]
+    return [None, None, None, *((1 if o.kind is int else False) for o in offered_options()), *(control_value(c, cfg) for c in all_controls())]
 
 
 def test_a_pinned_position_shows_at_the_end_of_a_run_and_follows_replay(handlers):

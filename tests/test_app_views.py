@@ -14,7 +14,7 @@ from dinfer_viz.readouts import live_line, readout
 from dinfer_viz.settings import all_controls, build_config, parse_settings, sections, visible_fields
 from dinfer_viz.host import ModelSpec
 from dinfer_viz.sweep import Outcome, SweepState, parse_values
-from dinfer_viz.system import engine_parameters, system_options
+from dinfer_viz.system import engine_parameters, offered_options
 from dinfer_viz.answers import first_wrong
 from dinfer_viz.timeline import Timeline
 from dinfer_viz.tokens import glyph, readable
@@ -267,7 +267,7 @@ def test_sweep_points_and_values():
 def test_system_options_say_why_they_are_off():
     params = engine_parameters()
     for device in ("cpu", "cuda"):
-        for opt in system_options(device):
+        for opt in offered_options(device):
             assert opt.available == (not opt.reason)
             if opt.name not in params:
                 assert not opt.available and f"`{opt.name}`" in opt.reason
@@ -276,11 +276,11 @@ def test_system_options_say_why_they_are_off():
 def test_parallel_degrees_run_as_processes_on_the_cpu_and_take_a_gpu_each_on_cuda(monkeypatch):
     import dinfer_viz.system as system
 
-    on_cpu = {o.name: o for o in system_options("cpu")}
+    on_cpu = {o.name: o for o in offered_options("cpu")}
     assert on_cpu["tp_size"].available and on_cpu["ep_size"].available and on_cpu["tp_size"].kind is int
     for gpus, available in ((1, False), (2, True)):
         monkeypatch.setattr(system, "cuda_count", lambda: gpus)
-        on_cuda = {o.name: o for o in system_options("cuda")}
+        on_cuda = {o.name: o for o in offered_options("cuda")}
         assert on_cuda["tp_size"].available == available and on_cuda["ep_size"].available == available
     monkeypatch.setattr(system, "cuda_count", lambda: 1)
-    assert system_options("cuda")[0].reason == "needs 2 CUDA GPUs (one per process); this machine has 1"
+    assert offered_options("cuda")[0].reason == "needs 2 CUDA GPUs (one per process); this machine has 1"

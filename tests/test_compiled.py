@@ -1,4 +1,4 @@
-"""Static-shape forwards (engine/compiled.py): buckets, padding that changes no result, the
+"""Static-shape forwards (engine/runtime/compiled.py): buckets, padding that changes no result, the
 capture-safe MoE, torch.compile with every decoder and cache mode, on an MoE and with TP=2, and
 CUDA graphs where CUDA exists.
 
@@ -15,7 +15,7 @@ import torch._inductor.config
 
 from engine import Engine, EngineError, GenerationConfig, generate, save_model
 from engine.__main__ import main as cli
-from engine.compiled import CompiledLM, bucket
+from engine.runtime.compiled import CompiledLM, bucket
 from engine.models.moe import SparseMoE
 from tinymodel.tokenizer import save_tokenizer, special_ids
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import GenerationConfig, generate
 from engine.errors import EngineError
-from engine.parallel import check_degrees, shard_model
+from engine.runtime.parallel import check_degrees, shard_model
 
 from .conftest import tiny_llada
 from .moe_models import tiny_llada2, tiny_llada_moe

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from engine import Engine, EngineError, GenerationCancelled, GenerationConfig, register_decoder, save_model
 from engine import registry
 from engine.decoders import ThresholdDecoder
-from engine.workers import RankCancel, StopFlags
+from engine.runtime.workers import RankCancel, StopFlags
 from tinymodel.tokenizer import save_tokenizer, special_ids
 
 from .app_support import EMBEDDED_MODEL

@@ -29,7 +29,7 @@ from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
 from ..host import EngineHost, ModelSpec
 from ..runner import acknowledge
 from ..settings import Control, all_controls, parse_settings
-from ..system import system_options
+from ..system import offered_options
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class TabHandlers:
         self.max_prompt_chars = max_prompt_chars
         self.max_gen_length = max_gen_length
         self._files: Path | None = None  # made on the first file written
-        self.option_names = [o.name for o in system_options()]
+        self.option_names = [o.name for o in offered_options()]
 
     def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
         """A run's settings, validated, its model checked against the host's allow-list."""

@@ -13,7 +13,7 @@ from engine import EngineError
 
 from ..explain import system_markdown
 from ..host import DTYPES
-from ..system import SystemOption, describe_machine, devices, progress_line, startup_note, system_options
+from ..system import OfferedOption, describe_machine, devices, progress_line, startup_note, offered_options
 from .common import ENGINE_QUEUE, TabHandlers, error_text, guarded
 
 
@@ -48,8 +48,8 @@ class ModelHandlers(TabHandlers):
         return f"default model: `{d.label or d.path}` on {d.device} ({state})"
 
 
-def _option_update(opt: SystemOption) -> dict[str, Any]:
-    return {"interactive": opt.available, "info": None if opt.available else f"unavailable: {opt.reason}"}
+def _option_update(opt: OfferedOption) -> dict[str, Any]:
+    return {"interactive": opt.available, "info": opt.declared.help if opt.available else f"unavailable: {opt.reason}"}
 
 
 def build(h: ModelHandlers) -> list[gr.components.Component]:
@@ -65,11 +65,11 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
         device = gr.Dropdown(devices(), value=host.default.device, label="device", allow_custom_value=True)
         dtype = gr.Dropdown(list(DTYPES), value=host.default.dtype, label="dtype", info="auto: float32 on CPU, bfloat16 on GPUs")
         options = []
-        for opt in system_options(host.default.device):
+        for opt in offered_options(host.default.device):
             if opt.kind is bool:
-                options.append(gr.Checkbox(label=opt.label, value=False, **_option_update(opt)))
+                options.append(gr.Checkbox(label=opt.label, value=opt.declared.off, **_option_update(opt)))
             else:
-                options.append(gr.Number(label=opt.label, value=1, precision=0, minimum=1, **_option_update(opt)))
+                options.append(gr.Number(label=opt.label, value=opt.declared.off, precision=0, minimum=1, **_option_update(opt)))
         load_btn = gr.Button("Load model", elem_id="load-btn")
         load_msg = gr.Markdown(elem_id="load-msg")
         gr.Markdown(describe_machine())
@@ -81,7 +81,7 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
         """What each system option can do on the chosen device (CUDA graphs need CUDA, a degree
         of N on CUDA needs N GPUs); an unknown device leaves the controls as they are."""
         try:
-            return [gr.update(**_option_update(opt)) for opt in system_options(chosen)]
+            return [gr.update(**_option_update(opt)) for opt in offered_options(chosen)]
         except RuntimeError:  # not a device name: the run's validation says so
             return [gr.update() for _ in options]
 

@@ -1,6 +1,7 @@
 """Component 1, the model: the families, their registry and the checkpoint loader."""
 
 from .base import DiffusionLM, ModelOutput
+from .diffusion_gemma import DiffusionGemmaLM, is_diffusion_gemma
 from .llada import LLaDAModelLM
 from .llada2 import LLaDA2MoeModelLM
 from .llada_moe import LLaDAMoEModelLM
@@ -23,8 +24,11 @@ register_family(
     lambda cfg: cfg.get("model_type") == "llada2_moe" or "LLaDA2MoeModelLM" in (cfg.get("architectures") or []),
     LLaDA2MoeModelLM,
 )
+# model_type as transformers writes it (DiffusionGemmaConfig); the network is transformers' own.
+register_family("diffusion-gemma", is_diffusion_gemma, DiffusionGemmaLM)
 
 __all__ = [
+    "DiffusionGemmaLM",
     "DiffusionLM",
     "LLaDA2MoeModelLM",
     "LLaDAMoEModelLM",

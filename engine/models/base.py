@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection
+from typing import Callable, Collection, Protocol
 
 import torch
 from torch import nn
@@ -17,6 +17,23 @@ class ModelOutput:
     kv: torch.Tensor | None = None
 
 
+@dataclass
+class ForwardCounters:
+    """What a model's static-shape forwards did since it was made (engine/runtime/compiled.py; a
+    generate reports the differences): zero for a plain model."""
+
+    compiles: int = 0  # graphs torch.compile compiled: one per new bucket, or a recompilation
+    captures: int = 0  # CUDA graphs captured, one per new bucket
+    replays: int = 0  # forwards that replayed a captured graph
+    compile_seconds: float = 0.0  # wall time of the forwards that compiled or captured
+
+    def since(self, before: "ForwardCounters") -> "ForwardCounters":
+        return ForwardCounters(
+            self.compiles - before.compiles, self.captures - before.captures, self.replays - before.replays,
+            self.compile_seconds - before.compile_seconds,
+        )
+
+
 @dataclass(frozen=True)
 class DerivedTensor:
     """A model tensor that a checkpoint stores in another layout: built by `build` from the
@@ -24,6 +41,10 @@ class DerivedTensor:
 
     sources: tuple[str, ...]
     build: Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+class CommClock(Protocol):
+    def seconds(self) -> float: ...
 
 
 class DiffusionLM(nn.Module):
@@ -47,8 +68,20 @@ class DiffusionLM(nn.Module):
     # engine/uniform.py). The engine's entry point runs the loop of the model's kind.
     diffusion_kind: str = "masked"
 
+    # the clock of this process's all-reduces, set on a sharded model (engine/runtime/parallel.py)
+    comm_clock: "CommClock | None" = None
+
     def embedding_weight(self) -> torch.Tensor:
         raise NotImplementedError
+
+    def forward_counters(self) -> ForwardCounters:
+        """Compiles, captures and replays of this model's forwards so far (a copy): the loop meters
+        each forward's cost through this, so it never needs to know the runtime that wraps it."""
+        return ForwardCounters()
+
+    def comm_seconds(self) -> float:
+        """Seconds this process has spent in all-reduces so far (0 for a model on one process)."""
+        return self.comm_clock.seconds() if self.comm_clock is not None else 0.0
 
     def layer_modules(self) -> nn.ModuleList:
         """The transformer layers, in order (the engine checks for a cancel between them)."""

@@ -7,7 +7,7 @@ The cache contract (see engine/cache.py): a model forward may be given `past_kv`
 that slice of the past, out of place (the stored cache is untouched), or in place with
 `persist=True` (written into the store, and attention reads the store itself: no merged copy).
 With a past, `replace` may instead be a `[q]` index tensor naming each query token's slot: the
-form a static-shape forward takes (engine/compiled.py), whose positions change from call to call
+form a static-shape forward takes (engine/runtime/compiled.py), whose positions change from call to call
 while its shapes do not, so neither torch.compile nor a CUDA graph sees a new shape.
 The forward returns the fresh K/V of its query tokens when asked (`use_cache`), in the form the
 cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Every family

@@ -190,7 +190,7 @@ def _skeleton(path: str | os.PathLike) -> tuple[Path, DiffusionLM]:
 def model_skeleton(path: str | os.PathLike) -> DiffusionLM:
     """The model config.json describes, on the meta device: its modules and shapes, special ids,
     limits and parameter count, without reading a weight. What an Engine whose weights live in
-    worker processes keeps (engine/workers.py); it cannot run a forward."""
+    worker processes keeps (engine/runtime/workers.py); it cannot run a forward."""
     return _skeleton(path)[1]
 
 

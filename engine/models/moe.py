@@ -134,9 +134,9 @@ class SparseMoE(nn.Module):
 
     Under expert parallelism this rank holds experts `[first_expert, first_expert + E_local)`;
     under tensor parallelism a slice of every expert's hidden units. Either way its routed sum is
-    partial, and `engine.parallel` sets `reduce` (its all-reduce) so that the sum is completed
+    partial, and `engine.runtime.parallel` sets `reduce` (its all-reduce) so that the sum is completed
     (in fp32) before the replicated shared expert's output is added. `capture_safe` (set by
-    engine/compiled.py around its forwards) selects `experts_static`, the form without a host sync.
+    engine/runtime/compiled.py around its forwards) selects `experts_static`, the form without a host sync.
     """
 
     def __init__(self, gate: nn.Module, num_experts: int, hidden: int, intermediate: int, shared: GatedMLP | None) -> None:

@@ -43,10 +43,10 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from .errors import EngineError
-from .models.base import DiffusionLM, ModelOutput
-from .models.layers import QuerySlots, RotaryEmbedding, query_range
-from .models.moe import SparseMoE
+from ..errors import EngineError
+from ..models.base import DiffusionLM, ForwardCounters, ModelOutput
+from ..models.layers import QuerySlots, RotaryEmbedding, query_range
+from ..models.moe import SparseMoE
 
 # Bucket sizes: 2^k · {1, 1.25, 1.5, 1.75} from 32 on (32, 40, 48, 56, 64, 80, ...), so padding
 # adds at most a quarter and every size is a multiple of 8; four sizes per octave keep the number
@@ -76,22 +76,6 @@ def check_options(device: str | torch.device, compile: Any, cuda_graphs: Any, wo
         raise EngineError(f"cuda_graphs needs a CUDA device; this engine runs on {torch.device(device).type}")
     if cuda_graphs and world > 1:
         raise EngineError("cuda_graphs with tp_size or ep_size > 1 is not supported (each rank would capture its all-reduces)")
-
-
-@dataclass
-class ForwardCounters:
-    """What a CompiledLM did, since it was made (a generate reports the differences)."""
-
-    compiles: int = 0  # graphs torch.compile compiled: one per new bucket, or a recompilation
-    captures: int = 0  # CUDA graphs captured, one per new bucket
-    replays: int = 0  # forwards that replayed a captured graph
-    compile_seconds: float = 0.0  # wall time of the forwards that compiled or captured
-
-    def since(self, before: "ForwardCounters") -> "ForwardCounters":
-        return ForwardCounters(
-            self.compiles - before.compiles, self.captures - before.captures, self.replays - before.replays,
-            self.compile_seconds - before.compile_seconds,
-        )
 
 
 @contextlib.contextmanager
@@ -167,6 +151,12 @@ class CompiledLM(DiffusionLM):
 
     def embedding_weight(self) -> torch.Tensor:
         return self.inner.embedding_weight()
+
+    def forward_counters(self) -> ForwardCounters:
+        return dataclasses.replace(self.counters)
+
+    def comm_seconds(self) -> float:
+        return self.inner.comm_seconds()
 
     def layer_modules(self) -> nn.ModuleList:
         """No layers to hook: a compiled or captured forward cannot stop between layers (nor run

@@ -1,6 +1,6 @@
 """Tensor and expert parallelism over torch.distributed (docs/algorithms.md §6.4).
 
-One process per device (an Engine's worker processes, engine/workers.py; NCCL on GPUs, gloo on
+One process per device (an Engine's worker processes, engine/runtime/workers.py; NCCL on GPUs, gloo on
 CPU). Every rank loads the whole checkpoint onto its device, keeps its shard (`shard_model`), and
 runs the same decoding loop: the embedding, the norms, the
 routers and the lm_head are replicated, so every rank sees identical logits and makes identical
@@ -20,7 +20,7 @@ Each layer then costs two all-reduces (three where a split shared expert adds it
 The per-family split is a plan keyed by the model class, so the model files stay single-device.
 
 Every all-reduce goes through `all_reduce`, which times itself into `COMM` (this process's clock:
-the iteration manager reads it around each forward, engine/iteration.py). It is a custom op, so
+the iteration manager reads it around each forward through `DiffusionLM.comm_seconds`). It is a custom op, so
 torch.compile keeps it as one opaque node of the forward's graph (no graph break) and its time is
 still measured when the compiled forward runs.
 """
@@ -37,12 +37,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import EngineError
-from .models.base import DiffusionLM
-from .models.llada import LLaDAModelLM
-from .models.llada2 import LLaDA2MoeModelLM
-from .models.llada_moe import LLaDAMoEModelLM
-from .models.moe import SparseMoE
+from ..errors import EngineError
+from ..models.base import DiffusionLM
+from ..models.llada import LLaDAModelLM
+from ..models.llada2 import LLaDA2MoeModelLM
+from ..models.llada_moe import LLaDAMoEModelLM
+from ..models.moe import SparseMoE
 
 COLUMN, ROW, QKV = "column", "row", "qkv"
 
@@ -129,7 +129,7 @@ class RowParallelLinear(nn.Linear):
 
 def init_distributed(device: str) -> torch.device:
     """Join the process group the environment describes as torchrun would (RANK, WORLD_SIZE,
-    LOCAL_RANK, MASTER_ADDR/PORT; engine/workers.py sets them): NCCL on CUDA, each rank on its
+    LOCAL_RANK, MASTER_ADDR/PORT; engine/runtime/workers.py sets them): NCCL on CUDA, each rank on its
     LOCAL_RANK device; gloo on CPU."""
     target = torch.device(device)
     if target.type == "cuda":
@@ -235,5 +235,6 @@ def shard_model(model: DiffusionLM, tp: int = 1, ep: int = 1) -> DiffusionLM:
             w2 = _piece(w2, 2, rank, tp)
         moe.w1, moe.w2 = nn.Parameter(w1.clone(), requires_grad=False), nn.Parameter(w2.clone(), requires_grad=False)
         moe.reduce = all_reduce
+    model.comm_clock = COMM  # what the loop reads through model.comm_seconds()
     return model
 

@@ -1,7 +1,7 @@
 """The worker processes behind `Engine(..., tp_size=N)` or `ep_size=N` (docs/algorithms.md §6.4).
 
 N spawned processes (gloo on CPU; NCCL on CUDA, rank r on device index + r) each load the
-checkpoint, keep their shard (engine/parallel.py: `init_distributed`, `shard_model`) and serve
+checkpoint, keep their shard (engine/runtime/parallel.py: `init_distributed`, `shard_model`) and serve
 generate requests. Every rank runs the same generate on the same token ids: the replicated
 embedding, norms, routers and head make their decisions identical, so nothing but the all-reduces
 inside the layers crosses between ranks. Rank 0 sends the trace header, each iteration record
@@ -41,11 +41,11 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-from .config import GenerationConfig
-from .errors import EngineError
-from .iteration import CancelFlag, GenerationCancelled, GenerationOutput
+from ..config import GenerationConfig
+from ..errors import EngineError
+from ..iteration import CancelFlag, GenerationCancelled, GenerationOutput
 from .parallel import init_distributed
-from .trace import COST_PER_RANK, IterationRecord, Trace
+from ..trace import COST_PER_RANK, IterationRecord, Trace
 
 # A rank's own generate (Engine.generate_ids of its shard), and how a rank builds it on its device.
 Generate = Callable[..., GenerationOutput]
