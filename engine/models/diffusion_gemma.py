@@ -1,0 +1,200 @@
+"""DiffusionGemma (uniform-state block diffusion) through transformers' own classes.
+
+The network is `transformers.DiffusionGemmaForBlockDiffusion`, built from config.json and called
+as its `generate` calls it; nothing of its modeling code is repeated here. This class adapts it to
+the engine: the `DiffusionLM` interface (device, dtype, special ids, limits, layers for cancel),
+checkpoint names that match what `save_pretrained` writes, and the three calls the uniform loop
+(engine/uniform.py) makes: `new_cache`, `encode` (a prompt or a finished canvas into the K/V
+cache, once) and `denoise` (one decoder forward over a canvas that reads the cache).
+
+Text only: the vision tower is built so that a real checkpoint's tensors load strictly, but a
+prompt holding an image/audio/video token is refused. Attention runs transformers' eager kernels.
+docs/algorithms.md "Uniform-state diffusion (DiffusionGemma)" lists the config fields read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import EngineError
+from .base import DiffusionLM
+
+MODEL_TYPE = "diffusion_gemma"
+# Top-level config ids of tokens that stand for non-text inputs (Gemma 4's names).
+_MEDIA_TOKEN_FIELDS = ("image_token_id", "boi_token_id", "eoi_token_id", "audio_token_id", "boa_token_id", "eoa_token_id", "video_token_id")
+
+
+def _hf_config(raw: Mapping[str, Any]):
+    """transformers' DiffusionGemmaConfig from config.json, with eager attention."""
+    from transformers import DiffusionGemmaConfig
+
+    if not isinstance(raw.get("text_config"), dict):
+        raise EngineError("DiffusionGemma config.json needs a text_config object")
+    if raw.get("vision_config") is not None and not isinstance(raw.get("vision_config"), dict):
+        raise EngineError("DiffusionGemma config.json: vision_config must be an object")
+    text = raw["text_config"]
+    for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+        if not isinstance(text.get(key), int) or isinstance(text.get(key), bool) or text[key] < 1:
+            raise EngineError(f"DiffusionGemma config.json: text_config.{key} must be a positive integer (its layers are always MoE)")
+    config = DiffusionGemmaConfig.from_dict(dict(raw))
+    config._attn_implementation = "eager"
+    return config
+
+
+class DiffusionGemmaLM(DiffusionLM):
+    """A DiffusionGemma checkpoint; `config` is config.json as read (what save_model writes back)."""
+
+    diffusion_kind = "uniform"
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__()
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        self.config = dict(config)
+        hf = DiffusionGemmaForBlockDiffusion(_hf_config(self.config)).eval()
+        # Registered under transformers' own names, so state_dict names are the checkpoint's; the
+        # wrapper itself is kept out of the module tree (one owner per parameter).
+        self.model, self.lm_head = hf.model, hf.lm_head
+        object.__setattr__(self, "hf", hf)
+        text = hf.config.text_config
+        self.text_config = text
+        eos = text.eos_token_id
+        self._eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if not self._eos_ids or text.pad_token_id is None:
+            raise EngineError("DiffusionGemma config.json: text_config needs eos_token_id and pad_token_id")
+        self._media_ids = {int(v) for k in _MEDIA_TOKEN_FIELDS if isinstance(v := self.config.get(k), int)}
+
+    # ---- the DiffusionLM interface ----------------------------------------------------------
+    @property
+    def mask_token_id(self) -> int:
+        """A uniform-state model has no [MASK]. The pad id stands in: it fills a row after its EOS
+        and the positions not generated yet, so the counting rules that skip [MASK] skip those."""
+        return int(self.text_config.pad_token_id)
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self._eos_ids[0])
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id text_config lists as ending a row (Gemma lists several)."""
+        return [int(i) for i in self._eos_ids]
+
+    @property
+    def canvas_length(self) -> int:
+        """The canvas (block) length the checkpoint was trained with and transformers decodes with."""
+        return int(self.hf.config.canvas_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.text_config.vocab_size)
+
+    @property
+    def max_positions(self) -> int | None:
+        return int(self.text_config.max_position_embeddings)
+
+    def embedding_weight(self) -> torch.Tensor:
+        return self.model.decoder.embed_tokens.weight
+
+    def layer_modules(self) -> nn.ModuleList:
+        """Encoder layers then decoder layers: every layer a forward of either kind runs."""
+        return nn.ModuleList([*self.model.encoder.language_model.layers, *self.model.decoder.layers])
+
+    # ---- checkpoints: the names save_pretrained writes ---------------------------------------
+    def _ties(self) -> dict[str, str]:
+        """Tied parameter name -> the name that owns it (transformers' tie map)."""
+        return dict(self.hf.all_tied_weights_keys)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Each tensor once, under its owner's name, as save_pretrained writes it (tied copies are
+        not stored; safetensors refuses two names for one memory)."""
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        for tied in self._ties():
+            state.pop(prefix + tied, None)
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        """Fill the tied names from their owners, load, and tie them again (assigning replaces
+        parameters one name at a time)."""
+        full = dict(state_dict)
+        for tied, owner in self._ties().items():
+            if owner in full:
+                full.setdefault(tied, full[owner])
+        if full:
+            self._materialize_buffers(next(iter(full.values())).device)
+        result = super().load_state_dict(full, strict=strict, assign=assign)
+        self.hf.tie_weights()
+        return result
+
+    def _materialize_buffers(self, device: torch.device) -> None:
+        """A skeleton built on the meta device (engine/models/loader.py) has no values for the
+        buffers a checkpoint does not store (RoPE frequencies, embedding scales): allocate them on
+        `device` and let transformers' own initialiser compute them, as its from_pretrained does.
+        Runs before the weights load, so the initialiser only touches meta parameters."""
+        owners = set()
+        for name, buffer in self.hf.named_non_persistent_buffers():
+            if buffer.device.type == "meta":
+                owner_name, _, attr = name.rpartition(".")
+                owner = self.hf.get_submodule(owner_name)
+                owner.register_buffer(attr, torch.empty_like(buffer, device=device), persistent=False)
+                owners.add(owner)
+        from transformers import PreTrainedModel
+
+        with torch.no_grad():
+            for owner in owners:
+                if owner.__class__.__name__.endswith("VisionRotaryEmbedding"):
+                    # DiffusionGemma's initialiser looks the vision tower's "axial" RoPE up in a
+                    # table that lacks it (transformers 5.24); the generic initialiser has it.
+                    PreTrainedModel._init_weights(self.hf, owner)
+                else:
+                    self.hf._init_weights(owner)
+
+    # ---- the calls the uniform loop makes -----------------------------------------------------
+    def check_text_only(self, prompts: list[list[int]]) -> None:
+        """EngineError for a prompt holding an image/audio/video token: this engine feeds text only."""
+        for row, prompt in enumerate(prompts):
+            found = self._media_ids.intersection(prompt)
+            if found:
+                raise EngineError(f"prompt {row} holds media token id {min(found)}: DiffusionGemma runs text-only here (no image, audio or video inputs)")
+
+    def new_cache(self):
+        """An empty K/V cache for the encoder to fill (transformers' DynamicCache)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.hf.config.get_text_config(decoder=True))
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache) -> None:
+        """Append `input_ids`' K/V to `cache` (the prompt, or a finished canvas), as generate's
+        encoder step does. `attention_mask` `[B, cached + q]` (bool) covers the cache and these ids."""
+        encoder = self.model.encoder
+        ids = input_ids.clone(memory_format=torch.contiguous_format)
+        shape_only = torch.empty((ids.shape[0], ids.shape[1], 0), dtype=self.dtype, device=ids.device)
+        masks = encoder.create_masks_for_generate(
+            config=self.hf.config, inputs_embeds=shape_only, attention_mask=attention_mask, cache=cache, position_ids=position_ids
+        )
+        encoder(input_ids=ids, attention_mask=masks, cache=cache, position_ids=position_ids)
+
+    def decoder_masks(self, canvas: torch.Tensor, cache, attention_mask: torch.Tensor) -> dict:
+        """The decoder's attention masks for a canvas over `cache` (once per canvas)."""
+        return self.model.decoder.create_diffusion_decoder_attention_mask(
+            config=self.hf.config, inputs_embeds=canvas.unsqueeze(-1), cache=cache, decoder_attention_mask=attention_mask
+        )
+
+    def denoise(self, canvas: torch.Tensor, cache, masks: dict, position_ids: torch.Tensor, self_conditioning: torch.Tensor | None) -> torch.Tensor:
+        """Logits `[B, L, V]` (fp32, soft-capped) for every canvas position; the cache is only read."""
+        out = self.hf(
+            decoder_input_ids=canvas,
+            self_conditioning_logits=self_conditioning,
+            decoder_attention_mask=masks,
+            cache=cache,
+            decoder_position_ids=position_ids,
+        )
+        return out.logits
+
+
+def is_diffusion_gemma(config: Mapping[str, Any]) -> bool:
+    return config.get("model_type") == MODEL_TYPE or "DiffusionGemmaForBlockDiffusion" in (config.get("architectures") or [])
