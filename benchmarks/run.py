@@ -3,19 +3,9 @@
     python -m benchmarks.run --model assets/tiny-llada --prompts heldout --limit 20 \\
         --configs llada,fastdllm,dinfer --repeats 5 --trace-overhead
 
-Protocol (docs/counting.md, docs/performance.md §5):
-- every prompt is tokenised once, before any timing; batch size 1, greedy unless `--set` says otherwise;
-- each configuration first runs `--warmup` untimed calls, then `--repeats` passes over the whole
-  set; the passes are interleaved (pass 1 of every configuration, then pass 2, ...), so slow drift
-  of a shared machine hits every configuration alike;
-- tokens, NFE and seconds are the engine's own counts (engine/stats.py): non-EOS/EoT, non-mask
-  tokens with the model's own ids; every forward; wall time of the generate call only;
-- per pass: TPS = Σ tokens / Σ seconds, TPF = Σ tokens / Σ NFE; the table gives the median TPS
-  over passes and its min-max; a ratio is the median over passes of (this pass / the baseline's
-  pass), the baseline being the first configuration;
-- accuracy: the share of right responses over every timed call (greedy: the same every pass);
-- `--trace-overhead`: every pass is also run with the trace recorded, timed around the whole call
-  (recording included); the ratio is traced wall time / untraced wall time, median over passes.
+The protocol (prompts tokenised once, warm-up, interleaved passes, the engine's own counts, medians
+of per-pass ratios to the first configuration, `--trace-overhead`): docs/performance.md §5; the sums
+it takes: docs/counting.md §7.
 Writes the table (Markdown), the JSON and a plotly chart (HTML; PNG when kaleido is installed).
 """
 
@@ -34,7 +24,7 @@ from typing import Any, Callable
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import generate
+from engine.iteration import 
 from engine.pipeline import Engine
 from engine.stats import GenerationStats
 from tinymodel.eval import answer_prompts
@@ -140,7 +130,7 @@ def benchmark(
     for run in runs:
         encoded = encodings[run.named.config.use_chat_template]
         for i in range(warmup):
-            generate(engine.model, [encoded[i % len(encoded)]], run.named.config, stop_ids=engine.stop_ids)
+            run_diffusion(engine.model, [encoded[i % len(encoded)]], run.named.config, stop_ids=engine.stop_ids)
     for repeat in range(repeats):
         for run in runs:
             config, encoded = run.named.config, encodings[run.named.config.use_chat_template]
@@ -232,7 +222,7 @@ def report(engine: Engine, prompt_set: PromptSet, runs: list[ConfigRun], device:
         "prompt_set": prompt_set.name,
         "machine": machine.describe(device),
         "arguments": args,
-        "counting_rules": "engine/stats.py (README: Counting rules)",
+        "counting_rules": "engine/stats.py (docs/counting.md)",
         "results": summarize(runs),
         "calls": {
             run.named.name: [

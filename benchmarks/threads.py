@@ -8,7 +8,7 @@ each thread count from 1 to the number of cores, one generate (fixed decoder, ge
 64 forwards) is timed; medians over `--repeats`, interleaved (every thread count once per round)
 so a change in the machine's load hits them alike. `--load N` starts N processes that spin on
 the CPU for the whole run, as another job on a shared machine would. The rule the app and the CLI
-follow (engine/cli.py: `cpu_threads_for`) comes from this table (README, "Threads").
+follow (engine/cli.py: `cpu_threads_for`, docs/app.md §8) comes from this table (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from engine import GenerationConfig
 from engine.cli import DEFAULT_MODEL, OneLineParser, cpu_threads_for
-from engine.iteration import generate
+from engine.iteration import 
 from engine.models import DiffusionLM, LLaDAModelLM, load_model
 from tinymodel.tokenizer import build_tokenizer, special_ids
 
@@ -38,7 +38,7 @@ def random_llada(d_model: int, layers: int) -> LLaDAModelLM:
 def generate_seconds(model: DiffusionLM, threads: int) -> float:
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    generate(model, [[5] * 16], CONFIG)
+    run_diffusion(model, [[5] * 16], CONFIG)
     return time.perf_counter() - t0
 
 

@@ -5,21 +5,9 @@ decoding trajectories, train it on compressed transitions between their states, 
     python -m tinymodel.distill train --threads 2 --compile  # from assets/tiny-llada -> runs/tiny-llada-td/model
     python -m tinymodel.distill eval --threads 2             # base vs distilled, held-out prompts, one table
 
-collect: the engine's own decoders (`COLLECT_SETTINGS`: thresholds, hierarchical, credit, fixed x4)
-run with trace on training-split prompts of every family (never held-out ones); a row is kept only
-when its family's verifier accepts its answer, and stored as its commit order (`Trajectory`, one
-JSON line each, docs/distillation.md), from which every intermediate canvas is rebuilt.
-
-train: per step, a batch of state pairs (x_i, x_j), j > i + 1, from the kept trajectories: from x_i
-the model predicts in one forward every token revealed between i and j (cross-entropy on the
-positions masked in x_i and filled in x_j, targets from x_j), plus `sft_weight` times the ordinary
-masked-diffusion loss of tinymodel/train.py on fresh examples so the model keeps its accuracy. It
-runs train.py's loop (`Trainer`: optimizer, schedule on a time budget, held-out checks, model folder,
-resume), from the shipped weights, and writes a drop-in model folder of the same architecture.
-
-eval: base and distilled model on held-out prompts of every family, per decoder setting
-(`EVAL_SETTINGS`), the two models alternating family by family in one process; eval.py's table, then
-the distilled model's valid-rate change and TPF ratio per family.
+The three stages, the trajectory file and the defaults: docs/distillation.md (collect §1, the
+file §2, train §3, eval §4); the method: docs/algorithms.md §7. `train` runs tinymodel/train.py's
+loop (`Trainer`) with a loss of its own and writes a drop-in model folder of the same architecture.
 """
 
 from __future__ import annotations

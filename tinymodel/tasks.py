@@ -13,11 +13,9 @@ operands are copied (copying by content is easy for attention; adding digits at 
 what the previous model could not learn). It also gives the animation an order: copies first, then
 the result's digits.
 
-Pair-sum, rhyme and grammar have many valid answers whose positions depend on each other: training
-samples uniformly among them, so the model's per-position distributions are genuinely spread, and
-committing two dependent positions in one forward from their independent marginals breaks the
-answer (`7 + 98` for N=57 is two right digits from two different valid answers). That is the
-speed/accuracy trade-off parallel decoders exist for.
+Pair-sum, rhyme and grammar have many valid answers whose positions depend on each other, which
+is the speed/accuracy trade-off parallel decoders exist for (assets/tiny-llada/README.md, "Task
+families").
 
 Prompts vary in length within every family, so no answer sits at a fixed absolute position. Each
 family's held-out split is chosen by a SHA-256 hash of what the prompt asks (not Python's salted

@@ -7,14 +7,10 @@
 The defaults are the last segment of the shipped model's run (assets/tiny-llada/README.md); it writes
 runs/tiny-llada/model, never the shipped folder unless `--out` says so.
 
-The objective is LLaDA's SFT masked diffusion: per sample t ~ U(eps, 1), every response token
-(the answer and its EOS padding) is replaced by [MASK] with probability t, the prompt never is,
-and the loss is the cross-entropy on masked positions weighted by 1/t, normalised by the response
-length. Responses are padded with EOS to a length drawn per batch from [min_gen, max_gen] (skewed
-towards short canvases with `--length-skew`; longer where a response needs it), so the model sees every canvas length the app
-offers. AdamW with linear warm-up and cosine decay; with `--max-minutes` the cosine runs on wall
-time (or steps, whichever is further), so a run on a shared CPU ends on time with its learning
-rate decayed.
+The objective (LLaDA's SFT masked diffusion), the batches, the optimizer and the schedule, with
+the run that made the shipped weights: assets/tiny-llada/README.md, "Training". With
+`--max-minutes` the cosine runs on wall time (or steps, whichever is further), so a run on a
+shared CPU ends on time with its learning rate decayed.
 
 Every `eval_every` steps the model is scored on held-out prompts through the engine's own
 generate, the model folder is written (safetensors) and a resume file (weights, optimizer, step,
