@@ -1,6 +1,7 @@
 """The project's own docs: a README a newcomer reads in five minutes that is also a valid Hugging
-Face Space card, and every relative link in the README, docs/ and the model cards leading to a file
-(and heading) that exists, so a section moved out of the README stays reachable."""
+Face Space card, and every relative link in the README, docs/, the model cards and
+benchmarks/RESULTS.md leading to a file (and heading) that exists, so a section moved out of the
+README stays reachable."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
 MODEL_CARDS = sorted((ROOT / "assets").glob("*/README.md"))
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"  # where the docs send every measurement
 README_MAX_LINES = 200
 # What the Hub accepts in a Space card (huggingface.co/docs/hub/spaces-config-reference).
 SPACE_COLOURS = {"red", "yellow", "green", "blue", "indigo", "purple", "pink", "gray"}
@@ -117,7 +119,7 @@ def test_readme_keeps_setup_and_the_two_commands():
     assert "![" in text and "assets/screenshot.png" in links(README)
 
 
-@pytest.mark.parametrize("page", [README, *DOC_PAGES, *MODEL_CARDS], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [README, *DOC_PAGES, *MODEL_CARDS, RESULTS], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
 
