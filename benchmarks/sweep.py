@@ -3,9 +3,9 @@
     python -m benchmarks.sweep --model assets/tiny-llada --prompts heldout --limit 20 \\
         --decoders fixed,threshold,hierarchical,credit,factor --thresholds 0.5,0.7,0.8,0.9,0.95
 
-Each decoder sweeps the knob that trades accuracy for parallelism: `threshold` for the decoders
-that use one (threshold, hierarchical, credit, and plug-ins that declare `uses_threshold`),
-tokens per step for `fixed` (steps = gen_length / k), `factor` for `factor`. Every point is one
+Each decoder sweeps the knob it declares (`Decoder.sweep_setting`), the one that trades accuracy
+for parallelism: `threshold` for the decoders that use one (plug-ins included, when they declare
+`uses_threshold`), `steps` as tokens per step k (steps = gen_length / k), `factor`. Every point is one
 pass over the prompt set (batch 1) through the same runner as `benchmarks.run`; the Pareto
 front is the set of points no other point beats on both accuracy and TPF. `sweep()` returns the
 rows, for the app; the CLI prints them and writes JSON and a chart.
@@ -24,7 +24,7 @@ from typing import Any, Callable
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.decoders import make_decoder
-from engine.registry import decoder_names
+from engine.registry import builtin_decoder_names, decoder_class, decoder_names
 from engine.errors import EngineError
 from engine.pipeline import Engine
 
@@ -62,17 +62,19 @@ def sweep_points(
     tokens_per_step: tuple[int, ...] = DEFAULT_TOKENS_PER_STEP,
     factors: tuple[float, ...] = DEFAULT_FACTORS,
 ) -> list[tuple[str, float, GenerationConfig]]:
-    """(knob, value, config) for each point of `decoder`'s sweep."""
-    if decoder == "fixed":
-        # steps per block must be whole: k must divide the block length
-        ks = [k for k in tokens_per_step if k >= 1 and base.block_length % k == 0]
-        return [("tokens_per_step", k, base.replace(decoder=decoder, steps=base.gen_length // k)) for k in ks]
-    if decoder == "factor":
-        return [("factor", f, base.replace(decoder=decoder, factor=f)) for f in factors]
+    """(knob, value, config) for each point of `decoder`'s sweep, over the setting it declares
+    (`Decoder.sweep_setting`); a decoder whose setting has no values here runs once at its defaults."""
     probe = base.replace(decoder=decoder)
-    if not make_decoder(probe, mask_id=0).uses_threshold:  # a plug-in with a knob of its own
-        return [("default", 0.0, probe)]
-    return [("threshold", t, base.replace(decoder=decoder, threshold=t)) for t in thresholds]
+    setting = decoder_class(decoder).sweep_setting
+    if setting == "steps":
+        # swept as tokens per step k (steps = gen_length / k); steps per block must be whole: k must divide the block length
+        ks = [k for k in tokens_per_step if k >= 1 and base.block_length % k == 0]
+        return [("tokens_per_step", k, probe.replace(steps=base.gen_length // k)) for k in ks]
+    if setting == "factor":
+        return [("factor", f, probe.replace(factor=f)) for f in factors]
+    if setting == "threshold" and make_decoder(probe, mask_id=0).uses_threshold:
+        return [("threshold", t, probe.replace(threshold=t)) for t in thresholds]
+    return [("default", 0.0, probe)]  # a plug-in with a knob of its own
 
 
 def mark_pareto(rows: list[SweepRow]) -> list[SweepRow]:
@@ -145,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--prompts", default="heldout", help="a prompt set with answers (see benchmarks/prompts.py)")
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--decoders", default="fixed,threshold,hierarchical,credit", help="comma-separated")
+    parser.add_argument("--decoders", default=",".join(builtin_decoder_names()), help="comma-separated (default: every decoder the engine ships)")
     parser.add_argument("--thresholds", type=_numbers(float), default=DEFAULT_THRESHOLDS)
     parser.add_argument("--tokens-per-step", type=_numbers(int), default=DEFAULT_TOKENS_PER_STEP, help="fixed decoder")
     parser.add_argument("--factors", type=_numbers(float), default=DEFAULT_FACTORS, help="factor decoder")

@@ -18,7 +18,8 @@ numbers are `iteration_number`'s (1..N, 0 before the first forward).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from engine import IterationRecord
 from engine.trace import CANDIDATES_MAX_BLOCK
@@ -85,36 +86,93 @@ def _block_masks(timeline: Timeline, rec: IterationRecord, index: int) -> list[i
     return [q for q in range(s, e) if _masked_before(timeline, q, index)]
 
 
+@dataclass(frozen=True)
+class _Decision:
+    """What record `index`'s decoder saw and decided at `position` (masked when the record started
+    and inside its block): the inputs of a decoder's rule in words."""
+
+    timeline: Timeline
+    rec: IterationRecord
+    index: int
+    position: int
+    c: float  # the position's confidence
+    committed: bool
+    forced: bool
+    extras: dict[str, Any]
+
+    @property
+    def tau(self) -> float | None:
+        return self.rec.threshold
+
+
+# decoder name -> its rule in words (None when the record lacks what the rule compared); each rule
+# registers under the name of the decoder it explains (engine/decoders.py)
+_RULES: dict[str, Callable[[_Decision], str | None]] = {}
+
+
+def _explains(decoder: str) -> Callable[[Callable[[_Decision], str | None]], Callable[[_Decision], str | None]]:
+    def register(rule: Callable[[_Decision], str | None]) -> Callable[[_Decision], str | None]:
+        _RULES[decoder] = rule
+        return rule
+
+    return register
+
+
 def rule_text(timeline: Timeline, index: int, position: int) -> str:
     """What record `index`'s decoder decided for `position` (masked when the record started and
     inside its block), with the numbers it compared, as engine/decoders.py applies each rule."""
     rec = timeline.records[index]
     row, s = timeline.row, rec.block_range[0]
-    c = float(rec.confidence[row][position - s])
-    committed, forced = position in rec.committed[row], position in rec.forced[row]
     extras = {name: values[position - s] for name, values in timeline.extras_at(index).items() if len(values) > position - s}
+    decision = _Decision(timeline, rec, index, position, float(rec.confidence[row][position - s]), position in rec.committed[row], position in rec.forced[row], extras)
     decoder = _config(timeline, "decoder", "?")
-    tau = rec.threshold
-    if decoder in ("threshold", "credit") and tau is not None:
-        text = _threshold_rule(c, tau, committed, forced)
-        if decoder == "credit" and _is_number(extras.get("raw_confidence")) and _is_number(extras.get("credit")):  # a trace file's extras are untrusted
-            text += (
-                f" (the credit decoder's fused confidence: raw probability {_num(float(extras['raw_confidence']))}, "
-                f"credit {float(extras['credit']):.3f}, logits + α·log(1 + credit) with α = {_config(timeline, 'credit_alpha', '?')})"
-            )
-    elif decoder == "hierarchical" and tau is not None:
-        text = _hierarchical_rule(timeline, c, tau, committed, forced, extras)
-    elif decoder == "factor" and "rank" in extras:
-        text = _factor_rule(timeline, rec, index, position, c, committed, forced)
-    elif decoder == "fixed":
-        text = _fixed_rule(timeline, rec, index, position, c, committed)
-    else:
-        verdict = "committed" + (" (forced by the at-least-one rule)" if forced else "") if committed else "not committed"
-        text = f"{verdict} by decoder {decoder!r} (confidence {_num(c)}); no rule for it is written here"
-    configured = _config(timeline, "threshold")
-    if tau is not None and _is_number(configured) and tau != configured and decoder in ("threshold", "credit", "hierarchical"):
-        text += f"; τ {_tau(tau)} is the threshold in force this iteration (smoothing decays it from 1.0 to the configured {_tau(float(configured))})"
+    rule = _RULES.get(decoder)
+    text = rule(decision) if rule is not None else None
+    if text is None:
+        verdict = "committed" + (" (forced by the at-least-one rule)" if decision.forced else "") if decision.committed else "not committed"
+        text = f"{verdict} by decoder {decoder!r} (confidence {_num(decision.c)}); no rule for it is written here"
     return text
+
+
+def _tau_in_force(d: _Decision, text: str) -> str:
+    """A threshold rule's text, plus why τ differs from the configured one when smoothing moved it."""
+    configured = _config(d.timeline, "threshold")
+    if d.tau is not None and _is_number(configured) and d.tau != configured:
+        text += f"; τ {_tau(d.tau)} is the threshold in force this iteration (smoothing decays it from 1.0 to the configured {_tau(float(configured))})"
+    return text
+
+
+@_explains("threshold")
+def _threshold_decision(d: _Decision) -> str | None:
+    return None if d.tau is None else _tau_in_force(d, _threshold_rule(d.c, d.tau, d.committed, d.forced))
+
+
+@_explains("credit")
+def _credit_decision(d: _Decision) -> str | None:
+    if d.tau is None:
+        return None
+    text = _threshold_rule(d.c, d.tau, d.committed, d.forced)
+    if _is_number(d.extras.get("raw_confidence")) and _is_number(d.extras.get("credit")):  # a trace file's extras are untrusted
+        text += (
+            f" (the credit decoder's fused confidence: raw probability {_num(float(d.extras['raw_confidence']))}, "
+            f"credit {float(d.extras['credit']):.3f}, logits + α·log(1 + credit) with α = {_config(d.timeline, 'credit_alpha', '?')})"
+        )
+    return _tau_in_force(d, text)
+
+
+@_explains("hierarchical")
+def _hierarchical_decision(d: _Decision) -> str | None:
+    return None if d.tau is None else _tau_in_force(d, _hierarchical_rule(d.timeline, d.c, d.tau, d.committed, d.forced, d.extras))
+
+
+@_explains("factor")
+def _factor_decision(d: _Decision) -> str | None:
+    return _factor_rule(d.timeline, d.rec, d.index, d.position, d.c, d.committed, d.forced) if "rank" in d.extras else None
+
+
+@_explains("fixed")
+def _fixed_decision(d: _Decision) -> str | None:
+    return _fixed_rule(d.timeline, d.rec, d.index, d.position, d.c, d.committed)
 
 
 def _threshold_rule(c: float, tau: float, committed: bool, forced: bool) -> str:
