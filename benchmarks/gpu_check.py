@@ -1,29 +1,15 @@
 """GPU check on real model shapes with random weights: cache correctness, forward time per cache
-mode against the memory-bandwidth floor, and a full generate on a fixed schedule.
+mode against the memory-bandwidth floor, the dual forward behind static shapes, and a full generate
+on a fixed schedule.
 
     benchmarks/gpu_check.sh                      # CUDA: LLaDA-8B and LLaDA-MoE-7B-A1B shapes, bf16
     python -m benchmarks.gpu_check --tiny        # CPU: the same steps at tiny shapes, fp32 (CI)
 
-Per model (built on the meta device, then materialised on the target in bf16 and filled with
-N(0, 0.02), so nothing is downloaded and nothing large is initialised on the host):
-1. correctness: on a canvas of `prompt_length` random tokens and `gen_length` masks, a refresh
-   followed by a prefix, dual or vicinity-window forward on the unchanged canvas must reproduce the
-   uncached forward's block logits (relative L2 error under a dtype tolerance);
-2. one block forward per cache mode (full, refresh, prefix, dual, window): median ms of `repeats`,
-   device synchronised, next to the floor: bytes read / bandwidth, and FLOPs / peak where that
-   is larger. Bytes = the weights the forward touches (the experts its tokens route to, for an
-   MoE: 64·(1-(1-8/64)^q) of 64 per layer under uniform routing, docs/performance.md §1.2) + the cached
-   K/V it reads + the fresh K/V of its query tokens; embedding lookups and activations ignored;
-3. the dual forward (the cached hot path) as the plain model runs it and behind static shapes
-   (engine/runtime/compiled.py, `--static`): torch.compile, CUDA graphs, both. Per variant: the first call
-   (compiling or capturing included), the median ms per forward against the floor, and, queued
-   back to back without a sync, ms per forward and the median device gap between one forward's
-   last kernel and the next one's first (CUDA events: launch overhead the GPU waits through), and
-   the logits' relative L2 error against the plain forward (same tolerance as step 1);
-4. a full generate with the fixed decoder committing `tokens_per_step` tokens per iteration (so the
-   schedule, hence NFE, does not depend on the random weights), no early stop, per cache mode:
-   NFE, TPS, TPF, ms per forward, and the floor summed over the forwards that actually ran.
-Bandwidth: the card's nominal figure where known (H200 4.8 TB/s), and the measured device copy.
+The four steps, their tolerances and the bandwidth used: docs/performance.md §4; the floor's model
+(the weights and routed experts a forward touches, the cached and fresh K/V; embedding lookups and
+activations ignored): §1.1-1.2. Models are built on the meta device, then materialised on the
+target and filled with N(0, 0.02), so nothing is downloaded and nothing large is initialised on the
+host.
 """
 
 from __future__ import annotations
