@@ -20,6 +20,7 @@ from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, add_system_flag
 from .config import GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
+from .serving.command import add_serve_command
 
 
 
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_system_flags(gen)
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
+    add_serve_command(sub)
     return parser
 
 

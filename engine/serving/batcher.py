@@ -177,6 +177,12 @@ class Batcher:
         self._mutex = threading.Lock()  # guards `_waiting` and every request's `claimed`
         self._waiting: list[BatchRequest] = []
 
+    @property
+    def waiting(self) -> int:
+        """Requests submitted and not yet taken by a batch."""
+        with self._mutex:
+            return len(self._waiting)
+
     def submit(self, request: BatchRequest) -> None:
         """Start a request; its news arrives at its sink (waiting, started, records, then finished or failed)."""
         with self._mutex:

@@ -1,0 +1,324 @@
+"""The OpenAI-compatible HTTP app over one Engine: routes, the batch rows of a request, and the
+bridge from the batcher's threads to the event loop (docs/serving.md).
+
+`create_app(engine)` -> a FastAPI app: GET /v1/models, POST /v1/completions and
+/v1/chat/completions (JSON, or server-sent events with `stream: true`), GET /v1/traces/{id}.
+Every prompt of a request is one row submitted to the engine batcher (engine/serving/batcher.py),
+so concurrent requests with the same settings decode as one batch and each gets its solo tokens.
+A client that disconnects cancels its rows (the batch goes on for the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import EngineError
+from ..iteration import check_request
+from ..pipeline import Engine, TextResult
+from ..trace import IterationRecord, Trace
+from .batcher import MAX_BATCH, BatchRequest, Batcher, batch_key
+from .limits import RequestLimits, TooLarge
+from .schema import ParsedRequest, parse_request
+from .streaming import RowText, sse
+from .traces import CANCELLED, DONE, FAILED, RUNNING, TraceStore
+
+DEFAULT_MAX_PENDING = 64  # rows queued or decoding at once; more are refused (503), not queued without bound
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    """OpenAI's error shape, the message on one line."""
+    return JSONResponse({"error": {"message": " ".join(message.split()), "type": kind, "param": None, "code": None}}, status_code=status)
+
+
+def encode_prompt(engine: Engine, prompt: str | list[dict[str, str]], use_chat_template: bool) -> list[int]:
+    """A completion's text, or a chat's messages: one user message through `Engine.encode`, several
+    through the tokenizer's chat template (a model without one takes a single user message)."""
+    if isinstance(prompt, str):
+        return engine.encode(prompt, use_chat_template)
+    if len(prompt) == 1:
+        return engine.encode(prompt[0]["content"], use_chat_template)
+    if not (use_chat_template and getattr(engine.tokenizer, "chat_template", None)):
+        raise EngineError("this model has no chat template (or use_chat_template is false): send one user message")
+    ids = engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+class RowSinkToLoop:
+    """One row's news from the batcher's threads: into the trace store at once, and to the request's
+    event loop as (row, kind, value) when the request still listens."""
+
+    def __init__(self, server: "Server", index: int, trace_id: str, cancel: threading.Event, loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> None:
+        self.server, self.index, self.trace_id, self.cancel = server, index, trace_id, cancel
+        self.loop, self.events = loop, events
+
+    def _post(self, kind: str, value: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, value))
+        except RuntimeError:  # the loop has closed: nobody listens
+            pass
+
+    def waiting(self) -> None:
+        pass  # the client sees nothing until its row starts
+
+    def started(self, header: Trace, batch: int) -> None:
+        self._post("started", (header, batch))
+
+    def record(self, record: IterationRecord) -> None:
+        self._post("record", record)
+
+    def finished(self, result: TextResult) -> None:
+        if result.output.trace is not None:
+            self.server.traces.done(self.trace_id, result.output.trace)
+        self.server.row_ended()
+        self._post("finished", result)
+
+    def failed(self, message: str) -> None:
+        self.server.traces.ended(self.trace_id, CANCELLED if self.cancel.is_set() else FAILED, message)
+        self.server.row_ended()
+        self._post("failed", message)
+
+
+@dataclass
+class Row:
+    index: int
+    trace_id: str
+    prompt_tokens: int
+    text: RowText | None = None  # from the row's header on
+    batch: int = 0  # rows decoded together with it (itself included), once it starts
+    result: TextResult | None = None
+    error: str | None = None
+    completion_tokens: int = 0  # counted when it finishes
+
+
+class Server:
+    """One engine, its batcher, its trace store and the bounds of a request."""
+
+    def __init__(self, engine: Engine, limits: RequestLimits, max_batch: int, max_pending: int, traces: TraceStore) -> None:
+        self.engine, self.limits, self.traces, self.max_pending = engine, limits, traces, max_pending
+        self.batcher = Batcher(threading.Lock(), lambda members: engine, max_batch)
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._watchers: set[asyncio.Task] = set()  # disconnect watchers, referenced until they end
+
+    @property
+    def pending(self) -> int:
+        """Rows queued or decoding now."""
+        return self._pending
+
+    def row_ended(self) -> None:
+        with self._pending_lock:
+            self._pending -= 1
+
+    def _reserve(self, rows: int) -> None:
+        with self._pending_lock:
+            if self._pending + rows > self.max_pending:
+                raise HTTPError(503, f"the server is busy: {self._pending} rows in flight, at most {self.max_pending}; retry later", "server_busy")
+            self._pending += rows
+
+    async def read_body(self, request: Request) -> Any:
+        """The JSON body, refused past `max_body_bytes` before it is all read."""
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HTTPError(413, f"the request body has {declared} bytes; this server takes at most {limit}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise HTTPError(413, f"the request body is over {limit} bytes, this server's limit")
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HTTPError(400, f"the request body is not JSON: {exc}") from None
+
+    def watch_disconnect(self, request: Request, cancel: threading.Event, trace_ids: list[str]) -> None:
+        """When the client goes: set `cancel` and mark its running rows cancelled (uvicorn also
+        reports a disconnect once the response is complete; the rows have ended by then)."""
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            cancel.set()
+            for trace_id in trace_ids:
+                self.traces.ended(trace_id, CANCELLED, "the client disconnected")
+
+        task = asyncio.get_running_loop().create_task(watch())
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def complete(self, request: Request, chat: bool) -> Response:
+        parsed = parse_request(await self.read_body(request), chat, self.limits)
+        if parsed.model is not None and parsed.model != self.engine.name:
+            raise HTTPError(404, f"model '{parsed.model[:80]}' is not served here; this server serves '{self.engine.name}'", "model_not_found")
+        encoded = []
+        for i, prompt in enumerate(parsed.prompts):
+            self.limits.check(parsed.prompt_chars(i), parsed.config)
+            ids = encode_prompt(self.engine, prompt, parsed.config.use_chat_template)
+            check_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens)
+            encoded.append(ids)
+        self._reserve(len(encoded))
+        request_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
+        cancel, events = threading.Event(), asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        key = batch_key(parsed.config, self.engine.path)
+        rows = []
+        for i, ids in enumerate(encoded):
+            row = Row(i, self.traces.new(), len(ids))
+            rows.append(row)
+            self.batcher.submit(BatchRequest(ids, parsed.config, cancel, RowSinkToLoop(self, i, row.trace_id, cancel, loop, events), key))
+        self.watch_disconnect(request, cancel, [r.trace_id for r in rows])
+        headers = {"X-Trace-Ids": ",".join(r.trace_id for r in rows)}
+        reply = Reply(self, parsed, request_id, rows, events)
+        if parsed.stream:
+            return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+        body = await reply.whole()
+        return JSONResponse(body, headers=headers)
+
+
+class Reply:
+    """The answer to one request: its rows' events turned into one JSON body or a stream of chunks."""
+
+    def __init__(self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue) -> None:
+        self.server, self.parsed, self.id, self.rows, self.events = server, parsed, request_id, rows, events
+        self.created = int(time.time())
+        self.forwards = 0
+
+    def _row_text(self, header: Trace) -> RowText:
+        return RowText(header, self.server.engine.decode, self.parsed.max_tokens, self.parsed.stop)
+
+    async def _events(self) -> AsyncIterator[tuple[Row, str, object]]:
+        """Every row's events until each has finished or failed."""
+        open_rows = len(self.rows)
+        while open_rows:
+            index, kind, value = await self.events.get()
+            row = self.rows[index]
+            if kind == "started":
+                header, row.batch = value  # type: ignore[misc]
+                row.text = self._row_text(header)
+            elif kind == "finished":
+                row.result = value  # type: ignore[assignment]
+                self.forwards += row.result.output.stats.nfe
+                open_rows -= 1
+            elif kind == "failed":
+                row.error = str(value)
+                open_rows -= 1
+            yield row, kind, value
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(r.completion_tokens for r in self.rows)
+        prompt = sum(r.prompt_tokens for r in self.rows)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "forwards": self.forwards}
+
+    def _finish(self, row: Row) -> tuple[str, str]:
+        """The rest of the row's text and its finish reason, its completion tokens counted."""
+        assert row.text is not None and row.result is not None
+        rest, reason, row.completion_tokens = row.text.finish(row.result.output.canvas[0].tolist())
+        return rest, reason
+
+    def _choice(self, row: Row, text: str, reason: str | None, delta: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": row.index, "finish_reason": reason, "trace_id": row.trace_id}
+        if not self.parsed.chat:
+            choice.update(text=text, logprobs=None)
+        elif delta:
+            choice["delta"] = {"content": text} if text else {}
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        return choice
+
+    def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self.parsed.chat else "text_completion") + (".chunk" if chunk and self.parsed.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.server.engine.name, "choices": choices}
+
+    async def whole(self) -> dict[str, Any]:
+        async for _ in self._events():
+            pass
+        failed = [r for r in self.rows if r.error is not None]
+        if failed:
+            raise HTTPError(500, failed[0].error or "failed", "server_error")
+        choices = []
+        for row in self.rows:
+            rest, reason = self._finish(row)
+            choices.append({**self._choice(row, rest, reason, delta=False), "batch": row.batch})
+        return {**self._envelope(choices, chunk=False), "usage": self.usage()}
+
+    async def stream(self) -> AsyncIterator[str]:
+        """Chunks of final text as records make it final (streaming.py); then each row's rest and
+        finish reason; usage when asked; [DONE]. A failure is an error event, then [DONE]."""
+        async for row, kind, value in self._events():
+            if kind == "started":  # the row's first chunk: its trace id, how many rows share its batch
+                first = self._choice(row, "", None, delta=True)
+                if self.parsed.chat:
+                    first["delta"] = {"role": "assistant", "content": ""}
+                yield sse(self._envelope([{**first, "batch": row.batch}], True))
+            elif kind == "record" and row.text is not None:
+                delta = row.text.update(value)  # type: ignore[arg-type]
+                if delta:
+                    yield sse(self._envelope([self._choice(row, delta, None, delta=True)], True))
+            elif kind == "finished":
+                rest, reason = self._finish(row)
+                yield sse(self._envelope([self._choice(row, rest, reason, delta=True)], True))
+            elif kind == "failed":
+                yield sse({"error": {"message": row.error, "type": "server_error", "param": None, "code": None}})
+        if self.parsed.include_usage:
+            yield sse({**self._envelope([], True), "usage": self.usage()})
+        yield sse("[DONE]")
+
+
+def create_app(
+    engine: Engine,
+    limits: RequestLimits = RequestLimits(),
+    max_batch: int = MAX_BATCH,
+    max_pending: int = DEFAULT_MAX_PENDING,
+    traces: TraceStore | None = None,
+) -> FastAPI:
+    """The FastAPI app serving `engine` (module docstring)."""
+    server = Server(engine, limits, max_batch, max_pending, traces or TraceStore())
+    app = FastAPI(title="dinfer-viz engine", docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError):
+        return error_response(exc.status, exc.message, exc.kind)
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(request: Request, exc: EngineError):
+        return error_response(413 if isinstance(exc, TooLarge) else 400, str(exc))
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": engine.name, "object": "model", "created": 0, "owned_by": "dinfer-viz"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await server.complete(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await server.complete(request, chat=True)
+
+    @app.get("/v1/traces/{trace_id}")
+    async def trace(trace_id: str):
+        entry = server.traces.get(trace_id)
+        if entry is None:
+            raise HTTPError(404, f"no trace '{trace_id[:80]}' (unknown, or pruned from the store)", "not_found")
+        if entry.status != DONE:
+            reason = f": {entry.message}" if entry.message else ""
+            raise HTTPError(409 if entry.status == RUNNING else 410, f"trace '{trace_id}' is {entry.status}{reason}", entry.status)
+        return Response(entry.json, media_type="application/json")
+
+    return app

@@ -1,0 +1,47 @@
+"""`python -m engine serve`: load one Engine and serve it over HTTP with uvicorn (docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli import DEFAULT_MODEL, add_runtime_args, apply_runtime, set_cpu_threads
+from ..errors import EngineError
+from .batcher import MAX_BATCH
+from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
+from .traces import TraceStore
+
+
+def add_serve_command(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="serve one model over an OpenAI-compatible HTTP API")
+    serve.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    add_runtime_args(serve)
+    serve.add_argument("--max-batch", type=int, default=MAX_BATCH, help="most requests' rows decoded as one engine batch (1: each alone)")
+    serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
+    serve.add_argument("--max-prompt-chars", type=int, default=DEFAULT_MAX_PROMPT_CHARS, help="longest prompt a request may send (characters)")
+    serve.add_argument("--max-gen-length", type=int, default=DEFAULT_MAX_GEN_LENGTH, help="largest generation length a request may ask for")
+    serve.add_argument("--max-traces", type=int, default=256, help="traces kept for GET /v1/traces/{id}, the oldest pruned first")
+    serve.add_argument("--max-trace-mb", type=int, default=64, help="megabytes of trace JSON kept, the oldest pruned first")
+    serve.set_defaults(run=serve_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..pipeline import Engine
+    from .app import create_app
+
+    positive = {"--port": args.port, "--max-batch": args.max_batch, "--max-pending": args.max_pending, "--max-traces": args.max_traces, "--max-trace-mb": args.max_trace_mb}
+    bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
+    if bad or (args.threads is not None and args.threads < 1):
+        raise EngineError(f"these must be >= 1: {', '.join(bad) or f'--threads {args.threads}'}")
+    limits = RequestLimits(max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length)
+    traces = TraceStore(args.max_traces, args.max_trace_mb << 20)
+    engine = Engine(args.model, **apply_runtime(args), max_tokens=None)
+    set_cpu_threads(engine.model, args.threads)
+    app = create_app(engine, limits, args.max_batch, args.max_pending, traces)
+    print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    engine.close()
+    return 0

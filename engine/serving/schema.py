@@ -1,0 +1,134 @@
+"""What a /v1/completions or /v1/chat/completions body may say, checked into a `ParsedRequest`.
+
+The OpenAI fields the server honours, those it accepts only at their neutral value (so a client
+that sends its defaults works, and one that asks for something the engine does not do is told),
+and every GenerationConfig field by its own name as an extra field (`decoder`, `threshold`,
+`cache`, `block_length`, ...; `temperature` and `seed` are both OpenAI's and the config's). Every
+problem is one line (`EngineError`), which the routes answer as a 4xx in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import GenerationConfig
+from ..errors import EngineError
+from .limits import RequestLimits
+
+CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig))
+# OpenAI fields accepted only at the value that asks for nothing (the engine has no such feature)
+NEUTRAL_FIELDS: dict[str, tuple[object, ...]] = {
+    "n": (1,), "best_of": (1,), "top_p": (1, 1.0), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": ("",), "logit_bias": ({},),
+}
+IGNORED_FIELDS = ("user", "metadata", "store")  # bookkeeping a client may send; nothing to do
+COMMON_FIELDS = ("model", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options")
+ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 200
+
+
+@dataclass
+class ParsedRequest:
+    """`prompts`: one per batch row (a chat has one: its messages). `max_tokens`: the completion's
+    bound in tokens (the canvas is `config.gen_length`, a whole number of blocks at least as long)."""
+
+    chat: bool
+    prompts: list[str] | list[list[dict[str, str]]]
+    config: GenerationConfig
+    max_tokens: int
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    model: str | None
+
+    def prompt_chars(self, index: int) -> int:
+        prompt = self.prompts[index]
+        return len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise EngineError(message)
+
+
+def _positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    _need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1), f"{name} must be a positive integer, got {str(value)[:40]!r}")
+    return value
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [] if value is None else [value] if isinstance(value, str) else value
+    _need(isinstance(stops, list) and all(isinstance(s, str) and s for s in stops), "stop must be a string or a list of non-empty strings")
+    _need(len(stops) <= MAX_STOP_STRINGS and all(len(s) <= MAX_STOP_CHARS for s in stops), f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
+    return stops
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    """Chat messages as {role, content} with text content (OpenAI's list of text parts joined)."""
+    _need(isinstance(value, list) and len(value) > 0, "messages must be a non-empty list of {role, content}")
+    out = []
+    for i, message in enumerate(value):
+        _need(isinstance(message, dict) and message.get("role") in ROLES, f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        content = message.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            _need(all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content), f"messages[{i}].content: only text parts are supported")
+            content = "".join(p["text"] for p in content)
+        _need(isinstance(content, str), f"messages[{i}].content must be text")
+        out.append({"role": message["role"], "content": content})
+    _need(out[-1]["role"] == "user", "the last message must be the user's")
+    return out
+
+
+def _prompts(value: Any, limits: RequestLimits) -> list[str]:
+    prompts = [value] if isinstance(value, str) else value
+    _need(isinstance(prompts, list) and len(prompts) > 0 and all(isinstance(p, str) for p in prompts), "prompt must be a string or a non-empty list of strings (token ids are not accepted)")
+    _need(len(prompts) <= limits.max_prompts, f"at most {limits.max_prompts} prompts in one request, got {len(prompts)}")
+    _need(all(p.strip() for p in prompts), "empty prompt")
+    return prompts
+
+
+def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> GenerationConfig:
+    """The extra fields as a GenerationConfig. A completion's prompt is raw text unless the request
+    sets use_chat_template; a chat's goes through the template. `max_tokens` without `gen_length`:
+    the canvas is max_tokens rounded up to whole blocks."""
+    settings = {name: body[name] for name in CONFIG_FIELDS if name in body}
+    settings.setdefault("use_chat_template", chat)
+    if max_tokens is not None and "gen_length" not in settings:
+        block = settings.get("block_length", GenerationConfig.block_length)
+        if isinstance(block, int) and not isinstance(block, bool) and block >= 1:
+            settings["gen_length"] = math.ceil(max_tokens / block) * block
+    return GenerationConfig.from_dict(settings)
+
+
+def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest:
+    """Check a request body (parsed JSON) field by field; EngineError names the first problem."""
+    _need(isinstance(body, dict), "the request body must be a JSON object")
+    known = {*COMMON_FIELDS, *NEUTRAL_FIELDS, *IGNORED_FIELDS, *CONFIG_FIELDS, "messages" if chat else "prompt"}
+    unknown = sorted(set(body) - known)
+    _need(not unknown, f"unknown field(s): {', '.join(unknown)[:200]} (generation settings: {', '.join(CONFIG_FIELDS)})")
+    for name, allowed in NEUTRAL_FIELDS.items():
+        value = body.get(name)
+        if value is not None and not any(value == a and type(value) is type(a) for a in allowed):
+            raise EngineError(f"{name}={str(value)[:40]!r} is not supported by this server (only {allowed[0]!r})")
+    model = body.get("model")
+    _need(model is None or isinstance(model, str), "model must be a string")
+    _need(isinstance(body.get("stream", False), bool), "stream must be true or false")
+    options = body.get("stream_options") or {}
+    _need(isinstance(options, dict) and set(options) <= {"include_usage"} and isinstance(options.get("include_usage", False), bool), "stream_options takes only include_usage (true or false)")
+    max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
+    if chat:
+        _need("messages" in body, "a chat completion needs messages")
+        prompts: list = [_messages(body["messages"])]
+    else:
+        _need("prompt" in body, "a completion needs a prompt")
+        prompts = _prompts(body["prompt"], limits)
+    config = _config(body, chat, max_tokens)
+    return ParsedRequest(
+        chat=chat, prompts=prompts, config=config, max_tokens=max_tokens or config.gen_length, stop=_stop(body.get("stop")),
+        stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)), model=model,
+    )

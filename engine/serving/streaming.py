@@ -1,0 +1,94 @@
+"""A row's text as it becomes final, for server-sent events (docs/serving.md, "Streaming").
+
+What a stream sends is only ever final: the left-to-right prefix of the answer that no later
+iteration can change, so a client appends deltas and never has to take text back. A committed
+token is final at once when the decoder never revises (its records carry no `revisions`); for a
+decoder that revises committed tokens, the tokens of a block are final when the loop moves past
+the block (revisions stay inside the block being decoded: docs/trace.md §2.1). The prefix also ends
+at the first end-of-text id, at `max_tokens` tokens, before a stop string (the text that could
+still become one is held back) and before an incomplete character.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from ..trace import REMASK, IterationRecord, Trace
+
+INCOMPLETE = "\ufffd"  # what decode writes for a character whose bytes have not all arrived
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """`text` up to the earliest stop string, and whether one was found."""
+    ends = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def _undecided_tail(text: str, stops: list[str]) -> int:
+    """How many final characters could still grow into a stop string (held back until they can't)."""
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+class RowText:
+    """One row's text: `update` with each of the row's records (a stream), `finish` with its final canvas."""
+
+    def __init__(self, header: Trace, decode: Callable[[list[int]], str], max_tokens: int, stops: list[str]) -> None:
+        self.canvas = list(header.initial[0])
+        self.start = header.prompt_lengths[0]
+        self.mask_id, self.stop_ids = header.mask_id, set(header.eos_ids)
+        self.decode, self.max_tokens, self.stops = decode, max_tokens, stops
+        self.final_until = self.start  # positions before this are final (blocks the loop has left)
+        self.revises = False  # the decoder revises committed tokens: final only once the block is done
+        self.sent = ""
+
+    def _answer(self, ids: list[int]) -> tuple[list[int], bool]:
+        """The answer's ids up to the first end-of-text and at most max_tokens; whether it ended."""
+        for i, token in enumerate(ids[: self.max_tokens]):
+            if token in self.stop_ids:
+                return ids[:i], True
+        return ids[: self.max_tokens], False
+
+    def update(self, rec: IterationRecord) -> str:
+        """The text this record made final, beyond what was sent."""
+        s, e = rec.block_range
+        self.final_until = max(self.final_until, s)
+        for p in rec.committed[0]:
+            self.canvas[p] = rec.top1[0][p - s]
+        if rec.revisions is not None:
+            self.revises = True
+            for revision in rec.revisions[0]:
+                self.canvas[revision["position"]] = self.mask_id if revision["kind"] == REMASK else revision["new"]
+        end = self.final_until if self.revises else len(self.canvas)
+        committed = []
+        for token in self.canvas[self.start : end]:
+            if token == self.mask_id:
+                break
+            committed.append(token)
+        ids, _ = self._answer(committed)
+        text, stopped = cut_at_stop(self.decode(ids), self.stops)
+        if not stopped:
+            text = text.rstrip(INCOMPLETE)
+            text = text[: len(text) - _undecided_tail(text, self.stops)]
+        return self._delta(text)
+
+    def _delta(self, text: str) -> str:
+        # appending tokens never changes the text of the ones before (incomplete characters are
+        # held back), so `text` extends what was sent; if a tokenizer ever disagrees, send nothing
+        # now and let `finish` send the rest
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+    def finish(self, canvas: list[int]) -> tuple[str, str, int]:
+        """(the rest of the text, finish reason, completion tokens) from the row's final canvas."""
+        ids, ended = self._answer(canvas[self.start :])
+        text, stopped = cut_at_stop(self.decode(ids), self.stops)
+        reason = "stop" if ended or stopped else "length"
+        return text[len(self.sent) :] if text.startswith(self.sent) else "", reason, len(ids)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event: `data: <json>` (or the literal `[DONE]`) and a blank line."""
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
