@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection
 
@@ -115,6 +116,111 @@ def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
 
 
+@dataclass(frozen=True)
+class Cut:
+    """The part of a tensor one rank keeps: the index ranges `spans` along `dim`, joined in order
+    (one span for a column or row split; q, k and v one each for a fused projection). Which cut a
+    rank keeps is engine/runtime/parallel.py's rule (`shard_cuts`); this is how a cut is taken."""
+
+    dim: int
+    spans: tuple[tuple[int, int], ...]
+
+    def of(self, t: torch.Tensor) -> torch.Tensor:
+        """The cut of a tensor already in memory (a new, contiguous tensor)."""
+        return torch.cat([t.narrow(self.dim, a, b - a) for a, b in self.spans], dim=self.dim)
+
+    def index(self, span: tuple[int, int]) -> tuple[slice, ...]:
+        """One span as the index of a safetensors slice read (`get_slice(name)[index]`)."""
+        return (slice(None),) * self.dim + (slice(*span),)
+
+
+class _Stored:
+    """A checkpoint tensor not yet read: its shape from the file's header, and `read(cut)`, which
+    reads only the cut's bytes (safetensors' `get_slice`). A DerivedTensor's build, given these,
+    joins them lazily (`_Joined`), so a rank reads only the pieces its cut of the built tensor needs."""
+
+    def __init__(self, handle: Any, name: str, file: Path) -> None:
+        self.name, self.file = name, file
+        self.slice = self._reading(lambda: handle.get_slice(name))
+        self.shape = tuple(self.slice.get_shape())
+
+    def _reading(self, read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except Exception as exc:  # a truncated file lists the tensor but cannot deliver it
+            raise EngineError(f"cannot read tensor {self.name} from {self.file}: {str(exc).strip()[:200]}") from exc
+
+    def read(self, cut: Cut | None) -> torch.Tensor:
+        if cut is None:
+            return self._reading(lambda: self.slice[...])
+        pieces = [self._reading(lambda span=span: self.slice[cut.index(span)]) for span in cut.spans]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=cut.dim)
+
+    @classmethod
+    def __torch_function__(cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> "_Joined":
+        return _Joined.of(func, *args, **(kwargs or {}))
+
+
+class _Joined:
+    """`torch.cat` or `torch.stack` of lazy parts (a DerivedTensor's build, run on `_Stored`
+    tensors): cutting it cuts its parts, so only the parts and rows the cut covers are read."""
+
+    def __init__(self, parts: list[Any], dim: int, stacked: bool) -> None:
+        shapes = [p.shape for p in parts]
+        self.parts, self.dim, self.stacked = parts, dim % (len(shapes[0]) + stacked), stacked
+        rest = [tuple(s[:self.dim]) + tuple(s[self.dim + (not stacked):]) for s in shapes]
+        if any(r != rest[0] for r in rest):  # what torch.cat/stack would refuse
+            raise RuntimeError(f"the parts' shapes {shapes[0]} ... {next(s for s, r in zip(shapes, rest) if r != rest[0])} do not fit together")
+        length = len(parts) if stacked else sum(s[self.dim] for s in shapes)
+        self.shape = rest[0][:self.dim] + (length,) + rest[0][self.dim:]
+
+    @classmethod
+    def of(cls, func: Callable, tensors: Any, dim: int = 0) -> "_Joined":
+        if func not in (torch.cat, torch.stack):
+            raise TypeError(f"{func.__name__} is not a lazy join")
+        return cls(list(tensors), dim, func is torch.stack)
+
+    def read(self, cut: Cut | None) -> torch.Tensor:
+        join = torch.stack if self.stacked else torch.cat
+        if cut is None or cut.dim != self.dim:  # every part, each cut alike (a stacked part lacks the stacking dim)
+            inner = None if cut is None else Cut(cut.dim - 1 if self.stacked and cut.dim > self.dim else cut.dim, cut.spans)
+            return join([p.read(inner) for p in self.parts], dim=self.dim)
+        if self.stacked:  # the cut picks whole parts
+            return join([self.parts[i].read(None) for a, b in cut.spans for i in range(a, b)], dim=self.dim)
+        pieces, starts = [], [0]
+        for p in self.parts:
+            starts.append(starts[-1] + p.shape[self.dim])
+        for a, b in cut.spans:  # each span takes the overlapping rows of the parts it crosses
+            for p, start, stop in zip(self.parts, starts, starts[1:]):
+                if max(a, start) < min(b, stop):
+                    pieces.append(p.read(Cut(self.dim, ((max(a, start) - start, min(b, stop) - start),))))
+        return join(pieces, dim=self.dim)
+
+    @classmethod
+    def __torch_function__(cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> "_Joined":
+        return cls.of(func, *args, **(kwargs or {}))
+
+
+class _Built:
+    """A DerivedTensor whose build does more than stack and concatenate: built from its sources
+    read whole, then cut."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor, self.shape = tensor, tuple(tensor.shape)
+
+    def read(self, cut: Cut | None) -> torch.Tensor:
+        return self.tensor if cut is None else cut.of(self.tensor)
+
+
+def _build(recipe: DerivedTensor, parts: list[_Stored]) -> "_Joined | _Stored | _Built":
+    """The recipe's build on lazy parts (joins of them, read as cut), else on the parts read whole."""
+    try:
+        built = recipe.build(parts)
+    except (TypeError, AttributeError):  # an operation other than torch.cat/torch.stack
+        built = None
+    return built if isinstance(built, (_Joined, _Stored)) else _Built(recipe.build([p.read(None) for p in parts]))
+
+
 def load_state_dict(
     folder: Path,
     expected: dict[str, torch.Tensor],
@@ -122,14 +228,18 @@ def load_state_dict(
     device: str | torch.device,
     fp32_suffixes: tuple[str, ...] = (),
     derive: Callable[[Collection[str]], dict[str, DerivedTensor]] | None = None,
+    cuts: dict[str, Cut] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read every tensor `expected` names, checking names and shapes against it.
 
     `derive` (the model's `checkpoint_sources`) names the tensors the checkpoint stores in another
     layout and how to build them; their source tensors count as used, and every other checkpoint
     tensor must be expected. Tensors whose names end with one of `fp32_suffixes` (MoE routers) stay
-    in fp32.
+    in fp32. `cuts`: for a tensor named there, only that part of it is read and returned (its
+    shape is still checked whole, from the files' headers); a built tensor reads only the parts of
+    its sources the cut covers, so a rank never holds a whole split tensor.
     """
+    cuts = cuts or {}
     files = _weight_files(folder)
     derived = {k: d for k, d in (derive(list(files)) if derive else {}).items() if k not in files}
     sources = {s for d in derived.values() for s in d.sources}
@@ -143,26 +253,20 @@ def load_state_dict(
     with ExitStack() as stack:
         handles = {f: stack.enter_context(_open_safetensors(f)) for f in sorted(set(files.values()))}
 
-        def read(name: str) -> torch.Tensor:
-            try:
-                return handles[files[name]].get_tensor(name)
-            except Exception as exc:  # a truncated file lists the tensor but cannot deliver it
-                raise EngineError(f"cannot read tensor {name} from {files[name]}: {str(exc).strip()[:200]}") from exc
-
         for name, want in expected.items():
             if name in derived:
                 recipe = derived[name]
                 origin = f"built from {recipe.sources[0]} and {len(recipe.sources) - 1} more"
                 try:
-                    tensor = recipe.build([read(s) for s in recipe.sources])
+                    lazy = _build(recipe, [_Stored(handles[files[s]], s, files[s]) for s in recipe.sources])
                 except RuntimeError as exc:  # the sources' shapes do not fit together
                     raise EngineError(f"tensor {name} cannot be {origin}: {exc}") from exc
             else:
-                tensor, origin = read(name), f"in {files[name].name}"
-            if tuple(tensor.shape) != tuple(want.shape):
-                raise EngineError(f"tensor {name} {origin} has shape {tuple(tensor.shape)}, config.json implies {tuple(want.shape)}")
+                lazy, origin = _Stored(handles[files[name]], name, files[name]), f"in {files[name].name}"
+            if lazy.shape != tuple(want.shape):
+                raise EngineError(f"tensor {name} {origin} has shape {lazy.shape}, config.json implies {tuple(want.shape)}")
             target = torch.float32 if name.endswith(fp32_suffixes) else dtype
-            state[name] = tensor.to(device=device, dtype=target)
+            state[name] = lazy.read(cuts.get(name)).to(device=device, dtype=target)
     return state
 
 
@@ -194,12 +298,22 @@ def model_skeleton(path: str | os.PathLike) -> DiffusionLM:
     return _skeleton(path)[1]
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> DiffusionLM:
-    """Build the model family named by config.json and fill it from the folder's safetensors."""
+def load_model(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    shard: Callable[[DiffusionLM], dict[str, Cut]] | None = None,
+) -> DiffusionLM:
+    """Build the model family named by config.json and fill it from the folder's safetensors.
+
+    `shard` (engine/runtime/parallel.py: `load_shard`): reshapes the model, still on the meta
+    device, to one rank's shard and returns the cut of each tensor it splits; only those cuts are
+    read from the files."""
     folder, model = _skeleton(path)
     dtype = dtype or default_dtype(device)
     expected = {name: t for name, t in model.state_dict().items()}
-    state = load_state_dict(folder, expected, dtype, device, type(model).fp32_suffixes, model.checkpoint_sources)
+    cuts = shard(model) if shard is not None else {}
+    state = load_state_dict(folder, expected, dtype, device, type(model).fp32_suffixes, model.checkpoint_sources, cuts)
     model.load_state_dict(state, strict=True, assign=True)
     return model
 

@@ -1,9 +1,9 @@
 """Tensor and expert parallelism over torch.distributed (docs/algorithms.md §6.4).
 
-One process per device (an Engine's worker processes, engine/runtime/workers.py; NCCL on GPUs, gloo on
-CPU). Every rank loads the whole checkpoint onto its device, keeps its shard (`shard_model`), and
-runs the same decoding loop: the embedding, the norms, the
-routers and the lm_head are replicated, so every rank sees identical logits and makes identical
+One process per device (an Engine's worker processes, engine/runtime/workers.py, or torchrun's,
+engine/runtime/launch.py; NCCL on GPUs, gloo on CPU). Every rank reads only its shard from the
+checkpoint (`load_shard`: its slices of the safetensors files, docs/scaling.md) and runs the same
+decoding loop: the embedding, the norms, the routers and the lm_head are replicated, so every rank sees identical logits and makes identical
 decisions with no broadcast of the canvas (docs/algorithms.md §8 item 14).
 
 - Tensor parallel (`tp` = the number of processes): the attention's q/k/v projections are
@@ -17,7 +17,9 @@ decisions with no broadcast of the canvas (docs/algorithms.md §8 item 14).
   them too.
 
 Each layer then costs two all-reduces (three where a split shared expert adds its own).
-The per-family split is a plan keyed by the model class, so the model files stay single-device.
+The per-family split is a plan keyed by the model class, so the model files stay single-device;
+`shard_cuts` is the one rule for which slice of each split tensor a rank keeps, applied to the
+checkpoint's slices by the loader (`load_shard`) and to a model in memory by `shard_model`.
 
 Every all-reduce goes through `all_reduce`, which times itself into `COMM` (this process's clock:
 the iteration manager reads it around each forward through `DiffusionLM.comm_seconds`). It is a custom op, so
@@ -38,10 +40,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import EngineError
+from ..models import load_model
 from ..models.base import DiffusionLM
 from ..models.llada import LLaDAModelLM
 from ..models.llada2 import LLaDA2MoeModelLM
 from ..models.llada_moe import LLaDAMoEModelLM
+from ..models.loader import Cut
 from ..models.moe import SparseMoE
 
 COLUMN, ROW, QKV = "column", "row", "qkv"
@@ -140,18 +144,18 @@ def init_distributed(device: str) -> torch.device:
     return target
 
 
-def _sparse_moes(model: nn.Module) -> list[SparseMoE]:
-    return [m for m in model.modules() if isinstance(m, SparseMoE)]
+def _sparse_moes(model: nn.Module) -> list[tuple[str, SparseMoE]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, SparseMoE)]
 
 
-def _planned_linears(model: nn.Module, plan: TensorParallelPlan) -> list[tuple[nn.Module, str, str]]:
-    """(owner module, child name, style) for every linear the plan splits."""
+def _planned_linears(model: nn.Module, plan: TensorParallelPlan) -> list[tuple[str, nn.Module, str, str]]:
+    """(owner's name, owner module, child name, style) for every linear the plan splits."""
     found = []
     for name, module in model.named_modules():
         if name.startswith(plan.scope):
             for child_name, child in module.named_children():
                 if child_name in plan.linears and isinstance(child, nn.Linear):
-                    found.append((module, child_name, plan.linears[child_name]))
+                    found.append((name, module, child_name, plan.linears[child_name]))
     return found
 
 
@@ -167,7 +171,7 @@ def check_degrees(model: DiffusionLM, tp: int, ep: int, world: int | None = None
     world = max(tp, ep) if world is None else world
     if tp not in (1, world) or ep not in (1, world) or max(tp, ep) != world:
         raise EngineError(f"tp={tp}, ep={ep}: each must be 1 or the number of processes ({world}), and one of them {world}")
-    moes = _sparse_moes(model)
+    moes = [moe for _, moe in _sparse_moes(model)]
     if ep > 1:
         if not moes:
             raise EngineError(f"expert parallelism needs an MoE model; {name} is dense")
@@ -183,7 +187,7 @@ def check_degrees(model: DiffusionLM, tp: int, ep: int, world: int | None = None
                 raise EngineError(f"tp={tp} does not divide the {module.n_heads} attention heads")
             if module.n_kv_heads % tp:
                 raise EngineError(f"tp={tp} does not divide the {module.n_kv_heads} KV heads")
-    for owner, child_name, style in _planned_linears(model, PLANS[type(model)]):
+    for _, owner, child_name, style in _planned_linears(model, PLANS[type(model)]):
         linear = getattr(owner, child_name)
         width = linear.in_features if style == ROW else linear.out_features
         if width % tp:
@@ -192,49 +196,81 @@ def check_degrees(model: DiffusionLM, tp: int, ep: int, world: int | None = None
         raise EngineError(f"tp={tp} does not divide the expert hidden size {moes[0].w2.shape[-1]}")
 
 
-def _piece(t: torch.Tensor, dim: int, rank: int, parts: int) -> torch.Tensor:
-    return t.chunk(parts, dim=dim)[rank]
+def _span(size: int, rank: int, parts: int, offset: int = 0) -> tuple[int, int]:
+    """Rank `rank`'s equal part of `size` indices from `offset` (check_degrees: `parts` divides it)."""
+    step = size // parts
+    return offset + rank * step, offset + (rank + 1) * step
 
 
-def _split_linear(linear: nn.Linear, style: str, owner: nn.Module, rank: int, tp: int) -> nn.Linear:
-    w = linear.weight.detach()
+def _linear_cut(linear: nn.Linear, style: str, owner: nn.Module, rank: int, tp: int) -> Cut:
     if style == QKV:  # rows [q heads | k heads | v heads]: each part splits on its own heads
         q_rows, kv_rows = owner.n_heads * owner.head_dim, owner.n_kv_heads * owner.head_dim
-        parts = w.split([q_rows, kv_rows, kv_rows])
-        w = torch.cat([_piece(p, 0, rank, tp) for p in parts])
-    elif style == COLUMN:
-        w = _piece(w, 0, rank, tp)
-    else:
-        w = _piece(w, 1, rank, tp)
-    cls = RowParallelLinear if style == ROW else nn.Linear
-    with torch.device("meta"):
-        split = cls(w.shape[1], w.shape[0], bias=False)
-    split.weight = nn.Parameter(w.clone(), requires_grad=False)
-    return split
+        return Cut(0, tuple(_span(rows, rank, tp, start) for rows, start in ((q_rows, 0), (kv_rows, q_rows), (kv_rows, q_rows + kv_rows))))
+    if style == COLUMN:
+        return Cut(0, (_span(linear.out_features, rank, tp),))
+    return Cut(1, (_span(linear.in_features, rank, tp),))
 
 
-def shard_model(model: DiffusionLM, tp: int = 1, ep: int = 1) -> DiffusionLM:
-    """Keep this rank's shard of `model` (in place; the process group must be initialised)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    check_degrees(model, tp, ep, world)
+def shard_cuts(model: DiffusionLM, tp: int, ep: int, rank: int) -> dict[str, Cut]:
+    """The slice rank `rank` keeps of every tensor that TP=`tp`, EP=`ep` splits, by its name in the
+    whole model's state dict (`model` whole, on any device, the meta one included; the degrees
+    checked). The one place this rule lives: the loader reads these slices, `shard_model` cuts them."""
+    cuts: dict[str, Cut] = {}
     if tp > 1:
-        for owner, child_name, style in _planned_linears(model, PLANS[type(model)]):
-            setattr(owner, child_name, _split_linear(getattr(owner, child_name), style, owner, rank, tp))
+        for owner_name, owner, child_name, style in _planned_linears(model, PLANS[type(model)]):
+            cuts[f"{owner_name}.{child_name}.weight"] = _linear_cut(getattr(owner, child_name), style, owner, rank, tp)
+    for name, moe in _sparse_moes(model) if max(tp, ep) > 1 else []:
+        if ep > 1:  # whole experts: [rank·E/ep, (rank+1)·E/ep)
+            cuts[f"{name}.w1"] = cuts[f"{name}.w2"] = Cut(0, (_span(moe.num_experts, rank, ep),))
+        else:  # a slice of every expert's hidden units: its gate rows, its up rows, its down columns
+            hidden = moe.w2.shape[-1]
+            cuts[f"{name}.w1"] = Cut(1, (_span(hidden, rank, tp), _span(hidden, rank, tp, hidden)))
+            cuts[f"{name}.w2"] = Cut(2, (_span(hidden, rank, tp),))
+    return cuts
+
+
+def _keep(model: DiffusionLM, cuts: dict[str, Cut], tp: int, ep: int, rank: int) -> DiffusionLM:
+    """Reshape `model` (in place) to the shard `cuts` describe: each split tensor cut (a copy; on
+    the meta device only its shape), the split linears' modules and head counts, the experts' offset
+    and the all-reduces."""
+    if tp > 1:
+        for owner_name, owner, child_name, style in _planned_linears(model, PLANS[type(model)]):
+            w = cuts[f"{owner_name}.{child_name}.weight"].of(getattr(owner, child_name).weight.detach())
+            with torch.device("meta"):
+                split = (RowParallelLinear if style == ROW else nn.Linear)(w.shape[1], w.shape[0], bias=False)
+            split.weight = nn.Parameter(w, requires_grad=False)
+            setattr(owner, child_name, split)
         for module in model.modules():
             if hasattr(module, "n_kv_heads"):
                 module.n_heads //= tp
                 module.n_kv_heads //= tp
-    for moe in _sparse_moes(model) if max(tp, ep) > 1 else []:
-        w1, w2 = moe.w1.detach(), moe.w2.detach()
-        if ep > 1:  # whole experts: [rank·E/ep, (rank+1)·E/ep)
+    for name, moe in _sparse_moes(model) if max(tp, ep) > 1 else []:
+        if ep > 1:
             moe.first_expert = rank * (moe.num_experts // ep)
-            w1, w2 = _piece(w1, 0, rank, ep), _piece(w2, 0, rank, ep)
-        else:  # a slice of every expert's hidden units: its gate rows, its up rows, its down columns
-            gate, up = w1.chunk(2, dim=1)
-            w1 = torch.cat([_piece(gate, 1, rank, tp), _piece(up, 1, rank, tp)], dim=1)
-            w2 = _piece(w2, 2, rank, tp)
-        moe.w1, moe.w2 = nn.Parameter(w1.clone(), requires_grad=False), nn.Parameter(w2.clone(), requires_grad=False)
+        moe.w1 = nn.Parameter(cuts[f"{name}.w1"].of(moe.w1.detach()), requires_grad=False)
+        moe.w2 = nn.Parameter(cuts[f"{name}.w2"].of(moe.w2.detach()), requires_grad=False)
         moe.reduce = all_reduce
     model.comm_clock = COMM  # what the loop reads through model.comm_seconds()
     return model
 
+
+def shard_model(model: DiffusionLM, tp: int = 1, ep: int = 1, rank: int | None = None, world: int | None = None) -> DiffusionLM:
+    """Keep rank `rank`'s shard of `model`, already loaded whole (in place). The rank and the world
+    default to this process's in its initialised process group."""
+    rank = dist.get_rank() if rank is None else rank
+    world = dist.get_world_size() if world is None else world
+    check_degrees(model, tp, ep, world)
+    return _keep(model, shard_cuts(model, tp, ep, rank), tp, ep, rank)
+
+
+def load_shard(path: str, device: str | torch.device, dtype: torch.dtype | None, tp: int, ep: int, rank: int, world: int) -> DiffusionLM:
+    """Rank `rank`'s shard of the checkpoint at `path`, reading only its slices of the files (no
+    process group needed to read: the rank and world are given)."""
+
+    def shard(skeleton: DiffusionLM) -> dict[str, Cut]:
+        check_degrees(skeleton, tp, ep, world)
+        cuts = shard_cuts(skeleton, tp, ep, rank)
+        _keep(skeleton, cuts, tp, ep, rank)
+        return cuts
+
+    return load_model(path, device=device, dtype=dtype, shard=shard)
