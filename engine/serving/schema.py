@@ -10,6 +10,7 @@ problem is one line (`EngineError`), which the routes answer as a 4xx in OpenAI'
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +115,7 @@ def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest
     for name, allowed in NEUTRAL_FIELDS.items():
         value = body.get(name)
         if value is not None and not any(value == a and type(value) is type(a) for a in allowed):
-            raise EngineError(f"{name}={str(value)[:40]!r} is not supported by this server (only {allowed[0]!r})")
+            raise EngineError(f"{name}={json.dumps(value, default=str)[:40]} is not supported by this server (only {json.dumps(allowed[0])})")
     model = body.get("model")
     _need(model is None or isinstance(model, str), "model must be a string")
     _need(isinstance(body.get("stream", False), bool), "stream must be true or false")

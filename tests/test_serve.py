@@ -1,0 +1,265 @@
+"""`python -m engine serve`'s app (engine/serving/) on a real uvicorn server on a free loopback port,
+the embedded model on the CPU, driven by the `openai` client package and raw HTTP (httpx).
+
+Concurrency is decided by the engine's own state, never by timing: the test holds the batcher's
+lock (the engine busy) while the clients' requests arrive, and lets it go once the batcher counts
+them all waiting; a disconnect is held mid-run by the turnstile decoder's gate files
+(tests/turnstile_decoder.py) and observed through the trace store's status.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+
+from engine import Engine, GenerationConfig, Trace
+from engine.cli import DEFAULT_MODEL
+from engine.hooks import RunHooks
+from engine.serving.app import Server, create_app
+from engine.serving.limits import RequestLimits
+from engine.serving.streaming import RowText
+from engine.serving.traces import TraceStore
+from engine.trace import EDIT, IterationRecord, Revision
+
+# 16 prompts of several lengths and families (each length's prompts batch together)
+PROMPTS = [
+    "Q: 14+5=? A:", "Q: 7-65=? A:", "Q: ?+?=57 A:", "Q: ?+?=12 A:", "Q: 123+45=? A:", "Q: 300-12=? A:",
+    "Q: 9+9=? A:", "Q: ?+?=83 A:", "Q: rhymes with cat? A:", "Q: rhymes with dog? A:", "Q: 52+48=? A:",
+    "Q: 61-7=? A:", "Q: ?+?=140 A:", "Q: 5-5=? A:", "Q: 999+1=? A:", "Q: 40-99=? A:",
+]
+SETTINGS = {"gen_length": 32, "block_length": 8, "threshold": 0.9}
+CONFIG = GenerationConfig(**SETTINGS, use_chat_template=False)  # a completion's prompt is raw text
+LIMITS = RequestLimits(max_prompt_chars=200, max_gen_length=64, max_body_bytes=4096, max_prompts=4)
+
+
+def until(predicate: Callable[[], bool]) -> None:
+    """Wait for a state the server reaches by itself (a hang guard, not a timing)."""
+    deadline = time.monotonic() + 600
+    while not predicate():
+        assert time.monotonic() < deadline, "the server never reached the state"
+        time.sleep(0.01)
+
+
+class Served:
+    def __init__(self, engine: Engine, app_server: Server, url: str) -> None:
+        self.engine, self.server, self.url = engine, app_server, url
+        self.client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+        self.http = httpx.Client(base_url=url, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    app = create_app(engine, LIMITS, max_batch=16, max_pending=32, traces=TraceStore(max_traces=64))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)  # listening before uvicorn starts: clients connect at once and wait in the backlog
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    yield Served(engine, app.state.server, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    server.should_exit = True
+    thread.join(timeout=600)
+    sock.close()
+
+
+def solo(engine: Engine, prompt: str, config: GenerationConfig = CONFIG):
+    return engine.generate(prompt, config, hooks=RunHooks(trace=True))
+
+
+def complete(served: Served, prompt: str, stream: bool, **extra: object) -> tuple[str, dict]:
+    """(text, the last choice's extras and the usage) through the openai client."""
+    body = {**SETTINGS, **extra}
+    if not stream:
+        out = served.client.completions.create(model=served.engine.name, prompt=prompt, max_tokens=32, extra_body=body)
+        choice = out.choices[0]
+        return choice.text, {**choice.model_extra, "finish_reason": choice.finish_reason, "usage": out.usage.model_dump()}
+    text, last = "", {}
+    chunks = served.client.completions.create(
+        model=served.engine.name, prompt=prompt, max_tokens=32, stream=True, stream_options={"include_usage": True}, extra_body=body
+    )
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text += choice.text
+            last.update({k: v for k, v in {**choice.model_extra, "finish_reason": choice.finish_reason}.items() if v is not None})
+        if chunk.usage is not None:
+            last["usage"] = chunk.usage.model_dump()
+    return text, last
+
+
+def test_models_and_one_completion_equal_the_engine(served):
+    assert [m.id for m in served.client.models.list().data] == [served.engine.name]
+    alone = solo(served.engine, PROMPTS[0])
+    for stream in (False, True):
+        text, extra = complete(served, PROMPTS[0], stream)
+        assert text == alone.text
+        usage = extra["usage"]
+        assert usage["prompt_tokens"] == len(served.engine.encode(PROMPTS[0], False))
+        assert usage["completion_tokens"] == len(alone.output.token_ids[0])
+        assert usage["forwards"] == alone.output.stats.nfe
+        assert extra["finish_reason"] == "stop" and extra["batch"] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_sixteen_concurrent_clients_get_their_solo_tokens(served, stream):
+    alone = {p: solo(served.engine, p) for p in PROMPTS}
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        with served.server.batcher.lock:  # the engine is busy while the 16 requests arrive
+            futures = [pool.submit(complete, served, p, stream) for p in PROMPTS]
+            until(lambda: served.server.batcher.waiting == len(PROMPTS))
+        results = [f.result() for f in futures]
+    lengths = [len(served.engine.encode(p, False)) for p in PROMPTS]
+    for prompt, length, (text, extra) in zip(PROMPTS, lengths, results):
+        assert text == alone[prompt].text, prompt
+        assert extra["usage"]["forwards"] == alone[prompt].output.stats.nfe, prompt
+        # the batch is every waiting request whose prompt encodes to this one's length
+        assert extra["batch"] == lengths.count(length), prompt
+    assert max(extra["batch"] for _, extra in results) >= 4  # they really were batched
+    assert served.server.pending == 0
+
+
+def test_chat_completion_streamed_and_not(served):
+    message = [{"role": "user", "content": PROMPTS[2]}]
+    # the embedded model has no chat template: the message is the prompt as it is
+    alone = solo(served.engine, PROMPTS[2], CONFIG.replace(use_chat_template=True))
+    out = served.client.chat.completions.create(model=served.engine.name, messages=message, max_tokens=32, extra_body=SETTINGS)
+    assert out.choices[0].message.content == alone.text and out.choices[0].message.role == "assistant"
+    chunks = list(served.client.chat.completions.create(model=served.engine.name, messages=message, max_tokens=32, stream=True, extra_body=SETTINGS))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == alone.text
+    several = served.http.post("/chat/completions", json={"messages": message * 2, **SETTINGS})
+    assert several.status_code == 400 and "chat template" in several.json()["error"]["message"]
+
+
+def test_stop_strings_and_max_tokens_cut_the_text_alike_streamed_or_not(served):
+    alone = solo(served.engine, PROMPTS[4]).text  # '  123+  45=  168'-like: it holds '='
+    assert "=" in alone
+    for stream in (False, True):
+        text, extra = complete(served, PROMPTS[4], stream, stop=["="])
+        assert text == alone[: alone.index("=")] and extra["finish_reason"] == "stop"
+    short = served.client.completions.create(model=served.engine.name, prompt=PROMPTS[4], max_tokens=3, extra_body={"block_length": 8})
+    ids = solo(served.engine, PROMPTS[4], GenerationConfig(gen_length=8, block_length=8, use_chat_template=False)).output.token_ids[0]
+    assert short.choices[0].text == served.engine.decode(ids[:3]) and short.usage.completion_tokens == 3
+    assert short.choices[0].finish_reason == "length"
+
+
+def test_the_trace_of_a_response_is_served_by_id(served):
+    out = served.client.completions.create(model=served.engine.name, prompt=PROMPTS[1], max_tokens=32, extra_body=SETTINGS)
+    trace_id = out.choices[0].model_extra["trace_id"]
+    reply = served.http.get(f"/traces/{trace_id}")
+    assert reply.status_code == 200
+    trace, alone = Trace.from_dict(reply.json()), solo(served.engine, PROMPTS[1]).output.trace
+    assert [(r.block, r.committed, r.top1) for r in trace.iterations] == [(r.block, r.committed, r.top1) for r in alone.iterations]
+    assert trace.final == alone.final
+    missing = served.http.get("/traces/trace-0000")
+    assert missing.status_code == 404 and "\n" not in missing.json()["error"]["message"]
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(served, tmp_path):
+    """The run waits at the turnstile's first gate; the client reads its first chunk (the run has
+    started) and leaves; once the server has marked the row cancelled, every gate opens: the engine
+    stops at its next cancel check (the row never completes: no trace), the row's slot is free, and
+    the next request gets its solo text."""
+    import tests.turnstile_decoder  # noqa: F401  registers "turnstile"
+
+    body = {"prompt": PROMPTS[0], "decoder": "turnstile", "decoder_options": {"gates": str(tmp_path)}, "gen_length": 16, "block_length": 16, "stream": True}
+    with served.http.stream("POST", "/completions", json=body) as reply:
+        assert reply.status_code == 200
+        first = json.loads(next(reply.iter_lines()).removeprefix("data: "))
+        trace_id = first["choices"][0]["trace_id"]
+    until(lambda: served.http.get(f"/traces/{trace_id}").status_code == 410)  # the server saw it leave
+    for gate in range(1, 17):
+        Path(tmp_path, str(gate)).touch()
+    text, _ = complete(served, PROMPTS[3], stream=False)  # waits for the engine: the cancelled run ended
+    assert text == solo(served.engine, PROMPTS[3]).text
+    until(lambda: served.server.pending == 0)
+    gone = served.http.get(f"/traces/{trace_id}")
+    assert gone.status_code == 410 and "cancelled" in gone.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body, status, fragment",
+    [
+        ({"prompt": "Q: 1+1=? A:", "threshold": 2}, 400, "threshold must be in (0, 1]"),
+        ({"prompt": "Q: 1+1=? A:", "decoder": "nope"}, 400, "unknown decoder 'nope'"),
+        ({"prompt": "Q: 1+1=? A:", "gen_length": 30, "block_length": 8}, 400, "multiple of block_length"),
+        ({"prompt": "Q: 1+1=? A:", "cache": "everything"}, 400, "unknown cache mode"),
+        ({"prompt": "Q: 1+1=? A:", "colour": "red"}, 400, "unknown field(s): colour"),
+        ({"prompt": "Q: 1+1=? A:", "n": 2}, 400, "n=2 is not supported"),
+        ({"prompt": "Q: 1+1=? A:", "logprobs": 1}, 400, "logprobs=1 is not supported"),
+        ({"prompt": "Q: 1+1=? A:", "stream": "yes"}, 400, "stream must be true or false"),
+        ({"prompt": "Q: 1+1=? A:", "max_tokens": 0}, 400, "max_tokens must be a positive integer"),
+        ({"prompt": [1, 2, 3]}, 400, "prompt must be a string"),
+        ({"prompt": "   "}, 400, "empty prompt"),
+        ({"prompt": "Q: 1+1=? A:", "model": "gpt-4"}, 404, "is not served here"),
+        ({"prompt": "Q: 1+1=? A:", "temperature": -1}, 400, "temperature must be >= 0"),
+        ({"prompt": "x" * 201}, 413, "at most 200"),
+        ({"prompt": "Q: 1+1=? A:", "gen_length": 128}, 413, "above this server's limit of 64"),
+        ({"prompt": ["Q: 1+1=? A:"] * 5}, 400, "at most 4 prompts"),
+        ({"prompt": "Q: 1+1=? A:", "gen_length": 64, "block_length": 64, "stop": ["x"] * 17}, 400, "stop takes at most"),
+    ],
+)
+def test_bad_or_oversize_requests_get_one_line_4xx(served, body, status, fragment):
+    reply = served.http.post("/completions", json=body)
+    assert reply.status_code == status, reply.text
+    message = reply.json()["error"]["message"]
+    assert fragment in message and "\n" not in message
+    assert served.server.pending == 0
+
+
+def test_an_oversize_or_broken_body_is_refused_before_parsing(served):
+    big = served.http.post("/completions", content=b"{" + b" " * 5000 + b"}", headers={"content-type": "application/json"})
+    assert big.status_code == 413 and "at most 4096" in big.json()["error"]["message"]
+    broken = served.http.post("/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and "not JSON" in broken.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="unknown decoder"):
+        served.client.completions.create(model=served.engine.name, prompt="Q: 1+1=? A:", extra_body={"decoder": "nope"})
+
+
+def test_the_trace_store_is_bounded_and_prunes_the_oldest():
+    store = TraceStore(max_traces=2, max_bytes=10_000)
+    ids = [store.new() for _ in range(3)]
+    assert store.get(ids[0]) is None and store.get(ids[2]).status == "running" and len(store) == 2
+    trace = Trace(model="m", initial=[[1, 2]], prompt_lengths=[1])
+    store.done(ids[1], trace)
+    assert store.get(ids[1]).json == trace.to_json() and store.bytes == len(trace.to_json())
+    tight = TraceStore(max_traces=8, max_bytes=len(trace.to_json()) + 1)
+    first, second = tight.new(), tight.new()
+    tight.done(first, trace)
+    tight.done(second, trace)  # over the byte budget: the oldest goes
+    assert tight.get(first) is None and tight.get(second).status == "done"
+
+
+def test_a_stream_sends_a_revised_block_only_once_the_loop_has_left_it():
+    """No decoder of the engine revises yet, so the records here are written by hand in the trace's
+    own schema (docs/trace.md §2.1): a committed token edited later in its block must never have been
+    sent; a decoder that never revises streams each commit at once."""
+    vocab = {10: "a", 11: "b", 12: "c", 13: "X"}
+    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    header = Trace(mask_id=1, eos_ids=[0], prompt_lengths=[1], initial=[[5, 1, 1, 1, 1]], config={})
+
+    def rec(block: int, rng: list[int], committed: list[int], top1: list[int], revisions: list | None) -> IterationRecord:
+        return IterationRecord(block, block, rng, "full", [], 0.9, [committed], [[]], [top1], [[1.0] * len(top1)], 0.0, revisions=revisions)
+
+    edit = Revision(position=1, old=13, new=10, kind=EDIT, rule="p(new) > edit threshold", score=0.9, bound=0.5).to_dict()
+    revising = RowText(header, decode, max_tokens=8, stops=[])
+    assert revising.update(rec(0, [1, 3], [1, 2], [13, 11], [[]])) == ""  # block 0 still open: 'Xb' may change
+    assert revising.update(rec(0, [1, 3], [], [10, 11], [[edit]])) == ""
+    assert revising.update(rec(1, [3, 5], [3], [12, 12], [[]])) == "ab"  # the loop left block 0
+    assert revising.finish([5, 10, 11, 12, 0]) == ("c", "stop", 3)
+    plain = RowText(header, decode, max_tokens=8, stops=["bc"])
+    assert plain.update(rec(0, [1, 3], [1, 2], [10, 11], None)) == "a"  # 'b' could start the stop string
+    assert plain.update(rec(1, [3, 5], [3], [12, 12], None)) == ""  # 'abc': the stop string; 'a' was sent
+    assert plain.finish([5, 10, 11, 12, 0]) == ("", "stop", 3)
