@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 
-from .tabs import compare, model, run, sweep
+from .tabs import compare, model, run, run_page, sweep
 from .tabs.common import PRIVATE
 
 
@@ -62,10 +62,10 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
         gr.Markdown("## dinfer-viz · watch a masked-diffusion LM decode, one iteration at a time")
         gr.Markdown(handlers.model_status(), elem_id="model-status")
         with gr.Tabs() as tabs:
-            run_tab = run.build(handlers, demo, model_section=lambda: model.build(handlers))
+            run_tab = run_page.build(handlers, demo, model_section=lambda: model.build(handlers))
             compare_tab = compare.build(handlers, run_tab)
             sweep_tab = sweep.build(handlers, run_tab, tabs)
-        run.wire_structure(handlers, demo, run_tab, sweep_tab.parameter)
+        run_page.wire_structure(handlers, demo, run_tab, sweep_tab.parameter)
         # One engine: each tab's Stop cancels whichever engine event is running, in any tab.
         stoppable = [run_tab.engine, compare_tab, sweep_tab.engine]
         for tab in stoppable:

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dinfer_viz.cost_figure import CATEGORIES, NO_COST, cost_figure
-from dinfer_viz.explain import SYSTEM, explain, system_markdown
+from dinfer_viz.explain import explain, system_markdown
+from engine.system_options import SYSTEM_OPTIONS
 from dinfer_viz.host import EngineHost, ModelSpec
 from dinfer_viz.system import startup_note
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
@@ -108,11 +109,12 @@ def test_startup_notes_say_what_each_option_spends_and_when():
 
 def test_the_explanation_adds_each_system_option_that_is_on():
     plain = explain("threshold", "none", system={"tp_size": 1, "compile": False})
-    assert not any(text in plain for text in SYSTEM.values())
+    assert not any(o.explanation in plain for o in SYSTEM_OPTIONS.values())
     on = explain("threshold", "none", system={"tp_size": 2, "compile": True})
-    assert SYSTEM["tp_size"] in on and SYSTEM["compile"] in on and SYSTEM["cuda_graphs"] not in on
-    assert "two all-reduces per layer" in SYSTEM["tp_size"]
-    assert all(text in system_markdown() for text in SYSTEM.values())
+    text = {name: o.explanation for name, o in SYSTEM_OPTIONS.items()}
+    assert text["tp_size"] in on and text["compile"] in on and text["cuda_graphs"] not in on
+    assert "two all-reduces per layer" in text["tp_size"]
+    assert all(t in system_markdown() for t in text.values())
 
 
 def _load_args(handlers: Handlers, path: str, device: str = "cpu", **options) -> list:

@@ -19,7 +19,7 @@ from dinfer_viz.answers import first_wrong
 from dinfer_viz.timeline import Timeline
 from dinfer_viz.tokens import glyph, readable
 from engine import EngineError, GenerationConfig, Trace, decoder_names
-from engine.config import CACHE_MODES
+from engine.cache_modes import cache_mode_names
 from tinymodel.tasks import Example
 
 from .app_support import handmade_trace
@@ -211,7 +211,7 @@ def test_tokens_readable():
 def test_settings_choices_come_from_the_engine():
     by_field = {c.field: c for c in all_controls()}
     assert list(by_field["decoder"].choices()) == decoder_names()
-    assert tuple(by_field["cache"].choices()) == tuple(CACHE_MODES)
+    assert tuple(by_field["cache"].choices()) == cache_mode_names()
     fields = {c.field for c in all_controls()}
     # every engine setting has a control; decoder_options has one per declared plug-in option
     # (none without plug-ins: tests/test_cli.py loads one)
@@ -243,7 +243,7 @@ def test_visible_fields_follow_decoder_and_cache():
 def test_explain_covers_every_registered_decoder_and_cache_mode():
     for name in decoder_names():
         assert "No explanation" not in explain(name, "none")
-    for mode in CACHE_MODES:
+    for mode in cache_mode_names():
         assert "No explanation" not in explain("threshold", mode)
     assert "No explanation" in explain("unheard_of", "none")
 

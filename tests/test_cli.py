@@ -100,13 +100,13 @@ def test_checked_device_accepts_the_cpu_and_names_a_missing_gpu():
 
 def test_help_lists_every_decoder_and_cache_mode_with_defaults_and_who_reads_a_setting(capsys):
     from engine import decoder_names
-    from engine.config import CACHE_MODES
+    from engine.cache_modes import cache_mode_names
 
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--decoder {" + ",".join(decoder_names()) + "}" in text and "(default: threshold)" in text
-    assert "--cache {" + ",".join(CACHE_MODES) + "}" in text and "(default: none)" in text
+    assert "--cache {" + ",".join(cache_mode_names()) + "}" in text and "(default: none)" in text
     assert "[read by: fixed] (default: None)" in text  # --steps, from the fixed decoder's declaration
     assert "[read by: cache vicinity]" in text  # --prefix-look
 

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from dinfer_viz.sample_traces import DECODERS, EMBEDDED_MODEL, INDEX, PROMPT, THREADS, TRACES, generate_sample, sample_settings, shipped_samples
+from dinfer_viz.sample_traces import EMBEDDED_MODEL, INDEX, PROMPT, THREADS, TRACES, generate_sample, sample_settings, shipped_samples
 from dinfer_viz.timeline import Timeline
-from engine import Engine, Trace, decoder_names
+from engine import Engine, Trace
 from engine.cli import set_cpu_threads
-from engine.config import CACHE_MODES
+from engine.cache_modes import cache_mode_names
+from engine.registry import builtin_decoder_names
 
 SAMPLES = sample_settings()
 
 
 def test_one_sample_per_decoder_and_per_cache_mode_all_listed_and_small():
-    assert set(DECODERS) <= set(decoder_names())
-    assert {s["decoder"] for s in SAMPLES.values()} == set(DECODERS)
-    assert {s["cache"] for s in SAMPLES.values()} == set(CACHE_MODES)
+    assert {s["decoder"] for s in SAMPLES.values()} == set(builtin_decoder_names())
+    assert {s["cache"] for s in SAMPLES.values()} == set(cache_mode_names())
     index = json.loads((TRACES / INDEX).read_text(encoding="utf-8"))
     assert [e["file"] for e in index["traces"]] == [f"{stem}.json" for stem in SAMPLES]
     assert all(e["settings"] == SAMPLES[e["file"][:-5]] and e["prompt"] == PROMPT for e in index["traces"])

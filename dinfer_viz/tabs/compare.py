@@ -24,7 +24,8 @@ from ..runner import run_live, timed_passes
 from ..settings import all_controls, control_value, decoder_fields
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
-from .run import LIVE_README, RunTab
+from .run import LIVE_README
+from .run_page import RunTab
 
 # The panels' titles come last, so API clients reading the earlier outputs by place keep working.
 COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state", "title_a", "title_b", "csv")

@@ -2,7 +2,7 @@
 finished run, of a trace file loaded from disk or of a shipped sample trace (assets/traces, what
 `app.py --no-model` leads with), and its exports (the trace as JSON, the animation as GIF or MP4).
 The Model and system section (tabs/model.py) sits in this tab's settings column; a sweep's wrong
-answer opens here too (`stored_view`).
+answer opens here too (`stored_view`). The page's components and events are tabs/run_page.py's.
 
 The scrubber shows the page's iteration numbers (timeline.iteration_number: 0 is the canvas before
 the first forward, 1..N the iterations); the handlers turn them into record indices (n - 1).
@@ -17,25 +17,25 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from engine import EngineError, GenerationConfig, Trace
+from engine import EngineError, Trace
 
 from .. import answers
-from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
+from ..answers import FAMILY_EXAMPLES
 from ..cache_figure import cache_state_figure, forward_cost_figure, measure_forward_costs
 from ..cost_figure import cost_figure
 from ..details import position_details
 from ..explain import explain
-from ..export import mp4_unavailable, run_gif, run_mp4
-from ..figures import confidence_raster, extras_figure, iteration_chart, message_figure
-from ..grid import EMPTY_GRID, RASTER_PICK_JS, LiveGrid, grid_value, inert
-from ..lessons import LESSONS, lesson_named
+from ..export import run_gif, run_mp4
+from ..figures import confidence_raster, extras_figure, iteration_chart
+from ..grid import LiveGrid, grid_value, inert
+from ..lessons import lesson_named
 from ..readouts import live_line, message_readout, plural, readout
 from ..runner import Frame, run_live
 from ..sample_traces import shipped_samples
-from ..settings import all_controls, control_value, sections, sweep_setting, visible_fields
+from ..settings import all_controls, control_value, sweep_setting, visible_fields
 from ..system import progress_line, startup_note
 from ..timeline import Timeline, iteration_number
-from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
+from .common import TabHandlers, error_text, guarded, outputs
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ LIVE_README = "live: the engine's figures so far are on the grid's second line; 
 # Pair-sum: the first forward cannot commit the digits (a is uniform among N's splits), so the
 # threshold decoder forces one, and the rest follows over several iterations
 DEFAULT_PROMPT = FAMILY_EXAMPLES["pairsum"][0]
-OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache")
 
 
 @dataclass
@@ -404,183 +403,3 @@ class RunHandlers(TabHandlers):
             return outputs(EXPORT_VIEW, {"message": error_text(str(exc))})
         path = self.write_file(f"run-{tl.trace.model or 'model'}", suffix, data)
         return outputs(EXPORT_VIEW, {"file": path, "message": f"animation of {plural(tl.iterations, 'iteration')} ({len(data) / 1024:.0f} KiB): download it below the figures"})
-
-
-@dataclass
-class RunTab:
-    """The Run tab's components the other tabs read or write."""
-
-    prompt: gr.Textbox
-    expected: gr.Textbox
-    settings_inputs: list[gr.components.Component]  # what TabHandlers.settings maps, in its order
-    settings_json: gr.JSON  # the settings collected in the browser, which /run and /sweep receive
-    view: list[gr.components.Component]  # RUN_VIEW's components, in its order
-    controls: dict[str, gr.components.Component]  # by GenerationConfig field
-    explain: gr.Markdown
-    engine: Stoppable
-    system: list[gr.components.Component]  # the Model and system section's system options
-    pinned: gr.State  # the position the details panel shows
-
-
-def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]]) -> RunTab:
-    """The Run tab and its events. `model_section` builds the Model and system controls where they
-    sit, in the settings column, and returns them in TabHandlers.settings' order."""
-    defaults = GenerationConfig()
-    with gr.Tab("Run", id="run"):
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1, min_width=300):
-                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt", info=h.limits_text(), max_length=h.max_prompt_chars)
-                expected = gr.Textbox(
-                    label="Expected response (optional)",
-                    value=answers.expected_response(DEFAULT_PROMPT),
-                    info="filled in for arithmetic prompts (one right answer); committed tokens that differ are struck out",
-                    elem_id="expected",
-                )
-                note = gr.Markdown(answers.prompt_note(DEFAULT_PROMPT), elem_id="prompt-note")
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="run-btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
-                live_speed_menu = gr.Dropdown(
-                    LIVE_SPEEDS, value=0, label="Live view speed", elem_id="live-speed",
-                    info="slower than the engine: it finishes first and the view plays the run back (for a class)",
-                )
-                settings_msg = gr.Markdown(elem_id="settings-msg")
-                # open by default with no model (app.py --no-model): replaying them is all it can do
-                with gr.Accordion("Lessons: one setting changed at a time", open=False, elem_id="lessons-box"):
-                    lesson_menu = gr.Dropdown([l.name for l in LESSONS], value=None, label="Lesson", elem_id="lesson")
-                    with gr.Row():
-                        lesson_steps = gr.Radio([], value=None, label="Step", elem_id="lesson-step", scale=3)
-                        next_btn = gr.Button("Next step ▶", elem_id="lesson-next", scale=1, min_width=100)
-                    lesson_note = gr.Markdown("Choose a lesson: each step sets the prompt and the settings; press Run after each.", elem_id="lesson-note")
-                with gr.Accordion("Sample traces (replay with no model)", open=h.no_model, elem_id="samples-box"):
-                    sample = gr.Dropdown(
-                        [(label, Path(path).name) for label, path in shipped_samples()], value=None, label="Sample traces",
-                        info="made by the engine on the embedded model: one per decoder and per cache mode", elem_id="samples",
-                    )
-                with gr.Accordion("Examples, by family", open=True, elem_id="examples"):
-                    for family, prompts in FAMILY_EXAMPLES.items():
-                        gr.Examples([[p] for p in prompts], inputs=[prompt], label=FAMILY_DESCRIPTIONS[family])
-                    gr.Examples([[p] for p in OUT_OF_FAMILY_EXAMPLES], inputs=[prompt], label="outside every family: what low confidence looks like")
-                with gr.Accordion("What this model knows", open=False, elem_id="model-knows"):
-                    gr.Markdown(model_knows_markdown())
-                controls: dict[str, gr.components.Component] = {}
-                for title, ctrls in sections():
-                    with gr.Accordion(title, open=title in OPEN_SECTIONS):
-                        for c in ctrls:
-                            controls[c.field] = make_control(c, control_value(c, defaults), elem_id=f"cfg-{c.field}")
-                model_inputs = model_section()
-                with gr.Accordion("Settings JSON (what /run receives)", open=False):
-                    settings_json = gr.JSON(value=None, elem_id="settings-json")
-            with gr.Column(scale=3):
-                # message and readout above the grid's row, at its full width: the grid and the
-                # details panel beside it start at the same height (both on a projector's screen)
-                message = gr.Markdown(elem_id="message")
-                readout_md = gr.Markdown(message_readout("no run yet"), elem_id="stats")
-                with gr.Row(equal_height=False):
-                    # narrow enough minimums that at 1024 px the details stay beside the grid
-                    with gr.Column(scale=3, min_width=380):
-                        grid = grid_view(EMPTY_GRID, "grid", 120, extra_js=RASTER_PICK_JS)
-                        text_out = gr.Textbox(label="Output text", interactive=False, lines=2, elem_id="output")
-                        # the scrubber on a line of its own, playback under it: one row of all four
-                        # wraps into three in a projector's column, pushing the raster off the screen
-                        scrub = gr.Slider(0, 1, value=0, step=1, label="iteration (0 = before the first forward)", interactive=False, elem_id="scrub")
-                        with gr.Row(equal_height=True):
-                            play_btn = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=100)
-                            pause_btn = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=80)
-                            speed = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1, min_width=160)
-                    with gr.Column(scale=1, min_width=220):
-                        # above the explanation: a click on the grid shows its answer beside the grid
-                        details = gr.HTML(f'<div class="pos-details">{inert(PICK_HINT)}</div>', label="Position details", elem_id="details")
-                        explain_md = gr.Markdown(explain(defaults.decoder, defaults.cache), elem_id="explain")
-                with gr.Row(equal_height=False):
-                    raster = gr.Plot(message_figure("run something, or load a trace", 360), label="Confidence raster: iteration × position", elem_id="raster")
-                    iterations = gr.Plot(message_figure("", 380), label="Per iteration: commits, threshold, engine time", elem_id="iterations")
-                cost = gr.Plot(
-                    message_figure("", 340), label="Per iteration cost: compute, communication, compile, host (ms per rank)", elem_id="cost"
-                )
-                extras = gr.Plot(message_figure("", 220), label="Extras: credit, staleness, anchors (drawn when a run ends)", elem_id="extras")
-                cache_states = gr.Plot(
-                    label="K/V cache state: iteration × position (drawn when a run ends; runs with a cache)", elem_id="cache-states", visible=False
-                )
-                with gr.Accordion("What a forward costs", open=False, elem_id="forward-costs-box"):
-                    gr.Markdown(
-                        "Times one forward of each kind (full, refresh, prefix, dual, window) on the Run tab's model at several canvas "
-                        "lengths: a cache pays only where its forwards are cheaper than a full one. Takes a few seconds; it waits for the engine."
-                    )
-                    costs_btn = gr.Button("Measure forward costs", elem_id="forward-costs-btn")
-                    costs_msg = gr.Markdown(elem_id="forward-costs-msg")
-                    costs_plot = gr.Plot(label="Cost per forward kind against canvas length", elem_id="forward-costs")
-                with gr.Row():
-                    download = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
-                    upload = gr.UploadButton("Load a trace (JSON)", file_types=[".json"], elem_id="upload")
-                    gif_btn = gr.Button("Download animation (GIF)", elem_id="export-gif")
-                    no_mp4 = mp4_unavailable()
-                    mp4_btn = gr.Button("Download MP4", elem_id="export-mp4", interactive=no_mp4 is None)
-                if no_mp4:  # a gr.Button has no info line: the reason sits under the row
-                    gr.Markdown(f"<small>{no_mp4}</small>", elem_id="mp4-note")
-                export_file = gr.File(label="animation", visible=False, interactive=False, elem_id="export-file")
-        run_state = gr.State(None)
-        pinned = gr.State(None)  # the position the details panel shows, kept while scrubbing and across runs
-        # the response suggested for the prompt, and the one the page last put in the expected box
-        # (hidden boxes, not gr.State: KEEP_TYPED_JS reads them in the browser)
-        suggestion = gr.Textbox("", visible=False, elem_id="expected-suggestion")
-        suggested = gr.Textbox("", visible=False, elem_id="expected-suggested")
-        timer = gr.Timer(1 / 6, active=False)
-
-    settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
-    slots = dict(
-        grid=grid, readout=readout_md, text=text_out, raster=raster, iterations=iterations, cost=cost, extras=extras,
-        scrub=scrub, download=download, message=message, state=run_state, explain=explain_md, details=details, cache_states=cache_states,
-    )
-    view = [slots[name] for name in RUN_VIEW]
-
-    gr.on([c.change for c in settings_inputs], h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
-    prompt.change(h.suggest_expected, prompt, [suggestion, note], **PRIVATE).then(
-        None, [suggestion, expected, suggested], [expected, suggested], js=KEEP_TYPED_JS, **PRIVATE
-    )
-    collect = run_btn.click(None, settings_inputs, settings_json, js=h.settings_js(), **PRIVATE)
-    # Progress (queue position, elapsed time) on the message only: the live grid says where the
-    # run is, and a timer over each of the eleven outputs is noise. Runs do not queue on "engine":
-    # up to a batch of them at once wait for the engine in the RunBatcher, which is where runs of
-    # different sessions join one batch (Gradio's one-at-a-time queue would hand it one run at a time).
-    run_ev = collect.then(
-        h.run, [prompt, settings_json, expected, live_speed_menu, pinned], view, api_name="run", show_progress="minimal", show_progress_on=message,
-        concurrency_id="runs", concurrency_limit=h.batcher.max_batch,
-    )
-
-    scrub.release(h.replay, [scrub, run_state, pinned], view, api_name="replay", show_progress="hidden")
-    scrub.input(h.glance, [scrub, run_state, pinned], [grid, text_out, details], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
-    grid.select(h.pick, [scrub, run_state], [*view, pinned], show_progress="hidden", api_visibility="private")
-    # A lesson's step sets the prompt and every control (their change events check the settings and
-    # show the step's controls); .input: only the user's choices, never the handler's own updates
-    lesson_out = [lesson_steps, prompt, lesson_note, *(controls[c.field] for c in all_controls())]
-    lesson_menu.input(lambda name: h.lesson_step(name, 0), lesson_menu, lesson_out, **PRIVATE)
-    lesson_steps.input(h.lesson_step, [lesson_menu, lesson_steps], lesson_out, **PRIVATE)
-    next_btn.click(lambda name, step: h.lesson_step(name, (step if isinstance(step, int) else -1) + 1), [lesson_menu, lesson_steps], lesson_out, **PRIVATE)
-    play_btn.click(h.play, [scrub, run_state], [scrub, timer], **PRIVATE)
-    pause_btn.click(lambda: gr.Timer(active=False), None, timer, **PRIVATE)
-    speed.change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), speed, timer, **PRIVATE)
-    timer.tick(h.step, [scrub, run_state, pinned], [scrub, grid, text_out, details, timer], api_visibility="private")
-    costs_btn.click(h.forward_costs, settings_inputs, [costs_plot, costs_msg], show_progress="minimal", show_progress_on=costs_msg, api_visibility="private", **ENGINE_QUEUE)
-    upload.upload(h.load_trace, upload, view, api_name="load_trace")
-    sample.input(h.load_sample, sample, view, api_name="load_sample")
-    # The file box shows once it holds a file (an API client gets the plain path: no update dict)
-    reveal = dict(fn=lambda f: gr.update(visible=f is not None), inputs=export_file, outputs=export_file, **PRIVATE)
-    gif_btn.click(h.export_gif, run_state, [export_file, message], api_name="export_gif", show_progress="minimal", show_progress_on=message).then(**reveal)
-    mp4_btn.click(h.export_mp4, run_state, [export_file, message], api_name="export_mp4", show_progress="minimal", show_progress_on=message).then(**reveal)
-    demo.load(h.check, settings_inputs, [settings_msg, run_btn], **PRIVATE)
-    system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
-    return RunTab(prompt, expected, settings_inputs, settings_json, view, controls, explain_md, Stoppable(run_ev, stop_btn, message), system, pinned)
-
-
-def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.components.Component) -> None:
-    """Decoder, cache mode and features decide which controls show, the explanation, and the
-    setting the Sweep tab varies (`parameter`, hence wired once that tab exists); the system
-    options add their paragraphs to the explanation."""
-    choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"]]
-    inputs = [*choice, *tab.system]
-    changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter]
-    gr.on([c.change for c in choice], h.structure, inputs, changed, **PRIVATE)
-    # a system option changes the explanation only (structure would also reset the sweep's setting)
-    gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **PRIVATE)
-    demo.load(h.structure, inputs, changed, **PRIVATE)

@@ -21,7 +21,8 @@ from ..settings import all_controls, control_value, numeric_fields, sweep_settin
 from ..sweep import SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
 from ..timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, outputs
-from .run import RUN_VIEW, RunTab, stored_view
+from .run import RUN_VIEW, stored_view
+from .run_page import RunTab
 
 SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
 # The model is the last column, so API clients reading the earlier ones by place keep working.
