@@ -263,3 +263,31 @@ def test_a_stream_sends_a_revised_block_only_once_the_loop_has_left_it():
     assert plain.update(rec(0, [1, 3], [1, 2], [10, 11], None)) == "a"  # 'b' could start the stop string
     assert plain.update(rec(1, [3, 5], [3], [12, 12], None)) == ""  # 'abc': the stop string; 'a' was sent
     assert plain.finish([5, 10, 11, 12, 0]) == ("", "stop", 3)
+
+
+def test_lm_eval_scores_the_embedded_model_through_the_server(served, monkeypatch):
+    """lm-eval-harness's local-completions model against the server, on the shipped task
+    (benchmarks/lm_eval_tasks: held-out prompts of the five families, their verifiers): every
+    document's answer is the engine's solo answer and the score is the verifiers' rate on those."""
+    lm_eval = pytest.importorskip("lm_eval")  # a test-only requirement (requirements.txt)
+    from lm_eval.tasks import TaskManager
+
+    from tinymodel.tasks import get_task, parse_prompt
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # the task's data_files are relative to the root
+    tasks = TaskManager(include_path="benchmarks/lm_eval_tasks", include_defaults=False)
+    args = f"model={served.engine.name},base_url={served.url}/completions,tokenizer_backend=none,tokenized_requests=False,num_concurrent=8,max_retries=1"
+    results = lm_eval.simple_evaluate(model="local-completions", model_args=args, tasks=["tiny_families"], task_manager=tasks, gen_kwargs="block_length=8")
+    samples = results["samples"]["tiny_families"]
+    docs = [json.loads(line) for line in Path("benchmarks/lm_eval_tasks/tiny_families.jsonl").read_text().splitlines()]
+    assert len(samples) == len(docs) > 50
+    config = GenerationConfig(gen_length=32, block_length=8, seed=1234, use_chat_template=False)  # what lm-eval sent
+    valid = []
+    for sample in samples:
+        doc = sample["doc"]
+        answer = solo(served.engine, doc["prompt"], config).text.split("\n")[0]  # lm-eval's `until`
+        assert sample["resps"][0][0] == answer, doc
+        valid.append(get_task(doc["task"]).check(parse_prompt(doc["prompt"]), answer))
+    assert results["results"]["tiny_families"]["valid,none"] == pytest.approx(sum(valid) / len(valid))
+    assert 0 < sum(valid) < len(valid)  # the model answers some and misses some: the metric discriminates
