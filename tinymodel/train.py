@@ -311,8 +311,7 @@ class Trainer:
         self.tokenizer = build_tokenizer()
         self.evaluation_tokenizer = hf_tokenizer()
         self.ids = special_ids(self.tokenizer)
-        self.model = LLaDAModelLM(model_config(cfg))
-        init_weights(self.model, cfg.seed)
+        self.model = self.new_model()
         if cfg.init_from and not cfg.resume:
             warm_start(self.model, cfg.init_from)
             log(f"weights from {cfg.init_from}")
@@ -350,6 +349,17 @@ class Trainer:
         random.setstate(state["python_random"])
         self.step, self.minutes_before = state["step"], state["minutes"]
         self.log(f"resumed from {self.resume_path} at step {self.step}")
+
+    def new_model(self) -> torch.nn.Module:
+        """The freshly initialised model a run starts from: a LLaDA; a subclass trains another
+        family (tinymodel.uniform: DiffusionGemma)."""
+        model = LLaDAModelLM(model_config(self.cfg))
+        init_weights(model, self.cfg.seed)
+        return model
+
+    def held_out(self, model: torch.nn.Module) -> dict[str, TaskScore]:
+        """A checkpoint's held-out scores (`held_out_scores`; a subclass decodes its family its way)."""
+        return held_out_scores(model, self.evaluation_tokenizer, self.cfg)
 
     def sft_loss(self, forward: torch.nn.Module) -> torch.Tensor:
         """One batch of the ordinary objective (LLaDA SFT masked diffusion) through `forward`."""
@@ -406,10 +416,10 @@ class Trainer:
             bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr:.2e}", refresh=False)
             progress = schedule_progress(cfg, self.step, minutes())
             if self.step % cfg.eval_every == 0 or progress >= 1.0:
-                scores = held_out_scores(self.result, self.evaluation_tokenizer, cfg)
+                scores = self.held_out(self.result)
                 self.log(f"step {self.step} loss {ema:.4f} held-out {report(scores)} ({minutes():.1f} min)")
                 if self.averaged is not None:  # how far the average is from the weights it averages
-                    raw = held_out_scores(model, self.evaluation_tokenizer, cfg)
+                    raw = self.held_out(model)
                     self.log(f"step {self.step} weights as stepped (not the average): held-out {report(raw)}")
                 self.checkpoint(minutes())
         bar.close()

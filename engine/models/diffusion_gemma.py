@@ -153,6 +153,30 @@ class DiffusionGemmaLM(DiffusionLM):
                 else:
                     self.hf._init_weights(owner)
 
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        decoder_input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        self_conditioning_logits: torch.Tensor | None = None,
+        self_conditioning_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Training's forward: encode `input_ids` into a fresh cache and denoise the canvas
+        `decoder_input_ids` after it (transformers' own full forward); logits `[B, L, V]`.
+        `attention_mask` `[B, P]` marks the prefix's real tokens (left padding is False)."""
+        decoder_mask = None
+        if attention_mask is not None:
+            decoder_mask = torch.nn.functional.pad(attention_mask.bool(), (0, decoder_input_ids.shape[1]), value=True)
+        out = self.hf(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_mask,
+            self_conditioning_logits=self_conditioning_logits,
+            self_conditioning_mask=self_conditioning_mask,
+        )
+        return out.logits
+
     # ---- the calls the uniform loop makes -----------------------------------------------------
     def check_text_only(self, prompts: list[list[int]]) -> None:
         """EngineError for a prompt holding an image/audio/video token: this engine feeds text only."""
@@ -179,9 +203,12 @@ class DiffusionGemmaLM(DiffusionLM):
         encoder(input_ids=ids, attention_mask=masks, cache=cache, position_ids=position_ids)
 
     def decoder_masks(self, canvas: torch.Tensor, cache, attention_mask: torch.Tensor) -> dict:
-        """The decoder's attention masks for a canvas over `cache` (once per canvas)."""
+        """The decoder's attention masks for a canvas over `cache` (once per canvas). The shape
+        stand-in is float in the model's dtype: transformers 5.24's generate passes the token ids,
+        whose integer dtype the eager additive mask cannot take (its padded batches fail there)."""
+        shape_only = torch.empty((*canvas.shape, 0), dtype=self.dtype, device=canvas.device)
         return self.model.decoder.create_diffusion_decoder_attention_mask(
-            config=self.hf.config, inputs_embeds=canvas.unsqueeze(-1), cache=cache, decoder_attention_mask=attention_mask
+            config=self.hf.config, inputs_embeds=shape_only, cache=cache, decoder_attention_mask=attention_mask
         )
 
     def denoise(self, canvas: torch.Tensor, cache, masks: dict, position_ids: torch.Tensor, self_conditioning: torch.Tensor | None) -> torch.Tensor:
