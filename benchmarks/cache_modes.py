@@ -31,9 +31,10 @@ import torch
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.cache import FULL, KVCacheManager
+from engine.cache_modes import cache_modes
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import generate
+from engine import run_diffusion
 from engine.models import LLaDAModelLM
 from engine.pipeline import Engine
 from engine.trace import Trace
@@ -82,7 +83,7 @@ def measure(engine: Engine, prompts: list[list[int]], configs: list[NamedConfig]
     timed: dict[str, list[float]] = {c.name: [] for c in configs}
     calls: dict[str, list] = {}
     for named in configs:  # one untimed warm-up call each
-        generate(engine.model, [prompts[0]], named.config, stop_ids=engine.stop_ids)
+        run_diffusion(engine.model, [prompts[0]], named.config, stop_ids=engine.stop_ids)
     for _ in range(repeats):
         for named in configs:
             calls[named.name] = run_pass(engine, items, prompts, named.config, scorer)
@@ -91,7 +92,7 @@ def measure(engine: Engine, prompts: list[list[int]], configs: list[NamedConfig]
     rows = []
     for named in configs:
         probed = named.config.replace(measure_staleness=True)
-        outs = [generate(engine.model, [ids], probed, stop_ids=engine.stop_ids) for ids in prompts]
+        outs = [run_diffusion(engine.model, [ids], probed, stop_ids=engine.stop_ids) for ids in prompts]
         tokens = [out.token_ids[0] for out in outs]
         reference = reference or tokens
         kls, agrees = [], []
@@ -128,7 +129,7 @@ def persist_cost(d_model: int, n_layers: int, canvas: int, block_length: int, re
     e = s + block_length
     lines = ["| mode | query | ms, merge (dInfer) | ms, persist | persist / merge |", "|---|---|---|---|---|"]
     with torch.inference_mode():
-        for mode in ("prefix", "dual", "vicinity"):
+        for mode in (m.name for m in cache_modes() if not m.exact):  # the modes that read a store
             managers, plans = [], []
             for persist in (False, True):
                 cfg = GenerationConfig(gen_length=block_length, block_length=block_length, cache=mode, warmup=0, persist_window=persist)

@@ -25,11 +25,13 @@ from typing import Any, Callable
 
 import torch
 
+from engine.hooks import RunHooks
 from engine.cache import DUAL, FULL, PREFIX, WINDOW, ForwardPlan, KVCacheManager
+from engine.cache_modes import cache_mode_names
 from engine.runtime.compiled import CompiledLM
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import generate
+from engine import run_diffusion
 from engine.models import DiffusionLM, ModelOutput, model_class
 from engine.models.moe import SparseMoE
 
@@ -289,19 +291,19 @@ def full_generate(
     the same forwards."""
     shape = Shape.of(model)
     rows = []
-    for mode in ("none", "prefix", "dual", "vicinity"):
+    for mode in cache_mode_names():
         config = GenerationConfig(
             gen_length=gen_length, block_length=block_length, decoder="fixed", steps=gen_length // tokens_per_step,
             cache=mode, early_stop=False, use_chat_template=False,
         )
-        traced = generate(model, [prompt], config, trace=True)
+        traced = run_diffusion(model, [prompt], config, hooks=RunHooks(trace=True))
         n = traced.trace.canvas_length
         floor = 0.0
         for rec in traced.trace.iterations:
             a, b = rec.recomputed[0]
             cached = n - (b - a) if rec.forward in (PREFIX, DUAL, WINDOW) else 0
             floor += shape.floor(b - a, n, cached, rec.forward != FULL, bandwidth, flops)["floor_s"]
-        timed = generate(model, [prompt], config).stats
+        timed = run_diffusion(model, [prompt], config).stats
         rows.append(
             {"cache": mode, "nfe": timed.nfe, "tokens": timed.tokens, "tpf": timed.tpf, "tps": timed.tps,
              "ms_per_forward": 1e3 * timed.seconds / timed.nfe, "floor_tps": timed.tokens / floor, "x_floor": timed.seconds / floor}

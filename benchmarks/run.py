@@ -24,7 +24,7 @@ from typing import Any, Callable
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import generate
+from engine import run_diffusion
 from engine.pipeline import Engine
 from engine.stats import GenerationStats
 from tinymodel.eval import answer_prompts
@@ -130,7 +130,7 @@ def benchmark(
     for run in runs:
         encoded = encodings[run.named.config.use_chat_template]
         for i in range(warmup):
-            generate(engine.model, [encoded[i % len(encoded)]], run.named.config, stop_ids=engine.stop_ids)
+            run_diffusion(engine.model, [encoded[i % len(encoded)]], run.named.config, stop_ids=engine.stop_ids)
     for repeat in range(repeats):
         for run in runs:
             config, encoded = run.named.config, encodings[run.named.config.use_chat_template]

@@ -18,9 +18,10 @@ import time
 
 import torch
 
-from engine import GenerationConfig
+from engine import GenerationConfig, RunHooks
 from engine.cli import OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
-from engine.iteration import GenerationCancelled, generate
+from engine.iteration import GenerationCancelled
+from engine import run_diffusion
 from engine.models import LLaDAModelLM
 from tinymodel.tokenizer import build_tokenizer, special_ids
 
@@ -48,7 +49,7 @@ def stop_seconds(model: LLaDAModelLM, canvas: int) -> float:
 
     def work() -> None:
         try:
-            generate(model, [[5] * 8], config, cancel=cancel)
+            run_diffusion(model, [[5] * 8], config, hooks=RunHooks(cancel=cancel))
             outcome.append("finished")
         except GenerationCancelled:
             outcome.append("cancelled")

@@ -22,7 +22,7 @@ import torch
 
 from engine import GenerationConfig
 from engine.cli import DEFAULT_MODEL, OneLineParser, cpu_threads_for
-from engine.iteration import generate
+from engine import run_diffusion
 from engine.models import DiffusionLM, LLaDAModelLM, load_model
 from tinymodel.tokenizer import build_tokenizer, special_ids
 
@@ -38,7 +38,7 @@ def random_llada(d_model: int, layers: int) -> LLaDAModelLM:
 def generate_seconds(model: DiffusionLM, threads: int) -> float:
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    generate(model, [[5] * 16], CONFIG)
+    run_diffusion(model, [[5] * 16], CONFIG)
     return time.perf_counter() - t0
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine import Engine, GenerationConfig, Trace
+from engine import Engine, GenerationConfig, RunHooks, Trace
 from engine.cli import set_cpu_threads
 from engine.cache_modes import cache_modes
 from engine.registry import builtin_decoder_names
@@ -52,7 +52,7 @@ def sample_settings() -> dict[str, dict[str, Any]]:
 
 def generate_sample(engine: Engine, settings: dict[str, Any]) -> Trace:
     """The trace of PROMPT under `settings` (a sample_settings() entry) on `engine`."""
-    return engine.generate(PROMPT, GenerationConfig.from_dict(settings), trace=True).output.trace
+    return engine.generate(PROMPT, GenerationConfig.from_dict(settings), hooks=RunHooks(trace=True)).output.trace
 
 
 def write_samples(model: Path = EMBEDDED_MODEL, out: Path = TRACES) -> list[dict[str, Any]]:

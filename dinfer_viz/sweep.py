@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from engine import Engine, EngineError, GenerationConfig, Trace
+from engine import Engine, EngineError, GenerationConfig, RunHooks, Trace
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
 
@@ -193,7 +193,7 @@ def run_sweep(
                 for answer, ids in zip(answers, encoded):
                     stats = answer.output.stats
                     # the other passes are timed only (traced as the first, so the times compare)
-                    timings = [stats.seconds] + [engine.generate_ids([ids], cfg, trace=True, cancel=cancel).stats.seconds for _ in range(passes - 1)]
+                    timings = [stats.seconds] + [engine.generate_ids([ids], cfg, hooks=RunHooks(trace=True, cancel=cancel)).stats.seconds for _ in range(passes - 1)]
                     outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings)
                     if not answer.correct and kept < MAX_KEPT_FAILURES:
                         kept += 1

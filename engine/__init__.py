@@ -5,14 +5,16 @@
 - decoders: `engine.decoders`
 - KV-cache manager: `engine.cache`
 
-Public API: load_model, load_tokenizer, generate (token level), Engine (text level),
-GenerationConfig, Trace, EngineError. The engine never imports the app.
+Public API: load_model, load_tokenizer, run_diffusion (token level), Engine (text level),
+RunHooks (what a run reports and obeys), GenerationConfig, Trace, EngineError. The engine never imports the app.
 """
 
 from .config import GenerationConfig
 from .decoders import Decoder
 from .errors import EngineError
-from .iteration import GenerationCancelled, GenerationOutput, generate
+from .generation import run_diffusion
+from .hooks import RunHooks
+from .iteration import GenerationCancelled, GenerationOutput
 from .models import load_model, save_model
 from .pipeline import Engine, load_tokenizer
 from .registry import DecoderOption, decoder_names, register_decoder
@@ -29,11 +31,12 @@ __all__ = [
     "GenerationOutput",
     "GenerationStats",
     "IterationRecord",
+    "RunHooks",
     "Trace",
     "decoder_names",
-    "generate",
     "load_model",
     "load_tokenizer",
     "register_decoder",
+    "run_diffusion",
     "save_model",
 ]

@@ -21,6 +21,7 @@ from .config import GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
 from .serving.command import add_serve_command
+from .hooks import RunHooks
 
 
 
@@ -100,7 +101,7 @@ def _generate(args: argparse.Namespace) -> int:
         missing = engine.unencodable(args.prompt, config.use_chat_template)
         if missing:
             print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
-        result = engine.generate(args.prompt, config, trace=bool(args.trace))
+        result = engine.generate(args.prompt, config, hooks=RunHooks(trace=bool(args.trace)))
     out = result.output
     if args.trace:
         Path(args.trace).write_text(out.trace.to_json())

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Iterator
 
 import torch
 
@@ -33,20 +33,14 @@ from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
 from .config import GenerationConfig
 from .decoders import DecodeResult, make_decoder, top_candidates
 from .errors import EngineError
+from .hooks import CancelFlag, RunHooks
 from .models.base import DiffusionLM, ForwardCounters
 from .stats import GenerationStats, count_tokens, generated_mask
-from .trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, IterationRecord, TokenStrings, Trace, TraceRecorder
+from .trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, Trace, TraceRecorder
 
 
 class GenerationCancelled(EngineError):
     """Raised between iterations, or between layers inside a forward, when the caller's cancel event is set."""
-
-
-class CancelFlag(Protocol):
-    """What generate reads from its `cancel`: a threading.Event, or a parallel rank's flag, which
-    must answer each check alike on every rank (engine/runtime/workers.py: RankCancel)."""
-
-    def is_set(self) -> bool: ...
 
 
 @contextlib.contextmanager
@@ -142,24 +136,11 @@ def forward_cost(forward_seconds: float, since: ForwardCounters, comm_seconds: f
     }
 
 
-class _Request:
-    """State of one generate call; `run` is the loop."""
+class _MaskedRun:
+    """State of one masked-diffusion run; `run` is the loop."""
 
-    def __init__(
-        self,
-        model: DiffusionLM,
-        prompts: list[list[int]],
-        config: GenerationConfig,
-        stop_ids: list[int],
-        *,
-        record: bool,
-        on_start: Callable[[Trace], None] | None,
-        on_iteration: Callable[[IterationRecord], None] | None,
-        cancel: CancelFlag | None,
-        model_name: str | None,
-        token_strings: TokenStrings | None,
-    ) -> None:
-        self.model, self.cfg, self.stop_ids = model, config, stop_ids
+    def __init__(self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
+        self.model, self.cfg, self.stop_ids, self.hooks = model, config, stop_ids, hooks
         self.device = model.device
         self.mask_id = model.mask_token_id
         self.prompt_lengths = [len(p) for p in prompts]
@@ -176,12 +157,11 @@ class _Request:
         self.iteration = 0
         self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
-        self.on_start, self.on_iteration, self.cancel = on_start, on_iteration, cancel
         self.trace: Trace | None = None
         self.recorder: TraceRecorder | None = None
-        if record:  # the header, the one place it is built (docs/trace.md)
+        if hooks.records(config.measure_staleness):  # the header, the one place it is built (docs/trace.md)
             self.trace = Trace(
-                model=model_name or getattr(model, "name_or_path", type(model).__name__),
+                model=hooks.model_name or getattr(model, "name_or_path", type(model).__name__),
                 mask_id=self.mask_id,
                 eos_ids=list(stop_ids),
                 prompt_lengths=self.prompt_lengths,
@@ -189,8 +169,9 @@ class _Request:
                 block_length=config.block_length,
                 config=config.to_dict(),
                 initial=self.x.cpu().tolist(),
+                expected=hooks.expected_ids,
             )
-            self.recorder = TraceRecorder(self.trace, token_strings)
+            self.recorder = TraceRecorder(self.trace, hooks.token_strings)
 
     def _inputs(self, a: int, b: int) -> dict[str, torch.Tensor]:
         """The model's input for canvas range `[a, b)`: smoothed embeddings, or token ids."""
@@ -237,7 +218,7 @@ class _Request:
         if self.recorder is not None:
             _sync(self.device)
             seconds = time.perf_counter() - t0 - probe_seconds
-            self._record(block_index, s, e, plan, threshold, result, seconds, measured, cost, logits, masked)
+            self._record(block_index, (s, e), plan, threshold, result, seconds, measured, cost, logits, masked)
         self.iteration += 1
         return plan.kind
 
@@ -259,8 +240,7 @@ class _Request:
     def _record(
         self,
         block_index: int,
-        s: int,
-        e: int,
+        block_range: tuple[int, int],
         plan: ForwardPlan,
         threshold: float,
         result: DecodeResult,
@@ -271,27 +251,15 @@ class _Request:
         masked: torch.Tensor,
     ) -> None:
         t0 = time.perf_counter()
-        extras = {**result.extras, **staleness}
+        s, e = block_range
         candidates = top_candidates(logits, self.mask_id, TOP_CANDIDATES) if e - s <= CANDIDATES_MAX_BLOCK else None
         rec = self.recorder.record(
-            iteration=self.iteration,
-            block=block_index,
-            block_range=(s, e),
-            forward=plan.kind,
-            recomputed=[(plan.start, plan.end)],
+            self.iteration, block_index, block_range, plan, result,
             threshold=threshold if self.decoder.uses_threshold else None,
-            commit=result.commit,
-            forced=result.forced,
-            tokens=result.tokens,
-            confidence=result.confidence,
-            seconds=seconds,
-            extras=extras,
-            cost=cost,
-            candidates=candidates,
-            masked=masked,
+            seconds=seconds, staleness=staleness, cost=cost, candidates=candidates, masked=masked,
         )
-        if self.on_iteration is not None:
-            self.on_iteration(rec)
+        if self.hooks.on_iteration is not None:
+            self.hooks.on_iteration(rec)
         self.excluded_seconds += time.perf_counter() - t0
 
     def _staleness(self, plan: ForwardPlan, s: int, e: int, logits: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -310,8 +278,8 @@ class _Request:
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> GenerationOutput:
         cfg = self.cfg
-        if self.on_start is not None and self.recorder is not None:  # before the clock starts
-            self.on_start(self.recorder.header())
+        if self.hooks.on_start is not None and self.recorder is not None:  # before the clock starts
+            self.hooks.on_start(self.recorder.header())
         meter = _Meter.read(self.model)
         start = time.perf_counter()
         blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
@@ -340,7 +308,7 @@ class _Request:
             self.host_syncs += 1
             if remaining == 0:
                 break
-            if self.cancel is not None and self.cancel.is_set():
+            if self.hooks.cancel is not None and self.hooks.cancel.is_set():
                 raise GenerationCancelled("generation cancelled")
             group = min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll) if cfg.unroll else 1
             for _ in range(group):
@@ -394,41 +362,7 @@ class _Request:
         return GenerationOutput(self.x, self.prompt_lengths, token_ids, stats, self.trace)
 
 
-@torch.inference_mode()
-def generate(
-    model: DiffusionLM,
-    prompts: list[list[int]],
-    config: GenerationConfig,
-    *,
-    stop_ids: list[int] | None = None,
-    trace: bool = False,
-    on_start: Callable[[Trace], None] | None = None,
-    on_iteration: Callable[[IterationRecord], None] | None = None,
-    cancel: CancelFlag | None = None,
-    max_tokens: int | None = None,
-    model_name: str | None = None,
-    token_strings: TokenStrings | None = None,
-) -> GenerationOutput:
-    """Generate for a batch of tokenised prompts.
-
-    `stop_ids`: the ids that end a row (EOS first, then EoT); defaults to the model's EOS.
-    `trace`: record one IterationRecord per iteration; `on_start` is called once with the header
-    (before the first forward) and `on_iteration` with each record, either of which turns the trace
-    on, as `config.measure_staleness` does (the trace is where the staleness goes).
-    `model_name` names the model in the header (default: its path or class) and `token_strings`
-    fills the header's `tokens` as ids appear (default: empty); `Engine.generate` passes both.
-    `cancel`: checked between groups of iterations and between layers; when set,
-    GenerationCancelled is raised. `max_tokens`: a caller's bound on the canvas (prompt + gen_length),
-    besides the model's own (`check_canvas`).
-    """
-    check_request(model, prompts, config, max_tokens)
-    if model.device.type == "meta":
-        raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
-    stop_ids = stop_ids or [model.eos_token_id]
-    record = trace or on_start is not None or on_iteration is not None or config.measure_staleness
-    request = _Request(
-        model, prompts, config, stop_ids, record=record, on_start=on_start, on_iteration=on_iteration,
-        cancel=cancel, model_name=model_name, token_strings=token_strings,
-    )
-    with cancel_between_layers(model, cancel):
-        return request.run()
+def run_masked_diffusion(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> GenerationOutput:
+    """The masked-diffusion loop on a checked request (engine/generation.py: `run_diffusion` checks,
+    then calls the loop of the model's kind)."""
+    return _MaskedRun(model, prompts, config, stop_ids, hooks).run()

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Callable
 
 import torch
 
-from .runtime.compiled import CompiledLM, check_options
 from .config import GenerationConfig
 from .errors import EngineError
-from .iteration import CancelFlag, GenerationOutput, check_request, generate
+from .generation import run_diffusion
+from .hooks import NO_HOOKS, RunHooks
+from .iteration import GenerationOutput, check_request
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
+from .runtime.compiled import CompiledLM, check_options
 from .runtime.parallel import check_degrees, shard_model
-from .trace import IterationRecord, Trace
-from .runtime.workers import Generate, WorkerGroup
+from .runtime.workers import RankGenerate, WorkerGroup
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
 _END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
@@ -69,7 +68,7 @@ class TextResult:
         return self.texts[0]
 
 
-def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, compile: bool, device: str) -> Generate:
+def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, compile: bool, device: str) -> RankGenerate:
     """In a worker process (engine/runtime/workers.py), its process group joined: this rank's one-process
     Engine on `device`, cut to its shard; its token-level generate. (A compiled engine compiles on
     its first forward, so it compiles the shard.)"""
@@ -165,41 +164,34 @@ class Engine:
         """id -> displayable string, for the trace's `tokens` (the engine asks as ids appear)."""
         return {str(i): self.tokenizer.convert_ids_to_tokens(i) or "" for i in sorted(ids)}
 
+    def answer_ids(self, answer: str) -> list[int]:
+        """The ids a generation holds from the prompt's end when it gives `answer`: the answer
+        (no chat template), then the first stop id."""
+        return list(self.encode(answer, use_chat_template=False)) + [self.stop_ids[0]]
+
     def generate(
-        self,
-        prompts: str | list[str],
-        config: GenerationConfig,
-        *,
-        trace: bool = False,
-        on_start: Callable[[Trace], None] | None = None,
-        on_iteration: Callable[[IterationRecord], None] | None = None,
-        cancel: threading.Event | None = None,
+        self, prompts: str | list[str], config: GenerationConfig, hooks: RunHooks = NO_HOOKS, *, expected: str | list[str] | None = None
     ) -> TextResult:
-        """Encode (once), generate (which validates `config`), decode. `on_start` gets the trace
-        header, named and with token strings, before the first forward; see engine.generate."""
+        """Encode (once), generate (which validates `config`), decode. `expected`: an answer per
+        prompt (one string for all) that the trace header carries as ids (`Trace.expected`, its
+        strings in `tokens`) for a viewer; see engine.run_diffusion for `hooks`."""
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
-        out = self.generate_ids(encoded, config, trace=trace, on_start=on_start, on_iteration=on_iteration, cancel=cancel)
+        if expected is not None:
+            answers = [expected] * len(batch) if isinstance(expected, str) else list(expected)
+            if len(answers) != len(batch):
+                raise EngineError(f"{len(answers)} expected answers for {len(batch)} prompts")
+            hooks = hooks.but(expected_ids=[self.answer_ids(a) if a else [] for a in answers])
+        out = self.generate_ids(encoded, config, hooks)
         return TextResult([self.decode(ids) for ids in out.token_ids], out)
 
-    def generate_ids(
-        self,
-        prompts: list[list[int]],
-        config: GenerationConfig,
-        *,
-        trace: bool = False,
-        on_start: Callable[[Trace], None] | None = None,
-        on_iteration: Callable[[IterationRecord], None] | None = None,
-        cancel: CancelFlag | None = None,
-    ) -> GenerationOutput:
-        """engine.generate on token ids, with this engine's stop ids, limit, name and token strings;
-        on a parallel engine, in its workers (the output's canvas then on the CPU)."""
+    def generate_ids(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks = NO_HOOKS) -> GenerationOutput:
+        """engine.run_diffusion on token ids, with this engine's stop ids, limit, name and token
+        strings; on a parallel engine, in its workers (the output's canvas then on the CPU)."""
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
+        hooks = hooks.but(max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings)
         if self._workers is None:
-            return generate(
-                self._forward_model, prompts, config, stop_ids=self.stop_ids, trace=trace, on_start=on_start, on_iteration=on_iteration,
-                cancel=cancel, max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings,
-            )
+            return run_diffusion(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks)
         check_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
-        return self._workers.generate(prompts, config, trace=trace, on_start=on_start, on_iteration=on_iteration, cancel=cancel)
+        return self._workers.run_request(prompts, config, hooks)

@@ -41,11 +41,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from .errors import EngineError
+
+if TYPE_CHECKING:  # the recorder reads these objects' fields; the modules import nothing from here
+    from .cache import ForwardPlan
+    from .decoders import DecodeResult
 
 TRACE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no revisions, no uniform steps, no expected answer
@@ -222,7 +226,7 @@ class TraceRecorder:
 
     def __init__(self, trace: Trace, token_strings: TokenStrings | None = None) -> None:
         self.trace, self.token_strings = trace, token_strings
-        self._add_tokens({i for row in trace.initial for i in row} | set(trace.eos_ids) | {trace.mask_id})
+        self._add_tokens({i for row in trace.initial for i in row} | set(trace.eos_ids) | {trace.mask_id} | {i for row in trace.expected or [] for i in row})
 
     def _add_tokens(self, ids: set[int]) -> None:
         new = {i for i in ids if str(i) not in self.trace.tokens} if self.token_strings is not None else None
@@ -241,44 +245,45 @@ class TraceRecorder:
 
     def record(
         self,
-        *,
         iteration: int,
         block: int,
         block_range: tuple[int, int],
-        forward: str,
-        recomputed: list[tuple[int, int]],
+        plan: "ForwardPlan",
+        result: "DecodeResult",
+        *,
         threshold: float | None,
-        commit: torch.Tensor,
-        forced: torch.Tensor,
-        tokens: torch.Tensor,
-        confidence: torch.Tensor,
         seconds: float,
-        extras: dict[str, torch.Tensor],
+        staleness: dict[str, torch.Tensor],
         cost: dict[str, Any] | None = None,
         candidates: tuple[torch.Tensor, torch.Tensor] | None = None,
         masked: torch.Tensor | None = None,
+        revisions: list[list[Revision]] | None = None,
     ) -> IterationRecord:
-        """One record from the iteration's tensors; `candidates` (ids, probs `[B, W, k]`) are kept
-        at the positions `masked` (`[B, W]`) held before the forward."""
+        """One record from an iteration's forward `plan` and decode `result` (device tensors);
+        `candidates` (ids, probs `[B, W, k]`) are kept at the positions `masked` (`[B, W]`) held
+        before the forward; `staleness` joins the decoder's extras; `revisions`: per row, what the
+        iteration changed among committed positions (None: the decoder never revises)."""
         t0 = time.perf_counter()
         s = block_range[0]
         rec = IterationRecord(
             iteration=iteration,
             block=block,
             block_range=list(block_range),
-            forward=forward,
-            recomputed=[list(r) for r in recomputed],
+            forward=plan.kind,
+            recomputed=[[plan.start, plan.end]],
             threshold=threshold,
-            committed=[(row.nonzero().flatten() + s).tolist() for row in commit.cpu()],
-            forced=[(row.nonzero().flatten() + s).tolist() for row in forced.cpu()],
-            top1=tokens.cpu().tolist(),
-            confidence=[[round(c, 4) for c in row] for row in confidence.float().cpu().tolist()],
+            committed=[(row.nonzero().flatten() + s).tolist() for row in result.commit.cpu()],
+            forced=[(row.nonzero().flatten() + s).tolist() for row in result.forced.cpu()],
+            top1=result.tokens.cpu().tolist(),
+            confidence=[[round(c, 4) for c in row] for row in result.confidence.float().cpu().tolist()],
             seconds=seconds,
-            extras={k: _jsonable(v) for k, v in extras.items()},
+            extras={k: _jsonable(v) for k, v in {**result.extras, **staleness}.items()},
             cost=cost,
             candidates=_candidate_lists(candidates, masked) if candidates is not None and masked is not None else None,
+            revisions=[[r.to_dict() for r in row] for row in revisions] if revisions is not None else None,
         )
-        self._add_tokens({i for row in rec.top1 for i in row} | {pair[0] for row in rec.candidates or [] for pairs in row for pair in pairs})
+        revised = {r["new"] for row in rec.revisions or [] for r in row} | {r["old"] for row in rec.revisions or [] for r in row}
+        self._add_tokens({i for row in rec.top1 for i in row} | {pair[0] for row in rec.candidates or [] for pairs in row for pair in pairs} | revised)
         self.trace.iterations.append(rec)
         self.trace.trace_seconds += time.perf_counter() - t0
         return rec

@@ -20,7 +20,7 @@ from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.ui import Handlers
 from dinfer_viz.host import EngineHost, ModelSpec
-from engine import GenerationConfig, Trace
+from engine import GenerationConfig, RunHooks, Trace
 
 from .app_support import handmade_trace, launch_app
 
@@ -50,7 +50,7 @@ def app(tmp_path_factory):
 def direct(app, prompt, config):
     """The same generation straight through the engine, for comparison."""
     with app.host.lock:
-        return app.host.get(app.host.default).generate(prompt, config, trace=True)
+        return app.host.get(app.host.default).generate(prompt, config, hooks=RunHooks(trace=True))
 
 
 def live_frames(frames: list) -> list[dict]:

@@ -24,7 +24,7 @@ from dinfer_viz.host import DISTILLED, EngineHost, ModelSpec, embedded_models
 from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW
 from dinfer_viz.ui import Handlers
-from engine import Engine, EngineError, GenerationConfig
+from engine import Engine, EngineError, GenerationConfig, RunHooks
 
 from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, app_model, launch_app, random_char_model
 
@@ -47,7 +47,7 @@ def handlers(models) -> Handlers:
 
 def solo(path: str, config: dict) -> list[int]:
     """The final canvas of `PROMPT` generated on a fresh engine of that model alone."""
-    return Engine(path).generate(PROMPT, GenerationConfig(**config), trace=True).output.trace.final[0]
+    return Engine(path).generate(PROMPT, GenerationConfig(**config), hooks=RunHooks(trace=True)).output.trace.final[0]
 
 
 def last(frames) -> dict:

@@ -25,7 +25,7 @@ from dinfer_viz.system import offered_options
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_VIEW
 from dinfer_viz.ui import Handlers
-from engine import EngineError
+from engine import EngineError, RunHooks
 
 from .app_support import app_model
 
@@ -103,7 +103,7 @@ def test_sweep_tps_is_the_median_of_passes_of_identical_greedy_runs(handlers):
     with handlers.host.lock:
         engine = handlers.host.get(spec)
         ids = [engine.encode(e.prompt, config.use_chat_template) for e in examples]
-        runs = [engine.generate_ids(ids[:1], config.replace(threshold=0.5), trace=True) for _ in range(3)]
+        runs = [engine.generate_ids(ids[:1], config.replace(threshold=0.5), hooks=RunHooks(trace=True)) for _ in range(3)]
     assert all(r.token_ids == runs[0].token_ids and r.stats.nfe == runs[0].stats.nfe for r in runs)
     assert all([rec.committed for rec in r.trace.iterations] == [rec.committed for rec in runs[0].trace.iterations] for r in runs)
 

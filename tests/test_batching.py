@@ -13,7 +13,7 @@ import pytest
 from dinfer_viz.batching import RowView, RunBatcher, batch_key
 from dinfer_viz.events import Finished, Started, Waiting
 from dinfer_viz.host import EngineHost, ModelSpec
-from engine import Engine, GenerationConfig
+from engine import Engine, GenerationConfig, RunHooks
 from engine.cli import DEFAULT_MODEL
 
 # held-out and training prompts of the same length (12 characters), different answers and speeds
@@ -27,7 +27,7 @@ def engine() -> Engine:
 
 
 def solo(engine: Engine, prompt: str, config: GenerationConfig):
-    return engine.generate(prompt, config, trace=True)
+    return engine.generate(prompt, config, hooks=RunHooks(trace=True))
 
 
 @pytest.mark.parametrize(
@@ -46,11 +46,7 @@ def test_each_row_of_a_batch_is_its_solo_run(engine, settings):
     encoded = [engine.encode(p) for p in PROMPTS]
     assert len({len(ids) for ids in encoded}) == 1
     views: list[RowView] = []
-    out = engine.generate_ids(
-        encoded, config, trace=True,
-        on_start=lambda header: views.extend(RowView(header, r) for r in range(len(PROMPTS))),
-        on_iteration=lambda rec: [view.record(rec) for view in views],
-    )
+    out = engine.generate_ids(encoded, config, hooks=RunHooks(trace=True, on_start=lambda header: views.extend(RowView(header, r) for r in range(len(PROMPTS))), on_iteration=lambda rec: [view.record(rec) for view in views]))
     for row, (prompt, view) in enumerate(zip(PROMPTS, views)):
         alone = solo(engine, prompt, config)
         mine = view.result(out, engine.decode(out.token_ids[row]))

@@ -4,7 +4,7 @@ token; the masked store is exact where a zero-padded one is not; forwards are co
 import pytest
 import torch
 
-from engine import GenerationConfig, generate
+from engine import GenerationConfig, RunHooks, run_diffusion
 from engine.cache import block_causal_mask
 from engine.errors import EngineError
 
@@ -31,8 +31,8 @@ def model():
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 def test_cached_path_equals_the_attention_mask_path(model, prompts, variant):
     config = GenerationConfig(gen_length=12, block_length=4, early_stop=False, **variant)
-    reference = generate(model, prompts, config.replace(cache="none"), trace=True)
-    cached = generate(model, prompts, config.replace(cache="prefix"), trace=True)
+    reference = run_diffusion(model, prompts, config.replace(cache="none"), hooks=RunHooks(trace=True))
+    cached = run_diffusion(model, prompts, config.replace(cache="prefix"), hooks=RunHooks(trace=True))
     assert cached.canvas.equal(reference.canvas)
     assert (cached.canvas != MASK).all()
     assert {r.forward for r in reference.trace.iterations} == {"full"}
@@ -57,7 +57,7 @@ def test_masked_store_is_exact_and_a_zero_padded_one_is_not(model):
 
 def test_staleness_probe_measures_the_cache_as_exact(model):
     config = GenerationConfig(gen_length=8, block_length=4, cache="prefix", measure_staleness=True)
-    out = generate(model, PROMPTS["batch, prefill"], config)
+    out = run_diffusion(model, PROMPTS["batch, prefill"], config)
     kl = [v for r in out.trace.iterations for row in r.extras["staleness_kl"] for v in row]
     agree = [v for r in out.trace.iterations for row in r.extras["staleness_agree"] for v in row]
     assert max(kl) < 1e-6 and all(agree)
@@ -74,7 +74,7 @@ def _final_kv_forwards(trace, last_block: int) -> int:
 @pytest.mark.parametrize("variant", ["threshold", "unrolled"])
 def test_forwards_are_counted_prefill_iterations_and_final_block_kv(model, variant):
     config = GenerationConfig(gen_length=12, block_length=4, cache="prefix", early_stop=False, **VARIANTS[variant])
-    out = generate(model, PROMPTS["batch, prefill"], config, trace=True)
+    out = run_diffusion(model, PROMPTS["batch, prefill"], config, hooks=RunHooks(trace=True))
     blocks = sorted({r.block for r in out.trace.iterations})
     finals = _final_kv_forwards(out.trace, blocks[-1])
     assert out.stats.nfe == 1 + len(out.trace.iterations) + finals  # 1: the prefill of [0, 4)
@@ -87,18 +87,18 @@ def test_forwards_are_counted_prefill_iterations_and_final_block_kv(model, varia
 def test_early_stop_fills_the_rest_with_eos_on_both_paths(model):
     prompts = PROMPTS["batch, prefill"]
     config = GenerationConfig(gen_length=12, block_length=4, early_stop=False)
-    free = generate(model, prompts, config)
+    free = run_diffusion(model, prompts, config)
     stop = int(free.canvas[0, 8])  # a token row 0 generates in its first block [8, 12)
     runs = {
-        cache: generate(model, prompts, config.replace(cache=cache, early_stop=True), stop_ids=[stop, EOS])
+        cache: run_diffusion(model, prompts, config.replace(cache=cache, early_stop=True), stop_ids=[stop, EOS])
         for cache in ("none", "prefix")
     }
     assert runs["none"].canvas.equal(runs["prefix"].canvas)
     assert (runs["prefix"].canvas[0, 12:] == stop).all()
-    assert runs["prefix"].stats.nfe < generate(model, prompts, config.replace(cache="prefix"), stop_ids=[stop, EOS]).stats.nfe
+    assert runs["prefix"].stats.nfe < run_diffusion(model, prompts, config.replace(cache="prefix"), stop_ids=[stop, EOS]).stats.nfe
 
 
 @pytest.mark.parametrize("setting", [dict(cache="dual"), dict(cache="vicinity"), dict(align_blocks=False)])
 def test_settings_that_do_not_apply_are_refused(model, setting):
     with pytest.raises(EngineError):
-        generate(model, [[1, 2, 3]], GenerationConfig(gen_length=8, block_length=4, **setting))
+        run_diffusion(model, [[1, 2, 3]], GenerationConfig(gen_length=8, block_length=4, **setting))

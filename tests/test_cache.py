@@ -4,10 +4,11 @@ against no cache, the staleness probe, persist_window, and the forward count per
 import pytest
 import torch
 
+from engine.hooks import RunHooks
 from engine.cache import DUAL, FULL, PREFIX, REFRESH, WINDOW, KVCacheManager, staleness
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import generate
+from engine import run_diffusion
 
 from .conftest import tiny_llada
 
@@ -98,8 +99,8 @@ def test_later_refresh_overwrites_the_same_store():
 @pytest.mark.parametrize("persist", [False, True])
 def test_vicinity_without_look_or_warmup_equals_dual(persist):
     model = tiny_llada()
-    dual = generate(model, PROMPTS, config(cache="dual", persist_window=persist))
-    vicinity = generate(model, PROMPTS, config(cache="vicinity", prefix_look=0, after_look=0, warmup=0, persist_window=persist))
+    dual = run_diffusion(model, PROMPTS, config(cache="dual", persist_window=persist))
+    vicinity = run_diffusion(model, PROMPTS, config(cache="vicinity", prefix_look=0, after_look=0, warmup=0, persist_window=persist))
     assert vicinity.token_ids == dual.token_ids
     assert torch.equal(vicinity.canvas, dual.canvas)
     assert vicinity.stats.nfe == dual.stats.nfe
@@ -110,8 +111,8 @@ def test_vicinity_without_look_or_warmup_equals_dual(persist):
 def test_refresh_every_iteration_gives_the_no_cache_tokens(mode, decoder):
     model = tiny_llada()
     settings = dict(decoder=decoder, steps=16)
-    reference = generate(model, PROMPTS, config(cache="none", **settings))
-    cached = generate(model, PROMPTS, config(cache=mode, refresh_every=1, **settings), trace=True)
+    reference = run_diffusion(model, PROMPTS, config(cache="none", **settings))
+    cached = run_diffusion(model, PROMPTS, config(cache=mode, refresh_every=1, **settings), hooks=RunHooks(trace=True))
     assert torch.equal(cached.canvas, reference.canvas)
     assert {r.forward for r in cached.trace.iterations} <= {FULL, REFRESH}
 
@@ -120,8 +121,8 @@ def test_without_refreshes_the_cached_modes_do_differ_from_no_cache():
     """Guards the test above: on this model the cache's staleness is large enough to change tokens,
     so equality there comes from the refreshes, not from an insensitive model."""
     model = tiny_llada()
-    reference = generate(model, PROMPTS, config(cache="none"))
-    assert any(not torch.equal(generate(model, PROMPTS, config(cache=m)).canvas, reference.canvas) for m in CACHED_MODES)
+    reference = run_diffusion(model, PROMPTS, config(cache="none"))
+    assert any(not torch.equal(run_diffusion(model, PROMPTS, config(cache=m)).canvas, reference.canvas) for m in CACHED_MODES)
 
 
 @pytest.mark.parametrize("mode", CACHED_MODES)
@@ -130,8 +131,8 @@ def test_one_layer_model_caches_exactly(mode):
     change between refreshes, so every cached forward is exact: no-cache tokens, zero staleness.
     This checks the replaced ranges and positions of every mode end to end."""
     model = tiny_llada(n_layers=1)
-    reference = generate(model, PROMPTS, config(cache="none"))
-    cached = generate(model, PROMPTS, config(cache=mode, measure_staleness=True))
+    reference = run_diffusion(model, PROMPTS, config(cache="none"))
+    cached = run_diffusion(model, PROMPTS, config(cache=mode, measure_staleness=True))
     assert torch.equal(cached.canvas, reference.canvas)
     assert max(max(row) for r in cached.trace.iterations for row in r.extras["staleness_kl"]) == 0.0
 
@@ -140,9 +141,9 @@ def test_one_layer_model_caches_exactly(mode):
 @pytest.mark.parametrize("mode", CACHED_MODES)
 def test_post_rope_ordering_generates_the_same_tokens(mode, persist):
     model = tiny_llada()
-    pre = generate(model, PROMPTS, config(cache=mode))
+    pre = run_diffusion(model, PROMPTS, config(cache=mode))
     model.kv_rope = "post"
-    assert torch.equal(generate(model, PROMPTS, config(cache=mode, persist_window=persist)).canvas, pre.canvas)
+    assert torch.equal(run_diffusion(model, PROMPTS, config(cache=mode, persist_window=persist)).canvas, pre.canvas)
 
 
 # ---- staleness ----------------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_staleness_of_a_known_pair_and_mask_excluded():
 @pytest.mark.parametrize("mode", CACHED_MODES)
 def test_staleness_is_recorded_without_a_trace_request_and_is_zero_only_where_exact(mode):
     model = tiny_llada()
-    out = generate(model, PROMPTS, config(cache=mode, measure_staleness=True))
+    out = run_diffusion(model, PROMPTS, config(cache=mode, measure_staleness=True))
     assert out.trace is not None  # measure_staleness alone records the trace
     records = out.trace.iterations
     kl = {r.iteration: [v for row in r.extras["staleness_kl"] for v in row] for r in records}
@@ -176,7 +177,7 @@ def test_staleness_is_recorded_without_a_trace_request_and_is_zero_only_where_ex
     assert all(v == 0.0 for i in exact for v in kl[i]) and all(all(agree[i]) for i in exact)
     assert all(v >= 0.0 for i in cached for v in kl[i])
     assert max(v for i in cached for v in kl[i]) > 1e-3  # a two-layer cache is stale after a decode
-    assert generate(model, PROMPTS, config(cache=mode)).trace is None
+    assert run_diffusion(model, PROMPTS, config(cache=mode)).trace is None
 
 
 # ---- persist_window -------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_persist_window_never_changes_tokens_or_staleness(mode, smoothing):
     """Between two refreshes every cached forward has the same query range, so a persisted slot is
     overwritten before anything reads it: persisting saves the merge copy, and changes no logit."""
     model = tiny_llada()
-    runs = [generate(model, PROMPTS, config(cache=mode, smoothing=smoothing, measure_staleness=True, persist_window=p)) for p in (False, True)]
+    runs = [run_diffusion(model, PROMPTS, config(cache=mode, smoothing=smoothing, measure_staleness=True, persist_window=p)) for p in (False, True)]
     assert torch.equal(runs[0].canvas, runs[1].canvas)
     kls = [[r.extras["staleness_kl"] for r in run.trace.iterations] for run in runs]
     assert kls[0] == kls[1]
@@ -252,7 +253,7 @@ FORWARD_COUNTS = [
 def test_forward_count_per_block(changes, expected):
     model = tiny_llada()
     cfg = config(**{**dict(gen_length=16, decoder="fixed", steps=8, prefix_look=2, after_look=2), **changes})
-    out = generate(model, [list(range(1, 9))], cfg, trace=True)
+    out = run_diffusion(model, [list(range(1, 9))], cfg, hooks=RunHooks(trace=True))
     per_block = ["".join(KIND_LETTER[r.forward] for r in out.trace.iterations if r.block == b) for b in (0, 1)]
     assert "|".join(per_block) == expected
     assert out.stats.nfe == len(expected) - 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch._inductor.config
 
-from engine import Engine, EngineError, GenerationConfig, generate, save_model
+from engine import Engine, EngineError, GenerationConfig, RunHooks, run_diffusion, save_model
 from engine.__main__ import main as cli
 from engine.runtime.compiled import CompiledLM, bucket
 from engine.models.moe import SparseMoE
@@ -157,8 +157,8 @@ def test_padded_block_causal_forwards_keep_the_callers_mask():
 def test_compiled_generation_decides_what_the_plain_one_decides(dense, decoder, cache):
     model, compiled = dense
     config = _config(cache=cache, **DECODERS[decoder])
-    plain = generate(model, PROMPTS, config, trace=True)
-    out = generate(compiled, PROMPTS, config, trace=True)
+    plain = run_diffusion(model, PROMPTS, config, hooks=RunHooks(trace=True))
+    out = run_diffusion(compiled, PROMPTS, config, hooks=RunHooks(trace=True))
     assert out.token_ids == plain.token_ids and out.stats.nfe == plain.stats.nfe
     assert [r.committed for r in out.trace.iterations] == [r.committed for r in plain.trace.iterations]
     assert [r.forward for r in out.trace.iterations] == [r.forward for r in plain.trace.iterations]
@@ -171,11 +171,11 @@ def test_compiled_generation_decides_what_the_plain_one_decides(dense, decoder, 
 def test_after_warm_up_a_generation_compiles_nothing_and_each_bucket_compiled_once(dense):
     model, compiled = dense
     config = _config(cache="prefix")
-    generate(compiled, PROMPTS, config)  # warm (a no-op when the cases above ran)
-    out = generate(compiled, OTHER_PROMPTS, config, trace=True)
+    run_diffusion(compiled, PROMPTS, config)  # warm (a no-op when the cases above ran)
+    out = run_diffusion(compiled, OTHER_PROMPTS, config, hooks=RunHooks(trace=True))
     assert out.stats.compiles == 0 and out.stats.compile_seconds == 0
     assert all(r.cost["compiles"] == 0 for r in out.trace.iterations)
-    assert out.token_ids == generate(model, OTHER_PROMPTS, config).token_ids
+    assert out.token_ids == run_diffusion(model, OTHER_PROMPTS, config).token_ids
     assert compiled.counters.compiles == len(compiled.buckets)  # no bucket was ever compiled twice
 
 
@@ -183,7 +183,7 @@ def test_a_compiled_moe_decides_what_the_plain_one_decides():
     model = tiny_llada_moe()
     compiled = CompiledLM(model, compile=True)
     config = _config(cache="dual")
-    assert generate(compiled, PROMPTS, config).token_ids == generate(model, PROMPTS, config).token_ids
+    assert run_diffusion(compiled, PROMPTS, config).token_ids == run_diffusion(model, PROMPTS, config).token_ids
     assert compiled.counters.compiles == len(compiled.buckets) == 2  # the refresh, and the dual forward
 
 
@@ -201,9 +201,9 @@ def test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_a
     config = _config(cache="none")
     prompts = ["Q: 48+57=? A:", "Q: 3+4=? A:"]
     with Engine(tiny_folder) as one, Engine(tiny_folder, tp_size=2, compile=True) as two:
-        first = two.generate(prompts, config, trace=True).output
-        again = two.generate(prompts, config, trace=True).output
-        plain = one.generate(prompts, config, trace=True).output
+        first = two.generate(prompts, config, hooks=RunHooks(trace=True)).output
+        again = two.generate(prompts, config, hooks=RunHooks(trace=True)).output
+        plain = one.generate(prompts, config, hooks=RunHooks(trace=True)).output
     assert first.token_ids == again.token_ids == plain.token_ids
     assert first.stats.compiles >= 1 and again.stats.compiles == 0 and again.stats.comm_seconds > 0
     for record in again.trace.iterations:
@@ -243,9 +243,9 @@ def test_cuda_graphs_replay_one_capture_per_bucket_and_keep_the_tokens(compile, 
     model = tiny_llada().cuda()
     graphed = CompiledLM(model, compile=compile, cuda_graphs=True)
     config = _config(cache=cache)
-    assert generate(graphed, PROMPTS, config).token_ids == generate(model, PROMPTS, config).token_ids
-    out = generate(graphed, OTHER_PROMPTS, config, trace=True)
-    assert out.token_ids == generate(model, OTHER_PROMPTS, config).token_ids
+    assert run_diffusion(graphed, PROMPTS, config).token_ids == run_diffusion(model, PROMPTS, config).token_ids
+    out = run_diffusion(graphed, OTHER_PROMPTS, config, hooks=RunHooks(trace=True))
+    assert out.token_ids == run_diffusion(model, OTHER_PROMPTS, config).token_ids
     assert out.stats.captures == 0 and out.stats.graph_replays == out.stats.nfe
     assert all(r.cost["graph_replay"] for r in out.trace.iterations)
     assert graphed.counters.captures == len(graphed.buckets)

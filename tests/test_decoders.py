@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import EngineError, GenerationConfig, generate, save_model
+from engine import EngineError, GenerationConfig, RunHooks, run_diffusion, save_model
 from engine.__main__ import main as cli_main
 from engine.decoders import make_decoder
 from engine.registry import decoder_names, load_plugins
@@ -350,10 +350,7 @@ def test_factor_matches_the_reference_loop_on_random_blocks():
 
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_every_decoder_generates_to_the_end_with_small_json_extras(name):
-    out = generate(
-        tiny_llada(), [[1, 2, 3], [4, 5]], GenerationConfig(decoder=name, gen_length=16, block_length=8, early_stop=False),
-        trace=True,
-    )
+    out = run_diffusion(tiny_llada(), [[1, 2, 3], [4, 5]], GenerationConfig(decoder=name, gen_length=16, block_length=8, early_stop=False), hooks=RunHooks(trace=True))
     assert (out.canvas != TINY_CONFIG["mask_token_id"]).all()
     expected = {"hierarchical": {"runs", "anchors"}, "credit": {"credit", "raw_confidence"}, "factor": {"rank", "factor_threshold"}}
     for rec in out.trace.iterations:
@@ -377,7 +374,7 @@ def test_example_plugin_registers_and_follows_its_rule():
     # it commits too; conf(0.5) comes after 1.6 + nats: not
     assert r.commit.tolist() == [[True, True, True, False]]
     assert decode("entropy", logits_for([[conf(0.3), conf(0.4)]]), mask(["mm"]), threshold=0.99).commit.tolist() == [[False, True]]
-    out = generate(tiny_llada(), [[1, 2, 3]], GenerationConfig(decoder="entropy", gen_length=16, block_length=8, early_stop=False))
+    out = run_diffusion(tiny_llada(), [[1, 2, 3]], GenerationConfig(decoder="entropy", gen_length=16, block_length=8, early_stop=False))
     assert (out.canvas != TINY_CONFIG["mask_token_id"]).all()
 
 

@@ -22,7 +22,7 @@ from dinfer_viz.cache_figure import (
 )
 from dinfer_viz.details import position_details, rule_text
 from dinfer_viz.timeline import Timeline
-from engine import Engine, EngineError, GenerationConfig
+from engine import Engine, EngineError, GenerationConfig, RunHooks
 
 from .app_support import app_model, handmade_trace
 
@@ -37,7 +37,7 @@ def engine(tmp_path_factory) -> Engine:
 
 def _run(engine: Engine, **settings) -> Timeline:
     config = GenerationConfig(gen_length=16, block_length=8, measure_staleness=True, **settings)
-    return Timeline(engine.generate(PROMPT, config, trace=True).output.trace)
+    return Timeline(engine.generate(PROMPT, config, hooks=RunHooks(trace=True)).output.trace)
 
 
 def _masked_before(timeline: Timeline, p: int, i: int) -> bool:

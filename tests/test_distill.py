@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import EngineError, GenerationConfig, generate, load_model, load_tokenizer
+from engine import EngineError, GenerationConfig, RunHooks, load_model, load_tokenizer, run_diffusion
 from tinymodel.distill import (
     PairSampler,
     Trajectory,
@@ -42,7 +42,7 @@ def _committing_records(trace, row: int) -> list[int]:
 def test_replaying_the_commits_rebuilds_every_canvas_of_the_trace(model, decoder):
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11], [12]]  # different lengths: each row generates from its own end
     config = GenerationConfig(gen_length=16, block_length=8, decoder=decoder, threshold=0.3, early_stop=False)
-    trace = generate(model, prompts, config, trace=True).trace
+    trace = run_diffusion(model, prompts, config, hooks=RunHooks(trace=True)).trace
     for row, t in enumerate(_trajectories(trace)):
         assert t.prompt_ids == prompts[row]
         assert t.final() == trace.final[row]
@@ -60,7 +60,7 @@ def test_early_stop_fill_is_step_zero_and_joins_only_the_final_canvas():
     script = [1, 2, 3, 5, 6, EOS, 7, 8] + [9] * 11
     strength = [0.0] * 3 + [12.0, 12.0, 12.0, 1.0, 0.5] + [12.0] * 11
     config = GenerationConfig(gen_length=16, block_length=8, threshold=0.9)
-    trace = generate(ScriptedLM(script, strength), [[1, 2, 3]], config, trace=True).trace
+    trace = run_diffusion(ScriptedLM(script, strength), [[1, 2, 3]], config, hooks=RunHooks(trace=True)).trace
     (t,) = _trajectories(trace)
     assert t.steps[:5] == [1, 1, 1, 2, 3] and t.steps[5:] == [0] * 11
     assert t.final() == trace.final[0] == [1, 2, 3, 5, 6, EOS, 7, 8] + [EOS] * 11
@@ -70,7 +70,7 @@ def test_early_stop_fill_is_step_zero_and_joins_only_the_final_canvas():
 
 def test_the_file_round_trips_and_refuses_bad_lines(tmp_path, model):
     config = GenerationConfig(gen_length=16, block_length=8, threshold=0.3)
-    trajectories = _trajectories(generate(model, [[3, 4], [5, 6, 7]], config, trace=True).trace)
+    trajectories = _trajectories(run_diffusion(model, [[3, 4], [5, 6, 7]], config, hooks=RunHooks(trace=True)).trace)
     path = tmp_path / "t.jsonl"
     save_trajectories(path, trajectories)
     assert load_trajectories(path) == trajectories
@@ -103,7 +103,7 @@ def test_sample_steps_draws_every_pair_more_than_one_step_apart_and_no_other():
 
 def test_pairs_target_exactly_what_the_forwards_wrote_between_the_two_states(model):
     config = GenerationConfig(gen_length=24, block_length=8, threshold=0.5)
-    trace = generate(model, [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13]], config, trace=True).trace
+    trace = run_diffusion(model, [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13]], config, hooks=RunHooks(trace=True)).trace
     trajectories = _trajectories(trace, "add") + [Trajectory("sub", "s", "p", "a", 49, [3], [7, 8], [1, 1])]  # one step: no pair
     assert any(t.n_steps >= 3 for t in trajectories)
     sampler = PairSampler(trajectories, ["add", "sub", "rhyme"], [1.0, 5.0, 1.0])
@@ -211,7 +211,7 @@ def test_a_tiny_run_without_the_shipped_model_changes_the_weights(tmp_path):
 
     ids = special_ids()
     random_model = tiny_llada(vocab_size=99, embedding_size=99, mask_token_id=ids["mask_token_id"], eos_token_id=ids["eos_token_id"])
-    trace = generate(random_model, [[40, 41, 42], [43, 44]], GenerationConfig(gen_length=16, block_length=8, threshold=0.2), trace=True).trace
+    trace = run_diffusion(random_model, [[40, 41, 42], [43, 44]], GenerationConfig(gen_length=16, block_length=8, threshold=0.2), hooks=RunHooks(trace=True)).trace
     path = tmp_path / "t.jsonl"
     save_trajectories(path, _trajectories(trace))
     assert any(t.n_steps >= 2 for t in load_trajectories(path))

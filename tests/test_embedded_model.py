@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, GenerationConfig, load_model, load_tokenizer
+from engine import Engine, GenerationConfig, RunHooks, load_model, load_tokenizer
 from engine.models import LLaDAModelLM
 from tinymodel.eval import evaluate, setting_config
 from tinymodel.tasks import TASKS, split_examples
@@ -96,7 +96,7 @@ def test_lesson_4_shows_the_eos_march_and_the_blocks_that_stop_it():
 
     lesson, engine = LESSONS[3], Engine(FOLDER)
     example = TASKS["grammar"].parse(lesson.prompt)
-    runs = [engine.generate(lesson.prompt, lesson.config(i), trace=True) for i in range(2)]
+    runs = [engine.generate(lesson.prompt, lesson.config(i), hooks=RunHooks(trace=True)) for i in range(2)]
     trace = runs[0].output.trace
     eos, start = engine.tokenizer.eos_token_id, trace.prompt_lengths[0]
     # step 1: iterations forcing one EOS each, every one just left of the one before, down into the answer's room
@@ -127,7 +127,7 @@ def test_the_apps_default_sweep_draws_the_curve():
 def test_the_apps_first_run_animates_several_iterations():
     from dinfer_viz.tabs.run import DEFAULT_PROMPT
 
-    result = Engine(FOLDER).generate(DEFAULT_PROMPT, GenerationConfig(), trace=True)
+    result = Engine(FOLDER).generate(DEFAULT_PROMPT, GenerationConfig(), hooks=RunHooks(trace=True))
     assert len(result.output.trace.iterations) >= 3
     assert any(rec.forced[0] for rec in result.output.trace.iterations)  # the digits are not certain: forced commits
     example = TASKS["pairsum"].parse(DEFAULT_PROMPT)

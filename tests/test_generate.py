@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from engine import EngineError, GenerationCancelled, GenerationConfig, Trace, generate
+from engine import EngineError, GenerationCancelled, GenerationConfig, RunHooks, Trace, run_diffusion
 from engine.iteration import block_ranges
 
 from .conftest import tiny_llada
@@ -27,7 +27,7 @@ def test_early_stop_skips_later_blocks_and_counts_forwards():
     answer = [5, 6, 7]  # EOS appears at position 7, inside block [4, 8)
     model = ScriptedLM(_script(4, answer, 4 + 16), [5.0] * 20)
     cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5)
-    out = generate(model, [prompt], cfg, stop_ids=[EOS])
+    out = run_diffusion(model, [prompt], cfg, stop_ids=[EOS])
     assert out.stats.nfe == 1 == model.forwards  # one confident forward fills the block; later blocks skipped
     assert out.token_ids == [answer]
     assert out.stats.tokens == 3
@@ -37,7 +37,7 @@ def test_early_stop_skips_later_blocks_and_counts_forwards():
 def test_without_early_stop_every_block_is_decoded():
     model = ScriptedLM(_script(4, [5, 6, 7], 20), [5.0] * 20)
     cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5, early_stop=False)
-    out = generate(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS])
+    out = run_diffusion(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS])
     assert out.stats.nfe == 4  # one per block
     assert out.stats.tokens == 3
 
@@ -47,7 +47,7 @@ def test_eos_in_prompt_does_not_stop_generation():
     prompt = [1, EOS, 3]  # position 1 holds EOS, in the first (aligned) block [0, 4)
     model = ScriptedLM([1, EOS, 3, 10] + [11] * 8 + [EOS] * 4, [5.0] * 16)
     cfg = GenerationConfig(gen_length=12, block_length=4, decoder="threshold", threshold=0.5)
-    out = generate(model, [prompt], cfg, stop_ids=[EOS])
+    out = run_diffusion(model, [prompt], cfg, stop_ids=[EOS])
     assert out.token_ids == [[10] + [11] * 8]
 
 
@@ -55,7 +55,7 @@ def test_batch_rows_stop_independently():
     """Rows share the canvas; a row that finished is padded with EOS while the other goes on."""
     model = ScriptedLM(_script(4, [5, 6, 7, 8, 9, 10, 11], 26), [5.0] * 26)  # canvas: 10 + 16
     cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5)
-    out = generate(model, [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], cfg, stop_ids=[EOS])
+    out = run_diffusion(model, [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], cfg, stop_ids=[EOS])
     assert out.prompt_lengths == [4, 10]
     # row 0 generates from position 4; row 1's prompt already covers 4..9 and generates from 10
     assert out.token_ids[0] == [5, 6, 7, 8, 9, 10, 11]
@@ -67,7 +67,7 @@ def test_batch_rows_stop_independently():
 def test_stats_definitions():
     model = ScriptedLM(_script(4, [5, 6, 7, 8, 9], 20), [0.1] * 20)  # low confidence: one token per forward
     cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.99)
-    out = generate(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS])
+    out = run_diffusion(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS])
     s = out.stats
     assert s.tokens == 5
     assert s.nfe == 8  # blocks [4,8) and [8,12), one commit each; EOS at 9 stops the rest
@@ -78,7 +78,7 @@ def test_stats_definitions():
 def test_trace_replays_to_the_final_canvas_and_round_trips_json():
     model = tiny_llada()
     cfg = GenerationConfig(gen_length=16, block_length=8, decoder="threshold", threshold=0.3, early_stop=False)
-    out = generate(model, [[1, 2, 3, 4, 5]], cfg, stop_ids=[48], trace=True)
+    out = run_diffusion(model, [[1, 2, 3, 4, 5]], cfg, stop_ids=[48], hooks=RunHooks(trace=True))
     trace = Trace.from_json(out.trace.to_json())
     assert len(trace.iterations) == out.stats.nfe
     assert trace.canvas_at(-1) == trace.initial
@@ -94,7 +94,7 @@ def test_trace_replays_to_the_final_canvas_and_round_trips_json():
 def test_each_record_carries_its_forwards_cost_and_traces_without_one_still_load():
     model = tiny_llada()
     cfg = GenerationConfig(gen_length=16, block_length=8, threshold=0.3, cache="dual")
-    out = generate(model, [[1, 2, 3, 4, 5]], cfg, stop_ids=[48], trace=True)
+    out = run_diffusion(model, [[1, 2, 3, 4, 5]], cfg, stop_ids=[48], hooks=RunHooks(trace=True))
     for rec in out.trace.iterations:  # one process, nothing compiled: compute only
         assert rec.cost["comm_seconds"] == [0.0] and len(rec.cost["compute_seconds"]) == 1
         assert 0 <= rec.cost["compute_seconds"][0] <= rec.seconds
@@ -120,7 +120,7 @@ def test_records_keep_the_top_candidates_of_the_masked_positions_and_long_blocks
     strength = [5.0] * 4 + [4.0, 0.5, 4.0, 0.5]  # two positions pass tau 0.5 at once, two wait
     model = ScriptedLM(_script(4, [5, 6, 7, 8], 8), strength)
     cfg = GenerationConfig(gen_length=4, block_length=4, decoder="threshold", threshold=0.5, early_stop=False)
-    out = generate(model, [prompt], cfg, stop_ids=[EOS], trace=True)
+    out = run_diffusion(model, [prompt], cfg, stop_ids=[EOS], hooks=RunHooks(trace=True))
     first, second = out.trace.iterations[:2]
     others = VOCAB - 2  # every real token but the scripted one ([MASK] excluded)
 
@@ -144,13 +144,13 @@ def test_records_keep_the_top_candidates_of_the_masked_positions_and_long_blocks
     n = CANDIDATES_MAX_BLOCK + 1  # a longer block: its lists would grow with its square
     long_model = ScriptedLM(_script(4, [5] * n, 4 + n), [5.0] * (4 + n))
     long_cfg = GenerationConfig(gen_length=n, block_length=n, decoder="threshold", threshold=0.5, early_stop=False, align_blocks=False)
-    assert all(rec.candidates is None for rec in generate(long_model, [prompt], long_cfg, stop_ids=[EOS], trace=True).trace.iterations)
+    assert all(rec.candidates is None for rec in run_diffusion(long_model, [prompt], long_cfg, stop_ids=[EOS], hooks=RunHooks(trace=True)).trace.iterations)
 
 
 def test_forced_commits_are_those_below_threshold():
     model = ScriptedLM(_script(4, [5, 6, 7, 8], 12), [0.0] * 4 + [0.5, 9.0, 0.4, 0.3] + [0.0] * 4)
     cfg = GenerationConfig(gen_length=8, block_length=4, decoder="threshold", threshold=0.99, early_stop=False)
-    out = generate(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS], trace=True)
+    out = run_diffusion(model, [[1, 2, 3, 4]], cfg, stop_ids=[EOS], hooks=RunHooks(trace=True))
     first = out.trace.iterations[0]
     assert first.committed == [[5]] and first.forced == [[]]  # 9.0 logit: confidence ~0.998 >= 0.99
     second = out.trace.iterations[1]
@@ -168,18 +168,18 @@ def test_cancel_stops_between_iterations():
 
     cfg = GenerationConfig(gen_length=16, block_length=8, decoder="fixed")
     with pytest.raises(GenerationCancelled):
-        generate(model, [[1, 2, 3]], cfg, stop_ids=[48], on_iteration=on_iteration, cancel=cancel)
+        run_diffusion(model, [[1, 2, 3]], cfg, stop_ids=[48], hooks=RunHooks(on_iteration=on_iteration, cancel=cancel))
     assert len(seen) == 1
 
 
 def test_empty_prompt_is_rejected():
     with pytest.raises(EngineError, match="empty prompt"):
-        generate(tiny_llada(), [[]], GenerationConfig(), stop_ids=[48])
+        run_diffusion(tiny_llada(), [[]], GenerationConfig(), stop_ids=[48])
 
 
 def test_predicted_mask_is_never_committed():
     """A model that always prefers [MASK] still finishes: the decoder takes the best real token."""
     model = ScriptedLM([MASK] * 12, [9.0] * 12)
     for decoder in ("threshold", "fixed"):
-        out = generate(model, [[1, 2, 3, 4]], GenerationConfig(gen_length=8, block_length=4, decoder=decoder), stop_ids=[EOS])
+        out = run_diffusion(model, [[1, 2, 3, 4]], GenerationConfig(gen_length=8, block_length=4, decoder=decoder), stop_ids=[EOS])
         assert not out.canvas.eq(MASK).any()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import Engine, EngineError, GenerationConfig, Trace
+from engine import Engine, EngineError, GenerationConfig, RunHooks, Trace
 from engine.__main__ import main as cli_main
 from engine.iteration import GenerationCancelled
 
@@ -199,7 +199,7 @@ def test_a_stop_inside_a_forward_ends_it_at_the_next_layer(engine):
     handles = [layer.register_forward_hook(after(i)) for i, layer in enumerate(layers)]
     try:
         with pytest.raises(GenerationCancelled):
-            engine.generate("Q: 1+2=? A:", GenerationConfig(gen_length=32, block_length=32), cancel=cancel)
+            engine.generate("Q: 1+2=? A:", GenerationConfig(gen_length=32, block_length=32), hooks=RunHooks(cancel=cancel))
     finally:
         for h in handles:
             h.remove()

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from engine import GenerationConfig, generate, load_model, save_model
+from engine import GenerationConfig, run_diffusion, load_model, save_model
 from engine.errors import EngineError
 from engine.models import LLaDA2MoeModelLM, LLaDAMoEModelLM, LLaDAModelLM, model_class
 from engine.models.llada_moe import lladamoe_config
@@ -148,10 +148,10 @@ def test_llada_moe_cached_generation_with_refresh_every_forward_equals_no_cache(
     model = tiny_llada_moe()
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
     base = GenerationConfig(gen_length=8, block_length=4, smoothing=smoothing, early_stop=False)
-    plain = generate(model, prompts, base)
-    refreshed = generate(model, prompts, base.replace(cache="dual", refresh_every=1))
+    plain = run_diffusion(model, prompts, base)
+    refreshed = run_diffusion(model, prompts, base.replace(cache="dual", refresh_every=1))
     assert refreshed.canvas.equal(plain.canvas)
-    assert (generate(model, prompts, base.replace(cache=other_cache)).canvas != MASK).all()
+    assert (run_diffusion(model, prompts, base.replace(cache=other_cache)).canvas != MASK).all()
 
 
 def test_unsupported_and_incomplete_configs_are_refused():

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from engine import GenerationConfig, generate
+from engine import GenerationConfig, run_diffusion
 from engine.errors import EngineError
 from engine.runtime.parallel import check_degrees, shard_model
 
@@ -41,7 +41,7 @@ def _config(extra: dict) -> GenerationConfig:
 def _run(model, extra: dict) -> tuple[torch.Tensor, list[list[int]]]:
     with torch.inference_mode():
         logits = model(INPUT.clone()).logits
-    return logits, generate(model, PROMPTS, _config(extra)).token_ids
+    return logits, run_diffusion(model, PROMPTS, _config(extra)).token_ids
 
 
 def _worker(rank: int, port: int, folder: str) -> None:

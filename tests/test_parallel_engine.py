@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from engine import Engine, EngineError, GenerationCancelled, GenerationConfig, register_decoder, save_model
+from engine import Engine, EngineError, GenerationCancelled, GenerationConfig, RunHooks, register_decoder, save_model
 from engine import registry
 from engine.decoders import ThresholdDecoder
 from engine.runtime.workers import RankCancel, StopFlags
@@ -88,9 +88,9 @@ def own_registry(monkeypatch):
 @pytest.mark.parametrize("setting", CONFIGS)
 def test_parallel_engines_decide_what_one_process_decides(engines, layout, setting):
     config = _config(**CONFIGS[setting])
-    one = engines[LAYOUTS[layout]].generate(PROMPTS, config, trace=True)
+    one = engines[LAYOUTS[layout]].generate(PROMPTS, config, hooks=RunHooks(trace=True))
     headers, records = [], []
-    par = engines[layout].generate(PROMPTS, config, trace=True, on_start=headers.append, on_iteration=records.append)
+    par = engines[layout].generate(PROMPTS, config, hooks=RunHooks(trace=True, on_start=headers.append, on_iteration=records.append))
     assert par.texts == one.texts and par.output.token_ids == one.output.token_ids
     assert par.output.stats.nfe == one.output.stats.nfe
     assert [r.committed for r in par.output.trace.iterations] == [r.committed for r in one.output.trace.iterations]
@@ -129,7 +129,7 @@ def test_a_cancel_mid_generation_stops_every_rank_and_the_engine_goes_on(engines
 
     config = _config(decoder="turnstile", cache="dual", decoder_options={"gates": str(gates)})  # 32 iterations
     with pytest.raises(GenerationCancelled):
-        engines["dense tp2"].generate(PROMPTS[0], config, on_iteration=on_iteration, cancel=cancel)
+        engines["dense tp2"].generate(PROMPTS[0], config, hooks=RunHooks(on_iteration=on_iteration, cancel=cancel))
     assert seen == list(range(len(seen))) and 3 <= len(seen) <= 5
     again = _config(cache="dual")
     assert engines["dense tp2"].generate(PROMPTS, again).texts == engines["dense"].generate(PROMPTS, again).texts
@@ -140,7 +140,7 @@ def test_a_callback_that_raises_stops_the_ranks_and_its_exception_comes_back(eng
         raise ValueError("the viewer broke")
 
     with pytest.raises(ValueError, match="the viewer broke"):
-        engines["dense tp2"].generate(PROMPTS, _config(), on_iteration=fail)
+        engines["dense tp2"].generate(PROMPTS, _config(), hooks=RunHooks(on_iteration=fail))
     assert engines["dense tp2"].generate(PROMPTS[0], _config()).text == engines["dense"].generate(PROMPTS[0], _config()).text
 
 

@@ -11,7 +11,7 @@ order is what makes the tokens identical).
 import pytest
 import torch
 
-from engine import GenerationConfig, generate
+from engine import GenerationConfig, run_diffusion
 
 from .conftest import tiny_llada
 
@@ -92,7 +92,7 @@ def test_fixed_decoder_matches_llada_reference(steps, temperature, remasking):
         gen_length=16, block_length=4, decoder="fixed", steps=steps, temperature=temperature,
         remasking=remasking, seed=7, align_blocks=False, early_stop=False,
     )
-    ours = generate(model, prompt.tolist(), cfg, stop_ids=[48])
+    ours = run_diffusion(model, prompt.tolist(), cfg, stop_ids=[48])
     ref = llada_reference(model, prompt, steps, 16, 4, temperature, remasking, seed=7)
     assert torch.equal(ours.canvas, ref)
     assert ours.stats.nfe == steps  # fixed steps per block, every block runs them all
@@ -103,7 +103,7 @@ def test_threshold_decoder_matches_fastdllm_reference(threshold):
     model = tiny_llada(seed=2)
     prompt = torch.randint(0, 48, (2, 6))
     cfg = GenerationConfig(gen_length=16, block_length=8, decoder="threshold", threshold=threshold, align_blocks=False, early_stop=False)
-    ours = generate(model, prompt.tolist(), cfg, stop_ids=[48])
+    ours = run_diffusion(model, prompt.tolist(), cfg, stop_ids=[48])
     ref = fastdllm_threshold_reference(model, prompt, 16, 8, threshold)
     assert torch.equal(ours.canvas, ref)
 
@@ -112,6 +112,6 @@ def test_aligned_blocks_equal_unaligned_when_prompt_fills_whole_blocks():
     model = tiny_llada(seed=3)
     prompt = torch.randint(0, 48, (1, 8)).tolist()
     cfg = GenerationConfig(gen_length=16, block_length=4, decoder="threshold", threshold=0.5, early_stop=False)
-    a = generate(model, prompt, cfg, stop_ids=[48])
-    b = generate(model, prompt, cfg.replace(align_blocks=False), stop_ids=[48])
+    a = run_diffusion(model, prompt, cfg, stop_ids=[48])
+    b = run_diffusion(model, prompt, cfg.replace(align_blocks=False), stop_ids=[48])
     assert torch.equal(a.canvas, b.canvas)

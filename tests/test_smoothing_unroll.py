@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import GenerationConfig, generate
+from engine import GenerationConfig, RunHooks, run_diffusion
 from engine.models.llada import LLaDAModelLM
 
 from .conftest import TINY_CONFIG, tiny_llada
@@ -44,8 +44,8 @@ def config(**changes) -> GenerationConfig:
 @pytest.mark.parametrize("decoder, cache", PAIRS)
 def test_smoothing_with_zero_weight_gives_the_same_tokens_as_no_smoothing(decoder, cache):
     model = tiny_llada()
-    plain = generate(model, PROMPTS, config(decoder=decoder, cache=cache), trace=True)
-    soft = generate(model, PROMPTS, config(decoder=decoder, cache=cache, smoothing=True, cont_weight=0.0), trace=True)
+    plain = run_diffusion(model, PROMPTS, config(decoder=decoder, cache=cache), hooks=RunHooks(trace=True))
+    soft = run_diffusion(model, PROMPTS, config(decoder=decoder, cache=cache, smoothing=True, cont_weight=0.0), hooks=RunHooks(trace=True))
     assert torch.equal(plain.canvas, soft.canvas)
     assert plain.stats.nfe == soft.stats.nfe
     assert [r.committed for r in plain.trace.iterations] == [r.committed for r in soft.trace.iterations]
@@ -59,7 +59,7 @@ def test_masked_inputs_are_the_mask_embedding_plus_the_weighted_expected_embeddi
     the others their own embedding; positions outside keep what the last covering forward set."""
     model = RecordingLLaDA()
     cfg = config(decoder=decoder, cache=cache, smoothing=True, cont_weight=0.3, unroll=True)
-    out = generate(model, PROMPTS, cfg, trace=True)
+    out = run_diffusion(model, PROMPTS, cfg, hooks=RunHooks(trace=True))
     w_e = model.embedding_weight()
     n = out.canvas.shape[1]
     expected = w_e[torch.tensor(out.trace.initial)]  # generate start: the plain embedding of the canvas
@@ -77,7 +77,7 @@ def test_masked_inputs_are_the_mask_embedding_plus_the_weighted_expected_embeddi
 
 
 def test_smoothing_threshold_decays_from_one_on_the_request_counter():
-    out = generate(tiny_llada(), PROMPTS, config(decoder="hierarchical", smoothing=True, cont_weight=0.3), trace=True)
+    out = run_diffusion(tiny_llada(), PROMPTS, config(decoder="hierarchical", smoothing=True, cont_weight=0.3), hooks=RunHooks(trace=True))
     thresholds = [r.threshold for r in out.trace.iterations]
     assert thresholds == pytest.approx([max(1.0 - 0.02 * t, 0.5) for t in range(len(thresholds))])
     assert thresholds[0] == 1.0 and len(thresholds) > 25 and thresholds[-1] == 0.5  # across blocks, not reset
@@ -88,7 +88,7 @@ def test_early_stop_fill_feeds_plain_eos_embeddings():
     feed EOS's own embedding, not the soft [MASK] one (row 0's prompt covers the EOS position)."""
     script = list(range(6)) + [EOS] + [7] * 17
     model = RecordingScripted(script, [0.5] * 6 + [9.0] + [0.5] * 17)
-    out = generate(model, [[1, 2, 3, 4, 5, 6, 7], [1, 2]], GenerationConfig(
+    out = run_diffusion(model, [[1, 2, 3, 4, 5, 6, 7], [1, 2]], GenerationConfig(
         gen_length=16, block_length=8, threshold=0.99, smoothing=True, align_blocks=True))
     assert out.canvas[1, 8:].eq(EOS).all() and not out.canvas[0].eq(EOS).all()
     assert torch.equal(model.fed[-1][1, 8:], model.embed(out.canvas[1, 8:]))
@@ -112,8 +112,8 @@ class RecordingScripted(ScriptedLM):
 def test_unrolled_loop_gives_the_same_tokens_with_fewer_host_syncs(decoder, cache):
     model = tiny_llada()
     cfg = config(decoder=decoder, cache=cache, gen_length=32, block_length=16, steps=32, threshold=0.3)
-    plain = generate(model, PROMPTS, cfg)
-    unrolled = generate(model, PROMPTS, cfg.replace(unroll=True))
+    plain = run_diffusion(model, PROMPTS, cfg)
+    unrolled = run_diffusion(model, PROMPTS, cfg.replace(unroll=True))
     assert torch.equal(plain.canvas, unrolled.canvas)
     assert unrolled.stats.host_syncs < plain.stats.host_syncs
     assert unrolled.stats.nfe >= plain.stats.nfe  # no-op forwards on a finished block count
@@ -127,13 +127,13 @@ def _one_per_iteration_model() -> ScriptedLM:
 def test_host_syncs_follow_the_unroll_schedule_exactly():
     # one block [16, 32) of 16 masks
     prompt, cfg = [[1] * 16], GenerationConfig(gen_length=16, block_length=16, threshold=0.9, early_stop=False)
-    plain = generate(_one_per_iteration_model(), prompt, cfg)
+    plain = run_diffusion(_one_per_iteration_model(), prompt, cfg)
     assert (plain.stats.nfe, plain.stats.host_syncs) == (16, 17)  # a check per iteration, one that finds none left
     # masks 16, 12, 9, 7, 6, ..., 1 -> groups 4, 3, 2, 1 x 7: ten groups and the final check
-    unrolled = generate(_one_per_iteration_model(), prompt, cfg.replace(unroll=True))
+    unrolled = run_diffusion(_one_per_iteration_model(), prompt, cfg.replace(unroll=True))
     assert (unrolled.stats.nfe, unrolled.stats.host_syncs) == (16, 11)
     # expected_tpf 1 and max_unroll 3: groups of 3, 3, 3, 3, 3, 1
-    clamped = generate(_one_per_iteration_model(), prompt, cfg.replace(unroll=True, expected_tpf=1, max_unroll=3))
+    clamped = run_diffusion(_one_per_iteration_model(), prompt, cfg.replace(unroll=True, expected_tpf=1, max_unroll=3))
     assert (clamped.stats.nfe, clamped.stats.host_syncs) == (16, 7)
     assert torch.equal(plain.canvas, unrolled.canvas) and torch.equal(plain.canvas, clamped.canvas)
 
@@ -141,7 +141,7 @@ def test_host_syncs_follow_the_unroll_schedule_exactly():
 def test_wasted_iterations_on_a_finished_block_count_in_nfe():
     sure = ScriptedLM([3] * 24, [20.0] * 24)  # every position certain: a block completes in one iteration
     cfg = GenerationConfig(gen_length=16, block_length=8, threshold=0.9, early_stop=False, unroll=True, expected_tpf=2)
-    out = generate(sure, [[1] * 8], cfg, trace=True)
+    out = run_diffusion(sure, [[1] * 8], cfg, hooks=RunHooks(trace=True))
     # each block: 8 masks // 2 = 4 iterations queued; the first commits all 8, three are no-ops
     assert out.stats.nfe == 8 and out.stats.host_syncs == 4
     assert [sum(len(row) for row in r.committed) for r in out.trace.iterations] == [8, 0, 0, 0] * 2

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterator, Sequence, TypeVar
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import GenerationOutput, generate
+from engine.iteration import GenerationOutput
+from engine import RunHooks, run_diffusion
 from engine.models import DiffusionLM
 from engine.pipeline import stop_ids_for
 from engine.stats import generated_mask
@@ -71,9 +72,9 @@ def answer_prompts(
     """Generate the items' prompts in order, `batch_size` rows a call, and yield each item's answer,
     verified, as soon as its call returns (a caller reports progress, or stops, between answers).
 
-    `generate_ids(prompts, config, trace=, cancel=)` generates token ids with the stop ids bound and
+    `generate_ids(prompts, config, hooks=)` generates token ids with the stop ids bound and
     `decode` turns a row's ids into text: an Engine's `generate_ids` and `decode` (the app and the
-    benchmarks, whose engine may run in worker processes), or engine.generate on a model with its
+    benchmarks, whose engine may run in worker processes), or engine.run_diffusion on a model with its
     `stop_ids_for` and the tokenizer's decode (`evaluate`: training evaluates a model no Engine holds).
     `encoded` is each item's prompt already tokenised: the benchmarks tokenise once before any
     timing, the app through its Engine's chat template, the eval command as the embedded model was
@@ -81,7 +82,7 @@ def answer_prompts(
     """
     for start in range(0, len(items), batch_size):
         began = time.perf_counter()
-        out = generate_ids(list(encoded[start : start + batch_size]), config, trace=trace, cancel=cancel)
+        out = generate_ids(list(encoded[start : start + batch_size]), config, hooks=RunHooks(trace=trace, cancel=cancel))
         wall = time.perf_counter() - began
         for row, item in enumerate(items[start : start + batch_size]):
             text = decode(out.token_ids[row])
@@ -181,7 +182,7 @@ def model_answers(
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)  # as Engine.decode
 
-    return answer_prompts(partial(generate, model, stop_ids=stop_ids), decode, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
+    return answer_prompts(partial(run_diffusion, model, stop_ids=stop_ids), decode, examples, encoded, config, check_answer, batch_size=batch_size, trace=True)
 
 
 def evaluate(

@@ -43,13 +43,14 @@ import torch.multiprocessing as mp
 
 from ..config import GenerationConfig
 from ..errors import EngineError
-from ..iteration import CancelFlag, GenerationCancelled, GenerationOutput
-from .parallel import init_distributed
+from ..hooks import CancelFlag, RunHooks
+from ..iteration import GenerationCancelled, GenerationOutput
 from ..trace import COST_PER_RANK, IterationRecord, Trace
+from .parallel import init_distributed
 
 # A rank's own generate (Engine.generate_ids of its shard), and how a rank builds it on its device.
-Generate = Callable[..., GenerationOutput]
-Load = Callable[[str], Generate]
+RankGenerate = Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput]
+Load = Callable[[str], RankGenerate]
 
 NEVER = 2**62  # stop_at while no stop is asked for
 # How often the caller looks at its cancel event while it waits for the ranks (a threading.Event
@@ -125,17 +126,16 @@ def _failure(rank: int, exc: BaseException) -> str:
     return f"worker rank {rank} failed: {type(exc).__name__}: {first}"
 
 
-def _answer(rank: int, conn: Connection, flags: StopFlags, generate: Generate, request: tuple) -> tuple:
-    prompts, config, trace, want_start, want_iteration = request
-    hooks: dict[str, Any] = {}
-    recorded = trace or want_start or want_iteration or config.measure_staleness  # as generate decides
+def _answer(rank: int, conn: Connection, flags: StopFlags, generate: RankGenerate, request: tuple) -> tuple:
+    prompts, config, hooks, want_start, want_iteration = request
+    recorded = hooks.records(config.measure_staleness) or want_start or want_iteration  # as the loop decides
     if rank == 0:  # rank 0 speaks for all; its records go out as they come, for the others' costs to join
         forwarder = _Forwarder(conn)
-        hooks = {"trace": trace, "on_start": forwarder.on_start if want_start else None, "on_iteration": forwarder.on_iteration if recorded else None}
-    elif recorded:
-        hooks = {"on_iteration": lambda record: conn.send(("cost", record.cost))}
+        hooks = hooks.but(on_start=forwarder.on_start if want_start else None, on_iteration=forwarder.on_iteration if recorded else None)
+    else:
+        hooks = hooks.but(trace=False, on_iteration=(lambda record: conn.send(("cost", record.cost))) if recorded else None)
     try:
-        out = generate(prompts, config, cancel=RankCancel(flags, rank), **hooks)
+        out = generate(prompts, config, hooks.but(cancel=RankCancel(flags, rank)))
     except GenerationCancelled:
         return ("cancelled",)
     except Exception as exc:  # a closed pipe too: sending this reply then ends the worker
@@ -180,7 +180,7 @@ def _kill(processes: list[Any], conns: list[Connection]) -> None:
 
 
 class WorkerGroup:
-    """`world` worker processes serving one model's shards; `generate` drives them like one process."""
+    """`world` worker processes serving one model's shards; `run_request` drives them like one process."""
 
     def __init__(self, world: int, device: str, load: Load) -> None:
         """`load(device)`: a rank's generate, built in the worker (picklable: a module-level
@@ -223,19 +223,10 @@ class WorkerGroup:
     def close(self) -> None:
         _kill(self._processes, self._conns)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        config: GenerationConfig,
-        *,
-        trace: bool,
-        on_start: Callable[[Trace], None] | None,
-        on_iteration: Callable[[IterationRecord], None] | None,
-        cancel: CancelFlag | None,
-    ) -> GenerationOutput:
-        """Every rank generates; rank 0's header and records reach the callbacks here, its output
-        is returned. A callback that raises stops every rank (as a cancel) and its exception is
-        raised once they have stopped."""
+    def run_request(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
+        """Every rank generates; rank 0's header and records reach `hooks`' callbacks here, its
+        output is returned. A callback that raises stops every rank (as a cancel) and its exception
+        is raised once they have stopped."""
         if not self._processes:  # a failure ended the previous group
             self.start()
         header: Trace | None = None
@@ -253,7 +244,7 @@ class WorkerGroup:
             try:
                 if message[0] == "start":
                     header = message[1]
-                    on_start(header)
+                    hooks.on_start(header)
                     return
                 if message[0] == "cost":
                     costs[rank].append(message[1])
@@ -267,15 +258,18 @@ class WorkerGroup:
                     records.append(record)
                     if header is not None:
                         header.tokens.update(tokens)
-                    if on_iteration is not None:
-                        on_iteration(record)
+                    if hooks.on_iteration is not None:
+                        hooks.on_iteration(record)
             except Exception as exc:
                 raised.append(exc)
                 self._flags.stop()
 
         self._flags.reset()
-        request = (prompts, config, trace, on_start is not None, on_iteration is not None)
-        finals = self._gather(deliver, cancel, request)
+        # what crosses to the ranks: the hooks' values (the callbacks and the cancel stay here; the
+        # ranks' own engines add the name and token strings)
+        sent = RunHooks(trace=hooks.trace, max_tokens=hooks.max_tokens, expected_ids=hooks.expected_ids)
+        request = (prompts, config, sent, hooks.on_start is not None, hooks.on_iteration is not None)
+        finals = self._gather(deliver, hooks.cancel, request)
         if raised:
             raise raised[0]
         if any(kind == "cancelled" for kind, *_ in finals):
