@@ -45,3 +45,4 @@ def serve_command(args: argparse.Namespace) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     engine.close()
     return 0
+
