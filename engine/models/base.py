@@ -8,6 +8,8 @@ from typing import Callable, Collection, Protocol
 import torch
 from torch import nn
 
+from .layers import AttentionCache, QuerySlots, query_range
+
 
 @dataclass
 class ModelOutput:
@@ -50,10 +52,10 @@ class CommClock(Protocol):
 class DiffusionLM(nn.Module):
     """Base class of the model families.
 
-    Subclasses set `config` (a dict-like with `mask_token_id`, `eos_token_id`) and implement
-    `forward(input_ids=None, inputs_embeds=None, past_kv=None, replace=None, use_cache=False,
-    attention_mask=None, persist=False) -> ModelOutput` and `embedding_weight()`; the cache
-    arguments are those of layers.cached_attention, which every family's attention calls.
+    Subclasses set `config` (a dict-like with `mask_token_id`, `eos_token_id`) and `rope`, and
+    implement `embedding_weight()`, `layer_modules()` (each layer called as `layer(x, cache) ->
+    (x, k, v)` with its `AttentionCache`) and `head()`; `forward` is the one stack every family
+    runs (a family with another forward, e.g. transformers' own classes, overrides it).
     """
 
     # "pre" for dense LLaDA (cache holds keys before RoPE), "post" for the MoE families; read by
@@ -86,6 +88,32 @@ class DiffusionLM(nn.Module):
     def layer_modules(self) -> nn.ModuleList:
         """The transformer layers, in order (the engine checks for a cancel between them)."""
         raise NotImplementedError
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and the output projection: hidden states `[B, q, d]` -> logits."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_kv: torch.Tensor | None = None,
+        replace: QuerySlots | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        persist: bool = False,
+    ) -> ModelOutput:
+        """Logits of the query tokens (token ids or embeddings); the cache arguments as the
+        layers module's docstring says, handed to each layer as its `AttentionCache`."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        slots = query_range(replace, x.shape[1], persist, past_kv)
+        kvs = []
+        for i, layer in enumerate(self.layer_modules()):
+            cache = AttentionCache(self.rope, self.kv_rope, None if past_kv is None else past_kv[i], slots, persist, attention_mask)
+            x, k, v = layer(x, cache)
+            if use_cache:
+                kvs.append(torch.stack([k, v]))
+        return ModelOutput(logits=self.head(x), kv=torch.stack(kvs) if use_cache else None)
 
     @property
     def max_positions(self) -> int | None:

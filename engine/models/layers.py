@@ -10,11 +10,14 @@ With a past, `replace` may instead be a `[q]` index tensor naming each query tok
 form a static-shape forward takes (engine/runtime/compiled.py), whose positions change from call to call
 while its shapes do not, so neither torch.compile nor a CUDA graph sees a new shape.
 The forward returns the fresh K/V of its query tokens when asked (`use_cache`), in the form the
-cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Every family
-runs its attention through `cached_attention`, so the ordering lives in one place.
+cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Inside the
+forward, each layer receives these arguments as one `AttentionCache` (its layer of the store), and
+every family runs its attention through `cached_attention`, so the ordering lives in one place.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -102,44 +105,50 @@ def write_past(past: torch.Tensor, fresh: torch.Tensor, replace: QuerySlots) -> 
         past[:, :, replace[0] : replace[1]] = fresh
 
 
-def cached_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rope: RotaryEmbedding,
-    kv_rope: str,
-    past: torch.Tensor | None,
-    replace: QuerySlots,
-    persist: bool,
-    attention_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class AttentionCache:
+    """One layer's share of a forward's cache arguments (the module docstring): the rotary table
+    and where the cache holds keys relative to it (`kv_rope`), this layer's store `past`
+    `[2, B, H_kv, T, D]` or None, the query tokens' `slots`, `persist`, and the boolean
+    attention `mask` (True = may attend) or None."""
+
+    rope: "RotaryEmbedding"
+    kv_rope: str
+    past: torch.Tensor | None
+    slots: QuerySlots
+    persist: bool
+    mask: torch.Tensor | None
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of the query tokens at canvas positions `[a, b)` (or the slots of an index
     tensor `replace`, with a past) over every canvas key.
 
-    `q`, `k`, `v` `[B, H, q, D]` are the query tokens' projections, before RoPE. `past`
-    `[2, B, H_kv, T, D]` (one layer of the store) supplies the other positions' keys and values.
+    `q`, `k`, `v` `[B, H, q, D]` are the query tokens' projections, before RoPE. `cache.past`
+    (one layer of the store) supplies the other positions' keys and values.
     `kv_rope="pre"` (dense LLaDA): the cache holds keys before RoPE, which is applied after the
     merge to all `T` keys at `[0, T)`, as LLaDA's own code does. `"post"` (the MoE families):
     each key is rotated once, at its absolute position, before it is cached (docs/algorithms.md §4.1).
     Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form.
     """
-    where = replace if isinstance(replace, torch.Tensor) else replace[0]
+    rope, past, slots = cache.rope, cache.past, cache.slots
+    where = slots if isinstance(slots, torch.Tensor) else slots[0]
     q = rope(q, where)
-    if kv_rope == "post":
+    if cache.kv_rope == "post":
         k = rope(k, where)
-    elif kv_rope != "pre":
-        raise ValueError(f"kv_rope must be 'pre' or 'post', got {kv_rope!r}")
+    elif cache.kv_rope != "pre":
+        raise ValueError(f"kv_rope must be 'pre' or 'post', got {cache.kv_rope!r}")
     if past is None:
         keys, values = k, v
-    elif persist:
-        write_past(past[0], k, replace)
-        write_past(past[1], v, replace)
+    elif cache.persist:
+        write_past(past[0], k, slots)
+        write_past(past[1], v, slots)
         keys, values = past[0], past[1]
     else:
-        keys, values = merge_past(past[0], k, replace), merge_past(past[1], v, replace)
-    if kv_rope == "pre":
+        keys, values = merge_past(past[0], k, slots), merge_past(past[1], v, slots)
+    if cache.kv_rope == "pre":
         keys = rope(keys, 0)
-    return attend(q, keys, values, attention_mask), k, v
+    return attend(q, keys, values, cache.mask), k, v
 
 
 def attend(

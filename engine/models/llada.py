@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EngineError
-from .base import DiffusionLM, ModelOutput
-from .layers import QuerySlots, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, query_range, split_heads
+from .base import DiffusionLM
+from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 
 # config.json fields this class reads, with the defaults of LLaDA-8B where the field is optional.
 _DEFAULTS: dict[str, Any] = {
@@ -73,21 +73,12 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(d, hidden, bias=False)
         self.ff_out = nn.Linear(hidden, d, bias=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RotaryEmbedding,
-        kv_rope: str,
-        past: torch.Tensor | None,
-        replace: QuerySlots,
-        persist: bool,
-        attention_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = self.attn_norm(x)
         q = split_heads(self.q_proj(n), self.n_heads, self.head_dim)
         k = split_heads(self.k_proj(n), self.n_kv_heads, self.head_dim)
         v = split_heads(self.v_proj(n), self.n_kv_heads, self.head_dim)
-        att, k, v = cached_attention(q, k, v, rope, kv_rope, past, replace, persist, attention_mask)
+        att, k, v = cached_attention(q, k, v, cache)
         h = x + self.attn_out(merge_heads(att))
         n = self.ff_norm(h)
         return h + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n)), k, v
@@ -124,26 +115,7 @@ class LLaDAModelLM(DiffusionLM):
     def layer_modules(self) -> nn.ModuleList:
         return self.model.transformer["blocks"]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        past_kv: torch.Tensor | None = None,
-        replace: QuerySlots | None = None,
-        use_cache: bool = False,
-        attention_mask: torch.Tensor | None = None,
-        persist: bool = False,
-    ) -> ModelOutput:
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         t = self.model.transformer
-        x = t["wte"](input_ids) if inputs_embeds is None else inputs_embeds
-        replace = query_range(replace, x.shape[1], persist, past_kv)
-        kvs = []
-        for i, block in enumerate(t["blocks"]):
-            past = None if past_kv is None else past_kv[i]
-            x, k, v = block(x, self.rope, self.kv_rope, past, replace, persist, attention_mask)
-            if use_cache:
-                kvs.append(torch.stack([k, v]))
         x = t["ln_f"](x)
-        head = t["ff_out"] if "ff_out" in t else None
-        logits = head(x) if head is not None else x @ t["wte"].weight.T
-        return ModelOutput(logits=logits, kv=torch.stack(kvs) if use_cache else None)
+        return t["ff_out"](x) if "ff_out" in t else x @ t["wte"].weight.T

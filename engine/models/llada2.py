@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor
-from .layers import QuerySlots, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
+from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 from .moe import (
     DecoderStackLM,
     PreNormLayer,
@@ -113,20 +113,12 @@ class LLaDA2Attention(nn.Module):
             self.query_layernorm = self.key_layernorm = None
         self.dense = nn.Linear(self.n_heads * self.head_dim, hidden, bias=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RotaryEmbedding,
-        past: torch.Tensor | None,
-        replace: QuerySlots,
-        persist: bool,
-        attention_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv = split_heads(self.query_key_value(x), self.n_heads + 2 * self.n_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         if self.query_layernorm is not None:  # per head, before RoPE
             q, k = self.query_layernorm(q), self.key_layernorm(k)
-        att, k, v = cached_attention(q, k, v, rope, "post", past, replace, persist, attention_mask)
+        att, k, v = cached_attention(q, k, v, cache)
         return self.dense(merge_heads(att)), k, v
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor
-from .layers import QuerySlots, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
+from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
 from .moe import (
     DecoderStackLM,
     PreNormLayer,
@@ -94,21 +94,13 @@ class LLaDAMoEAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RotaryEmbedding,
-        past: torch.Tensor | None,
-        replace: QuerySlots,
-        persist: bool,
-        attention_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q = split_heads(self.q_proj(x), self.n_heads, self.head_dim)
         k = split_heads(self.k_proj(x), self.n_kv_heads, self.head_dim)
         v = split_heads(self.v_proj(x), self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:  # per head, before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
-        att, k, v = cached_attention(q, k, v, rope, "post", past, replace, persist, attention_mask)
+        att, k, v = cached_attention(q, k, v, cache)
         return self.o_proj(merge_heads(att)), k, v
 
 

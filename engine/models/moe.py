@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import EngineError
-from .base import DerivedTensor, DiffusionLM, ModelOutput
-from .layers import QuerySlots, RotaryEmbedding, query_range
+from .base import DerivedTensor, DiffusionLM
+from .layers import AttentionCache
 
 # dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
 # used only when config.json does not name them.
@@ -248,16 +248,8 @@ class PreNormLayer(nn.Module):
     def attention_module(self) -> nn.Module:
         raise NotImplementedError
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RotaryEmbedding,
-        past: torch.Tensor | None,
-        replace: QuerySlots,
-        persist: bool,
-        attention_mask: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        att, k, v = self.attention_module()(self.input_layernorm(x), rope, past, replace, persist, attention_mask)
+    def forward(self, x: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        att, k, v = self.attention_module()(self.input_layernorm(x), cache)
         h = x + att
         return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
@@ -267,8 +259,7 @@ class DecoderStackLM(DiffusionLM):
 
     Subclasses build `self.model` (with `layers` and `norm`), `self.rope`, `self.lm_head` (None when
     the embeddings are tied) and implement `embedding_weight`. A layer is called as
-    `layer(x, rope, past, replace, persist, attention_mask) -> (x, k, v)`; K/V are cached after
-    RoPE (`kv_rope = "post"`).
+    `layer(x, cache) -> (x, k, v)` (DiffusionLM.forward); K/V are cached after RoPE (`kv_rope = "post"`).
     """
 
     kv_rope = "post"
@@ -277,24 +268,6 @@ class DecoderStackLM(DiffusionLM):
     def layer_modules(self) -> nn.ModuleList:
         return self.model.layers
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        past_kv: torch.Tensor | None = None,
-        replace: QuerySlots | None = None,
-        use_cache: bool = False,
-        attention_mask: torch.Tensor | None = None,
-        persist: bool = False,
-    ) -> ModelOutput:
-        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        replace = query_range(replace, x.shape[1], persist, past_kv)
-        kvs = []
-        for i, layer in enumerate(self.model.layers):
-            past = None if past_kv is None else past_kv[i]
-            x, k, v = layer(x, self.rope, past, replace, persist, attention_mask)
-            if use_cache:
-                kvs.append(torch.stack([k, v]))
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         x = self.model.norm(x)
-        logits = self.lm_head(x) if self.lm_head is not None else x @ self.embedding_weight().T
-        return ModelOutput(logits=logits, kv=torch.stack(kvs) if use_cache else None)
+        return self.lm_head(x) if self.lm_head is not None else x @ self.embedding_weight().T

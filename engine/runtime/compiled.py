@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
