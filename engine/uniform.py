@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from .config import GenerationConfig
-from .decoders import Decoder
+from .decoders import Decoder, EntropyBoundDecoder
 from .errors import EngineError
 from .hooks import RunHooks
 from .iteration import GenerationCancelled, GenerationOutput
@@ -55,16 +55,25 @@ class UniformSampler(Decoder):
     `run_uniform_diffusion`."""
 
     name = UNIFORM
+    explanation = (
+        "**Uniform-state diffusion (DiffusionGemma).** Every position always holds a token: a canvas "
+        "starts as uniformly random tokens (dimmed). Each step the model proposes a token for every "
+        "position; the lowest-entropy proposals are accepted while their summed entropy, less the "
+        "largest, stays within the bound (the EB-Sampler rule, arXiv 2505.24857), and every other "
+        "position is re-noised with a fresh random token. The temperature cools linearly from t_max, "
+        "the last step's logits feed the next (self-conditioning), and a canvas stops when its argmax "
+        "draft has been stable and confident; its draft is the output (transformers' DiffusionGemma)."
+    )
     uses_threshold = False
     settings = ()
     sweep_setting = "entropy_bound"
     options = {
-        "entropy_bound": DecoderOption(0.1, "uniform: accept the lowest-entropy proposals while their summed entropy, less the largest, stays <= this"),
+        "entropy_bound": EntropyBoundDecoder.options["entropy_bound"],  # one rule, one setting (a flag, a control)
         "t_min": DecoderOption(0.4, "uniform: the temperature the linear schedule cools towards (its last step is one step above it)"),
         "t_max": DecoderOption(0.8, "uniform: the temperature of a canvas's first denoising step"),
         "max_denoising_steps": DecoderOption(48, "uniform: at most this many denoising steps per canvas"),
         "stability_threshold": DecoderOption(1, "uniform: stop a canvas once its argmax draft has not changed for this many steps (and it is confident)"),
-        "confidence_threshold": DecoderOption(0.005, "uniform: ... and its mean entropy is below this"),
+        "confidence_threshold": DecoderOption(0.005, "uniform: a canvas stops early only when its mean entropy is also below this"),
     }
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
@@ -105,22 +114,6 @@ class UniformSettings:
         (LinearTemperatureScheduleLogitsProcessor on an int32 step), so the logits divide alike."""
         n = torch.tensor(steps_left, dtype=torch.int32, device=device)
         return self.t_min + (self.t_max - self.t_min) * (n / self.max_denoising_steps)
-
-
-def entropy_bound_accept(entropy: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(accepted, lower_sum) `[B, W]`: sort positions by entropy ascending and accept the first k
-    whose summed entropy less the largest (the sum of those before it) stays <= `bound`; the
-    lowest always passes. `lower_sum` is each position's compared sum (EB-Sampler, arXiv 2505.24857)."""
-    ordered, order = torch.sort(entropy, dim=-1, descending=False)
-    before = torch.cumsum(ordered, dim=-1) - ordered
-    accepted = torch.zeros_like(entropy, dtype=torch.bool).scatter(-1, order, before <= bound)
-    lower_sum = torch.empty_like(entropy).scatter(-1, order, before)
-    return accepted, lower_sum
-
-
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) per position, by torch's Categorical (what transformers' rule uses)."""
-    return torch.distributions.Categorical(logits=logits).entropy()
 
 
 class _StableAndConfident:
@@ -234,15 +227,15 @@ class _UniformRun:
             probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)
             proposal = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=self.generator).view(rows, -1)
             new_draft = scaled.argmax(dim=-1)
-            position_entropy = entropy(scaled)
-            accepted, lower_sum = entropy_bound_accept(position_entropy, settings.entropy_bound)
+            position_entropy = EntropyBoundDecoder.entropy(scaled)
+            accepted, lower_sum = EntropyBoundDecoder.accept(position_entropy, settings.entropy_bound)
             noise = self._random_tokens()
             next_canvas = torch.where(accepted, proposal, noise)
             if self_conditioning is not None:  # a stopped row keeps its canvas, draft and logits
                 new_draft = torch.where(stopped[:, None], draft, new_draft)
                 next_canvas = torch.where(stopped[:, None], canvas, next_canvas)
                 scaled = torch.where(stopped[:, None, None], self_conditioning, scaled)
-            mean_entropy = entropy(scaled).mean(dim=-1)
+            mean_entropy = EntropyBoundDecoder.entropy(scaled).mean(dim=-1)
             stable, confident = self.stopper(new_draft, mean_entropy)
             stopped = stopped | (stable & confident)
             canvas, draft = next_canvas, new_draft

@@ -25,7 +25,8 @@ from engine.models import DiffusionGemmaLM, load_model, save_model
 from engine.pipeline import Engine
 from engine.trace import Trace
 from engine.iteration import GenerationCancelled
-from engine.uniform import _StableAndConfident, entropy, entropy_bound_accept, run_uniform_diffusion
+from engine.decoders import EntropyBoundDecoder
+from engine.uniform import _StableAndConfident, run_uniform_diffusion
 from engine.uniform_trace import uniform_canvas_at
 from tinymodel.tokenizer import save_tokenizer
 from tinymodel.uniform import UniformTrainConfig, model_config
@@ -204,7 +205,7 @@ def test_acceptance_equals_transformers_sampler_on_the_same_logits():
     for bound in (0.01, 0.1, 1.0, 5.0):
         sampler = EntropyBoundSampler(EntropyBoundSamplerConfig(entropy_bound=bound), canvas_length=16, vocab_size=50, max_denoising_steps=4)
         sampler.accept_canvas(torch.zeros(3, 16, dtype=torch.long), torch.ones(3, 16, dtype=torch.long), logits, 1)
-        accepted, lower_sum = entropy_bound_accept(entropy(logits), bound)
+        accepted, lower_sum = EntropyBoundDecoder.accept(EntropyBoundDecoder.entropy(logits), bound)
         assert torch.equal(accepted, sampler.accepted_token_mask)
         assert torch.equal(accepted, lower_sum <= bound)
         assert accepted.any(dim=1).all()  # the lowest-entropy position always passes
@@ -220,7 +221,7 @@ def test_stop_rule_equals_transformers_criteria():
     drafts += [drafts[-1]] * 3
     for draft in drafts:
         logits = torch.randn(4, 5, 20, generator=generator) * 3
-        stable, confident = ours(draft, entropy(logits).mean(dim=-1))
+        stable, confident = ours(draft, EntropyBoundDecoder.entropy(logits).mean(dim=-1))
         assert torch.equal(stable & confident, theirs(draft, logits))
 
 
