@@ -291,3 +291,29 @@ def test_lm_eval_scores_the_embedded_model_through_the_server(served, monkeypatc
         valid.append(get_task(doc["task"]).check(parse_prompt(doc["prompt"]), answer))
     assert results["results"]["tiny_families"]["valid,none"] == pytest.approx(sum(valid) / len(valid))
     assert 0 < sum(valid) < len(valid)  # the model answers some and misses some: the metric discriminates
+
+
+def test_the_app_opens_a_trace_from_the_server_by_id(served):
+    """The debugger's loader (dinfer_viz/server_trace.py): the Run tab's view of the server's trace,
+    as when its file is loaded; a wrong id or address, or a public app, is one escaped line."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.server_trace import open_server_trace
+    from dinfer_viz.tabs.run import RUN_VIEW
+    from dinfer_viz.ui import Handlers
+
+    out = served.client.completions.create(model=served.engine.name, prompt=PROMPTS[5], max_tokens=32, extra_body=SETTINGS)
+    trace_id = out.choices[0].model_extra["trace_id"]
+    handlers = Handlers(EngineHost(ModelSpec(DEFAULT_MODEL)))  # no model loaded: a trace needs none
+    server = served.url.removesuffix("/v1")
+    view = dict(zip(RUN_VIEW, open_server_trace(handlers, server, trace_id)))
+    assert str(view["message"]).startswith("loaded a trace: tiny-llada")
+    assert view["state"] is not None and view["text"] == out.choices[0].text
+    for address, trace, fragment in [
+        (server, "trace-0123456789abcdef", "the server has no such trace: no trace"),
+        (server, "<b>x</b>", "is not a trace id"),
+        ("file:///etc/passwd", trace_id, "is not a server address"),
+    ]:
+        message = str(dict(zip(RUN_VIEW, open_server_trace(handlers, address, trace)))["message"])
+        assert fragment in message and "\n" not in message and "<b>" not in message, message
+    public = Handlers(EngineHost(ModelSpec(DEFAULT_MODEL), allowed={}))
+    assert "public app opens no server traces" in str(dict(zip(RUN_VIEW, open_server_trace(public, server, trace_id)))["message"])

@@ -12,7 +12,7 @@ import gradio as gr
 
 from engine import GenerationConfig
 
-from .. import answers
+from .. import answers, server_trace
 from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
 from ..explain import explain
 from ..export import mp4_unavailable
@@ -168,6 +168,7 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
     if no_mp4:  # a gr.Button has no info line: the reason sits under the row
         gr.Markdown(f"<small>{no_mp4}</small>", elem_id="mp4-note")
     parts["export_file"] = gr.File(label="animation", visible=False, interactive=False, elem_id="export-file")
+    server_trace.add_box(parts)
 
 
 def _figures(parts: Parts) -> None:
@@ -237,6 +238,7 @@ def _wire_files(h: RunHandlers, p: Parts, settings_inputs: list[Any], view: list
     )
     p["upload"].upload(h.load_trace, p["upload"], view, api_name="load_trace")
     p["sample"].input(h.load_sample, p["sample"], view, api_name="load_sample")
+    server_trace.wire(h, p, view)
     # The file box shows once it holds a file (an API client gets the plain path: no update dict)
     export_file, message = p["export_file"], p["message"]
     reveal = dict(fn=lambda f: gr.update(visible=f is not None), inputs=export_file, outputs=export_file, **PRIVATE)
