@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine import Engine
 from tinymodel import tasks as model_tasks
 from tinymodel.grammar import vocabulary_text
 
@@ -98,13 +97,6 @@ def model_knows_markdown() -> str:
         ]
     lines += ["", "Words of the grammar and the rhyme groups (type a sentence start of your own):", "", "```", vocabulary_text(), "```"]
     return "\n".join(lines)
-
-
-def expected_ids(engine: Engine, response: str) -> list[int] | None:
-    """Token ids the generation should hold from the prompt's end: the response, then an end of text."""
-    if not response:
-        return None
-    return list(engine.encode(response, use_chat_template=False)) + [engine.stop_ids[0]]
 
 
 @dataclass(frozen=True)

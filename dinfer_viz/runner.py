@@ -28,9 +28,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from engine import Engine, EngineError, GenerationConfig, IterationRecord
+from engine import Engine, EngineError, GenerationConfig, IterationRecord, RunHooks
+from engine.pipeline import TextResult
 
 from .batching import RunBatcher
 from .events import Failed, Finished, Loading, Started, Waiting
@@ -269,95 +270,120 @@ def run_live(
     plot_hz: float = 3.0,
     speed: float = 0.0,
     batcher: RunBatcher | None = None,
+    expected: str = "",
 ) -> Iterator[Frame]:
     """Generate `prompt` with `config` and yield paced frames of the growing timeline (module
     docstring); `speed`: iterations shown per second, 0 for as fast as the engine. With `batcher`,
     a run that waits for the engine may join other sessions' runs in one batch
-    (dinfer_viz/batching.py); without, it runs alone."""
+    (dinfer_viz/batching.py); without, it runs alone. `expected`: the answer the header carries
+    (as ids, their strings in its tokens) for the views to mark where the run departs from it."""
     t0 = time.perf_counter()
     cancel = threading.Event()
 
     def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> object:
-        return engine.generate(prompt, config, trace=True, on_start=lambda header: post(Started(header)), on_iteration=post, cancel=cancel)
+        hooks = RunHooks(trace=True, on_start=lambda header: post(Started(header)), on_iteration=post, cancel=cancel)
+        return engine.generate(prompt, config, hooks, expected=expected or None)
 
-    events = batcher.submit(spec, prompt, config, cancel) if batcher is not None else start_worker(host, spec, job, cancel)
-    run_id = secrets.token_hex(8)
-    pacer = PagePacer(wake=lambda: events.put(Painted()))
+    events = batcher.submit(spec, prompt, config, cancel, expected) if batcher is not None else start_worker(host, spec, job, cancel)
+    run = LiveRun(events, FrameClock(fps, plot_hz), Playback(speed), t0)
     with _PACERS_LOCK:
-        _PACERS[run_id] = pacer
-    clock = FrameClock(fps, plot_hz)
-    playback = Playback(speed)
-    timeline: Timeline | None = None
-    result = None  # the engine's TextResult once it finished
-    status = "starting"  # what a heartbeat says while there is no news
-    shown = 0  # records shown by the last frame sent
-    last_yield = time.perf_counter()
-
-    def frame(stage: str, **fields: object) -> Frame:
-        nonlocal last_yield
-        last_yield = time.perf_counter()
-        return Frame(stage, last_yield - t0, run=run_id, **fields)  # type: ignore[arg-type]
-
+        _PACERS[run.id] = run.pacer
     try:
-        while True:
-            # Sleep until an event, or until the clock allows a frame when there is something to
-            # show and the page is ready for it, or until the playback shows one more record.
-            arrived = timeline.iterations if timeline is not None else 0
-            due = timeline is not None and playback.shown(arrived, time.perf_counter()) > shown and pacer.may_send(time.perf_counter())
-            timeout = clock.wait(time.perf_counter()) if due else playback.wait(arrived)
-            try:
-                event = events.get(timeout=min(POLL_SECONDS, timeout))
-            except queue.Empty:
-                event = None
-            while event is not None:
-                if isinstance(event, IterationRecord) and timeline is not None:
-                    timeline.add(event)  # its token strings are already in the header's `tokens`
-                elif isinstance(event, Started):
-                    timeline = Timeline(event.trace)
-                    status = "generating: a forward is running"
-                    clock.share(event.batch)
-                    now = time.perf_counter()
-                    clock.tick(now, force=True)
-                    number, since = pacer.send(0, True, now)
-                    others = "1 other session's run" if event.batch == 2 else f"{event.batch - 1} other sessions' runs"
-                    joined = f" (batched with {others})" if event.batch > 1 else ""
-                    yield frame("running", plots=True, timeline=timeline, message="generating" + joined, number=number, since=since)
-                elif isinstance(event, Waiting):
-                    status = "waiting for the engine: another session is running"
-                    yield frame("waiting", message=status)
-                elif isinstance(event, Loading):
-                    status = f"loading {event.spec.describe()}"
-                    yield frame("loading", message=status)
-                elif isinstance(event, Finished):
-                    result = event.value
-                elif isinstance(event, Failed):
-                    yield frame("error", plots=True, timeline=timeline, message=event.message, shown=timeline.iterations if timeline else 0)
-                    return
-                try:
-                    event = events.get_nowait()
-                except queue.Empty:
-                    event = None
-            now = time.perf_counter()
-            target = playback.shown(timeline.iterations, now) if timeline is not None else 0
-            if result is not None and timeline is not None and target >= timeline.iterations:
-                clock.tick(now, force=True)
-                yield frame("done", plots=True, timeline=Timeline(result.output.trace), text=result.text, message="done", shown=len(result.output.trace.iterations))
-                return
-            if timeline is not None and target > shown and pacer.may_send(now):
-                send, plots = clock.tick(now, plots_allowed=pacer.plots_allowed(now))
-                if send:
-                    shown = target
-                    number, since = pacer.send(shown, plots, now)
-                    yield frame("running", plots=plots, timeline=timeline, message="generating", shown=shown, number=number, since=since)
-                    clock.spent(time.perf_counter() - last_yield, plots)
-                    continue
-            if time.perf_counter() - last_yield >= HEARTBEAT_SECONDS:
-                # nothing new (a long forward, a wait, a page still painting): yield so Gradio can close us
-                yield frame("busy", message=status if target <= shown else "")
+        yield from run.frames()
     finally:
         cancel.set()
         with _PACERS_LOCK:
-            del _PACERS[run_id]
+            del _PACERS[run.id]
+
+
+class LiveRun:
+    """One live run's consumer: drains the engine's `events`, keeps the growing timeline and
+    yields the frames the clock, the page and the playback allow (module docstring)."""
+
+    def __init__(self, events: "queue.SimpleQueue[object]", clock: FrameClock, playback: Playback, t0: float) -> None:
+        self.events, self.clock, self.playback, self.t0 = events, clock, playback, t0
+        self.id = secrets.token_hex(8)  # what the page's reports name
+        self.pacer = PagePacer(wake=lambda: events.put(Painted()))
+        self.timeline: Timeline | None = None
+        self.result: TextResult | None = None  # the engine's once it finished
+        self.failed = False
+        self.status = "starting"  # what a heartbeat says while there is no news
+        self.shown = 0  # records shown by the last frame sent
+        self.last_yield = time.perf_counter()
+
+    def frames(self) -> Iterator[Frame]:
+        while True:
+            for event in self._arrived():
+                yield from self._on_event(event)
+                if self.failed:
+                    return
+            now = time.perf_counter()
+            target = self.playback.shown(self.timeline.iterations, now) if self.timeline is not None else 0
+            if self.result is not None and self.timeline is not None and target >= self.timeline.iterations:
+                self.clock.tick(now, force=True)
+                trace = self.result.output.trace
+                yield self._frame("done", plots=True, timeline=Timeline(trace), text=self.result.text, message="done", shown=len(trace.iterations))
+                return
+            if self.timeline is not None and target > self.shown and self.pacer.may_send(now):
+                send, plots = self.clock.tick(now, plots_allowed=self.pacer.plots_allowed(now))
+                if send:
+                    self.shown = target
+                    number, since = self.pacer.send(self.shown, plots, now)
+                    yield self._frame("running", plots=plots, timeline=self.timeline, message="generating", shown=self.shown, number=number, since=since)
+                    self.clock.spent(time.perf_counter() - self.last_yield, plots)
+                    continue
+            if time.perf_counter() - self.last_yield >= HEARTBEAT_SECONDS:
+                # nothing new (a long forward, a wait, a page still painting): yield so Gradio can close us
+                yield self._frame("busy", message=self.status if target <= self.shown else "")
+
+    def _arrived(self) -> Iterator[object]:
+        """The events come in: sleeps until one, or until the clock allows a frame when there is
+        something to show and the page is ready for it, or until the playback shows one more
+        record; then every event already queued."""
+        arrived = self.timeline.iterations if self.timeline is not None else 0
+        now = time.perf_counter()
+        due = self.timeline is not None and self.playback.shown(arrived, now) > self.shown and self.pacer.may_send(now)
+        timeout = self.clock.wait(now) if due else self.playback.wait(arrived)
+        try:
+            yield self.events.get(timeout=min(POLL_SECONDS, timeout))
+            while True:
+                yield self.events.get_nowait()
+        except queue.Empty:
+            return
+
+    def _on_event(self, event: object) -> Iterator[Frame]:
+        if isinstance(event, IterationRecord) and self.timeline is not None:
+            self.timeline.add(event)  # its token strings are already in the header's `tokens`
+        elif isinstance(event, Started):
+            yield self._started(event)
+        elif isinstance(event, Waiting):
+            self.status = "waiting for the engine: another session is running"
+            yield self._frame("waiting", message=self.status)
+        elif isinstance(event, Loading):
+            self.status = f"loading {event.spec.describe()}"
+            yield self._frame("loading", message=self.status)
+        elif isinstance(event, Finished):
+            self.result = event.value
+        elif isinstance(event, Failed):
+            self.failed = True
+            tl = self.timeline
+            yield self._frame("error", plots=True, timeline=tl, message=event.message, shown=tl.iterations if tl else 0)
+
+    def _started(self, event: Started) -> Frame:
+        """The header arrived: the first frame, the masked canvas, plots and all."""
+        self.timeline = Timeline(event.trace)
+        self.status = "generating: a forward is running"
+        self.clock.share(event.batch)
+        now = time.perf_counter()
+        self.clock.tick(now, force=True)
+        number, since = self.pacer.send(0, True, now)
+        others = "1 other session's run" if event.batch == 2 else f"{event.batch - 1} other sessions' runs"
+        joined = f" (batched with {others})" if event.batch > 1 else ""
+        return self._frame("running", plots=True, timeline=self.timeline, message="generating" + joined, number=number, since=since)
+
+    def _frame(self, stage: str, **fields: Any) -> Frame:
+        self.last_yield = time.perf_counter()
+        return Frame(stage, self.last_yield - self.t0, run=self.id, **fields)
 
 
 def timed_passes(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, passes: int) -> Iterator[dict | None]:
@@ -369,7 +395,7 @@ def timed_passes(host: EngineHost, spec: ModelSpec, prompt: str, config: Generat
 
     def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
         for _ in range(passes):
-            post(engine.generate(prompt, config, trace=True, cancel=cancel).output.stats.to_dict())
+            post(engine.generate(prompt, config, hooks=RunHooks(trace=True, cancel=cancel)).output.stats.to_dict())
 
     events = start_worker(host, spec, job, cancel)
     try:

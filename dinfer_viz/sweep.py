@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from engine import Engine, EngineError, GenerationConfig, RunHooks, Trace
+from engine import Engine, EngineError, GenerationConfig, GenerationOutput, RunHooks, Trace
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
 
-from .answers import WrongCommit, expected_ids, first_wrong
+from .answers import WrongCommit, first_wrong
 from .host import EngineHost, ModelSpec
 from .settings import coerce
 from .readouts import plural
@@ -56,7 +56,6 @@ class Outcome:
     model: str = ""  # the model's name (EngineHost.name_of), which the table and chart group by
     model_box: str = ""  # the model as the Run tab's model box takes it (a wrong answer opens there)
     passes: list[float] = field(default_factory=list)  # engine seconds of each pass (the first: `seconds`)
-    names: dict[str, str] = field(default_factory=dict)  # strings of the expected ids (Timeline.add_token_strings)
 
 
 @dataclass
@@ -163,6 +162,17 @@ def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: s
     return examples
 
 
+def with_answers(engine: Engine, examples: list[Example], encoded: list[list[int]]) -> Callable[..., GenerationOutput]:
+    """`engine.generate_ids` that gives each prompt's expected answer to the run, found by the
+    prompt's ids, so its trace header carries the answer's ids and their strings (`Trace.expected`)."""
+    answers = {tuple(ids): engine.answer_ids(ex.response) for ex, ids in zip(examples, encoded)}
+
+    def generate_ids(prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
+        return engine.generate_ids(prompts, config, hooks.but(expected_ids=[answers[tuple(p)] for p in prompts]))
+
+    return generate_ids
+
+
 def run_sweep(
     host: EngineHost,
     spec: ModelSpec,
@@ -189,7 +199,7 @@ def run_sweep(
             for value, cfg in zip(values, configs):
                 encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
                 # the engine's own generate: its trace named as a run's, so a kept failure opens in the Run tab like a run
-                answers = answer_prompts(engine.generate_ids, engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
+                answers = answer_prompts(with_answers(engine, examples, encoded), engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
                 for answer, ids in zip(answers, encoded):
                     stats = answer.output.stats
                     # the other passes are timed only (traced as the first, so the times compare)
@@ -198,10 +208,8 @@ def run_sweep(
                     if not answer.correct and kept < MAX_KEPT_FAILURES:
                         kept += 1
                         outcome.trace = answer.output.trace
-                        outcome.expected = expected_ids(engine, answer.item.response)
-                        outcome.names = engine.token_strings(set(outcome.expected or []))
                         timeline = Timeline(outcome.trace)
-                        timeline.add_token_strings(outcome.names)
+                        outcome.expected = timeline.expected
                         outcome.wrong = first_wrong(timeline, outcome.expected)
                     post(outcome)
 

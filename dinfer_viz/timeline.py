@@ -47,7 +47,6 @@ class Timeline:
         self.prompt_length = trace.prompt_lengths[row]
         self.records: list[IterationRecord] = []
         self.commits: dict[int, Commit] = {}
-        self._names: dict[str, str] = {}  # strings of ids the trace does not name (add_token_strings)
         self._tokens: list[int] = []  # commits that are not an end-of-text id, up to each record
         for rec in trace.iterations:
             self.add(rec)
@@ -139,19 +138,16 @@ class Timeline:
                 out[name] = float(value)
         return out
 
-    # ---- text -----------------------------------------------------------------------------------
-    def add_token_strings(self, strings: dict[str, str]) -> None:
-        """Strings (id string -> piece, as `Engine.token_strings` gives them) for ids the trace does
-        not name: the trace's `tokens` covers only the ids of the run, so an expected answer's token
-        that the model never proposed would read `<26>` where a view explains a wrong commit. Kept
-        apart from the trace, which stays what the engine recorded."""
-        self._names.update(strings)
+    @property
+    def expected(self) -> list[int] | None:
+        """The expected answer's ids the run was given, as its header carries them for this row
+        (their strings are in the header's `tokens`); None when it had none."""
+        rows = self.trace.expected
+        return (list(rows[self.row]) or None) if rows and len(rows) > self.row else None
 
+    # ---- text -----------------------------------------------------------------------------------
     def piece(self, token: int) -> str:
-        key = str(token)
-        if key in self.trace.tokens:
-            return self.trace.tokens[key]
-        return self._names.get(key, f"<{token}>")
+        return self.trace.tokens.get(str(token), f"<{token}>")
 
     def text_of(self, token: int) -> str:
         return readable(self.piece(token))

@@ -55,7 +55,9 @@ def test_a_wrong_commits_hover_names_the_expected_token_by_its_characters(handle
     with handlers.host.lock:
         engine = handlers.host.get(handlers.host.default)
         z = engine.encode("Z", use_chat_template=False)[0]
-    assert str(z) not in tl.trace.tokens  # the run never proposed it: only the tokenizer can name it
+    # the run never proposed it, yet the header names it: the start event carries the expected answer
+    assert not any(z in row for rec in tl.records for row in rec.top1)
+    assert tl.trace.expected[0][:4] == [z] * 4 and tl.expected == tl.trace.expected[0] and tl.trace.tokens[str(z)] == "Z"
     wrong = [cell for cell in view["grid"]["cells"] if "wrong" in cell["k"].split()]
     assert wrong and all("expected &#x27;Z&#x27;" in cell["tip"] for cell in wrong[:4])
     raster = {t.uid: t for t in view["raster"].data}
@@ -79,6 +81,12 @@ def test_a_sweep_failure_copies_its_settings_so_run_reproduces_its_trace(handler
     state = view["state"]
     failed = [o for o in state.failures() if o.trace is not None]
     assert failed, "the low threshold should break at least one pair-sum"
+    with handlers.host.lock:
+        engine = handlers.host.get(handlers.host.default)
+        wanted = engine.encode(failed[0].example.response, use_chat_template=False)
+    # the expected answer came with the run: its header carries the ids, their strings in its tokens
+    assert failed[0].expected == failed[0].trace.expected[0] and failed[0].expected[: len(wanted)] == wanted
+    assert all(str(i) in failed[0].trace.tokens for i in failed[0].expected)
     result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 0], "value": ""}))
     prompt, response, _, model_box, *controls, _pinned = result[len(RUN_VIEW) :]
     values = dict(zip([c.field for c in all_controls()], controls))
@@ -210,7 +218,7 @@ def test_compare_marks_wrong_commits_against_the_expected_answer_and_replay_mark
         seen.update({k: v for k, v in zip(COMPARE_VIEW, frame) if not (isinstance(v, dict) and v == gr.skip())})
     assert any("wrong" in cell["k"] for cell in seen["grid_a"]["cells"])
     state = seen["state"]
-    assert state.expected[0] and state.expected[1]
+    assert state.expected[0] and state.expected == (state.a.trace.expected[0], state.b.trace.expected[0])  # each side's header carries them
     replay = dict(zip(COMPARE_VIEW, handlers.compare_replay(1, state)))
     assert any("wrong" in cell["k"] for cell in replay["grid_b"]["cells"]) or state.b.iterations < 2
     shown = [t for t in replay["chart"].data if t.uid == "shown"]

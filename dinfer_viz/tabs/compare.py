@@ -15,16 +15,16 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
-from .. import answers
 from ..export import compare_csv
 from ..figures import compare_figure
-from ..grid import EMPTY_GRID, LiveGrid, grid_value, inert
-from ..readouts import MAX_PASSES, live_line, median_stats, message_readout, passes_count, readout
+from ..grid import EMPTY_GRID, grid_value, inert
+from ..host import ModelSpec
+from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
 from ..settings import all_controls, control_value, decoder_fields
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
-from .run import LIVE_README
+from .live import LiveView
 from .run_page import RunTab
 
 # The panels' titles come last, so API clients reading the earlier outputs by place keep working.
@@ -72,6 +72,22 @@ def _label(config: dict[str, Any]) -> str:
     return ", ".join(str(p) for p in parts)
 
 
+@dataclass
+class SideResult:
+    """One side's finished run: its timeline (None until done), wall seconds, output text, and the
+    median of its passes' stats (None until timed)."""
+
+    label: str
+    timeline: Timeline | None = None
+    wall: float = 0.0
+    text: str = ""
+    stats: dict[str, Any] | None = None
+
+    def readout(self) -> str:
+        assert self.timeline is not None
+        return readout(self.timeline, self.wall, note=inert(self.label), stats=self.stats)
+
+
 class CompareHandlers(TabHandlers):
     """The Compare tab's events: collect both sides' settings, run them, step through both."""
 
@@ -117,81 +133,76 @@ class CompareHandlers(TabHandlers):
         except EngineError as exc:
             yield outputs(COMPARE_VIEW, {"message": error_text(str(exc))})
             return
-        if other is None:
-            labels = tuple(f"{side}: {_label(cfg.to_dict())}" for side, (_, cfg) in zip("AB", runs))
-            titles = {"title_a": "### A", "title_b": "### B"}
-        else:
-            names = [self.host.name_of(spec) for spec, _ in runs]
-            labels = tuple(f"{side}: {name}" for side, name in zip("AB", names))
-            titles = {f"title_{side}": f"### {side.upper()} · {inert(name)}" for side, name in zip("ab", names)}
+        labels, titles = self._labels(runs, other is not None)
         yield outputs(COMPARE_VIEW, titles)  # the panels say at once which side is which
-        done: list[Timeline] = []
-        walls: list[float] = []
-        medians: list[dict[str, Any]] = []
-        texts: dict[str, str] = {}  # each side's output and readout, sent again at the end: an API client's result holds both
-        wanted: list[list[int] | None] = []  # each side's expected ids (two models may tokenize apart)
+        sides: list[SideResult] = []
         for side, (spec, config) in zip("ab", runs):
-            live: LiveGrid | None = None
-            want: list[int] | None = None
-            names: dict[str, str] = {}  # the expected ids' strings, which the trace may not name (run.py)
-            for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz):
-                tl, say = frame.timeline, f"{side.upper()}: {frame.message}"
-                if frame.stage == "error":
-                    yield outputs(COMPARE_VIEW, {"message": error_text(say)})
-                    return
-                if tl is not None and names:  # the done frame brings a new Timeline
-                    tl.add_token_strings(names)
-                if frame.stage == "running" and tl is not None:
-                    out: dict[str, Any] = {}
-                    if live is None:  # the first frame: the masked canvas
-                        engine = self.host.peek(spec)
-                        if engine is not None and expected:
-                            want = answers.expected_ids(engine, expected)
-                            names = engine.token_strings(set(want or []))
-                            tl.add_token_strings(names)
-                        live = LiveGrid(tl, frame.run, want)
-                        out = {"message": say, f"readout_{side}": message_readout(LIVE_README), f"text_{side}": ""}
-                    out[f"grid_{side}"] = live.value(frame.shown, frame.number, frame.since, live_line(tl, frame.shown, frame.wall))
-                elif frame.stage == "done" and tl is not None:
-                    out = {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1, want), f"text_{side}": frame.text}
-                    out[f"readout_{side}"] = readout(tl, frame.wall, note=inert(labels["ab".index(side)]))
-                    done.append(tl)
-                    wanted.append(want)
-                    walls.append(frame.wall)
-                    texts[f"text_{side}"] = frame.text
-                else:  # waiting, loading, a heartbeat
-                    out = {"message": say} if frame.message else {}
-                yield outputs(COMPARE_VIEW, out)
-            # The other passes, with no view: one pass's timing is noise (another process, a GC)
-            timings = [done[-1].trace.stats]
-            try:
-                for stats in timed_passes(self.host, spec, prompt, config, passes - 1):
-                    if stats is not None:
-                        timings.append(stats)
-                    yield outputs(COMPARE_VIEW, {"message": f"{side.upper()}: timing pass {len(timings)} of {passes}"})
-            except EngineError as exc:
-                yield outputs(COMPARE_VIEW, {"message": error_text(f"{side.upper()}: {exc}")})
+            result = SideResult(labels["ab".index(side)])
+            for slots in self._side(side, spec, config, prompt, expected, passes, result):
+                yield outputs(COMPARE_VIEW, slots)
+            if result.timeline is None or result.stats is None:  # the side failed: its message is out
                 return
-            medians.append(median_stats(timings))
-            texts[f"readout_{side}"] = readout(done[-1], walls[-1], note=inert(labels["ab".index(side)]), stats=medians[-1])
-            yield outputs(COMPARE_VIEW, {f"readout_{side}": texts[f"readout_{side}"]})
-        longest = max(t.iterations for t in done)
+            sides.append(result)
         shared = "" if other is None else f" (both: {_label(runs[0][1].to_dict())})"
+        yield outputs(COMPARE_VIEW, {**self._finished(sides, labels, passes, shared), **titles})
+
+    def _labels(self, runs: list[tuple[ModelSpec, GenerationConfig]], two_models: bool) -> tuple[tuple[str, str], dict[str, str]]:
+        """Each side's label (its settings, or its model with model B set) and panel title."""
+        if not two_models:
+            a, b = (_label(cfg.to_dict()) for _, cfg in runs)
+            return (f"A: {a}", f"B: {b}"), {"title_a": "### A", "title_b": "### B"}
+        a, b = (self.host.name_of(spec) for spec, _ in runs)
+        return (f"A: {a}", f"B: {b}"), {"title_a": f"### A · {inert(a)}", "title_b": f"### B · {inert(b)}"}
+
+    def _side(self, side: str, spec: ModelSpec, config: GenerationConfig, prompt: str, expected: str, passes: int, result: "SideResult") -> Iterator[dict[str, Any]]:
+        """One side: its live run in its panel (the Run tab's live view), then its other passes
+        timed with no view; fills `result`, which keeps its timeline None or its stats None when
+        the side failed (the message says why)."""
+        live = LiveView()
+        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, expected=expected):
+            tl, say = frame.timeline, f"{side.upper()}: {frame.message}"
+            if frame.stage == "error":
+                yield {"message": error_text(say)}
+                return
+            if frame.stage == "running" and tl is not None:
+                yield {("message" if name == "message" else f"{name}_{side}"): value for name, value in live.running(frame, say).items()}
+            elif frame.stage == "done" and tl is not None:
+                result.timeline, result.wall, result.text = tl, frame.wall, frame.text
+                yield {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1, tl.expected), f"text_{side}": frame.text, f"readout_{side}": readout(tl, frame.wall, note=inert(result.label))}
+            elif frame.message:  # waiting, loading, a heartbeat
+                yield {"message": say}
+        if result.timeline is None:
+            return
+        # The other passes, with no view: one pass's timing is noise (another process, a GC)
+        timings = [result.timeline.trace.stats]
+        try:
+            for stats in timed_passes(self.host, spec, prompt, config, passes - 1):
+                if stats is not None:
+                    timings.append(stats)
+                yield {"message": f"{side.upper()}: timing pass {len(timings)} of {passes}"}
+        except EngineError as exc:
+            yield {"message": error_text(f"{side.upper()}: {exc}")}
+            return
+        result.stats = median_stats(timings)
+        yield {f"readout_{side}": result.readout()}
+
+    def _finished(self, sides: list["SideResult"], labels: tuple[str, str], passes: int, shared: str) -> dict[str, Any]:
+        """The comparison's last slots: the chart, the shared slider, the state and its CSV, and
+        both sides' output and readout again (an API client's result holds both)."""
+        a, b = sides
+        assert a.timeline is not None and b.timeline is not None and a.stats is not None and b.stats is not None
+        longest = max(a.timeline.iterations, b.timeline.iterations)
         timing = f" (TPS: median of {passes} passes)" if passes > 1 else ""
-        state = CompareState(done[0], done[1], labels, (walls[0], walls[1]), (medians[0], medians[1]), (wanted[0], wanted[1]))
-        yield outputs(
-            COMPARE_VIEW,
-            {
-                "chart": compare_figure(done, labels),
-                # the page's numbering (timeline.iteration_number): 0 before the first forward, 1..N
-                "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
-                "state": state,
-                "csv": self.write_file("compare", ".csv", state.csv()),
-                "message": "done: " + " · ".join(f"{inert(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, medians)) + timing + shared,
-                **titles,
-                **texts,
-            },
-        )
+        state = CompareState(a.timeline, b.timeline, labels, (a.wall, b.wall), (a.stats, b.stats), (a.timeline.expected, b.timeline.expected))
+        return {
+            "chart": compare_figure([a.timeline, b.timeline], labels),
+            # the page's numbering (timeline.iteration_number): 0 before the first forward, 1..N
+            "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
+            "state": state,
+            "csv": self.write_file("compare", ".csv", state.csv()),
+            "message": "done: " + " · ".join(f"{inert(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, (a.stats, b.stats))) + timing + shared,
+            "text_a": a.text, "text_b": b.text, "readout_a": a.readout(), "readout_b": b.readout(),
+        }
 
     def compare_replay(self, iteration: float, state: CompareState | None) -> tuple:
         """Both runs at the same iteration (the slider's number: 0 before the first forward, 1..N;

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from engine import EngineError, Trace
+from engine import EngineError, GenerationConfig, Trace
 
 from .. import answers
 from ..answers import FAMILY_EXAMPLES
@@ -27,15 +27,17 @@ from ..details import position_details
 from ..explain import explain
 from ..export import run_gif, run_mp4
 from ..figures import confidence_raster, extras_figure, iteration_chart
-from ..grid import LiveGrid, grid_value, inert
+from ..grid import grid_value, inert
+from ..host import ModelSpec
 from ..lessons import lesson_named
-from ..readouts import live_line, message_readout, plural, readout
+from ..readouts import message_readout, plural, readout
 from ..runner import Frame, run_live
 from ..sample_traces import shipped_samples
 from ..settings import all_controls, control_value, sweep_setting, visible_fields
 from ..system import progress_line, startup_note
 from ..timeline import Timeline, iteration_number
 from .common import TabHandlers, error_text, guarded, outputs
+from .live import LiveView
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,6 @@ LIVE_RASTER_ROWS = 48  # while live, the raster shows the latest iterations only
 KEEP_TYPED_JS = "(suggestion, current, last) => (current === '' || current === last) ? [suggestion, suggestion] : [current, last]"
 # The live view's pace: iterations shown per second, 0 for as fast as the engine makes them.
 LIVE_SPEEDS = [("as fast as the engine", 0), *((f"{n} iteration{'s' * (n > 1)} / s", n) for n in (1, 2, 5, 10, 20))]
-LIVE_README = "live: the engine's figures so far are on the grid's second line; this table fills when the run ends"
 # Pair-sum: the first forward cannot commit the digits (a is uniform among N's splits), so the
 # threshold decoder forces one, and the rest follows over several iterations
 DEFAULT_PROMPT = FAMILY_EXAMPLES["pairsum"][0]
@@ -201,10 +202,8 @@ class RunHandlers(TabHandlers):
         except EngineError as exc:
             yield outputs(RUN_VIEW, {"message": error_text(str(exc))})
             return
-        expected_ids: list[int] | None = None
-        names: dict[str, str] = {}  # strings of the expected answer's ids, which the trace may not name
         unknown = ""  # characters the tokenizer cannot encode, said with the result
-        live: LiveGrid | None = None
+        live = LiveView()
         # What this spec's engine spends before its iterations show (worker processes, compiling),
         # said while the page would otherwise only count seconds: with the loading line and its
         # heartbeats, then with the heartbeats of a slow forward (a bucket compiling)
@@ -212,27 +211,23 @@ class RunHandlers(TabHandlers):
         phase = "running" if self.host.is_loaded(spec) else "loading"  # the stage a heartbeat ("busy") belongs to
         if phase == "loading":  # said at once, before waiting for the engine or loading it
             yield outputs(RUN_VIEW, {"message": progress_line(f"loading {spec.describe()}", notes["loading"])})
-        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher):
-            if frame.stage == "running" and live is None:  # the first frame: the masked canvas
-                engine = self.host.peek(spec)
-                if engine is not None:
-                    expected_ids = answers.expected_ids(engine, expected) if expected else []
-                    # the trace names only the ids the run proposed: a wrong commit's hover would
-                    # show the expected token as `<26>` without the tokenizer's string for it
-                    names = engine.token_strings(set(expected_ids)) if expected_ids else {}
-                    missing = sorted(set(engine.unencodable(prompt, config.use_chat_template)))
-                    unknown = f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
-                live = LiveGrid(frame.timeline, frame.run, expected_ids or None)
-            if frame.timeline is not None and names:  # the done frame brings a new Timeline
-                frame.timeline.add_token_strings(names)
+        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher, expected=expected):
+            if frame.stage == "running" and live.live is None:  # the first frame: the engine is loaded
+                unknown = self._unencodable(spec, prompt, config)
             phase = phase if frame.stage == "busy" else frame.stage
-            view = self._frame_view(frame, spec.describe(), live, expected_ids or None, prompt, notes.get(phase, ""), pinned)
+            view = self._frame_view(frame, spec.describe(), live, prompt, notes.get(phase, ""), pinned)
             if frame.stage == "done" and unknown:
                 view["message"] += unknown
             yield outputs(RUN_VIEW, view)
 
+    def _unencodable(self, spec: ModelSpec, prompt: str, config: GenerationConfig) -> str:
+        """What the result says of the prompt's characters the model's tokenizer has no token for."""
+        engine = self.host.peek(spec)
+        missing = sorted(set(engine.unencodable(prompt, config.use_chat_template))) if engine is not None else []
+        return f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
+
     def _frame_view(
-        self, frame: Frame, model: str, live: LiveGrid | None, expected: list[int] | None, prompt: str = "", note: str = "", pinned: int | None = None
+        self, frame: Frame, model: str, live: LiveView, prompt: str = "", note: str = "", pinned: int | None = None
     ) -> dict[str, Any]:
         """One frame's slots; `note`: what the engine's system options spend at this stage (run)."""
         if frame.stage in ("waiting", "loading"):
@@ -242,14 +237,11 @@ class RunHandlers(TabHandlers):
             return {"message": progress_line(f"{frame.message} ({frame.wall:.0f} s)", note)} if frame.message else {}
         if frame.timeline is None:  # failed before the engine started
             return {"message": error_text(frame.message)}
-        tl, last = frame.timeline, frame.shown - 1
+        tl, last, expected = frame.timeline, frame.shown - 1, frame.timeline.expected
         if frame.stage == "error":
             return {"message": error_text(frame.message), **timeline_view(tl, last, expected, pinned=pinned)}
         if frame.stage == "running":
-            assert live is not None  # run() makes it at the first running frame
-            out: dict[str, Any] = {"grid": live.value(frame.shown, frame.number, frame.since, live_line(tl, frame.shown, frame.wall))}
-            if frame.number == 0:
-                out.update(message=f"{frame.message}…", readout=message_readout(LIVE_README), text="")
+            out = live.running(frame, message=f"{frame.message}…")
             if frame.plots:
                 out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last), cost=cost_figure(tl, upto=last))
             return out

@@ -108,7 +108,6 @@ class SweepHandlers(TabHandlers):
             return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(),) * (5 + len(all_controls()))
         outcome = kept[row]
         tl = Timeline(outcome.trace)
-        tl.add_token_strings(outcome.names)  # the expected tokens by their characters in the hovers
         at = outcome.wrong.iteration if outcome.wrong else tl.iterations - 1
         where = (
             f"first wrong commit at position {outcome.wrong.position}, iteration {iteration_number(outcome.wrong.iteration)}, confidence {outcome.wrong.confidence:.3f}"

@@ -154,13 +154,15 @@ class RowSink(Protocol):
 @dataclass(eq=False)
 class BatchRequest:
     """`prompt`: text (encoded with the engine's tokenizer and the config's chat-template switch)
-    or token ids as given. `key`: `batch_key`'s answer for it (None: it runs alone)."""
+    or token ids as given. `key`: `batch_key`'s answer for it (None: it runs alone). `expected`: an
+    answer its header carries as ids (`Trace.expected`; "" for none), which leaves the decoding alone."""
 
     prompt: str | list[int]
     config: GenerationConfig
     cancel: threading.Event
     sink: RowSink
     key: str | None
+    expected: str = ""
     claimed: threading.Event = field(default_factory=threading.Event)  # a batch took it
 
 
@@ -278,7 +280,10 @@ class Batcher:
                 if mine is not None and not r.cancel.is_set():
                     r.sink.record(mine)
 
-        hooks = RunHooks(trace=True, on_start=on_start, on_iteration=on_iteration, cancel=AllCancelled([r.cancel for r in members]))
+        answers = [engine.answer_ids(r.expected) if r.expected else [] for r in members]
+        hooks = RunHooks(
+            trace=True, on_start=on_start, on_iteration=on_iteration, cancel=AllCancelled([r.cancel for r in members]), expected_ids=answers if any(answers) else None
+        )
         out = generate_ids(engine, encoded, members[0].config, hooks)
         for r, view, ids in zip(members, views, out.token_ids):
             r.sink.finished(view.result(out, engine.decode(ids)))
