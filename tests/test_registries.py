@@ -12,6 +12,7 @@ import pytest
 from dinfer_viz.explain import explain, system_markdown
 from dinfer_viz.settings import all_controls, visible_fields
 from engine.__main__ import build_parser
+from engine.cache import BlockCausalCache
 from engine.cache_modes import cache_modes
 from engine.config import GenerationConfig, setting_choices, setting_help
 from engine.registry import builtin_decoder_names
@@ -97,6 +98,8 @@ def test_every_cache_mode_is_declared_whole_and_shown() -> None:
         for setting in mode.settings:
             assert f"cache {mode.name}" in flag_help[setting]
     assert any(mode.exact for mode in cache_modes()) and not all(mode.exact for mode in cache_modes())
+    # the block-causal store runs exactly the modes declared for it (engine/cache.py keeps the rule)
+    assert {mode.name for mode in cache_modes() if mode.block_causal} == set(BlockCausalCache.MODES)
 
 
 def test_every_system_option_is_declared_whole_and_shown(capsys: pytest.CaptureFixture[str]) -> None:

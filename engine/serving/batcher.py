@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 from ..cache import REFRESH
+from ..cache_modes import cache_mode
 from ..config import GenerationConfig
 from ..errors import EngineError
 from ..hooks import RunHooks
@@ -51,7 +52,8 @@ def batch_key(config: GenerationConfig, engine_id: object) -> str | None:
     `engine_id`: what names the engine the request runs on (JSON-serialisable)."""
     if config.temperature > 0 or (config.decoder == "fixed" and config.remasking == "random"):
         return None
-    if config.smoothing or config.refresh_every is not None or config.cache == "vicinity" or config.unroll:
+    mode = cache_mode(config.cache)
+    if config.smoothing or config.refresh_every is not None or (mode is not None and mode.reads_request_counter) or config.unroll:
         return None
     if not decoder_class(config.decoder).row_wise:
         return None
