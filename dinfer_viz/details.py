@@ -1,14 +1,6 @@
 """The details panel: everything the trace knows about one canvas position at one iteration, as
-HTML large enough for a projector.
-
-What it shows, all from the trace (docs/trace.md), nothing inferred beyond the decoders' rules:
-the token there (or [MASK]), when and by which rule it was committed with the numbers the rule
-compared (stated as engine/decoders.py applies it), the decoder's top-1 candidate and confidence at
-that iteration and at every iteration its block was decoded, the top candidates with their
-probabilities where the trace kept them (engine/trace.py: blocks of at most CANDIDATES_MAX_BLOCK
-positions; otherwise the panel says why not), the decoder's and the cache's extras
-(credit, runs and anchors, factor ranks, staleness), the position's K/V state (cache_figure's
-rule) and, given an expected answer, the token it wanted.
+HTML large enough for a projector (what it shows: docs/app.md §2, "Details panel"), all from the
+trace (docs/trace.md), each commit rule stated as engine/decoders.py applies it.
 
 Every string that reaches the HTML goes through `grid.inert` (html.escape plus the characters a
 template step could evaluate): token strings come from tokenizers and trace files, i.e. anyone.

@@ -1,11 +1,7 @@
-"""The engines the app has loaded, and the one lock that every use of them takes.
-
-Concurrency rule (stated in the README): one device, one generate at a time. Every run, compare,
-sweep and model load holds `EngineHost.lock` for its whole duration, so browser sessions never
-interleave on the shared engine; the Gradio queue (concurrency id "engine", limit 1) makes
-comparisons, sweeps and loads wait in line and shows them their position, and runs wait for the
-lock in the RunBatcher (batching.py), which decodes waiting runs together. Each session names its own model, so one
-session loading another model never changes what another session's next run uses.
+"""The engines the app has loaded, and the one lock that every use of them takes (the
+concurrency rule: docs/app.md §10). Every run, compare, sweep and model load holds
+`EngineHost.lock` for its whole duration; each session names its own model, so one session loading
+another model never changes what another session's next run uses.
 
 Embedded models: every folder under assets/ with a config.json (tiny-llada, and its
 trajectory-distilled copy tiny-llada-td when shipped) can be named by its folder name, in public

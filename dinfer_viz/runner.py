@@ -1,23 +1,11 @@
-"""Runs the engine for the UI: a worker thread under the host's lock, paced frames, cancel.
+"""Runs the engine for the UI: a worker thread under the host's lock, paced frames, cancel
+(docs/app.md §5, Live streaming).
 
-The engine runs on a worker thread and pushes the trace header (its `on_start` hook) and then each
-IterationRecord (`on_iteration`) into a queue; the UI's generator drains the queue and yields a
-`Frame` of the growing timeline when three things allow it:
-
-- `FrameClock`: at most `fps` frames and `plot_hz` plot redraws a second, and no more than the
-  server can build within a quarter of the wall time (the first and the last frame always go);
-- `PagePacer`: the page has painted every frame sent but at most MAX_UNPAINTED - 1. The page's
-  grid reports each frame it paints (`acknowledge`); Gradio never drops a streamed frame, so
-  without this a browser slower than the server would fall behind by a growing backlog (and a Stop
-  click would wait behind it). A page that is behind gets the latest state when it catches up,
-  never the frames in between, and plots only as often as it can afford them. Until the first
-  report of a run (an API client never sends one) only the clock applies;
-- the playback speed: 0 shows iterations as fast as the engine makes them; N > 0 shows N a second
-  (a class following the decoding), the engine running ahead and freed as soon as it is done.
-
-The generator yields at least once a second whatever happens (a "busy" frame), because Gradio can
-close it only when it yields; when it is closed (Stop, a client that left), its `finally` sets the
-engine's cancel event, and the engine stops before its next layer.
+The engine's worker thread posts the trace header (`on_start`) and each IterationRecord
+(`on_iteration`) into a queue; `run_live` drains it and yields a `Frame` when the time limits
+(`FrameClock`), the page's painting (`PagePacer`) and the playback speed (`Playback`) allow, and
+at least once a second (a "busy" frame), since Gradio can close a generator only when it yields;
+closing it sets the engine's cancel event, and the engine stops before its next layer.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""Sweep one decoder setting (the threshold, by default) over prompts with known answers.
+"""Sweep one decoder setting (the threshold, by default) over prompts with known answers: the
+Sweep tab's engine side (docs/app.md §3, "Threshold sweep").
 
-Each prompt runs alone (batch 1), so TPF is the per-sequence figure a user sees, not one diluted
-by rows that finish early in a batch. Prompts are the held-out split of the embedded model's task
-families (tinymodel/tasks.py), which training never samples, the arithmetic out-of-range sets, or
-the user's own prompts of any family; each answer is judged by its family's verifier. Per model and value: accuracy, TPF and TPS from
-the engine's stats; each wrong answer keeps its trace, to open in the Run tab at the first wrong
-commit. A second model (the distilled one against the base, say) runs the same prompts and values
-after the first, each holding the engine lock for its own part.
-
-With `passes` > 1 each prompt runs that many times in a row and a value's TPS is the median over
-the passes (each pass: every prompt's tokens over every prompt's engine seconds). Only the first
-pass is decoded and judged: decoding is greedy, so every pass commits the same tokens in the same
-forwards (tests/test_app_teaching.py checks it), and only the time differs.
+Each prompt runs alone (batch 1), so TPF is the per-sequence figure a user sees; each answer is
+judged by its family's verifier (tinymodel/tasks.py), and each wrong answer keeps its trace, its
+header carrying the expected answer, to open in the Run tab at the first wrong commit. With
+`passes` > 1 only the first pass is decoded and judged: decoding is greedy, so every pass commits
+the same tokens in the same forwards (tests/test_app_teaching.py checks it), and only the time
+differs.
 """
 
 from __future__ import annotations

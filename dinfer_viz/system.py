@@ -90,7 +90,7 @@ def startup_note(options: Mapping[str, Any], device: str, loaded: bool) -> str:
     processes start when the engine loads; compiling and capturing happen at the first forward of
     each shape bucket, in a run, not at the load (engine/runtime/compiled.py). `loaded`: the engine is up,
     so only the first forwards' part is left to say."""
-    world = max(_degree(options.get("tp_size")), _degree(options.get("ep_size")))
+    world = max(_degree(options.get(o.name)) for o in system_options() if o.kind is int)  # the worker processes
     on_cpu = torch.device(device).type == "cpu"
     parts = []
     if world > 1 and not loaded:

@@ -1,5 +1,5 @@
 """A live run's frames as the grid and readout slots the Run and Compare tabs show (runner.Frame
-in, slot values out), so both tabs paint a run the same way (docs/app.md, "The live view")."""
+in, slot values out), so both tabs paint a run the same way (docs/app.md §5, Live streaming)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Run tab's page: its components (the settings column, the view column) and their events.
-The handlers they call are tabs/run.py's; docs/app.md ("The Run tab") describes the page.
+The handlers they call are tabs/run.py's; docs/app.md §2-3 describe its views and controls.
 """
 
 from __future__ import annotations
