@@ -31,9 +31,15 @@ class DecodeResult:
 
     `tokens` `[B, W]`: the candidate token of every block position; `confidence` `[B, W]`: its
     probability (for every position, masked or not, so a viewer sees the model's belief);
-    `commit` `[B, W]`: positions to write now (always a subset of the masked ones);
-    `forced` `[B, W]`: commits made only by the at-least-one rule; `extras`: decoder-specific
-    per-position tensors (credit, runs, anchors) for the trace.
+    `commit` `[B, W]`: masked positions to write now; `forced` `[B, W]`: commits made only by the
+    at-least-one rule; `extras`: decoder-specific per-position tensors (credit, runs, anchors)
+    for the trace.
+
+    A revising decoder (`Decoder.revises`) may also change committed positions: `edit` `[B, W]`
+    the committed positions whose token becomes `tokens`, `remask` those that return to [MASK]
+    (never both at one position, never a masked one); `revision_score` `[B, W]` the number each
+    was judged by, and `revision_rules` kind ("edit"/"remask") -> (the rule, its bound), as the
+    trace records them (docs/trace.md §2.1).
     """
 
     tokens: torch.Tensor
@@ -41,6 +47,17 @@ class DecodeResult:
     commit: torch.Tensor
     forced: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    edit: torch.Tensor | None = None
+    remask: torch.Tensor | None = None
+    revision_score: torch.Tensor | None = None
+    revision_rules: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+
+def apply_decode(result: DecodeResult, current: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """The block's tokens after `result`: commits and edits write `tokens`, remasks write [MASK]."""
+    written = result.commit if result.edit is None else result.commit | result.edit
+    new = torch.where(written, result.tokens, current)
+    return new if result.remask is None else torch.where(result.remask, torch.full_like(new, mask_id), new)
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -171,6 +188,24 @@ class Decoder:
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         """`threshold` is the one in force this iteration (smoothing may raise it above the config's)."""
         raise NotImplementedError
+
+    # ---- revising decoders (engine/revising.py): they may change what they committed ----------
+    # True for a decoder that edits or remasks committed tokens: the loop calls `revise` instead of
+    # `decode`, and asks `block_continues` before each iteration instead of stopping when the block
+    # has no masks left (docs/algorithms.md §3.9).
+    revises: ClassVar[bool] = False
+    # Forwards a block may take beyond one per position (the loop's guard against no progress).
+    extra_forwards: int = 0
+
+    def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
+        """`current` `[B, W]`: the block's tokens now; `editable` `[B, W]`: committed positions the
+        decoder may change (generated ones: never the prompt)."""
+        raise NotImplementedError
+
+    def block_continues(self, masks_left: bool) -> bool:
+        """Before each iteration of a block (`masks_left`: any row still has a mask there): whether
+        to run it. A non-revising decoder's block ends when its masks do."""
+        return masks_left
 
     def option(self, name: str) -> Any:
         """This run's value of one of `options`: the config's, else the declared default."""

@@ -31,12 +31,12 @@ import torch
 
 from .cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
 from .config import GenerationConfig
-from .decoders import DecodeResult, make_decoder, top_candidates
+from .decoders import DecodeResult, apply_decode, make_decoder, top_candidates
 from .errors import EngineError
 from .hooks import CancelFlag, RunHooks
 from .models.base import DiffusionLM, ForwardCounters
 from .stats import GenerationStats, count_tokens, generated_mask
-from .trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, Trace, TraceRecorder
+from .trace import CANDIDATES_MAX_BLOCK, EDIT, REMASK, TOP_CANDIDATES, Revision, Trace, TraceRecorder
 
 
 class GenerationCancelled(EngineError):
@@ -209,16 +209,21 @@ class _MaskedRun:
         measured = self._staleness(plan, s, e, logits) if cfg.measure_staleness else {}
         probe_seconds = time.perf_counter() - probe_start
         self.excluded_seconds += probe_seconds
-        result = self.decoder.decode(logits, masked, threshold)
+        current = self.x[:, s:e]
+        if self.decoder.revises:
+            result = self.decoder.revise(logits, masked, threshold, current, ~masked & self._generated(s, e))
+        else:
+            result = self.decoder.decode(logits, masked, threshold)
         if cfg.smoothing:
             result.extras["cont_weight"] = weight  # the w_t a viewer plots next to the threshold
-        self.x[:, s:e] = torch.where(result.commit, result.tokens, self.x[:, s:e])
+        revisions = self._revisions(result, current, s) if self.recorder is not None and self.decoder.revises else None
+        self.x[:, s:e] = apply_decode(result, current, self.mask_id)
         if self.embeds is not None:
             self._smooth(a, b, out.logits, weight)
         if self.recorder is not None:
             _sync(self.device)
             seconds = time.perf_counter() - t0 - probe_seconds
-            self._record(block_index, (s, e), plan, threshold, result, seconds, measured, cost, logits, masked)
+            self._record(block_index, (s, e), plan, threshold, result, seconds, measured, cost, logits, masked, revisions)
         self.iteration += 1
         return plan.kind
 
@@ -249,6 +254,7 @@ class _MaskedRun:
         cost: dict[str, Any] | None,
         logits: torch.Tensor,
         masked: torch.Tensor,
+        revisions: list[list[Revision]] | None,
     ) -> None:
         t0 = time.perf_counter()
         s, e = block_range
@@ -256,11 +262,30 @@ class _MaskedRun:
         rec = self.recorder.record(
             self.iteration, block_index, block_range, plan, result,
             threshold=threshold if self.decoder.uses_threshold else None,
-            seconds=seconds, staleness=staleness, cost=cost, candidates=candidates, masked=masked,
+            seconds=seconds, staleness=staleness, cost=cost, candidates=candidates, masked=masked, revisions=revisions,
         )
         if self.hooks.on_iteration is not None:
             self.hooks.on_iteration(rec)
         self.excluded_seconds += time.perf_counter() - t0
+
+    def _generated(self, s: int, e: int) -> torch.Tensor:
+        """`[B, e - s]`: the block positions each row generates (after its prompt)."""
+        positions = torch.arange(s, e, device=self.device).unsqueeze(0)
+        return positions >= torch.tensor(self.prompt_lengths, device=self.device).unsqueeze(1)
+
+    def _revisions(self, result: DecodeResult, current: torch.Tensor, s: int) -> list[list[Revision]]:
+        """Per row, what `result` changes among committed positions, with the rule's numbers."""
+        rows: list[list[Revision]] = [[] for _ in range(current.shape[0])]
+        for kind, changed, new in ((EDIT, result.edit, result.tokens), (REMASK, result.remask, None)):
+            if changed is None or kind not in result.revision_rules:
+                continue
+            rule, bound = result.revision_rules[kind]
+            for row, w in changed.nonzero().tolist():
+                rows[row].append(Revision(
+                    position=s + w, old=int(current[row, w]), new=self.mask_id if new is None else int(new[row, w]),
+                    kind=kind, rule=rule, score=float(result.revision_score[row, w]), bound=bound,
+                ))
+        return rows
 
     def _staleness(self, plan: ForwardPlan, s: int, e: int, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """KL(exact || this forward) and top-1 agreement per block position, against an uncached
@@ -301,16 +326,17 @@ class _MaskedRun:
         """
         cfg = self.cfg
         self.decoder.block_init(self.x[:, s:e] == self.mask_id, block_index)
-        guard = (e - s) + cfg.total_steps() // cfg.num_blocks() + self.cache.extra_forwards + cfg.max_unroll + 2
+        guard = (e - s) + cfg.total_steps() // cfg.num_blocks() + self.cache.extra_forwards + self.decoder.extra_forwards + cfg.max_unroll + 2
         forwards = 0
         while True:
             remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
             self.host_syncs += 1
-            if remaining == 0:
+            if not self.decoder.block_continues(remaining > 0):
                 break
             if self.hooks.cancel is not None and self.hooks.cancel.is_set():
                 raise GenerationCancelled("generation cancelled")
-            group = min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll) if cfg.unroll else 1
+            # a revising decoder decides after each iteration whether the block goes on: no groups
+            group = min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll) if cfg.unroll and not self.decoder.revises else 1
             for _ in range(group):
                 self.step(block_index, s, e)
             forwards += group

@@ -1,0 +1,114 @@
+"""Decoders that revise what they committed (docs/algorithms.md §3.9): besides filling masks, they
+may edit a committed token or return it to [MASK]. The loop (engine/iteration.py) hands them the
+block's current tokens and the positions they may change, applies the edits and remasks, records
+each with the rule's numbers (docs/trace.md §2.1), and asks them when a block ends.
+
+Edits and remasks stay inside the current block, whose K/V every cached forward computes fresh
+(engine/cache.py), so no cache mode serves a stale K/V for a revised position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from .config import GenerationConfig
+from .decoders import DecodeResult, Decoder, best_per_row
+from .errors import EngineError
+from .registry import DecoderOption, decoder_class, register_decoder
+from .trace import EDIT
+
+EDIT_RULE = "p(new) > edit threshold"
+
+
+def penalise_repeats(logits: torch.Tensor, current: torch.Tensor, penalty: float) -> torch.Tensor:
+    """LLaDA2.1's repetition penalty: at each block position after the first, `penalty` is taken
+    from the logit of the token the position before it holds now (a copy; unchanged at 0)."""
+    if penalty == 0:
+        return logits
+    logits = logits.clone()
+    logits[:, 1:].scatter_add_(-1, current[:, :-1].unsqueeze(-1), torch.full_like(logits[:, 1:, :1], -penalty))
+    return logits
+
+
+@register_decoder
+class EditDecoder(Decoder):
+    """LLaDA2.1's joint threshold (mask-to-token plus token-to-token), row by row.
+
+    Per iteration, for each row whose block is not finished: M2T fills every mask with confidence
+    > τ (at least the row's most confident one); once the row has no masks, the iteration is one of
+    its post-edit steps, and the row finishes when those exceed `max_post_edit_steps`. T2T
+    overwrites each committed, generated position of the block whose top-1 differs from its token
+    with probability > τ_edit (an edit). A row also finishes at an iteration that changes nothing;
+    the block ends when every row has finished. Rules from SGLang's `joint_threshold.py` and the
+    LLaDA2.1 model cards (docs/algorithms.md §3.9).
+    """
+
+    name = "edit"
+    revises = True
+    row_wise = True
+    explanation = (
+        "**Edit (LLaDA2.1's joint threshold).** Each iteration fills every mask whose top-1 "
+        "probability exceeds τ (at least the most confident one), and also *edits*: a committed "
+        "token of the block whose top-1 is another token with probability above τ_edit is "
+        "overwritten (struck through in the grid). Once the block has no masks, up to "
+        "`max_post_edit_steps` more iterations may edit; the block ends at an iteration that changes "
+        "nothing. A low τ commits many tokens at once and lets the edits repair the wrong ones: "
+        "LLaDA2.1's fast S-mode (τ 0.5) against its careful Q-mode."
+    )
+    options: ClassVar[dict[str, DecoderOption]] = {
+        "edit_threshold": DecoderOption(0.5, "edit: overwrite a committed token when another has probability above this"),
+        "max_post_edit_steps": DecoderOption(16, "edit: iterations that may still edit once the block has no masks"),
+        "repetition_penalty": DecoderOption(0.0, "edit: taken from the logit of the previous position's token (0: off)"),
+    }
+    # the three published default sets (threshold, edit threshold, post-edit steps)
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "SGLang": {"threshold": 0.5, "edit_threshold": 0.0, "max_post_edit_steps": 16},
+        "Hugging Face / dllm": {"threshold": 0.95, "edit_threshold": 0.9, "max_post_edit_steps": 16},
+        "diffusers": {"threshold": 0.7, "edit_threshold": 0.5, "max_post_edit_steps": 16},
+    }
+
+    def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
+        super().__init__(config, mask_id, generator)
+        self.edit_threshold = float(self.option("edit_threshold"))
+        self.max_post = int(self.option("max_post_edit_steps"))
+        self.penalty = float(self.option("repetition_penalty"))
+        if self.max_post < 0 or self.penalty < 0:
+            raise EngineError("edit: max_post_edit_steps and repetition_penalty must be >= 0")
+        self.extra_forwards = self.max_post + 1
+        self.post_steps = torch.zeros(0, dtype=torch.long)
+        self.finished = torch.zeros(0, dtype=torch.bool)
+
+    def block_init(self, masked: torch.Tensor, block_index: int) -> None:
+        self.post_steps = torch.zeros(masked.shape[0], dtype=torch.long, device=masked.device)
+        self.finished = torch.zeros(masked.shape[0], dtype=torch.bool, device=masked.device)
+
+    def block_continues(self, masks_left: bool) -> bool:
+        return not bool(self.finished.all())
+
+    def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
+        tokens, confidence, _ = self.predict(penalise_repeats(logits, current, self.penalty))
+        has_mask = masked.any(dim=1)
+        self.post_steps += (~has_mask & ~self.finished).long()
+        active = ~self.finished & (has_mask | (self.post_steps <= self.max_post))
+        above = masked & (confidence > threshold)
+        commit = (above | best_per_row(confidence, masked)) & active.unsqueeze(1)
+        edit = editable & (tokens != current) & (confidence > self.edit_threshold) & active.unsqueeze(1)
+        self.finished |= ~(commit | edit).any(dim=1)
+        return DecodeResult(
+            tokens, confidence, commit, commit & ~above, edit=edit, remask=torch.zeros_like(edit),
+            revision_score=confidence, revision_rules={EDIT: (EDIT_RULE, self.edit_threshold)},
+        )
+
+
+def apply_preset(config: GenerationConfig, preset: str) -> GenerationConfig:
+    """`config` with one of its decoder's published default sets (`presets`): config fields set
+    directly, the decoder's own options in `decoder_options`."""
+    presets: dict[str, dict[str, Any]] = getattr(decoder_class(config.decoder), "presets", {})
+    if preset not in presets:
+        raise EngineError(f"decoder '{config.decoder}' has no preset '{preset}'" + (f"; it has {', '.join(presets)}" if presets else ""))
+    values = presets[preset]
+    options = decoder_class(config.decoder).options
+    fields = {k: v for k, v in values.items() if k not in options}
+    return config.replace(**fields, decoder_options={**config.decoder_options, **{k: v for k, v in values.items() if k in options}})
