@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from engine import Engine, GenerationConfig
 from engine.cli import DEFAULT_MODEL, OneLineParser, set_cpu_threads
-from engine.config import CACHE_MODES
+from engine.cache_modes import cache_mode_names
 from engine.models import model_skeleton
 from engine.registry import decoder_names
 
@@ -63,14 +63,14 @@ def timed_pass(engine: Engine, config: GenerationConfig, row: Row) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m benchmarks.compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--caches", default="none,dual", help="comma-separated cache modes: " + ", ".join(CACHE_MODES))
+    parser.add_argument("--caches", default="none,dual", help="comma-separated cache modes: " + ", ".join(cache_mode_names()))
     parser.add_argument("--decoder", choices=decoder_names(), default="threshold")
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the CLI's rule)")
     args = parser.parse_args(argv)
     caches = [c.strip() for c in args.caches.split(",") if c.strip()]
-    unknown = [c for c in caches if c not in CACHE_MODES]
+    unknown = [c for c in caches if c not in cache_mode_names()]
     if unknown or args.repeats < 1:
         parser.error(f"unknown cache mode '{unknown[0]}'" if unknown else "--repeats must be >= 1")
     threads = set_cpu_threads(model_skeleton(DEFAULT_MODEL), args.threads)

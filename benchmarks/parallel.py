@@ -23,7 +23,7 @@ import torch
 
 from engine import Engine, GenerationConfig, save_model
 from engine.cli import DEFAULT_MODEL, OneLineParser, set_cpu_threads
-from engine.config import CACHE_MODES
+from engine.cache_modes import cache_mode_names
 from engine.models import LLaDAMoEModelLM, model_skeleton
 from engine.registry import decoder_names
 from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m benchmarks.parallel", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decoder", choices=decoder_names(), default="threshold")
-    parser.add_argument("--cache", choices=CACHE_MODES, default="dual")
+    parser.add_argument("--cache", choices=cache_mode_names(), default="dual")
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads of TP=1, shared by the ranks otherwise (default: the CLI's rule)")
