@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -60,19 +61,12 @@ def stream_one(url: str, prompt: str, start: threading.Barrier) -> dict[str, obj
 def load(url: str, prompts: list[str]) -> tuple[float, list[dict[str, object]]]:
     """(wall seconds, each client's result) for every prompt sent at once."""
     start = threading.Barrier(len(prompts) + 1)
-    results: list[dict[str, object]] = [{} for _ in prompts]
-
-    def client(i: int) -> None:
-        results[i] = stream_one(url, prompts[i], start)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0, results
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(stream_one, url, p, start) for p in prompts]
+        start.wait()
+        t0 = time.perf_counter()
+        results = [f.result() for f in futures]
+        return time.perf_counter() - t0, results
 
 
 @contextmanager

@@ -244,7 +244,7 @@ def test_the_trace_store_is_bounded_and_prunes_the_oldest():
 
 def test_a_stream_sends_a_revised_block_only_once_the_loop_has_left_it():
     """No decoder of the engine revises yet, so the records here are written by hand in the trace's
-    own schema (docs/trace.md §2.1): a committed token edited later in its block must never have been
+    own schema (engine/trace.py: Revision): a committed token edited later in its block must never have been
     sent; a decoder that never revises streams each commit at once."""
     vocab = {10: "a", 11: "b", 12: "c", 13: "X"}
     decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731

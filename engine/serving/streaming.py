@@ -4,7 +4,7 @@ What a stream sends is only ever final: the left-to-right prefix of the answer t
 iteration can change, so a client appends deltas and never has to take text back. A committed
 token is final at once when the decoder never revises (its records carry no `revisions`); for a
 decoder that revises committed tokens, the tokens of a block are final when the loop moves past
-the block (revisions stay inside the block being decoded: docs/trace.md §2.1). The prefix also ends
+the block (revisions stay inside the block being decoded: engine/trace.py, `Trace.from_dict` checks it). The prefix also ends
 at the first end-of-text id, at `max_tokens` tokens, before a stop string (the text that could
 still become one is held back) and before an incomplete character.
 """
