@@ -146,6 +146,19 @@ def test_tokens_equal_transformers_generate(model, reference, seed, stop):
     assert (ours.canvas[:, n:] == 0).all()  # canvases never run hold the pad id
 
 
+def test_bfloat16_equals_transformers(checkpoint):
+    """The accelerator default dtype: bf16 weights, fp32 logits, self-conditioning fed back in bf16."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    model = load_model(checkpoint, dtype=torch.bfloat16)
+    reference = DiffusionGemmaForBlockDiffusion.from_pretrained(checkpoint, attn_implementation="eager", dtype=torch.bfloat16).eval()
+    settings = dict(max_denoising_steps=8, confidence_threshold=1.8, stability_threshold=0)
+    ours = run_uniform_diffusion(model, [[12, 30, 45, 9, 17]], uniform_config(1, **settings), [STOP], RunHooks())
+    theirs = hf_generate(reference, [[12, 30, 45, 9, 17]], 1, 3 * CANVAS, **settings)
+    assert model.dtype == torch.bfloat16
+    assert ours.canvas[:, : theirs.sequences.shape[1]].tolist() == theirs.sequences.tolist()
+
+
 def test_batch_equals_transformers(model, reference):
     """Two rows that stop and end at different steps (a stopped row is frozen while the other goes on)."""
     from transformers import EntropyBoundSamplerConfig

@@ -10,7 +10,7 @@ import torch
 
 from engine import RunHooks, run_diffusion
 from engine.config import GenerationConfig
-from engine.decoders import EntropyBoundDecoder, make_decoder
+from engine.decoders import make_decoder
 from engine.registry import decoder_class
 
 from .conftest import tiny_llada
