@@ -1,6 +1,6 @@
 """Concurrent visitors' runs decoded as one engine batch, each visitor seeing only its own row: the
 app's adapter over the engine's batcher (engine/serving/batcher.py, where the rule and its reasons
-live; README, "Concurrency rule").
+live; docs/app.md §10, the concurrency rule).
 
 What the app adds: runs name a model (`ModelSpec`) that the EngineHost loads under its lock (the one
 every compare, sweep and load also takes), and each run's news arrives in a queue as the app's

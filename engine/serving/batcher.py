@@ -40,7 +40,6 @@ from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
 from ..stats import count_tokens
 from ..trace import REMASK, IterationRecord, Trace
-from .hooks_shim import generate_ids
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 8
@@ -286,6 +285,6 @@ class Batcher:
         hooks = RunHooks(
             trace=True, on_start=on_start, on_iteration=on_iteration, cancel=AllCancelled([r.cancel for r in members]), expected_ids=answers if any(answers) else None
         )
-        out = generate_ids(engine, encoded, members[0].config, hooks)
+        out = engine.generate_ids(encoded, members[0].config, hooks)
         for r, view, ids in zip(members, views, out.token_ids):
             r.sink.finished(view.result(out, engine.decode(ids)))
