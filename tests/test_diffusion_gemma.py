@@ -132,6 +132,19 @@ def test_config_without_experts_is_one_line_error(tmp_path, checkpoint):
     assert "\n" not in str(err.value)
 
 
+def test_checkpoint_missing_a_tensor_names_it(tmp_path, checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "short"
+    folder.mkdir()
+    (folder / "config.json").write_text((checkpoint / "config.json").read_text())
+    state = load_file(checkpoint / "model.safetensors")
+    del state["model.decoder.self_conditioning.up_proj.weight"]
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(EngineError, match="checkpoint lacks tensor model.decoder.self_conditioning.up_proj.weight"):
+        load_model(folder)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("stop", [dict(confidence_threshold=2.5), dict(confidence_threshold=1.8, stability_threshold=0)])
 def test_tokens_equal_transformers_generate(model, reference, seed, stop):

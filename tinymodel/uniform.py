@@ -22,8 +22,8 @@ decodes with the `uniform` sampler at `entropy_bound`.
 
 from __future__ import annotations
 
-import sys
 import json
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
