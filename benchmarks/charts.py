@@ -44,7 +44,7 @@ def sweep_figure(rows: list[dict[str, Any]], title: str) -> go.Figure:
             x=[r["tpf"] for r in mine],
             y=[r["accuracy"] for r in mine],
             mode="lines+markers",
-            name=decoder,
+            name=decoder if "aup" not in mine[0] else f"{decoder} · AUP {mine[0]['aup']:.1f}",
             text=[f"{r['knob']} {r['value']:g}" for r in mine],
             hovertemplate="%{text}<br>TPF %{x:.2f}<br>accuracy %{y:.1%}<extra>" + decoder + "</extra>",
         )

@@ -8,7 +8,8 @@ for parallelism: `threshold` for the decoders that use one (plug-ins included, w
 `uses_threshold`), `steps` as tokens per step k (steps = gen_length / k), `factor`. Every point is one
 pass over the prompt set (batch 1) through the same runner as `benchmarks.run`; the Pareto
 front is the set of points no other point beats on both accuracy and TPF. `sweep()` returns the
-rows, for the app; the CLI prints them and writes JSON and a chart.
+rows, for the app; the CLI prints them and writes JSON and a chart. Each decoder's curve gets its
+AUP (d3LLM's accuracy under parallelism, tinymodel/aup.py), in the table, the JSON and the legend.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from engine.decoders import make_decoder
 from engine.registry import builtin_decoder_names, decoder_class, decoder_names
 from engine.errors import EngineError
 from engine.pipeline import Engine
+from tinymodel.aup import aup_by_curve
 
 from . import charts, machine
 from .presets import parse_assignment
@@ -50,6 +52,7 @@ class SweepRow:
     nfe: int
     seconds: float
     pareto: bool = False
+    aup: float = 0.0  # the decoder's curve's AUP (tinymodel/aup.py), on every row of that decoder
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +78,15 @@ def sweep_points(
     if setting == "threshold" and make_decoder(probe, mask_id=0).uses_threshold:
         return [("threshold", t, probe.replace(threshold=t)) for t in thresholds]
     return [("default", 0.0, probe)]  # a plug-in with a knob of its own
+
+
+def mark_aup(rows: list[SweepRow]) -> list[SweepRow]:
+    """Set `aup` on every row: its decoder's curve scored against the best accuracy of any decoder
+    swept (one task, one prompt set)."""
+    scores = aup_by_curve({d: [(r.tpf, 100 * r.accuracy) for r in rows if r.decoder == d] for d in dict.fromkeys(r.decoder for r in rows)})
+    for row in rows:
+        row.aup = scores[row.decoder]
+    return rows
 
 
 def mark_pareto(rows: list[SweepRow]) -> list[SweepRow]:
@@ -120,14 +132,14 @@ def sweep(
         rows.append(row)
         if on_row:
             on_row(row)
-    return mark_pareto(rows)
+    return mark_aup(mark_pareto(rows))
 
 
 def format_rows(rows: list[SweepRow]) -> str:
-    lines = ["| decoder | knob | value | accuracy | TPF | TPS | tokens | NFE | Pareto |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| decoder | knob | value | accuracy | TPF | TPS | tokens | NFE | Pareto | AUP (decoder) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r.decoder} | {r.knob} | {r.value:g} | {100 * r.accuracy:.1f}% | {r.tpf:.2f} | {r.tps:.1f} | {r.tokens} | {r.nfe} | {'*' if r.pareto else ''} |"
+            f"| {r.decoder} | {r.knob} | {r.value:g} | {100 * r.accuracy:.1f}% | {r.tpf:.2f} | {r.tps:.1f} | {r.tokens} | {r.nfe} | {'*' if r.pareto else ''} | {r.aup:.1f} |"
         )
     return "\n".join(lines)
 

@@ -17,11 +17,12 @@ from engine import IterationRecord
 from engine.trace import CANDIDATES_MAX_BLOCK
 
 from .cache_figure import STATES, cache_states, state_explanation
-from .grid import expected_at, inert
+from .grid import expected_at, inert, revision_line
 from .timeline import Timeline, iteration_number
 
 BASE_FONT = 20  # px: read from the back of a room
 HISTORY_ROWS = 40  # a block decoded over more iterations shows its last ones
+REVISION_ROWS = 12  # a position edited back and forth lists its latest revisions
 _STYLE = (
     f"font-size:{BASE_FONT}px;line-height:1.45;color:#111827;background:#ffffff;"
     "border:2px solid #d1d5db;border-radius:8px;padding:14px 18px;max-width:1100px"
@@ -59,10 +60,7 @@ def _token(timeline: Timeline, token: int) -> str:
 
 def _masked_before(timeline: Timeline, position: int, index: int) -> bool:
     """Whether `position` held [MASK] when record `index` started (its decoder chose among these)."""
-    if timeline.initial[position] != timeline.mask_id:
-        return False
-    commit = timeline.commits.get(position)
-    return commit is None or commit.iteration >= index
+    return timeline.token_before(position, index) == timeline.mask_id
 
 
 def _config(timeline: Timeline, name: str, default: Any = None) -> Any:
@@ -160,6 +158,19 @@ def _hierarchical_decision(d: _Decision) -> str | None:
 @_explains("factor")
 def _factor_decision(d: _Decision) -> str | None:
     return _factor_rule(d.timeline, d.rec, d.index, d.position, d.c, d.committed, d.forced) if "rank" in d.extras else None
+
+
+@_explains("edit")
+def _edit_decision(d: _Decision) -> str | None:
+    """LLaDA2.1's mask-to-token half (engine/revising.py): strictly above τ, or the row's most
+    confident mask; its token-to-token half is a revision, stated by `Timeline.describe_revision`."""
+    if d.tau is None:
+        return None
+    if d.forced:
+        return f"forced: confidence {_num(d.c, d.tau)} ≤ τ {_tau(d.tau)}, but every iteration fills at least the row's most confident mask"
+    if d.committed:
+        return f"committed: confidence {_num(d.c, d.tau)} > τ {_tau(d.tau)} (strictly above)"
+    return f"not committed: confidence {_num(d.c, d.tau)} ≤ τ {_tau(d.tau)}"
 
 
 @_explains("fixed")
@@ -292,6 +303,9 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
         state = "masked" if _masked_before(timeline, position, i) else "already committed"
         if position in rec.committed[timeline.row]:
             state = "committed here" + (" (forced)" if position in rec.forced[timeline.row] else "")
+        revision = timeline.revision_at(position, i)
+        if revision is not None:
+            state = timeline.describe_revision(revision)
         weight = "font-weight:700;background:#fef9c3" if i == shown else ""
         cells = (str(iteration_number(i)), rec.forward, _token(timeline, token), _num(conf), "—" if rec.threshold is None else _tau(rec.threshold), state)
         rows.append(f'<tr style="{weight}">' + "".join(f'<td style="padding:2px 12px 2px 0">{inert(c)}</td>' for c in cells) + "</tr>")
@@ -338,6 +352,12 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         add("why", rule_text(timeline, commit.iteration, position))
     elif not in_prompt and token == timeline.mask_id:
         add("committed", "not by the end of the run" if timeline.finished else "not yet")
+    revisions = timeline.revisions.get(position, [])
+    if len(revisions) > REVISION_ROWS:
+        add("revised", f"{len(revisions) - REVISION_ROWS} earlier revisions not shown")
+    for revision in revisions[-REVISION_ROWS:]:
+        when = " (this iteration)" if revision.iteration == iteration else " (later than the iteration shown)" if revision.iteration > iteration else ""
+        add("revised", revision_line(timeline, revision) + when)
     want = expected_at(timeline, expected, position)
     if want is not None:
         verdict = "not committed yet" if token == timeline.mask_id else "matches" if want == token else "differs from the token here"
@@ -352,12 +372,15 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
             conf = float(rec.confidence[timeline.row][position - s])
             add("top-1 now", f"{_token(timeline, candidate)} with probability {_num(conf)}")
             add("top candidates", _candidates_text(timeline, rec, position))
-            if commit is not None and commit.iteration == iteration:
-                pass  # the decision is the commit above, with its rule
+            if commit is not None and commit.iteration == iteration or timeline.revision_at(position, iteration) is not None:
+                pass  # the decision is the commit or the revision above, with its rule
             elif _masked_before(timeline, position, iteration):
                 add("decision now", rule_text(timeline, iteration, position))
             else:
-                add("decision now", "already committed before this iteration: the decoder only reports what it would predict here")
+                add("decision now", (
+                    "already committed before this iteration: the decoder could have edited or remasked it here, and its rule did not"
+                    if timeline.revises else "already committed before this iteration: the decoder only reports what it would predict here"
+                ))
             for label, text in _extras_text(timeline, iteration, position):
                 add(label, text)
         else:

@@ -16,9 +16,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine import IterationRecord
+from engine.trace import EDIT, REMASK
 
 from .grid import CELL_COLOURS, expected_at
-from .readouts import percent
 from .timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 _TEMPLATE = go.layout.Template(
@@ -97,11 +97,7 @@ def _block_matrix(timeline: Timeline, first: int, upto: int, values_of, masked_o
     is decoded there) and, with `masked_only`, positions no longer [MASK] when the record started."""
     x0, x1 = timeline.view_start(), timeline.view_end()
     z = np.full((upto + 1 - first, x1 - x0), np.nan, dtype=np.float32)
-    # iteration that committed each position; +inf for never, -1 for prompt (never masked)
-    committed_at = np.full(timeline.canvas_length, np.inf)
-    committed_at[np.asarray(timeline.initial) != timeline.mask_id] = -1
-    for p, c in timeline.commits.items():
-        committed_at[p] = c.iteration
+    prompt = np.asarray(timeline.initial) != timeline.mask_id  # never masked
     for i in range(first, upto + 1):
         rec = timeline.records[i]
         values = values_of(i, rec)
@@ -109,7 +105,10 @@ def _block_matrix(timeline: Timeline, first: int, upto: int, values_of, masked_o
             continue
         s, e = rec.block_range
         row = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float32)
-        hidden = committed_at[s:e] < i if masked_only else committed_at[s:e] < 0
+        if masked_only:  # a remasked position is masked again, so read the canvas, not the commits
+            hidden = np.array([timeline.token_before(p, i) != timeline.mask_id for p in range(s, e)])
+        else:
+            hidden = prompt[s:e]
         row[hidden[: len(row)]] = np.nan
         z[i - first, s - x0 : min(e, x1) - x0] = row[: min(e, x1) - s]
     return z
@@ -230,6 +229,21 @@ def confidence_raster(
                 uid=f"commits-{name}",
             )
         )
+    for kind, state, symbol in ((EDIT, "edited", "diamond"), (REMASK, "remasked", "triangle-down")):
+        revised = [r for i in range(first, upto + 1) for r in timeline.record_revisions[i] if r.kind == kind]
+        if revised:  # only a revising decoder's runs name these marks
+            fig.add_trace(
+                go.Scatter(
+                    x=np.array([r.position for r in revised], dtype=np.float32),
+                    y=np.array([iteration_number(r.iteration) for r in revised], dtype=np.float32),
+                    mode="markers",
+                    name=CELL_COLOURS[state][1].split(":")[0],
+                    marker=dict(symbol=symbol, size=9, color=CELL_COLOURS[state][0], line=dict(width=1, color="#111827")),
+                    text=[_plain(timeline.describe_revision(r)) for r in revised],
+                    hovertemplate="pos %{x} · iteration %{y}<br>%{text}<extra></extra>",
+                    uid=f"revisions-{state}",
+                )
+            )
     shapes: list[dict[str, Any]] = []
     drawn: set[str] = set()
     for start, end, exact, ranges in runs:
@@ -284,6 +298,10 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
     fig = go.Figure()
     fig.add_trace(go.Bar(x=its, y=above, name="above threshold", marker_color=CELL_COLOURS["new"][0], uid="above"))
     fig.add_trace(go.Bar(x=its, y=forced, name="forced top-1", marker_color=CELL_COLOURS["forced"][0], uid="forced"))
+    if timeline.revises:  # a revising decoder's edits and remasks, stacked on its commits
+        for kind, state in ((EDIT, "edited"), (REMASK, "remasked")):
+            counts = np.array([sum(r.kind == kind for r in timeline.record_revisions[i]) for i in range(len(records))], dtype=np.float32)
+            fig.add_trace(go.Bar(x=its, y=counts, name=state, marker_color=CELL_COLOURS[state][0], uid=state))
     thresholds = np.array([np.nan if r.threshold is None else r.threshold for r in records], dtype=np.float32)
     fig.add_trace(go.Scatter(x=its, y=thresholds, yaxis="y2", name="threshold", mode="lines", line=dict(color="#111827", width=1.5, shape="hv"), uid="threshold"))
     scalars: dict[str, list[float]] = {}
@@ -314,7 +332,7 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
         bargap=0.15,
         shapes=shapes,
         xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], anchor="y3", title=dict(text="iteration")),
-        yaxis=dict(domain=[0.45, 1.0], title=dict(text="tokens committed")),
+        yaxis=dict(domain=[0.45, 1.0], title=dict(text="positions changed" if timeline.revises else "tokens committed")),
         # automargin with a standoff: the right margin grows to hold the tick labels and then the
         # title, which otherwise sits on the ticks ("1.05" under "threshold")
         yaxis2=dict(
@@ -412,7 +430,7 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str], highlig
     fig = make_subplots(rows=1, cols=2, subplot_titles=["tokens vs engine time", "tokens vs iteration"], horizontal_spacing=0.1)
     for k, (timeline, label) in enumerate(zip(timelines, labels)):
         colour = RUN_COLOURS[k % len(RUN_COLOURS)]
-        counts = np.cumsum([sum(1 for p in rec.committed[timeline.row] if timeline.commits[p].token not in timeline.trace.eos_ids) for rec in timeline.records]).astype(np.float32)
+        counts = np.array([timeline.committed_tokens(n) for n in range(1, timeline.iterations + 1)], dtype=np.float32)
         seconds = np.cumsum([rec.seconds for rec in timeline.records]).astype(np.float32)
         its = np.arange(1, timeline.iterations + 1, dtype=np.float32)
         name = _plain(label)  # a label may hold a model's path or name
@@ -428,61 +446,6 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str], highlig
     # plot, sat on them); the bottom margin holds both
     fig.update_layout(legend=dict(yref="container", y=0.01, yanchor="bottom"), margin=dict(b=110))
     return _finish(fig, 360, "compare")
-
-
-def sweep_figure(points: Sequence[dict[str, Any]], parameter: str = "threshold") -> go.Figure:
-    """Accuracy against tokens per forward: one curve per model (points' "model", named in the
-    legend when there are two), one point per swept value (labelled with it)."""
-    if not points:
-        return message_figure("no sweep yet", 340)
-    symbol = "τ" if parameter == "threshold" else parameter
-    models = list(dict.fromkeys(r.get("model", "") for r in points))  # in the order they were swept
-    x_span = max(r["tpf"] for r in points) or 1.0  # the x axis runs from 0
-    fig = go.Figure()
-    for k, model in enumerate(models):
-        mine = sorted((r for r in points if r.get("model", "") == model), key=lambda r: r["value"])
-        colour = RUN_COLOURS[k % len(RUN_COLOURS)]
-        name = _plain(model) or "sweep"
-        fig.add_trace(
-            go.Scatter(
-                x=np.array([r["tpf"] for r in mine], dtype=np.float32),
-                y=np.array([r["accuracy"] for r in mine], dtype=np.float32),
-                name=name,
-                mode="lines+markers+text",
-                text=_grouped_labels(mine, symbol, x_span),
-                textposition="top center",
-                textfont=dict(color=colour),
-                # each point's own value, TPF, accuracy (written as the table writes it) and TPS
-                hovertext=[
-                    f"{name}: {symbol}={r['value']:g}<br>TPF {r['tpf']:.2f} · accuracy {percent(r['accuracy'])}<br>TPS {r['tps']:.1f} over {r['examples']} prompts"
-                    for r in mine
-                ],
-                hovertemplate="%{hovertext}<extra></extra>",
-                marker=dict(size=9, color=colour),
-                line=dict(color=colour),
-                uid=f"sweep-{k}",
-            )
-        )
-    # inside the top right: the plot's own label covers the space above it, and a model's point rarely lands there
-    fig.update_layout(showlegend=len(models) > 1, legend=dict(x=0.99, xanchor="right", y=0.99, yanchor="top", bgcolor="rgba(255,255,255,0.8)"))
-    fig.update_xaxes(title_text="tokens per forward (TPF)", rangemode="tozero")
-    fig.update_yaxes(title_text="accuracy", range=[-0.05, 1.1], tickformat=".0%")
-    return _finish(fig, 340, "sweep")
-
-
-def _grouped_labels(points: Sequence[dict[str, Any]], symbol: str, x_span: float, near_x: float = 0.12, near_y: float = 0.06) -> list[str]:
-    """One label per run of consecutive values whose points lie near the first's (within `near_x`
-    of the x span and `near_y` of accuracy: about a label's width and height on the 340 px chart),
-    on that first point ("τ=0.5–0.95"); the others none: labels on nearby points print over each
-    other (a flat pair-sum sweep piled five of them)."""
-    labels = [""] * len(points)
-    start = 0
-    for i in range(1, len(points) + 1):
-        if i == len(points) or abs(points[i]["tpf"] - points[start]["tpf"]) > near_x * x_span or abs(points[i]["accuracy"] - points[start]["accuracy"]) > near_y:
-            first, last = points[start]["value"], points[i - 1]["value"]
-            labels[start] = f"{symbol}={first:g}" if i - 1 == start else f"{symbol}={first:g}–{last:g}"
-            start = i
-    return labels
 
 
 def _plain(text: str) -> str:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import html
 
+from engine.trace import EDIT, REMASK
+
 from .readouts import plural
-from .timeline import EXACT_FORWARDS, Timeline, iteration_number
+from .timeline import EXACT_FORWARDS, Revised, Timeline, iteration_number
 from .tokens import glyph, is_special
 
 # state -> (background colour, legend label). Order is the legend's order.
@@ -34,7 +36,12 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
     "new": ("#4ade80", "committed now, above threshold"),
     "forced": ("#fb923c", "committed now, forced top-1"),
     "fill": ("#f3f4f6", "filled by early stop"),
+    # a revising decoder's changes to committed positions (engine/revising.py)
+    "edited": ("#e879f9", "edited now: old token struck through, new beside it"),
+    "remasked": ("#9f1239", "remasked now: back to [MASK]"),
 }
+# the states a revising decoder adds: the legend shows them for its runs only
+REVISION_STATES = ("edited", "remasked")
 # Marks drawn on top of a state: (CSS, legend label).
 CELL_MARKS: dict[str, tuple[str, str]] = {
     "blk": ("box-shadow: inset 0 3px 0 #2563eb", "current block (blue top edge)"),
@@ -85,14 +92,17 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
         cells.append({"t": f"…{first}", "k": "prompt", "tip": _summary_tip(first), "c": 0, "p": -1})
     for p in range(first, timeline.canvas_length):
         token = canvas[p]
-        commit = timeline.commits.get(p)
+        commit = timeline.commit_at(p, iteration)
         in_block = p in block
         kind = cell_state(timeline, canvas, p, iteration)
         if kind in ("prompt", "masked", "fill"):
             tip = [f"pos {p} · {STATE_TIPS[kind]}"]
+        elif kind == "remasked":
+            tip = [f"pos {p} · back to [MASK] at iteration {iteration_number(iteration)}"]
         else:
             how = "forced top-1 (below threshold)" if commit.forced else "above threshold"
             tip = [f"pos {p} · committed at iteration {iteration_number(commit.iteration)} ({how}) · confidence then {commit.confidence:.3f}"]
+        tip += [revision_line(timeline, r) for r in timeline.revisions.get(p, []) if r.iteration <= iteration]
         classes = [kind]
         c = 0.0
         if in_block:
@@ -110,11 +120,24 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
         if token != timeline.mask_id:
             tip.insert(1, f"token {timeline.text_of(token)!r} (id {token})")
         want = expected_at(timeline, expected, p)
-        if kind in ("old", "new", "forced") and want is not None and want != token:
+        if kind in COMMITTED_STATES and want is not None and want != token:
             classes.append("wrong")
             tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
-        cells.append({"t": inert(cell_text(timeline, token)), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
+        text = inert(cell_text(timeline, token))
+        if kind == "edited":  # the replaced token struck through, the new one beside it
+            text = f'<s class="was">{inert(cell_text(timeline, timeline.revision_at(p, iteration).old))}</s>{text}'
+        cells.append({"t": text, "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
     return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration))}
+
+
+# states whose token a decoder chose (compared with the expected answer)
+COMMITTED_STATES = ("old", "new", "forced", "edited")
+
+
+def revision_line(timeline: Timeline, revision: Revised) -> str:
+    """A revision as a hover or details line: "iteration 7: edited '4' -> '7' (p(new) 0.930 >
+    edit threshold 0.9)"."""
+    return f"iteration {iteration_number(revision.iteration)}: {timeline.describe_revision(revision)}"
 
 
 def expected_at(timeline: Timeline, expected: list[int] | None, p: int) -> int | None:
@@ -159,8 +182,17 @@ def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
     threshold = "" if rec.threshold is None else f" · threshold {rec.threshold:.2f}"
     return (
         f"iteration {iteration_number(iteration)}/{total} · block {rec.block} [{s}, {e}) · "
-        f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}"
+        f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}{revised_summary(timeline, iteration)}"
     )
+
+
+def revised_summary(timeline: Timeline, iteration: int) -> str:
+    """" · edited 2 · remasked 1" for what record `iteration` revised ("" for a decoder that never
+    revises); the captions of the grid and of the exported frames."""
+    if timeline.records[iteration].revisions is None:
+        return ""
+    kinds = [r.kind for r in timeline.record_revisions[iteration]]
+    return f" · edited {kinds.count(EDIT)} · remasked {kinds.count(REMASK)}"
 
 
 class LiveGrid:
@@ -173,6 +205,8 @@ class LiveGrid:
       forward, `[position, text, kind, tip]` (position -1: the summary cell of a long prompt's head);
     - `commits`: the commits since the records the page holds, `[position, text, iteration,
       forced, confidence, wrong]` (all of them for a page that holds nothing);
+    - `revisions`: likewise a revising decoder's edits and remasks, `[position, text, iteration,
+      kind, old text, hover line, wrong]`, applied after the same iteration's commits;
     - `at`, `caption`, `stats`: the iteration shown (-1: none yet), its caption, the speed line;
     - `block`, `top1`, `conf`: the current block and its top-1 tokens and confidences now;
     - `win`: what a partial forward recomputed (nothing for forwards over the whole canvas).
@@ -204,8 +238,13 @@ class LiveGrid:
                 token = rec.top1[row][p - start]
                 want = expected_at(tl, self.expected, p)
                 commits.append([p, cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token)])
+        revisions = []
+        for i in range(max(since, 0), shown):
+            for r in tl.record_revisions[i]:
+                want = expected_at(tl, self.expected, r.position)
+                revisions.append([r.position, cell_text(tl, r.new), i, r.kind, cell_text(tl, r.old), revision_line(tl, r), int(r.kind == EDIT and want is not None and want != r.new)])
         at = shown - 1
-        live: dict = {"run": self.run, "frame": frame, "commits": commits, "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
+        live: dict = {"run": self.run, "frame": frame, "commits": commits, "revisions": revisions, "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
         if since < 0:
             live["canvas"] = self.canvas
         if at >= 0:
@@ -224,14 +263,17 @@ STATE_TIPS = {"prompt": "prompt", "masked": "masked", "fill": "filled with end-o
 
 def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
     """Position `p`'s state after record `iteration` (-1: before the first forward), as the grid
-    colours it: prompt, masked, fill (early stop's end-of-text), or committed new / forced (by this
-    record) / old (earlier)."""
-    commit = timeline.commits.get(p)
+    colours it: prompt, masked, fill (early stop's end-of-text), committed new / forced (by this
+    record) / old (earlier), or edited / remasked (by this record, a revising decoder)."""
+    revision = timeline.revision_at(p, iteration) if iteration >= 0 else None
+    if revision is not None:
+        return "edited" if revision.kind == EDIT else "remasked"
+    commit = timeline.commit_at(p, iteration)
     if p < timeline.prompt_length and commit is None:
         return "prompt"
     if canvas[p] == timeline.mask_id:
         return "masked"
-    if commit is None or commit.iteration > iteration:
+    if commit is None:
         return "fill"
     if commit.iteration == iteration:
         return "forced" if commit.forced else "new"
@@ -269,6 +311,8 @@ def _css() -> str:
         ".cell.blk::after{content:'';position:absolute;left:0;bottom:0;height:3px;"
         "width:calc(var(--c,0)*100%);background:#facc15}",
         ".cell.masked{color:#9ca3af}",
+        ".cell.remasked{color:#fecdd3}",
+        ".cell s.was{color:#6b21a8;opacity:0.75;margin-right:3px}",
         ".stats{font-size:12px;color:#6b7280;margin:0 0 4px;font-variant-numeric:tabular-nums}",
     ]
     rules += [f".cell.{k}{{background:{colour}}}" for k, (colour, _) in CELL_COLOURS.items()]
@@ -340,18 +384,43 @@ const paint = live => {
     server.painted({run: live.run, frame: -1});
     return;
   }
-  for (const s of view.fresh) s.classList.replace(s.classList.contains('forced') ? 'forced' : 'new', 'old');
+  // cells marked by the iteration shown before become what they are after it: committed earlier,
+  // the edited token alone (its struck-through old one dropped), or a plain mask
+  for (const [s, kind, text] of view.fresh) {
+    s.classList.remove('new', 'forced', 'edited', 'remasked');
+    s.classList.add(kind);
+    s.textContent = text;
+  }
   view.fresh = [];
-  for (const [p, text, it, forced, conf, wrong] of live.commits) {
+  // commits and revisions in the order the engine applied them: by iteration, commits first
+  const events = [...live.commits.map(c => [c[2], 0, c]), ...(live.revisions || []).map(r => [r[2], 1, r])];
+  events.sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+  for (const [it, isRevision, e] of events) {
+    const p = e[0], text = e[1], now = it === live.at;
     const s = view.at.get(p);
     if (!s) continue;
-    const now = it === live.at;
+    if (isRevision) {
+      const [, , , kind, oldText, line, wrong] = e;
+      const after = kind === 'edit' ? 'old' : 'masked';
+      s.className = 'cell ' + (now ? (kind === 'edit' ? 'edited' : 'remasked') : after) + (wrong ? ' wrong' : '');
+      if (now && kind === 'edit') {
+        const was = document.createElement('s');
+        was.className = 'was';
+        was.textContent = oldText;
+        s.replaceChildren(was, document.createTextNode(text));
+      } else s.textContent = text;
+      view.tips.set(p, view.tips.get(p) + '\n' + line);
+      s.title = view.tips.get(p);
+      if (now) view.fresh.push([s, after, text]);
+      continue;
+    }
+    const [, , , forced, conf, wrong] = e;
     s.className = 'cell ' + (now ? (forced ? 'forced' : 'new') : 'old') + (wrong ? ' wrong' : '');
     s.textContent = text;
     // `it` is a record index (0-based); the page numbers iterations 1..N (timeline.iteration_number)
     view.tips.set(p, `pos ${p} · committed at iteration ${it + 1} (${forced ? 'forced top-1 (below threshold)' : 'above threshold'}) · confidence then ${conf.toFixed(3)}`);
     s.title = view.tips.get(p);
-    if (now) view.fresh.push(s);
+    if (now) view.fresh.push([s, 'old', text]);
   }
   for (const s of view.marked) {
     s.classList.remove('blk', 'win');

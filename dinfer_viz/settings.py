@@ -148,9 +148,11 @@ def sweep_setting(decoder: str) -> str:
 
 
 def numeric_fields() -> list[str]:
-    """Settings a sweep can vary: the numeric ones."""
+    """Settings a sweep can vary: the numeric ones, decoders' own options included
+    (`decoder_options.edit_threshold`)."""
     hints = _hints()
-    return [f.name for f in dataclasses.fields(GenerationConfig) if _base_type(hints[f.name]) in (int, float)]
+    options = [OPTION_PREFIX + name for name, (_, option) in decoder_options().items() if type(option.default) in (int, float)]
+    return [f.name for f in dataclasses.fields(GenerationConfig) if _base_type(hints[f.name]) in (int, float)] + options
 
 
 def decoder_fields(decoder: str) -> set[str]:

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, GenerationOutput, RunHooks, Trace
+from engine.trace import EDIT, REMASK
+from tinymodel.aup import aup_by_curve
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
 
 from .answers import WrongCommit, first_wrong
 from .host import EngineHost, ModelSpec
-from .settings import coerce
+from .settings import OPTION_PREFIX, coerce
 from .readouts import plural
 from .runner import POLL_SECONDS, Failed, Finished, Job, Loading, Waiting, start_worker
 from .timeline import Timeline
@@ -51,6 +53,8 @@ class Outcome:
     model: str = ""  # the model's name (EngineHost.name_of), which the table and chart group by
     model_box: str = ""  # the model as the Run tab's model box takes it (a wrong answer opens there)
     passes: list[float] = field(default_factory=list)  # engine seconds of each pass (the first: `seconds`)
+    edits: int = 0  # a revising decoder's edits and remasks in this answer's run (its trace)
+    remasks: int = 0
 
 
 @dataclass
@@ -68,11 +72,13 @@ class SweepState:
         order: dict[str, int] = {}
         for o in self.outcomes:
             order.setdefault(o.model, len(order))
-            r = rows.setdefault((o.model, o.value), {"model": o.model, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "pass_seconds": []})
+            r = rows.setdefault((o.model, o.value), {"model": o.model, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "pass_seconds": []})
             r["correct"] += o.correct
             r["examples"] += 1
             r["tokens"] += o.tokens
             r["nfe"] += o.nfe
+            r["edits"] += o.edits
+            r["remasks"] += o.remasks
             timings = o.passes or [o.seconds]
             r["pass_seconds"] = [a + b for a, b in zip(r["pass_seconds"], timings)] if r["pass_seconds"] else list(timings)
         for r in rows.values():
@@ -81,6 +87,10 @@ class SweepState:
             r["passes"] = len(r["pass_seconds"])
             r["seconds"] = statistics.median(r["pass_seconds"])
             r["tps"] = statistics.median(r["tokens"] / s if s > 0 else 0.0 for s in r["pass_seconds"])
+        # each model's curve scored against the best accuracy of the curves shown (accuracy in percent)
+        scores = aup_by_curve({m: [(r["tpf"], 100 * r["accuracy"]) for r in rows.values() if r["model"] == m] for m in order})
+        for r in rows.values():
+            r["aup"] = scores[r["model"]]
         return sorted(rows.values(), key=lambda r: (order[r["model"]], r["value"]))
 
     def failures(self) -> list[Outcome]:
@@ -88,14 +98,18 @@ class SweepState:
 
     def csv(self) -> str:
         """The per-model, per-value table as CSV (accuracy as a fraction, for spreadsheets: the page
-        shows it as a percentage; TPF, and TPS as the median over `passes`);
-        the model is the last column, so the earlier ones keep their places, and is quoted when its
-        name (a path) holds a comma."""
+        shows it as a percentage; TPF, and TPS as the median over `passes`); the model (quoted when
+        its name, a path, holds a comma), then the edits and remasks (a revising decoder's, summed
+        over the prompts) and the model's AUP: columns added later come last, so the earlier ones
+        keep their places."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model"])
+        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model", "edits", "remasks", "aup"])
         for p in self.points():
-            writer.writerow([f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["passes"], p["model"]])
+            writer.writerow([
+                f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["passes"], p["model"],
+                p["edits"], p["remasks"], f"{p['aup']:.2f}",
+            ])
         return out.getvalue()
 
 
@@ -111,7 +125,11 @@ def parse_values(text: str) -> list[float]:
 
 
 def sweep_configs(config: GenerationConfig, parameter: str, values: list[float]) -> list[GenerationConfig]:
-    """One validated config per value (a bad value fails the sweep before anything runs)."""
+    """One validated config per value (a bad value fails the sweep before anything runs); a
+    decoder's own option (`decoder_options.edit_threshold`) is set inside `decoder_options`."""
+    if parameter.startswith(OPTION_PREFIX):
+        name = parameter[len(OPTION_PREFIX):]
+        return [config.replace(decoder_options={**config.decoder_options, name: coerce(parameter, v)}) for v in values]
     if not hasattr(config, parameter):
         raise EngineError(f"unknown setting to sweep: {parameter}")
     return [config.replace(**{parameter: coerce(parameter, v)}) for v in values]  # 32.0 -> 32 for an int setting
@@ -199,11 +217,14 @@ def run_sweep(
                     stats = answer.output.stats
                     # the other passes are timed only (traced as the first, so the times compare)
                     timings = [stats.seconds] + [engine.generate_ids([ids], cfg, hooks=RunHooks(trace=True, cancel=cancel)).stats.seconds for _ in range(passes - 1)]
-                    outcome = Outcome(value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings)
+                    timeline = Timeline(answer.output.trace, answer.row)
+                    outcome = Outcome(
+                        value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings,
+                        edits=timeline.revision_counts[EDIT], remasks=timeline.revision_counts[REMASK],
+                    )
                     if not answer.correct and kept < MAX_KEPT_FAILURES:
                         kept += 1
                         outcome.trace = answer.output.trace
-                        timeline = Timeline(outcome.trace)
                         outcome.expected = timeline.expected
                         outcome.wrong = first_wrong(timeline, outcome.expected)
                     post(outcome)

@@ -8,9 +8,11 @@ while the engine runs (live), so live and replay render the same data the same w
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from engine import IterationRecord, Trace
+from engine.trace import EDIT, REMASK
 
 from .tokens import is_special, readable
 
@@ -33,6 +35,25 @@ class Commit:
     forced: bool  # committed only by the at-least-one rule, below the threshold
 
 
+@dataclass(frozen=True)
+class Revised:
+    """A committed position a revising decoder changed at record `iteration` (docs/trace.md §2.1):
+    `kind` EDIT (`old` -> `new`) or REMASK (`new` is [MASK]), because `score` compared with
+    `bound` as `rule` says."""
+
+    iteration: int
+    position: int
+    kind: str
+    old: int
+    new: int
+    rule: str
+    score: float
+    bound: float
+
+
+_OPERATORS = (" >= ", " <= ", " > ", " < ", " ≥ ", " ≤ ")
+
+
 class Timeline:
     """Per-position history of row `row` of `trace`; `add` appends a record while live."""
 
@@ -46,7 +67,14 @@ class Timeline:
         self.initial = list(trace.initial[row])
         self.prompt_length = trace.prompt_lengths[row]
         self.records: list[IterationRecord] = []
-        self.commits: dict[int, Commit] = {}
+        self.commits: dict[int, Commit] = {}  # each position's latest commit
+        # every commit of a position, in order: a remasked position may be committed again
+        self.commit_log: dict[int, list[Commit]] = {}
+        self.revisions: dict[int, list[Revised]] = {}  # per position, in order
+        self.record_revisions: list[list[Revised]] = []  # per record, this row's
+        self.revision_counts: dict[str, int] = {EDIT: 0, REMASK: 0}
+        # per position, (record index, token) of every write in replay order: commits, then revisions
+        self._writes: dict[int, list[tuple[int, int]]] = {}
         self._tokens: list[int] = []  # commits that are not an end-of-text id, up to each record
         for rec in trace.iterations:
             self.add(rec)
@@ -58,9 +86,20 @@ class Timeline:
         tokens = self._tokens[-1] if self._tokens else 0
         for p in rec.committed[self.row]:
             token = rec.top1[self.row][p - start]
-            self.commits[p] = Commit(index, token, rec.confidence[self.row][p - start], p in forced)
+            commit = Commit(index, token, rec.confidence[self.row][p - start], p in forced)
+            self.commits[p] = commit
+            self.commit_log.setdefault(p, []).append(commit)
+            self._writes.setdefault(p, []).append((index, token))
             if token not in self.trace.eos_ids:
                 tokens += 1
+        revised = []
+        for r in (rec.revisions[self.row] if rec.revisions else []):
+            revision = Revised(index, r["position"], r["kind"], r["old"], r["new"], r["rule"], float(r["score"]), float(r["bound"]))
+            revised.append(revision)
+            self.revisions.setdefault(revision.position, []).append(revision)
+            self.revision_counts[revision.kind] = self.revision_counts.get(revision.kind, 0) + 1
+            self._writes.setdefault(revision.position, []).append((index, revision.new))
+        self.record_revisions.append(revised)
         self._tokens.append(tokens)
         self.records.append(rec)
 
@@ -110,13 +149,53 @@ class Timeline:
         """Canvas after record `iteration` (-1: before any); at the last record of a finished
         run, positions filled by early stop (they have no commit) come from the final canvas."""
         canvas = list(self.initial)
-        for p, c in self.commits.items():
-            if c.iteration <= iteration:
-                canvas[p] = c.token
+        for p, writes in self._writes.items():
+            k = bisect.bisect_right(writes, (iteration, float("inf")))
+            if k:
+                canvas[p] = writes[k - 1][1]
         if self.finished and iteration >= self.iterations - 1:
             final = self.trace.final[self.row]
             canvas = [f if x == self.mask_id else x for x, f in zip(canvas, final)]
         return canvas
+
+    def token_before(self, position: int, index: int) -> int:
+        """The token `position` held when record `index` started (its decoder read this)."""
+        writes = self._writes.get(position, [])
+        k = bisect.bisect_left(writes, (index, -1))
+        return writes[k - 1][1] if k else self.initial[position]
+
+    def commit_at(self, position: int, iteration: int) -> Commit | None:
+        """The commit behind `position`'s token after record `iteration`: its latest commit up to
+        then, unless a remask since took it back (None: never committed, or back to [MASK])."""
+        done = [c for c in self.commit_log.get(position, []) if c.iteration <= iteration]
+        if not done:
+            return None
+        taken_back = any(r.kind == REMASK and done[-1].iteration < r.iteration <= iteration for r in self.revisions.get(position, []))
+        return None if taken_back else done[-1]
+
+    def revision_at(self, position: int, iteration: int) -> Revised | None:
+        """The revision record `iteration` made at `position`, if it made one."""
+        return next((r for r in self.revisions.get(position, []) if r.iteration == iteration), None)
+
+    @property
+    def revises(self) -> bool:
+        """The run's decoder may revise its commits (its records carry revisions, maybe empty)."""
+        return any(rec.revisions is not None for rec in self.records)
+
+    def describe_revision(self, revision: Revised) -> str:
+        """A revision in words with the numbers its rule compared, e.g. "edited '4' -> '7'
+        (p(new) 0.930 > edit threshold 0.90)"; the rule's text comes from the trace."""
+        if revision.kind == EDIT:
+            what = f"edited {self.text_of(revision.old)!r} -> {self.text_of(revision.new)!r}"
+        else:
+            what = f"remasked {self.text_of(revision.old)!r} -> [MASK]"
+        operator = next((op for op in _OPERATORS if op in revision.rule), None)
+        if operator is None:
+            why = f"{revision.rule}: {revision.score:.3f} against {revision.bound:g}"
+        else:
+            left, right = revision.rule.split(operator, 1)
+            why = f"{left} {revision.score:.3f}{operator}{right} {revision.bound:g}"
+        return f"{what} ({why})"
 
     def extras_at(self, iteration: int) -> dict[str, list]:
         """This row's per-position extras of record `iteration`, one value per block position

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from dinfer_viz.explain import explain
-from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras, sweep_figure
+from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras
+from dinfer_viz.sweep_chart import sweep_figure
 from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value
 from dinfer_viz.readouts import live_line, readout
-from dinfer_viz.settings import all_controls, build_config, parse_settings, sections, visible_fields
+from dinfer_viz.settings import OPTION_PREFIX, all_controls, build_config, parse_settings, sections, visible_fields
 from dinfer_viz.host import ModelSpec
 from dinfer_viz.sweep import Outcome, SweepState, parse_values
 from dinfer_viz.system import engine_parameters, offered_options
@@ -19,6 +20,7 @@ from dinfer_viz.answers import first_wrong
 from dinfer_viz.timeline import Timeline
 from dinfer_viz.tokens import glyph, readable
 from engine import EngineError, GenerationConfig, Trace, decoder_names
+from engine.registry import decoder_options
 from engine.cache_modes import cache_mode_names
 from tinymodel.tasks import Example
 
@@ -213,9 +215,11 @@ def test_settings_choices_come_from_the_engine():
     assert list(by_field["decoder"].choices()) == decoder_names()
     assert tuple(by_field["cache"].choices()) == cache_mode_names()
     fields = {c.field for c in all_controls()}
-    # every engine setting has a control; decoder_options has one per declared plug-in option
-    # (none without plug-ins: tests/test_cli.py loads one)
-    assert fields == set(GenerationConfig().to_dict()) - {"decoder_options"}
+    # every engine setting has a control; decoder_options has one per declared decoder option
+    # (the built-in edit decoder's edit_threshold among them)
+    options = {OPTION_PREFIX + name for name in decoder_options()}
+    assert "decoder_options.edit_threshold" in options
+    assert fields == (set(GenerationConfig().to_dict()) - {"decoder_options"}) | options
     assert all(title for title, _ in sections())
 
 

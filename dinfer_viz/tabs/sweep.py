@@ -14,7 +14,7 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
-from ..figures import sweep_figure
+from ..sweep_chart import sweep_figure
 from ..grid import inert
 from ..readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
@@ -25,8 +25,9 @@ from .run import RUN_VIEW, stored_view
 from .run_page import RunTab
 
 SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
-# The model is the last column, so API clients reading the earlier ones by place keep working.
-SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS (median of the passes)", "prompts", "model"]
+# Columns added later come after the model, so API clients reading the earlier ones by place keep
+# working: a revising decoder's edits and remasks (summed over the prompts), the model's AUP.
+SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS (median of the passes)", "prompts", "model", "edits", "remasks", "AUP"]
 FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced", "model"]
 SWEEP_DEFAULT_SETS = ("pairsum",)
 SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
@@ -41,7 +42,7 @@ def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
 
 
 def _sweep_rows(state: SweepState) -> list[list[Any]]:
-    return [[p["value"], percent(p["accuracy"]), round(p["tpf"], 2), round(p["tps"], 1), p["examples"], p["model"]] for p in state.points()]
+    return [[p["value"], percent(p["accuracy"]), round(p["tpf"], 2), round(p["tps"], 1), p["examples"], p["model"], p["edits"], p["remasks"], round(p["aup"], 1)] for p in state.points()]
 
 
 def _failure_rows(state: SweepState) -> list[list[Any]]:
