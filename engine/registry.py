@@ -92,10 +92,14 @@ def decoder_names() -> list[str]:
     return list(_REGISTRY)
 
 
-def builtin_decoder_names() -> list[str]:
-    """The decoders the engine ships (engine/decoders.py), without plug-ins: what the project's own
-    samples and benchmarks cover."""
-    return [name for name, cls in _REGISTRY.items() if cls.__module__.split(".")[0] == __name__.split(".")[0]]
+def builtin_decoder_names(kind: str = "masked") -> list[str]:
+    """The decoders the engine ships (engine/decoders.py), without plug-ins, for models of diffusion
+    `kind` (a decoder's `diffusion_kind`, "masked" unless it declares one: engine/uniform.py's
+    sampler runs uniform-state models only): what the project's own samples and benchmarks cover."""
+    return [
+        name for name, cls in _REGISTRY.items()
+        if cls.__module__.split(".")[0] == __name__.split(".")[0] and getattr(cls, "diffusion_kind", "masked") == kind
+    ]
 
 
 def decoder_class(name: str) -> type:

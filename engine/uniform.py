@@ -55,6 +55,7 @@ class UniformSampler(Decoder):
     `run_uniform_diffusion`."""
 
     name = UNIFORM
+    diffusion_kind = UNIFORM  # the models it runs on (engine/registry.py: builtin_decoder_names)
     explanation = (
         "**Uniform-state diffusion (DiffusionGemma).** Every position always holds a token: a canvas "
         "starts as uniformly random tokens (dimmed). Each step the model proposes a token for every "
