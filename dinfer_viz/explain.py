@@ -16,6 +16,7 @@ from engine.registry import decoder_class
 from engine.system_options import SYSTEM_OPTIONS, system_options
 
 from .cache_figure import cache_rule_markdown
+from .settings import decoder_presets
 
 SMOOTHING = (
     "**Iteration smoothing** feeds still-masked positions the [MASK] embedding plus a weighted "
@@ -54,12 +55,25 @@ def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = Fa
 
 
 def decoder_explanation(decoder: str) -> str:
-    """The decoder's own paragraph, or a line saying it has none yet (a plug-in, an unknown name)."""
+    """The decoder's own paragraph, or a line saying it has none yet (a plug-in, an unknown name);
+    then its published default sets, when it declares any."""
     try:
         text = decoder_class(decoder).explanation
     except EngineError:
         text = ""
-    return text or f"**{decoder}.** No explanation written for this decoder yet; the engine registers it, so it runs."
+    text = text or f"**{decoder}.** No explanation written for this decoder yet; the engine registers it, so it runs."
+    return text + presets_markdown(decoder)
+
+
+def presets_markdown(decoder: str) -> str:
+    """The decoder's presets as a table (one row a preset, one column a setting), "" for none."""
+    presets = decoder_presets(decoder)
+    if not presets:
+        return ""
+    names = list(dict.fromkeys(k for values in presets.values() for k in values))
+    head = "| preset | " + " | ".join(n.replace("_", " ") for n in names) + " |\n|---|" + "---|" * len(names)
+    rows = "".join(f"\n| {preset} | " + " | ".join(f"{values.get(n, '')}" for n in names) + " |" for preset, values in presets.items())
+    return f"\n\n*Published default sets* (choose one under **Published default set**, beside the decoder's settings, to fill the controls):\n\n{head}{rows}"
 
 
 def system_markdown() -> str:

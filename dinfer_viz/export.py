@@ -3,7 +3,8 @@ GIF (Pillow only) or an MP4 (through `ffmpeg`, where it is on PATH), and the Com
 CSV. The sweep's table has its own CSV (`SweepState.csv`).
 
 A frame is the token grid after one iteration, drawn as the page's grid draws it (`CELL_COLOURS`:
-committed this iteration above the threshold or forced, committed earlier, masked, prompt), with a
+committed this iteration above the threshold or forced, committed earlier, masked, prompt, and a
+revising decoder's edits, the old token struck through beside the new, and remasks), with a
 caption (the iteration, numbered as the page numbers it: 0 before the first forward, then 1..N;
 the decoder and cache mode; what was left out) and a legend. Sizes are bounded whatever the run:
 at most MAX_FRAMES frames (a longer run keeps evenly spaced iterations, the first and the last)
@@ -31,7 +32,7 @@ from PIL import Image, ImageColor, ImageDraw, ImageFont
 
 from engine import EngineError
 
-from .grid import CELL_COLOURS, cell_state, cell_text, first_shown
+from .grid import CELL_COLOURS, REVISION_STATES, cell_state, cell_text, first_shown, revised_summary
 from .timeline import Timeline, iteration_number
 
 MAX_FRAMES = 120  # a 448-iteration run still fits a slide deck (and a GIF stays a few hundred KB)
@@ -40,6 +41,8 @@ WIDTH = 820  # pixels: a 16:9 slide's content column at 1280x720
 CELL_HEIGHT, CELL_MIN_WIDTH, CELL_MAX_WIDTH, GAP, PAD = 24, 16, 120, 3, 12
 FRAME_MS, LAST_FRAME_MS = 500, 2500  # the final canvas stays up long enough to read
 TEXT, MUTED, BACKGROUND = "#111827", "#4b5563", "white"
+STRUCK, REMASK_INK = "#6b21a8", "#fecdd3"  # an edit's old token (struck through); a remasked cell's glyph
+REMASK_GLYPH = "↺"
 MAX_FFMPEG_SECONDS = 120
 
 
@@ -103,12 +106,13 @@ def frame_plan(timeline: Timeline, max_frames: int = MAX_FRAMES) -> FramePlan:
 
 def _layout(timeline: Timeline, positions: list[int], font, top: int) -> tuple[list[_Cell], int]:
     """Cells placed left to right, wrapping like the page's grid; each as wide as the token it
-    ends with (the final canvas), so no cell moves between frames. Returns (cells, bottom)."""
+    ends with (the final canvas), or as an edit of it drawn old and new side by side when wider,
+    so no cell moves between frames. Returns (cells, bottom)."""
     final = timeline.canvas_at(timeline.iterations - 1)
     x, y, cells = PAD, top, []
     for p in positions:
-        text = cell_text(timeline, final[p])
-        width = int(min(CELL_MAX_WIDTH, max(CELL_MIN_WIDTH, font.getlength(text) + 8)))
+        texts = [cell_text(timeline, final[p])] + [_edit_texts(timeline, r)[0] + " " + _edit_texts(timeline, r)[1] for r in timeline.revisions.get(p, [])]
+        width = int(min(CELL_MAX_WIDTH, max(CELL_MIN_WIDTH, max(font.getlength(t) for t in texts) + 8)))
         if x + width > WIDTH - PAD and x > PAD:
             x, y = PAD, y + CELL_HEIGHT + GAP
         cells.append(_Cell(p, x, y, width))
@@ -143,10 +147,47 @@ def frame_title(timeline: Timeline, index: int) -> str:
     rec = timeline.records[index]
     s, e = rec.block_range
     committed, forced = len(rec.committed[timeline.row]), len(rec.forced[timeline.row])
-    return f"iteration {iteration_number(index)}/{total} · block {rec.block} [{s}, {e}) · {rec.forward} forward · committed {committed}" + (f" ({forced} forced)" if forced else "")
+    return (
+        f"iteration {iteration_number(index)}/{total} · block {rec.block} [{s}, {e}) · {rec.forward} forward · committed {committed}"
+        + (f" ({forced} forced)" if forced else "") + revised_summary(timeline, index)
+    )
 
 
 LEGEND_STATES = ("prompt", "masked", "old", "new", "forced")
+LEGEND_ROW = 20
+
+
+def legend_states(timeline: Timeline) -> tuple[str, ...]:
+    """The states a frame's legend names: a revising decoder's runs add edited and remasked."""
+    return LEGEND_STATES + (REVISION_STATES if timeline.revises else ())
+
+
+def _edit_texts(timeline: Timeline, revision) -> tuple[str, str]:
+    return cell_text(timeline, revision.old), cell_text(timeline, revision.new)
+
+
+def _draw_cell(draw: ImageDraw.ImageDraw, timeline: Timeline, cell: _Cell, state: str, token: int, index: int, font) -> None:
+    """One cell as the grid draws it: its colour, its token (none for a mask), an edit's old token
+    struck through beside the new one, a remasked cell's glyph."""
+    box = (cell.x, cell.y, cell.x + cell.width - 1, cell.y + CELL_HEIGHT - 1)
+    draw.rounded_rectangle(box, radius=3, fill=CELL_COLOURS[state][0])
+    middle = cell.y + CELL_HEIGHT / 2
+    if state == "masked":  # a mask is its colour; its glyph would only add noise
+        return
+    if state == "remasked":
+        draw.text((cell.x + cell.width / 2, middle), REMASK_GLYPH, font=font, fill=REMASK_INK, anchor="mm")
+        return
+    if state == "edited":
+        old, new = _edit_texts(timeline, timeline.revision_at(cell.position, index))
+        old = _fit(old, font, (cell.width - 8) // 2)
+        x = cell.x + 3
+        draw.text((x, middle), old, font=font, fill=STRUCK, anchor="lm")
+        end = x + font.getlength(old)
+        draw.line((x, middle, end, middle), fill=STRUCK, width=2)
+        draw.text((end + 4, middle), _fit(new, font, int(cell.x + cell.width - end - 6)), font=font, fill=TEXT, anchor="lm")
+        return
+    text = _fit(cell_text(timeline, token), font, cell.width - 4)
+    draw.text((cell.x + cell.width / 2, middle), text, font=font, fill=TEXT, anchor="mm")
 
 
 def render_frames(timeline: Timeline, max_frames: int = MAX_FRAMES) -> list[Image.Image]:
@@ -158,7 +199,8 @@ def render_frames(timeline: Timeline, max_frames: int = MAX_FRAMES) -> list[Imag
     header = plan.header
     top = PAD + 22 + 18 * len(header) + 6
     cells, bottom = _layout(timeline, plan.positions, big, top)
-    height = bottom + 14 + 22 + PAD
+    legend = _legend_rows(small, legend_states(timeline))
+    height = bottom + 14 + LEGEND_ROW * len(legend) + PAD
     frames = []
     for index in plan.iterations:
         image = Image.new("RGB", (WIDTH, height), BACKGROUND)
@@ -168,24 +210,38 @@ def render_frames(timeline: Timeline, max_frames: int = MAX_FRAMES) -> list[Imag
             draw.text((PAD, PAD + 22 + 18 * k), _fit(line, small, WIDTH - 2 * PAD), font=small, fill=MUTED)
         canvas = timeline.canvas_at(index)
         for cell in cells:
-            state = cell_state(timeline, canvas, cell.position, index)
-            box = (cell.x, cell.y, cell.x + cell.width - 1, cell.y + CELL_HEIGHT - 1)
-            draw.rounded_rectangle(box, radius=3, fill=CELL_COLOURS[state][0])
-            if state != "masked":  # a mask is its colour; its glyph would only add noise
-                text = _fit(cell_text(timeline, canvas[cell.position]), big, cell.width - 4)
-                draw.text((cell.x + cell.width / 2, cell.y + CELL_HEIGHT / 2), text, font=big, fill=TEXT, anchor="mm")
-        _legend(draw, small, bottom + 14)
+            _draw_cell(draw, timeline, cell, cell_state(timeline, canvas, cell.position, index), canvas[cell.position], index, big)
+        _legend(draw, small, bottom + 14, legend)
         frames.append(image)
     return frames
 
 
-def _legend(draw: ImageDraw.ImageDraw, font, y: int) -> None:
+def _legend_label(state: str) -> str:
+    return CELL_COLOURS[state][1].split(":")[0]  # "edited now", not the grid's whole sentence
+
+
+def _legend_rows(font, states: Sequence[str]) -> list[list[str]]:
+    """The legend's entries wrapped into rows that fit the frame's width."""
+    rows: list[list[str]] = [[]]
     x = PAD
-    for state in LEGEND_STATES:
-        colour, label = CELL_COLOURS[state]
-        draw.rounded_rectangle((x, y + 2, x + 14, y + 16), radius=2, fill=colour)
-        draw.text((x + 18, y + 1), label, font=font, fill=MUTED)
-        x += 18 + int(font.getlength(label)) + 14
+    for state in states:
+        width = 18 + int(font.getlength(_legend_label(state))) + 14
+        if x + width > WIDTH - PAD and rows[-1]:
+            rows.append([])
+            x = PAD
+        rows[-1].append(state)
+        x += width
+    return rows
+
+
+def _legend(draw: ImageDraw.ImageDraw, font, y: int, rows: list[list[str]]) -> None:
+    for k, row in enumerate(rows):
+        x, top = PAD, y + LEGEND_ROW * k
+        for state in row:
+            label = _legend_label(state)
+            draw.rounded_rectangle((x, top + 2, x + 14, top + 16), radius=2, fill=CELL_COLOURS[state][0])
+            draw.text((x + 18, top + 1), label, font=font, fill=MUTED)
+            x += 18 + int(font.getlength(label)) + 14
 
 
 def _palette() -> np.ndarray:
@@ -193,7 +249,7 @@ def _palette() -> np.ndarray:
     the blends antialiased text makes between them. A palette quantized from one frame would map
     a colour that frame lacks (forced orange, when the last iteration forced nothing) to a grey."""
     grounds = [ImageColor.getrgb(c) for c in (BACKGROUND, *(colour for colour, _ in CELL_COLOURS.values()))]
-    inks = [ImageColor.getrgb(c) for c in (TEXT, MUTED)]
+    inks = [ImageColor.getrgb(c) for c in (TEXT, MUTED, STRUCK, REMASK_INK)]
     steps = 6
     blends = {tuple(round(g + (i - g) * k / steps) for g, i in zip(ground, ink)) for ground in grounds for ink in inks for k in range(steps + 1)}
     return np.array(sorted(blends), dtype=np.int32)

@@ -24,6 +24,7 @@ from engine import EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
 from engine.registry import DecoderOption, decoder_class, decoder_options
+from engine.revising import apply_preset
 
 from engine.cli import checked_device
 
@@ -145,6 +146,25 @@ def sweep_setting(decoder: str) -> str:
         return decoder_class(decoder).sweep_setting
     except EngineError:
         return "threshold"
+
+
+def decoder_presets(decoder: str) -> dict[str, dict[str, Any]]:
+    """A decoder's named published default sets (setting -> value, e.g. the edit decoder's
+    SGLang, Hugging Face / dllm and diffusers sets: engine/revising.py); {} for most decoders."""
+    try:
+        return dict(getattr(decoder_class(decoder), "presets", {}))
+    except EngineError:
+        return {}
+
+
+def preset_controls(decoder: str, preset: str) -> dict[str, Any]:
+    """Control field -> value for `decoder`'s preset `preset`, as the engine applies it
+    (engine.revising.apply_preset: config fields by name, the decoder's own options inside
+    `decoder_options`); EngineError (one line) for a preset the decoder lacks."""
+    config = apply_preset(GenerationConfig(decoder=decoder), preset)
+    options = decoder_class(decoder).options
+    fields = {OPTION_PREFIX + name if name in options else name for name in decoder_presets(decoder)[preset]}
+    return {c.field: control_value(c, config) for c in all_controls() if c.field in fields}
 
 
 def numeric_fields() -> list[str]:

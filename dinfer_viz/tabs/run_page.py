@@ -21,7 +21,7 @@ from ..grid import EMPTY_GRID, RASTER_PICK_JS, inert
 from ..lessons import LESSONS
 from ..readouts import message_readout
 from ..sample_traces import shipped_samples
-from ..settings import all_controls, control_value, sections
+from ..settings import all_controls, control_value, decoder_presets, preset_controls, sections
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, grid_view, make_control
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
@@ -56,7 +56,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
             with gr.Column(scale=1, min_width=300):
                 _prompt_box(h, parts)
                 _lessons_and_samples(h, parts)
-                controls = _settings_controls(defaults)
+                controls = _settings_controls(defaults, parts)
                 model_inputs = model_section()
                 with gr.Accordion("Settings JSON (what /run receives)", open=False):
                     parts["settings_json"] = gr.JSON(value=None, elem_id="settings-json")
@@ -75,6 +75,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     run_event = _wire_run(h, demo, parts, settings_inputs, view)
     _wire_replay(h, parts, view)
     _wire_lessons(h, parts, controls)
+    _wire_presets(parts, controls)
     _wire_files(h, parts, settings_inputs, view)
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
     return RunTab(
@@ -125,13 +126,20 @@ def _lessons_and_samples(h: RunHandlers, parts: Parts) -> None:
         gr.Markdown(model_knows_markdown())
 
 
-def _settings_controls(defaults: GenerationConfig) -> dict[str, gr.components.Component]:
-    """One control per setting, by section (settings.sections), at the engine's defaults."""
+def _settings_controls(defaults: GenerationConfig, parts: Parts) -> dict[str, gr.components.Component]:
+    """One control per setting, by section (settings.sections), at the engine's defaults; in the
+    decoder's section, its published default sets (shown for a decoder that has them)."""
     controls: dict[str, gr.components.Component] = {}
     for title, ctrls in sections():
         with gr.Accordion(title, open=title in OPEN_SECTIONS):
             for c in ctrls:
                 controls[c.field] = make_control(c, control_value(c, defaults), elem_id=f"cfg-{c.field}")
+            if title == "Decoder":
+                presets = list(decoder_presets(defaults.decoder))
+                parts["preset"] = gr.Dropdown(
+                    presets, value=None, label="Published default set", visible=bool(presets), elem_id="decoder-preset",
+                    info="fills the decoder's controls with one of its published default sets (the explanation lists them)",
+                )
     return controls
 
 
@@ -229,6 +237,22 @@ def _wire_lessons(h: RunHandlers, p: Parts, controls: dict[str, gr.components.Co
     menu.input(lambda name: h.lesson_step(name, 0), menu, lesson_out, **PRIVATE)
     steps.input(h.lesson_step, [menu, steps], lesson_out, **PRIVATE)
     p["next_btn"].click(lambda name, step: h.lesson_step(name, (step if isinstance(step, int) else -1) + 1), [menu, steps], lesson_out, **PRIVATE)
+
+
+def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> None:
+    """The decoder's presets follow the decoder; choosing one fills the controls it sets."""
+    preset, decoder = p["preset"], controls["decoder"]
+
+    def offer(name: str) -> Any:
+        presets = list(decoder_presets(name))
+        return gr.update(choices=presets, value=None, visible=bool(presets))
+
+    def fill(name: str, chosen: str | None) -> tuple:
+        values = preset_controls(name, chosen) if chosen in decoder_presets(name) else {}
+        return tuple(values.get(c.field, gr.skip()) for c in all_controls())
+
+    decoder.change(offer, decoder, preset, **PRIVATE)
+    preset.input(fill, [decoder, preset], [controls[c.field] for c in all_controls()], **PRIVATE)
 
 
 def _wire_files(h: RunHandlers, p: Parts, settings_inputs: list[Any], view: list[Any]) -> None:
