@@ -334,3 +334,15 @@ def test_uniform_decoder_refuses_a_masked_model():
         make_decoder(uniform_config(), tiny_llada().mask_token_id)
     with pytest.raises(EngineError, match="masked diffusion model"):
         run_uniform_diffusion(tiny_llada(), [[1, 2]], uniform_config(), [48], RunHooks())
+
+
+@pytest.mark.skipif("uniform" not in __import__("engine.generation").generation.LOOPS, reason="engine/generation.py does not dispatch uniform-state models yet")
+def test_engine_generate_runs_the_uniform_loop(checkpoint):
+    """Through the text API once the entry point dispatches on `diffusion_kind`: the same tokens as
+    the loop called directly, and an expected answer in the header."""
+    engine = Engine(checkpoint)
+    config = uniform_config(max_denoising_steps=6).replace(use_chat_template=False)
+    result = engine.generate("12+7=", config, RunHooks(trace=True), expected="19")
+    direct = run_uniform_diffusion(engine.model, [engine.encode("12+7=", use_chat_template=False)], config, engine.stop_ids, RunHooks())
+    assert result.output.canvas.tolist() == direct.canvas.tolist()
+    assert result.output.trace.iterations[0].uniform is not None and result.output.trace.expected
