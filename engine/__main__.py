@@ -2,7 +2,8 @@
 
 Every GenerationConfig field is a flag (`gen_length` -> `--gen-length`, booleans as
 `--smoothing/--no-smoothing`), so a setting added to the config is on the CLI at once.
-Errors print one line to stderr and exit 2.
+Errors print one line to stderr and exit 2. Under torchrun (docs/scaling.md) every rank runs the
+command: rank 0 prints the result, the first process of each node an error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
 from .serving.command import add_serve_command
 from .hooks import RunHooks
+from .runtime.launch import first_on_its_node
 
 
 
@@ -99,10 +101,12 @@ def _generate(args: argparse.Namespace) -> int:
     set_cpu_threads(model_skeleton(args.model), args.threads)
     with Engine(args.model, **runtime, **system) as engine:
         missing = engine.unencodable(args.prompt, config.use_chat_template)
-        if missing:
+        if missing and engine.rank == 0:
             print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
         result = engine.generate(args.prompt, config, hooks=RunHooks(trace=bool(args.trace)))
     out = result.output
+    if engine.rank != 0:  # a launched job's other ranks hold the same output: rank 0 speaks for the job
+        return 0
     if args.trace:
         Path(args.trace).write_text(out.trace.to_json())
     if args.json:
@@ -141,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if first_on_its_node():
+            print(f"error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -18,7 +18,8 @@ from .iteration import GenerationOutput, check_request
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
 from .runtime.compiled import CompiledLM, check_options
-from .runtime.parallel import check_degrees, shard_model
+from .runtime.launch import Job
+from .runtime.parallel import check_degrees, load_shard
 from .runtime.workers import RankGenerate, WorkerGroup
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
@@ -69,12 +70,11 @@ class TextResult:
 
 
 def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, compile: bool, device: str) -> RankGenerate:
-    """In a worker process (engine/runtime/workers.py), its process group joined: this rank's one-process
-    Engine on `device`, cut to its shard; its token-level generate. (A compiled engine compiles on
-    its first forward, so it compiles the shard.)"""
-    engine = Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, compile=compile)
-    shard_model(engine.model, tp_size, ep_size)
-    return engine.generate_ids
+    """In a worker process (engine/runtime/workers.py), whose environment names its rank as
+    torchrun's would: this rank's Engine, which joins the group and reads only its shard, and its
+    generate in this process (the caller coordinates the ranks' requests and stops). (A compiled
+    engine compiles on its first forward, so it compiles the shard.)"""
+    return Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, tp_size=tp_size, ep_size=ep_size, compile=compile)._generate_here
 
 
 class Engine:
@@ -98,7 +98,10 @@ class Engine:
         CUDA, on the CPU otherwise (docs/algorithms.md §6.4). The weights live in the workers
         until `close()`; this process keeps the tokenizer and `model` as a skeleton on the meta
         device (config, special ids, limits, parameter count), and `generate` works as with one
-        process.
+        process. In a process a launcher started as one rank of a job (torchrun: RANK, WORLD_SIZE
+        and the rest in the environment; engine/runtime/launch.py, docs/scaling.md), the degree
+        must be the job's size: the engine joins the job's process group, reads only its shard and
+        generates in this process, every rank on rank 0's request; `rank` is its rank (0 otherwise).
 
         `compile`: the model forward runs through torch.compile, `cuda_graphs` (CUDA, one process)
         through CUDA graphs, both over bucketed static shapes (engine/runtime/compiled.py, docs/algorithms.md
@@ -109,21 +112,31 @@ class Engine:
         self.max_tokens = max_tokens
         self._closed = False
         skeleton = model_skeleton(path)
-        check_degrees(skeleton, tp_size, ep_size)  # before any weight is read or process started
-        world = max(tp_size, ep_size)
+        job = Job.from_environment()  # a launcher's rank: its job's size is the number of processes
+        check_degrees(skeleton, tp_size, ep_size, None if job is None else job.world)  # before any weight is read, process started or group joined
+        world = job.world if job is not None else max(tp_size, ep_size)
         check_options(device, compile, cuda_graphs, world)
-        self.model = skeleton if world > 1 else load_model(path, device=device, dtype=dtype)
+        self._job = job if job is not None and world > 1 else None
+        self.rank = self._job.rank if self._job is not None else 0
+        if self._job is not None:
+            self.model = load_shard(self.path, self._job.join(device), dtype, tp_size, ep_size, self.rank, world)
+        else:
+            self.model = skeleton if world > 1 else load_model(path, device=device, dtype=dtype)
+        here = world == 1 or self._job is not None  # the weights are in this process
         # what generate runs: the model, or the model behind static-shape forwards
-        self._forward_model = CompiledLM(self.model, compile, cuda_graphs) if world == 1 and (compile or cuda_graphs) else self.model
+        self._forward_model = CompiledLM(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
-        self._workers = WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size, compile)) if world > 1 else None
+        self._workers = None if here else WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size, compile))
 
     def close(self) -> None:
-        """End the worker processes (a parallel engine); the engine generates no more."""
+        """End the worker processes (a parallel engine), or leave the launched job's process group;
+        the engine generates no more."""
         self._closed = True
         if self._workers is not None:
             self._workers.close()
+        if self._job is not None:
+            self._job.leave()
 
     def __enter__(self) -> "Engine":
         return self
@@ -187,11 +200,18 @@ class Engine:
 
     def generate_ids(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks = NO_HOOKS) -> GenerationOutput:
         """engine.run_diffusion on token ids, with this engine's stop ids, limit, name and token
-        strings; on a parallel engine, in its workers (the output's canvas then on the CPU)."""
+        strings; on a parallel engine, in its workers (the output's canvas then on the CPU); on a
+        launched job's rank, on rank 0's request, stopped as one (engine/runtime/launch.py)."""
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
+        if self._workers is not None:
+            check_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
+            return self._workers.run_request(prompts, config, hooks)  # each rank's engine adds its limit, name and strings
+        if self._job is not None:
+            return self._job.run(prompts, config, hooks, self._generate_here)
+        return self._generate_here(prompts, config, hooks)
+
+    def _generate_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
+        """The loop in this process, with this engine's stop ids, limit, name and token strings."""
         hooks = hooks.but(max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings)
-        if self._workers is None:
-            return run_diffusion(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks)
-        check_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
-        return self._workers.run_request(prompts, config, hooks)
+        return run_diffusion(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks)

@@ -1,18 +1,20 @@
 """Shard-only loading: a rank's shard read from the checkpoint (`load_shard`) is, tensor for tensor,
 what `shard_model` keeps of the whole model, for dense LLaDA, LLaDA-MoE and LLaDA2 under TP and EP;
 and the loader reads no byte of a split tensor beyond the rank's slices (counted at the
-safetensors slice reads, the only way the loader reads a tensor)."""
+safetensors slice reads, the only way the loader reads a tensor: benchmarks/shard_memory.py's
+counter, which the benchmark reports too)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from benchmarks.shard_memory import counting_reads
 from engine import save_model
-from engine.models import loader
 from engine.models.base import DerivedTensor
 from engine.models.loader import Cut, load_state_dict
 from engine.runtime.parallel import RowParallelLinear, load_shard, shard_model
@@ -34,51 +36,10 @@ CASES = {
 }
 
 
-class CountingSlice:
-    """A safetensors slice that adds the bytes of each read to `counter`."""
-
-    def __init__(self, inner, counter: dict[str, int]) -> None:
-        self.inner, self.counter = inner, counter
-
-    def get_shape(self):
-        return self.inner.get_shape()
-
-    def __getitem__(self, index) -> torch.Tensor:
-        t = self.inner[index]
-        self.counter["bytes"] += t.numel() * t.element_size()
-        return t
-
-
-class CountingFile:
-    """A safe_open handle whose slices count what they read; reading a whole tensor at once
-    (get_tensor) would bypass the slices, so it fails the test."""
-
-    def __init__(self, inner, counter: dict[str, int]) -> None:
-        self.inner, self.counter = inner, counter
-
-    def __enter__(self) -> "CountingFile":
-        self.inner.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.inner.__exit__(*exc)
-
-    def keys(self):
-        return self.inner.keys()
-
-    def get_slice(self, name: str) -> CountingSlice:
-        return CountingSlice(self.inner.get_slice(name), self.counter)
-
-    def get_tensor(self, name: str) -> torch.Tensor:
-        raise AssertionError(f"the loader read {name} whole")
-
-
 @pytest.fixture
-def bytes_read(monkeypatch) -> dict[str, int]:
-    counter = {"bytes": 0}
-    opened = loader._open_safetensors
-    monkeypatch.setattr(loader, "_open_safetensors", lambda file: CountingFile(opened(file), counter))
-    return counter
+def bytes_read() -> Iterator[dict[str, int]]:
+    with counting_reads() as counter:
+        yield counter
 
 
 def _checkpoint(family: str, layout: str, folder: Path) -> Path:

@@ -151,10 +151,21 @@ class _Stored:
             raise EngineError(f"cannot read tensor {self.name} from {self.file}: {str(exc).strip()[:200]}") from exc
 
     def read(self, cut: Cut | None) -> torch.Tensor:
+        """The tensor, or its cut. A slice is a view of the mmap'd file (safetensors >= 0.6) whose
+        pages are read as they are touched: a whole tensor or a block of leading rows stays such a
+        view; any other cut (columns, several spans) is copied contiguous through a mapping of its
+        own, closed once copied, so that the pages the copy touched leave this process's memory."""
         if cut is None:
             return self._reading(lambda: self.slice[...])
-        pieces = [self._reading(lambda span=span: self.slice[cut.index(span)]) for span in cut.spans]
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=cut.dim)
+        if len(cut.spans) == 1 and all(n == 1 for n in self.shape[: cut.dim]):
+            return self._reading(lambda: self.slice[cut.index(cut.spans[0])])
+
+        def copy() -> torch.Tensor:
+            with _open_safetensors(self.file) as own:
+                piece = own.get_slice(self.name)
+                return torch.cat([piece[cut.index(span)] for span in cut.spans], dim=cut.dim)
+
+        return self._reading(copy)
 
     @classmethod
     def __torch_function__(cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> "_Joined":

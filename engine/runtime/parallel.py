@@ -30,7 +30,6 @@ still measured when the compiled forward runs.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -129,19 +128,6 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(super().forward(x))
-
-
-def init_distributed(device: str) -> torch.device:
-    """Join the process group the environment describes as torchrun would (RANK, WORLD_SIZE,
-    LOCAL_RANK, MASTER_ADDR/PORT; engine/runtime/workers.py sets them): NCCL on CUDA, each rank on its
-    LOCAL_RANK device; gloo on CPU."""
-    target = torch.device(device)
-    if target.type == "cuda":
-        target = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(target)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
-    return target
 
 
 def _sparse_moes(model: nn.Module) -> list[tuple[str, SparseMoE]]:

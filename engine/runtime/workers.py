@@ -1,8 +1,9 @@
 """The worker processes behind `Engine(..., tp_size=N)` or `ep_size=N` (docs/algorithms.md §6.4).
 
-N spawned processes (gloo on CPU; NCCL on CUDA, rank r on device index + r) each load the
-checkpoint, keep their shard (engine/runtime/parallel.py: `init_distributed`, `shard_model`) and serve
-generate requests. Every rank runs the same generate on the same token ids: the replicated
+N spawned processes (gloo on CPU; NCCL on CUDA, rank r on device index + r), each with the
+environment torchrun would give it, so that its Engine joins the group and reads only its shard as
+a torchrun rank's does (engine/runtime/launch.py, parallel.py: `load_shard`), serve generate
+requests. Every rank runs the same generate on the same token ids: the replicated
 embedding, norms, routers and head make their decisions identical, so nothing but the all-reduces
 inside the layers crosses between ranks. Rank 0 sends the trace header, each iteration record
 (with the token strings the engine added for it) and the output back over its pipe; the caller
@@ -46,7 +47,6 @@ from ..errors import EngineError
 from ..hooks import CancelFlag, RunHooks
 from ..iteration import GenerationCancelled, GenerationOutput
 from ..trace import COST_PER_RANK, IterationRecord, Trace
-from .parallel import init_distributed
 
 # A rank's own generate (Engine.generate_ids of its shard), and how a rank builds it on its device.
 RankGenerate = Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput]
@@ -144,14 +144,14 @@ def _answer(rank: int, conn: Connection, flags: StopFlags, generate: RankGenerat
 
 
 def serve(rank: int, world: int, port: int, device: str, threads: int, load: Load, conn: Connection, flags: StopFlags) -> None:
-    """A worker process: join the group, load the shard, answer requests until the pipe closes."""
+    """A worker process: join the group and load the shard (`load`), answer requests until the pipe closes."""
     torch.set_num_threads(threads)
     index = torch.device(device).index or 0
-    # what torchrun would set: init_distributed reads them (cuda: rank r on device index + r)
+    # what torchrun would set: the rank's Engine reads them (engine/runtime/launch.py; cuda: rank r on device index + r)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(index + rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         try:
-            generate = load(str(init_distributed(device)))
+            generate = load(device)
         except Exception as exc:
             conn.send(("error", _failure(rank, exc)))
             return

@@ -1,0 +1,149 @@
+"""A process that a launcher started as one rank of a parallel job: torchrun on one node or several
+(`--nnodes`, its rendezvous), or anything that sets the same environment (docs/scaling.md).
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in each process it starts.
+An `Engine(..., tp_size=N)` in such a process does not start worker processes (engine/runtime/
+workers.py): it is one rank of the job, checks that its degree matches the job's size before
+reading a weight, joins the process group and reads only its shard (engine/runtime/parallel.py:
+`load_shard`). Every rank then runs the same loop on the same token ids, as the self-started
+workers do, with nobody between them: there is no caller process to replay a trace or share a stop.
+
+- **The request.** Every rank calls `generate` itself (the same script, or `python -m engine
+  generate`, on every rank), so each rank's request is replaced by rank 0's (`Job.agree`: its
+  prompts' ids and config, broadcast): the ranks cannot drift apart on a tokenizer or an argument,
+  and rank 0 returns what one process would; the others return the same output.
+- **Stopping.** The loop checks its cancel flag at the same points on every rank (before each
+  layer, between groups of iterations; the numbering the workers rely on too). When rank 0's run
+  has something that can stop it (a cancel flag, or a callback, which stops the run by raising),
+  every check is one all-reduce (MAX, over a gloo group: a CPU tensor, no device sync) of each
+  rank's own wish: its flag set or its callback raised. So any rank's stop ends every rank at the
+  same check, within about one layer; a callback's exception is raised after that, on its rank,
+  and GenerationCancelled on the others. A run with neither (the CLI) communicates nothing at its
+  checks, and a job is stopped as a whole: Ctrl-C or a signal to torchrun ends every rank, as does
+  any rank that fails (torchrun ends the others).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..config import GenerationConfig
+from ..errors import EngineError
+from ..hooks import CancelFlag, RunHooks
+from ..iteration import GenerationCancelled, GenerationOutput
+
+# What torchrun sets in every process it starts (and what the self-started workers set too).
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def first_on_its_node() -> bool:
+    """Whether this process is the first of its node (LOCAL_RANK 0, or not launched at all): the
+    one that reports a command line's errors, so that each node's console shows one line (torchrun
+    merges its processes' output, one console per node)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def _whole(name: str) -> int:
+    value = os.environ[name]
+    if not value.isdigit():
+        raise EngineError(f"the launcher's {name}={value!r} is not a whole number")
+    return int(value)
+
+
+class _AnyRankStops:
+    """The cancel flag every rank reads in a stoppable run: each check all-reduces (MAX) every
+    rank's own wish to stop, so all ranks answer each numbered check alike."""
+
+    def __init__(self, own: Callable[[], bool], group: Any) -> None:
+        self.own, self.group = own, group
+
+    def is_set(self) -> bool:
+        wish = torch.tensor([1 if self.own() else 0], dtype=torch.int32)
+        dist.all_reduce(wish, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(wish.item())
+
+
+@dataclass
+class Job:
+    """This process's place in a launched job, as the environment describes it."""
+
+    rank: int
+    world: int
+    local_rank: int
+    _control: Any = field(default=None, repr=False)  # the gloo group of the requests and stops, made on first use
+
+    @classmethod
+    def from_environment(cls) -> "Job | None":
+        """The job this process is a rank of, or None when no launcher set the environment."""
+        if not all(name in os.environ for name in LAUNCH_VARIABLES):
+            return None
+        job = cls(_whole("RANK"), _whole("WORLD_SIZE"), _whole("LOCAL_RANK"))
+        if not 0 <= job.rank < job.world:
+            raise EngineError(f"the launcher's RANK={job.rank} is outside WORLD_SIZE={job.world}")
+        return job
+
+    def join(self, device: str) -> torch.device:
+        """Join the job's process group (NCCL on CUDA, each rank on its LOCAL_RANK device; gloo on
+        the CPU); this rank's device."""
+        target = torch.device(device)
+        if target.type == "cuda":
+            target = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(target)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
+        return target
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._control = None
+
+    def _group(self) -> Any:
+        """The gloo group for the requests and stops: the default group on the CPU, a gloo group
+        beside NCCL's on CUDA (made collectively, the first time every rank gets here)."""
+        if self._control is None:
+            self._control = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return self._control
+
+    def run(
+        self,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        hooks: RunHooks,
+        loop: Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput],
+    ) -> GenerationOutput:
+        """`loop` (this rank's one-process generate) on rank 0's prompts and config, with this
+        rank's callbacks guarded (an exception is kept and stops the run) and, when rank 0's run
+        can stop, the all-ranks stop as its cancel flag. A callback's exception is raised on its
+        rank once every rank has stopped."""
+        sent: list[Any] = [(prompts, config, hooks.cancel is not None or hooks.on_start is not None or hooks.on_iteration is not None)]
+        dist.broadcast_object_list(sent, src=0, group=self._group())
+        prompts, config, stoppable = sent[0]
+        raised: list[Exception] = []
+        own: CancelFlag | None = hooks.cancel
+
+        def guarded(callback: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+            def call(value: Any) -> None:
+                if not raised:
+                    try:
+                        callback(value)
+                    except Exception as exc:
+                        raised.append(exc)
+
+            return None if callback is None else call
+
+        cancel = _AnyRankStops(lambda: bool(raised) or (own is not None and own.is_set()), self._group()) if stoppable else None
+        try:
+            out = loop(prompts, config, hooks.but(on_start=guarded(hooks.on_start), on_iteration=guarded(hooks.on_iteration), cancel=cancel))
+        except GenerationCancelled:
+            if raised:
+                raise raised[0] from None
+            raise
+        if raised:  # raised after the run's last check
+            raise raised[0]
+        return out

@@ -1,0 +1,147 @@
+"""torchrun launches (engine/runtime/launch.py, docs/scaling.md) on this CPU with gloo: two ranks on
+one node and two one-rank "nodes" on the loopback address give the tokens of one process (greedy),
+only rank 0 prints them; a degree that does not match the job is one error line and a non-zero
+exit before any weight is read; through the API, a stop or a failing callback on any rank ends
+every rank at the same check, and the job goes on.
+
+Every outcome is read from the processes' output and exit codes, never from how long they took.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import Engine, GenerationConfig
+
+from .app_support import EMBEDDED_MODEL
+from .test_parallel_engine import moe_folder  # noqa: F401  (the fixture: a tiny LLaDA-MoE with the embedded tokenizer)
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Q: 12+35=? A:"
+SETTINGS = ["--gen-length", "16", "--block-length", "8"]
+LIMIT_S = 600  # a bound on a hang, not a speed
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S)
+
+
+def _generate(folder: Path, degree: str) -> list[str]:
+    return ["-m", "engine", "generate", "--model", str(folder), degree, "2", "--prompt", PROMPT, *SETTINGS, "--json"]
+
+
+def _one_process_tokens(folder: Path) -> list[int]:
+    with Engine(folder) as engine:
+        return engine.generate(PROMPT, GenerationConfig(gen_length=16, block_length=8)).output.token_ids[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("model, degree", [("embedded", "--tp"), ("moe", "--tp"), ("moe", "--ep")])
+def test_two_ranks_on_one_node_give_the_tokens_of_one_process(moe_folder, model, degree):
+    folder = EMBEDDED_MODEL if model == "embedded" else moe_folder
+    done = _run(_torchrun("--standalone", "--nproc-per-node", "2", *_generate(folder, degree)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1  # rank 0 prints; rank 1 holds the same output silently
+    assert json.loads(lines[0])["token_ids"] == _one_process_tokens(folder)
+
+
+def test_two_loopback_nodes_give_the_tokens_of_one_process():
+    node = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--nproc-per-node", "1"]
+    second = subprocess.Popen(_torchrun(*node, "--node-rank", "1", *_generate(EMBEDDED_MODEL, "--tp")), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = _run(_torchrun(*node, "--node-rank", "0", *_generate(EMBEDDED_MODEL, "--tp")))
+        second_out, second_err = second.communicate(timeout=LIMIT_S)
+    finally:
+        second.kill()
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second_err[-2000:]
+    assert json.loads(first.stdout)["token_ids"] == _one_process_tokens(EMBEDDED_MODEL)
+    assert second_out == ""  # node 1's only rank is rank 1
+
+
+def test_a_degree_that_is_not_the_jobs_size_is_one_line_before_any_weight_is_read(tmp_path):
+    """The weights are truncated: had any rank read them, the error would name the file."""
+    for f in EMBEDDED_MODEL.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    done = _run(_torchrun("--standalone", "--nproc-per-node", "2", "-m", "engine", "generate", "--model", str(tmp_path), "--tp", "4", "--prompt", PROMPT))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode != 0 and done.stdout == ""
+    assert errors == ["error: tp=4, ep=1: each must be 1 or the number of processes (2), and one of them 2"]
+
+
+SCRIPT = """
+import json, sys, threading
+from engine import Engine, GenerationCancelled, GenerationConfig
+from engine.hooks import RunHooks
+
+config = GenerationConfig(decoder="fixed", gen_length=16, block_length=8, early_stop=False)  # 16 iterations
+engine = Engine(sys.argv[1], tp_size=2)
+report = {"rank": engine.rank}
+
+def attempt(name, hooks):
+    seen = []
+    hooks = hooks(seen)
+    try:
+        engine.generate("Q: 12+35=? A:", config, hooks)
+        report[name] = ("done", seen)
+    except GenerationCancelled:
+        report[name] = ("cancelled", seen)
+    except ValueError as exc:
+        report[name] = (str(exc), seen)
+
+cancel = threading.Event()  # set on rank 0 only, on reading record 2
+def stop_at_2(seen):
+    def on_iteration(record):
+        seen.append(record.iteration)
+        if engine.rank == 0 and record.iteration == 2:
+            cancel.set()
+    return RunHooks(on_iteration=on_iteration, cancel=cancel)
+
+def rank_1_fails_at_1(seen):
+    def on_iteration(record):
+        seen.append(record.iteration)
+        if engine.rank == 1 and record.iteration == 1:
+            raise ValueError("rank 1's viewer broke")
+    return RunHooks(on_iteration=on_iteration)
+
+attempt("stopped", stop_at_2)
+attempt("failed", rank_1_fails_at_1)
+report["after"] = engine.generate("Q: 12+35=? A:", config).output.token_ids
+engine.close()
+print(json.dumps(report), flush=True)
+"""
+
+
+def test_through_the_api_a_stop_on_any_rank_ends_every_rank_at_the_same_check_and_the_job_goes_on(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    done = _run(_torchrun("--standalone", "--nproc-per-node", "2", str(script), str(EMBEDDED_MODEL)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = sorted((json.loads(line) for line in done.stdout.strip().splitlines()), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1]
+    zero, one = reports
+    # rank 0's cancel, set on record 2, stops both ranks before iteration 3
+    assert zero["stopped"] == one["stopped"] == ["cancelled", [0, 1, 2]]
+    # rank 1's callback raises on record 1: its exception there, a cancel on rank 0, both before iteration 2
+    assert one["failed"] == ["rank 1's viewer broke", [0, 1]] and zero["failed"] == ["cancelled", [0, 1]]
+    with Engine(EMBEDDED_MODEL) as alone:
+        tokens = alone.generate(PROMPT, GenerationConfig(decoder="fixed", gen_length=16, block_length=8, early_stop=False)).output.token_ids
+    assert zero["after"] == one["after"] == tokens
