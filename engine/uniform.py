@@ -38,7 +38,7 @@ from .decoders import Decoder, EntropyBoundDecoder
 from .errors import EngineError
 from .hooks import RunHooks
 from .iteration import GenerationCancelled, GenerationOutput
-from .models.base import DiffusionLM
+from .models.diffusion_gemma import DiffusionGemmaLM
 from .registry import DecoderOption, register_decoder
 from .stats import GenerationStats, count_tokens, generated_mask
 from .trace import Trace, TraceRecorder
@@ -143,7 +143,7 @@ class _StableAndConfident:
 class _UniformRun:
     """State of one uniform-state run; `run` is the loop."""
 
-    def __init__(self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
+    def __init__(self, model: DiffusionGemmaLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
         self.model, self.cfg, self.hooks, self.stop_ids = model, config, hooks, stop_ids
         self.settings = UniformSettings.from_config(config)
         model.check_text_only(prompts)
@@ -302,8 +302,9 @@ class _UniformRun:
 
 
 @torch.inference_mode()
-def run_uniform_diffusion(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> GenerationOutput:
+def run_uniform_diffusion(model: DiffusionGemmaLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> GenerationOutput:
     """The uniform-state loop on a checked request, for a model with `diffusion_kind == "uniform"`
+    (the calls it makes: DiffusionGemmaLM's `new_cache`, `encode`, `decoder_masks`, `denoise`)
     (engine/generation.py: `run_diffusion` checks the request and installs the between-layer
     cancel, then calls the loop of the model's kind). `stop_ids`: the ids that end a row."""
     if model.diffusion_kind != UNIFORM:
