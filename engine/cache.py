@@ -124,6 +124,12 @@ class KVCacheManager:
             **inputs, past_kv=self.store, replace=(plan.start, plan.end), persist=self.config.persist_window
         )
 
+    def revised(self, changed: torch.Tensor) -> None:
+        """A revising decoder changed committed positions of the current block (`[B, W]`, a device
+        tensor) after this iteration's forward read them: any K/V kept from that forward is stale
+        there. Here nothing is kept past the block (every forward computes the block fresh, and the
+        next block starts with a refresh), so nothing to do."""
+
     def exact_logits(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> torch.Tensor:
         """The uncached logits of block `[s, e)` on the current input (the staleness probe's reference)."""
         return model(**inputs(0, self.length)).logits[:, s:e]
@@ -155,7 +161,8 @@ class BlockCausalCache(KVCacheManager):
       the store's unused slots `[e, N)` masked out (dInfer's SGLang path zero-pads them, and zero
       keys still take softmax mass). `prefill` stores `[0, first)` under the block-causal mask;
       `block_done` stores a finished block's K/V computed from its final tokens: the last
-      forward's when its input had no mask left (an unrolled no-op), else one more forward.
+      forward's when its input had no mask left (an unrolled no-op) and no revising decoder
+      changed a token after it (`revised`), else one more forward.
       Earlier blocks never attend to later ones, so every cached logit is exact.
     - `"none"`, the attention-mask reference (dInfer's `BlockDiffusionLLMAttnmask`): `[0, e)` under
       the block-causal mask, every iteration. Slow and exact; the oracle of the cached path.
@@ -189,6 +196,11 @@ class BlockCausalCache(KVCacheManager):
         out = self._cached(model, plan.start, plan.end, inputs)
         self.last_kv, self.last_input_masked = out.kv, (True if masked is None else masked.any())
         return out
+
+    def revised(self, changed: torch.Tensor) -> None:
+        """The last forward's K/V no longer match the block's tokens: `block_done` recomputes them."""
+        if self.last_input_masked is not None:
+            self.last_input_masked = self.last_input_masked | changed.any()
 
     def _cached(self, model: DiffusionLM, s: int, e: int, inputs: dict[str, torch.Tensor]) -> ModelOutput:
         """Block `[s, e)` against the store's `[0, s)`; keys from `e` on are masked out."""

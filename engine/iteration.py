@@ -218,6 +218,8 @@ class _MaskedRun:
             result.extras["cont_weight"] = weight  # the w_t a viewer plots next to the threshold
         revisions = self._revisions(result, current, s) if self.recorder is not None and self.decoder.revises else None
         self.x[:, s:e] = apply_decode(result, current, self.mask_id)
+        if self.decoder.revises:
+            self.cache.revised(result.edit | result.remask)
         if self.embeds is not None:
             self._smooth(a, b, out.logits, weight)
         if self.recorder is not None:

@@ -37,12 +37,12 @@ class EditDecoder(Decoder):
     """LLaDA2.1's joint threshold (mask-to-token plus token-to-token), row by row.
 
     Per iteration, for each row whose block is not finished: M2T fills every mask with confidence
-    > τ (at least the row's most confident one); once the row has no masks, the iteration is one of
-    its post-edit steps, and the row finishes when those exceed `max_post_edit_steps`. T2T
-    overwrites each committed, generated position of the block whose top-1 differs from its token
-    with probability > τ_edit (an edit). A row also finishes at an iteration that changes nothing;
-    the block ends when every row has finished. Rules from SGLang's `joint_threshold.py` and the
-    LLaDA2.1 model cards (docs/algorithms.md §3.9).
+    > τ (at least the row's most confident one); T2T overwrites each committed, generated position
+    of the block whose top-1 differs from its token with probability > τ_edit (an edit). An
+    iteration that starts with no mask in the row is one of its post-edit steps: at most
+    `max_post_edit_steps` of them run, and the row finishes at one that changes nothing. The block
+    ends when every row has finished. The rule of LLaDA2.1's own `generate` and SGLang's
+    `joint_threshold.py` (docs/algorithms.md §3.9).
     """
 
     name = "edit"
@@ -76,7 +76,7 @@ class EditDecoder(Decoder):
         self.penalty = float(self.option("repetition_penalty"))
         if self.max_post < 0 or self.penalty < 0:
             raise EngineError("edit: max_post_edit_steps and repetition_penalty must be >= 0")
-        self.extra_forwards = self.max_post + 1
+        self.extra_forwards = self.max_post
         self.post_steps = torch.zeros(0, dtype=torch.long)
         self.finished = torch.zeros(0, dtype=torch.bool)
 
@@ -89,13 +89,17 @@ class EditDecoder(Decoder):
 
     def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
         tokens, confidence, _ = self.predict(penalise_repeats(logits, current, self.penalty))
-        has_mask = masked.any(dim=1)
-        self.post_steps += (~has_mask & ~self.finished).long()
-        active = ~self.finished & (has_mask | (self.post_steps <= self.max_post))
+        active = ~self.finished.unsqueeze(1)
+        had_mask = masked.any(dim=1)
+        self.post_steps += (~had_mask).long()  # this iteration is a post-edit step of those rows
         above = masked & (confidence > threshold)
-        commit = (above | best_per_row(confidence, masked)) & active.unsqueeze(1)
-        edit = editable & (tokens != current) & (confidence > self.edit_threshold) & active.unsqueeze(1)
-        self.finished |= ~(commit | edit).any(dim=1)
+        commit = (above | best_per_row(confidence, masked)) & active
+        edit = editable & (tokens != current) & (confidence > self.edit_threshold) & active
+        # settled: a mask-free iteration that changed nothing; spent: the next iteration would be
+        # one post-edit step too many, so it is not run (the reference checks before its forward)
+        settled = ~had_mask & ~(commit | edit).any(dim=1)
+        spent = ~(masked & ~commit).any(dim=1) & (self.post_steps >= self.max_post)
+        self.finished |= settled | spent
         return DecodeResult(
             tokens, confidence, commit, commit & ~above, edit=edit, remask=torch.zeros_like(edit),
             revision_score=confidence, revision_rules={EDIT: (EDIT_RULE, self.edit_threshold)},

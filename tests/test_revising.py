@@ -13,7 +13,7 @@ from engine.revising import EditDecoder, apply_preset, penalise_repeats
 
 from .conftest import tiny_llada
 from .moe_models import tiny_llada2
-from .scripted import EOS, MASK, VOCAB, ScriptedLM
+from .scripted import EOS, VOCAB, ScriptedLM
 
 PROMPT = [1, 2, 3, 4]
 
@@ -78,10 +78,10 @@ def test_post_edit_steps_are_bounded_when_the_model_keeps_changing_its_mind():
     flip = [(PROMPT + [t, 6, 7, EOS], [0] * 4 + [8, 8, 8, 8]) for t in (5, 9, 5, 9, 5, 9, 5, 9)]
     model = PerForwardLM(flip)
     out = run_diffusion(model, [PROMPT], _edit_config(max_post_edit_steps=2), stop_ids=[EOS], hooks=RunHooks(trace=True))
-    # forward 1 fills the block; post-edit steps 1 and 2 edit 4 (5 -> 9 -> 5); step 3 exceeds the bound
-    # and changes nothing, which ends the block
-    assert model.forwards == 4
-    assert [len(rec.revisions[0]) for rec in out.trace.iterations] == [0, 1, 1, 0]
+    # forward 1 fills the block; post-edit steps 1 and 2 edit 4 (5 -> 9 -> 5); a third would exceed
+    # the bound, so it never runs
+    assert model.forwards == 3
+    assert [len(rec.revisions[0]) for rec in out.trace.iterations] == [0, 1, 1]
     assert out.token_ids == [[5, 6, 7]]
 
 
