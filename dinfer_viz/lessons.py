@@ -18,6 +18,9 @@ from engine import EngineError, GenerationConfig
 from .settings import build_config
 
 
+MODEL = "model"  # a step may change the model (by its name under assets/) instead of a setting
+
+
 @dataclass(frozen=True)
 class Step:
     """One run of a lesson: the one setting it changes (`change`: field -> value), its title, and
@@ -38,8 +41,8 @@ class Lesson:
     base: dict[str, Any]
     steps: tuple[Step, ...]
 
-    def settings(self, index: int) -> dict[str, Any]:
-        """Step `index`'s full generation settings (GenerationConfig.to_dict's form)."""
+    def _merged(self, index: int) -> dict[str, Any]:
+        """Step `index`'s settings and its model (under MODEL), when the lesson names one."""
         if not 0 <= index < len(self.steps):
             raise EngineError(f"lesson {self.name!r} has steps 1 to {len(self.steps)}, not {index + 1}")
         out = {**GenerationConfig().to_dict(), **self.base}
@@ -47,11 +50,22 @@ class Lesson:
             out.update(step.change)
         return out
 
+    def settings(self, index: int) -> dict[str, Any]:
+        """Step `index`'s full generation settings (GenerationConfig.to_dict's form)."""
+        return {k: v for k, v in self._merged(index).items() if k != MODEL}
+
+    def model(self, index: int) -> str | None:
+        """The embedded model step `index` runs on, by the name the model box takes (None: the
+        lesson leaves the model as it is)."""
+        return self._merged(index).get(MODEL)
+
     def config(self, index: int) -> GenerationConfig:
         """Step `index`'s settings, validated as a run's settings are (registries included)."""
         return build_config(self.settings(index))
 
 
+BASE_MODEL, EDIT_MODEL = "tiny-llada", "tiny-llada-edit"  # embedded models, by the names the model box takes
+EDIT_LESSON_PROMPT = "Q: ?+?=38 A:"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -159,6 +173,33 @@ LESSONS: tuple[Lesson, ...] = (
             ),
         ),
     ),
+    Lesson(
+        "5 · threshold 0.3 errs → the edit model repairs it with edit",
+        # a held-out pair-sum prompt the base model answers wrongly at τ 0.3 and the edit model
+        # answers right with the edit decoder (tests/test_lessons.py holds both to the run's trace)
+        EDIT_LESSON_PROMPT,
+        {**_SHORT, "decoder": "threshold", "threshold": 0.3, "cache": "none", MODEL: BASE_MODEL},
+        (
+            Step(
+                "threshold τ = 0.3 on the base model",
+                {"decoder": "threshold"},
+                "A low τ commits both numbers' digits in the first forwards, each chosen without seeing the others: the sum breaks, "
+                "and once committed a digit is final, so nothing can repair it.",
+            ),
+            Step(
+                "the edit model, same decoder",
+                {MODEL: EDIT_MODEL},
+                "The edit model was also trained to correct visible tokens, but the threshold decoder never asks it to: "
+                "compare its answer with the base model's before giving it the decoder that can.",
+            ),
+            Step(
+                "the edit decoder (τ 0.3, edit threshold 0.5)",
+                {"decoder": "edit"},
+                "Pink cells are edits, the old token struck through beside the new: scrub iteration by iteration and click one to read "
+                "the rule's numbers (p(new) above the edit threshold) that let the decoder take a committed digit back.",
+            ),
+        ),
+    ),
 )
 
 
@@ -174,12 +215,12 @@ def lesson_named(name: str | None) -> Lesson:
 
 def check_lessons(lessons: tuple[Lesson, ...] = LESSONS) -> None:
     """EngineError unless every step builds a valid GenerationConfig and changes exactly one
-    setting from the step before (the first step: from the lesson's base)."""
+    setting (or the model) from the step before (the first step: from the lesson's base)."""
     for lesson in lessons:
         before = {**GenerationConfig().to_dict(), **lesson.base}
         for i, step in enumerate(lesson.steps):
             lesson.config(i)
-            now = lesson.settings(i)
+            now = lesson._merged(i)  # the model counts as a setting
             changed = sorted(k for k in now if now[k] != before.get(k))
             if i > 0 and len(changed) != 1:
                 raise EngineError(f"lesson {lesson.name!r} step {i + 1} changes {changed or 'nothing'}, not one setting")

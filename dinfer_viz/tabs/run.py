@@ -291,18 +291,19 @@ class RunHandlers(TabHandlers):
 
     def lesson_step(self, name: str | None, step: Any) -> tuple:
         """Step `step` (0-based; past the last: the last) of the lesson `name`: (the step menu, the
-        prompt, the sentence of what to look at, every Run control's value in all_controls' order).
+        prompt, the sentence of what to look at, every Run control's value in all_controls' order,
+        the model box: the step's model, or unchanged when the lesson names none).
         An unknown lesson or step changes nothing but the sentence, which says why."""
         try:
             lesson = lesson_named(name)
             index = min(max(int(step or 0), 0), len(lesson.steps) - 1)
             config = lesson.config(index)
         except (EngineError, TypeError, ValueError) as exc:
-            return (gr.skip(), gr.skip(), error_text(inert(str(exc))), *(gr.skip() for _ in all_controls()))
+            return (gr.skip(), gr.skip(), error_text(inert(str(exc))), *(gr.skip() for _ in all_controls()), gr.skip())
         choices = [(f"{i + 1}. {s.title}", i) for i, s in enumerate(lesson.steps)]
         last = " (the last step)" if index == len(lesson.steps) - 1 else ""
         note = f"**Step {index + 1} of {len(lesson.steps)}{last}: {inert(lesson.steps[index].title)}.** Press Run, then: {inert(lesson.steps[index].look)}"
-        return (gr.update(choices=choices, value=index), lesson.prompt, note, *(control_value(c, config) for c in all_controls()))
+        return (gr.update(choices=choices, value=index), lesson.prompt, note, *(control_value(c, config) for c in all_controls()), lesson.model(index) or gr.skip())
 
     @guarded(PICK_VIEW)
     def pick(self, iteration: float, state: RunState | None, evt: gr.SelectData) -> tuple:

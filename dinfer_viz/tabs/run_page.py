@@ -74,7 +74,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     view = [parts[name] for name in RUN_VIEW]
     run_event = _wire_run(h, demo, parts, settings_inputs, view)
     _wire_replay(h, parts, view)
-    _wire_lessons(h, parts, controls)
+    _wire_lessons(h, parts, controls, model_inputs[0])
     _wire_presets(parts, controls)
     _wire_files(h, parts, settings_inputs, view)
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
@@ -229,11 +229,12 @@ def _wire_replay(h: RunHandlers, p: Parts, view: list[Any]) -> None:
     timer.tick(h.step, [scrub, state, pinned], [scrub, p["grid"], p["text"], p["details"], timer], api_visibility="private")
 
 
-def _wire_lessons(h: RunHandlers, p: Parts, controls: dict[str, gr.components.Component]) -> None:
-    """A lesson's step sets the prompt and every control (their change events check the settings
-    and show the step's controls); .input: only the user's choices, never the handler's own updates."""
+def _wire_lessons(h: RunHandlers, p: Parts, controls: dict[str, gr.components.Component], model_box: gr.components.Component) -> None:
+    """A lesson's step sets the prompt, every control (their change events check the settings
+    and show the step's controls) and, when it names one, the model; .input: only the user's
+    choices, never the handler's own updates."""
     menu, steps = p["lesson_menu"], p["lesson_steps"]
-    lesson_out = [steps, p["prompt"], p["lesson_note"], *(controls[c.field] for c in all_controls())]
+    lesson_out = [steps, p["prompt"], p["lesson_note"], *(controls[c.field] for c in all_controls()), model_box]
     menu.input(lambda name: h.lesson_step(name, 0), menu, lesson_out, **PRIVATE)
     steps.input(h.lesson_step, [menu, steps], lesson_out, **PRIVATE)
     p["next_btn"].click(lambda name, step: h.lesson_step(name, (step if isinstance(step, int) else -1) + 1), [menu, steps], lesson_out, **PRIVATE)
