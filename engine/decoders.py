@@ -459,7 +459,7 @@ class EntropyBoundDecoder(Decoder):
         "larger γ commits more per forward; γ = 0 commits about one at a time."
     )
     settings = ()
-    sweep_setting = "entropy_bound"
+    sweep_setting = "decoder_options.entropy_bound"  # its own option, as the app's sweep names one
     uses_threshold = False
     row_wise = True
     options = {"entropy_bound": DecoderOption(0.1, "entropy_bound / uniform: accept the lowest-entropy positions while their summed entropy, less the largest, stays <= this")}

@@ -67,7 +67,7 @@ class UniformSampler(Decoder):
     )
     uses_threshold = False
     settings = ()
-    sweep_setting = "entropy_bound"
+    sweep_setting = EntropyBoundDecoder.sweep_setting
     options = {
         "entropy_bound": EntropyBoundDecoder.options["entropy_bound"],  # one rule, one setting (a flag, a control)
         "t_min": DecoderOption(0.4, "uniform: the temperature the linear schedule cools towards (its last step is one step above it)"),

@@ -78,8 +78,14 @@ def test_no_mask_no_commit():
 
 
 def test_declared_for_the_cli_the_app_and_the_sweep():
+    from dinfer_viz.settings import numeric_fields, sweep_setting
+    from dinfer_viz.sweep import sweep_configs
+
     cls = decoder_class("entropy_bound")
-    assert cls.sweep_setting == "entropy_bound" and "entropy_bound" in cls.options and cls.row_wise
+    assert "entropy_bound" in cls.options and cls.row_wise
+    assert sweep_setting("entropy_bound") in numeric_fields()  # the sweep's menu offers its knob
+    configs = sweep_configs(GenerationConfig(decoder="entropy_bound"), sweep_setting("entropy_bound"), [0.05, 0.5])
+    assert [c.decoder_options["entropy_bound"] for c in configs] == [0.05, 0.5]
     assert not cls.uses_threshold and cls.explanation
     with pytest.raises(Exception, match="must be a finite number"):
         GenerationConfig(decoder="entropy_bound", decoder_options={"entropy_bound": "wide"}).validate()
