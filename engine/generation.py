@@ -1,5 +1,6 @@
 """The engine's token-level entry point: check a request, then run the diffusion loop of the
-model's kind (masked: engine/iteration.py) under the caller's hooks (engine/hooks.py)."""
+model's kind (masked: engine/iteration.py; uniform: engine/uniform.py) under the caller's hooks
+(engine/hooks.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from .errors import EngineError
 from .hooks import NO_HOOKS, RunHooks
 from .iteration import GenerationOutput, cancel_between_layers, check_request, run_masked_diffusion
 from .models.base import DiffusionLM
+from .uniform import run_uniform_diffusion
 
-LOOPS = {"masked": run_masked_diffusion}
+LOOPS = {"masked": run_masked_diffusion, "uniform": run_uniform_diffusion}
 
 
 @torch.inference_mode()

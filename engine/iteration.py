@@ -154,6 +154,7 @@ class _MaskedRun:
         self.decoder = make_decoder(config, self.mask_id, self.generator)
         self.embeds = model.embed(self.x) if config.smoothing else None
         self.nfe = 0
+        self.revision_counts = torch.zeros(2, dtype=torch.long, device=self.device)  # edits, remasks
         self.iteration = 0
         self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
@@ -220,6 +221,7 @@ class _MaskedRun:
         self.x[:, s:e] = apply_decode(result, current, self.mask_id)
         if self.decoder.revises:
             self.cache.revised(result.edit | result.remask)
+            self.revision_counts += torch.stack([result.edit.sum(), result.remask.sum()])
         if self.embeds is not None:
             self._smooth(a, b, out.logits, weight)
         if self.recorder is not None:
@@ -384,6 +386,7 @@ class _MaskedRun:
             captures=done.captures,
             graph_replays=done.replays,
             compile_seconds=done.compile_seconds,
+            **dict(zip(("edits", "remasks"), self.revision_counts.tolist())),
         )
         if self.recorder is not None:
             self.recorder.finish(self.x.cpu().tolist(), stats.to_dict(), self.excluded_seconds)

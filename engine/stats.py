@@ -11,6 +11,9 @@
 - compiles, captures, compile_seconds: graphs torch.compile compiled and CUDA graphs captured
   during the call (engine/runtime/compiled.py; 0 once the shapes are warm), and the wall time of the
   forwards that did it (inside `seconds`); graph_replays: forwards that replayed a CUDA graph.
+- edits, remasks: committed tokens a revising decoder replaced or returned to [MASK] (0 for the
+  others). A revising run's `tokens` are still the final ones, so its TPF is final tokens per
+  forward, as LLaDA2.1 reports it: a token written, edited and written again counts once.
 - tps = tokens / seconds / batch (tokens per second per sequence); tpf = tokens / nfe / batch.
 """
 
@@ -35,6 +38,8 @@ class GenerationStats:
     captures: int = 0
     graph_replays: int = 0
     compile_seconds: float = 0.0
+    edits: int = 0
+    remasks: int = 0
 
     @property
     def tps(self) -> float:

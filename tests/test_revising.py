@@ -51,6 +51,7 @@ def test_an_edit_is_applied_recorded_with_its_numbers_and_replayed():
     out = run_diffusion(model, [PROMPT], _edit_config(), stop_ids=[EOS], hooks=RunHooks(trace=True))
     assert out.token_ids == [[9, 6, 7]]
     assert out.stats.nfe == 3 == model.forwards
+    assert (out.stats.edits, out.stats.remasks, out.stats.tokens) == (1, 0, 3)  # the edited token counts once
     first, second, third = out.trace.iterations
     assert first.committed == [[4, 5]] and first.revisions == [[]]
     assert second.committed == [[6, 7]]
