@@ -22,7 +22,7 @@ class CacheMode:
     help names the mode beside each). `exact`: every logit equals an uncached forward's on a
     bidirectional model (docs/algorithms.md §4.4). `block_causal`: the mode applies to a
     block-causal model (LLaDA2's block diffusion, §5, where every mode that applies is exact).
-    `reads_request_counter`: the plan reads the request's iteration counter, so rows decoded as one
+    `reads_request_counter`: the plan reads the request's iteration counter (a warm-up), so rows decoded as one
     batch no longer each follow their solo run. `explanation`: the paragraph the app shows beside
     the views; `forward_rule`: how the mode counts forwards (NFE) and what a block entry costs.
     """
@@ -49,76 +49,54 @@ _STALE = (
     "commits fewer tokens per forward and the run may need more iterations."
 )
 
+# Each mode's paragraphs: what it does, and how it counts forwards
+_NONE = (
+    "**No cache.** Every iteration runs the model over the whole canvas (grey bands in the raster): "
+    "exact, and the slowest, since prompt and finished blocks are recomputed every time."
+)
+_NONE_RULE = (
+    "**Forward count, no cache.** Every iteration is one full forward over the whole canvas, so NFE is "
+    "exactly the number of decode iterations and nothing is ever stale. Each forward pays for the "
+    "prompt and the finished blocks again, which is cheap on a short canvas and dominates on a long one."
+)
+_PREFIX = (
+    "**Prefix cache.** At block entry a full forward refreshes the K/V of everything; then each "
+    "iteration recomputes only the block and what follows it against the cached prefix. The prefix "
+    "is settled text, so the approximation is small."
+)
+_PREFIX_RULE = (
+    "**Forward count, prefix cache.** " + _STEP + " The prefix forwards then recompute the block and "
+    "everything after it against the cached prompt and earlier blocks. " + _STALE + " A prefix forward "
+    "still covers the rest of the canvas, so it saves most on a long prompt."
+)
+_DUAL = (
+    "**Dual cache.** After the refresh at block entry, each iteration recomputes only the current "
+    "block, reusing cached K/V on both sides. The suffix is still masks whose K/V go stale as the "
+    "block fills: measure staleness to see by how much."
+)
+_DUAL_RULE = (
+    "**Forward count, dual cache.** " + _STEP + " The dual forwards recompute only the block, reading both "
+    "the prefix and the suffix from the store. " + _STALE + " On a short canvas a forward's fixed cost "
+    "(launching every layer) outweighs the tokens it skips, so a block's extra forward can make dual no "
+    "faster than no cache; the saving appears as the canvas grows (the forward-cost chart)."
+)
+_VICINITY = (
+    "**Vicinity (dInfer).** Like dual, but each iteration recomputes a window `prefix_look` before "
+    "and `after_look` after the block (dashed rectangles), after `warmup` exact iterations; the "
+    "neighbourhood most affected by the block's commits stays fresh."
+)
+_VICINITY_RULE = (
+    "**Forward count, vicinity.** The first `warmup` forwards of the request are full, uncached ones; after "
+    "that it works like dual. " + _STEP + " The window forwards recompute the block plus `prefix_look` "
+    "positions before and `after_look` after it, so the neighbours most affected by a commit stay fresh "
+    "while the rest of the store goes stale until the next refresh."
+)
+
 _DECLARED = (
-    CacheMode(
-        "none",
-        settings=(),
-        exact=True,
-        block_causal=True,
-        reads_request_counter=False,
-        explanation=(
-            "**No cache.** Every iteration runs the model over the whole canvas (grey bands in the raster): "
-            "exact, and the slowest, since prompt and finished blocks are recomputed every time."
-        ),
-        forward_rule=(
-            "**Forward count, no cache.** Every iteration is one full forward over the whole canvas, so NFE is "
-            "exactly the number of decode iterations and nothing is ever stale. Each forward pays for the "
-            "prompt and the finished blocks again, which is cheap on a short canvas and dominates on a long one."
-        ),
-    ),
-    CacheMode(
-        "prefix",
-        settings=("refresh_every", "measure_staleness"),
-        exact=False,
-        block_causal=True,
-        reads_request_counter=False,
-        explanation=(
-            "**Prefix cache.** At block entry a full forward refreshes the K/V of everything; then each "
-            "iteration recomputes only the block and what follows it against the cached prefix. The prefix "
-            "is settled text, so the approximation is small."
-        ),
-        forward_rule=(
-            "**Forward count, prefix cache.** " + _STEP + " The prefix forwards then recompute the block and "
-            "everything after it against the cached prompt and earlier blocks. " + _STALE + " A prefix forward "
-            "still covers the rest of the canvas, so it saves most on a long prompt."
-        ),
-    ),
-    CacheMode(
-        "dual",
-        settings=("refresh_every", "measure_staleness"),
-        exact=False,
-        block_causal=False,
-        reads_request_counter=False,
-        explanation=(
-            "**Dual cache.** After the refresh at block entry, each iteration recomputes only the current "
-            "block, reusing cached K/V on both sides. The suffix is still masks whose K/V go stale as the "
-            "block fills: measure staleness to see by how much."
-        ),
-        forward_rule=(
-            "**Forward count, dual cache.** " + _STEP + " The dual forwards recompute only the block, reading both "
-            "the prefix and the suffix from the store. " + _STALE + " On a short canvas a forward's fixed cost "
-            "(launching every layer) outweighs the tokens it skips, so a block's extra forward can make dual no "
-            "faster than no cache; the saving appears as the canvas grows (the forward-cost chart)."
-        ),
-    ),
-    CacheMode(
-        "vicinity",
-        settings=("prefix_look", "after_look", "warmup", "refresh_every", "persist_window", "measure_staleness"),
-        exact=False,
-        block_causal=False,
-        reads_request_counter=True,  # the warm-up counts the request's iterations
-        explanation=(
-            "**Vicinity (dInfer).** Like dual, but each iteration recomputes a window `prefix_look` before "
-            "and `after_look` after the block (dashed rectangles), after `warmup` exact iterations; the "
-            "neighbourhood most affected by the block's commits stays fresh."
-        ),
-        forward_rule=(
-            "**Forward count, vicinity.** The first `warmup` forwards of the request are full, uncached ones; after "
-            "that it works like dual. " + _STEP + " The window forwards recompute the block plus `prefix_look` "
-            "positions before and `after_look` after it, so the neighbours most affected by a commit stay fresh "
-            "while the rest of the store goes stale until the next refresh."
-        ),
-    ),
+    CacheMode("none", (), exact=True, block_causal=True, reads_request_counter=False, explanation=_NONE, forward_rule=_NONE_RULE),
+    CacheMode("prefix", ("refresh_every", "measure_staleness"), exact=False, block_causal=True, reads_request_counter=False, explanation=_PREFIX, forward_rule=_PREFIX_RULE),
+    CacheMode("dual", ("refresh_every", "measure_staleness"), exact=False, block_causal=False, reads_request_counter=False, explanation=_DUAL, forward_rule=_DUAL_RULE),
+    CacheMode("vicinity", ("prefix_look", "after_look", "warmup", "refresh_every", "persist_window", "measure_staleness"), exact=False, block_causal=False, reads_request_counter=True, explanation=_VICINITY, forward_rule=_VICINITY_RULE),
 )
 CACHE_MODES: dict[str, CacheMode] = {mode.name: mode for mode in _DECLARED}
 

@@ -45,61 +45,47 @@ class SystemOption:
         return value not in (None, "")
 
 
+# The paragraphs the app shows, one per option
+_TP_SIZE = (
+    "**Tensor parallelism (TP = N).** N worker processes each hold 1/N of every layer: the "
+    "attention heads and the MLP's hidden units are split, each process computes its share, and "
+    "an all-reduce sums the shares after the attention and after the MLP: two all-reduces per "
+    "layer, every forward. It pays when a layer's matrices are big enough that computing a part "
+    "saves more than the all-reduces cost (a 7-8B model whose weights one GPU cannot hold or "
+    "stream fast enough, GPUs joined by a fast link). The embedded model's layers take "
+    "microseconds, so TP=2 on this CPU is slower than one process: the two processes share the "
+    "same cores, and in the cost chart each forward's communication (red) is taller than its "
+    "compute (blue): the all-reduces' fixed cost, and the wait for the slower rank, outweigh the "
+    "halved matmuls."
+)
+_EP_SIZE = (
+    "**Expert parallelism (EP = N, MoE models).** N worker processes each hold 1/N of the "
+    "experts, each expert whole; attention and the router are replicated, every token is routed on every "
+    "process, each computes its own experts' share and one all-reduce per MoE layer sums them "
+    "(no all-to-all). It pays when the experts' weights, most of an MoE model, do not fit or "
+    "stream fast enough on one device; on a tiny MoE the all-reduces cost more than they save."
+)
+_COMPILE = (
+    "**torch.compile.** Every forward runs through inductor, which fuses the layer's small "
+    "operations into fewer kernels. Lengths are padded to a few bucket sizes so a run compiles "
+    "one graph per bucket, the first time it meets it (tens of seconds on the CPU, the purple "
+    "bar and the line in the cost chart; 1-2 s from inductor's disk cache), and no more after "
+    "warm-up. It pays over many runs of the same shapes: a warm compiled forward is faster (about "
+    "1.1× for the embedded model on this CPU), the first run is much slower."
+)
+_CUDA_GRAPHS = (
+    "**CUDA graphs (CUDA, one process).** The first forward at each bucket is captured into a "
+    "graph; later ones replay it as one launch instead of one per kernel (starred in the cost "
+    "chart). It removes the host's launch overhead, which dominates when kernels are short "
+    "(small models, cached forwards over one block); it costs a capture per bucket and a fixed "
+    "K/V scratch store per bucket."
+)
+
 _DECLARED = (
-    SystemOption(
-        "tp_size", "--tp", "tensor-parallel degree", int,
-        help="tensor-parallel degree: that many worker processes (one GPU each on CUDA)",
-        explanation=(
-            "**Tensor parallelism (TP = N).** N worker processes each hold 1/N of every layer: the "
-            "attention heads and the MLP's hidden units are split, each process computes its share, and "
-            "an all-reduce sums the shares after the attention and after the MLP: two all-reduces per "
-            "layer, every forward. It pays when a layer's matrices are big enough that computing a part "
-            "saves more than the all-reduces cost (a 7-8B model whose weights one GPU cannot hold or "
-            "stream fast enough, GPUs joined by a fast link). The embedded model's layers take "
-            "microseconds, so TP=2 on this CPU is slower than one process: the two processes share the "
-            "same cores, and in the cost chart each forward's communication (red) is taller than its "
-            "compute (blue): the all-reduces' fixed cost, and the wait for the slower rank, outweigh the "
-            "halved matmuls."
-        ),
-        runs_on_cpu=True, cuda_devices=2,
-    ),
-    SystemOption(
-        "ep_size", "--ep", "expert-parallel degree (MoE models)", int,
-        help="expert-parallel degree (MoE models): that many worker processes (one GPU each on CUDA)",
-        explanation=(
-            "**Expert parallelism (EP = N, MoE models).** N worker processes each hold 1/N of the "
-            "experts, each expert whole; attention and the router are replicated, every token is routed on every "
-            "process, each computes its own experts' share and one all-reduce per MoE layer sums them "
-            "(no all-to-all). It pays when the experts' weights, most of an MoE model, do not fit or "
-            "stream fast enough on one device; on a tiny MoE the all-reduces cost more than they save."
-        ),
-        runs_on_cpu=True, cuda_devices=2,
-    ),
-    SystemOption(
-        "compile", "--compile", "torch.compile", bool,
-        help="run the forwards through torch.compile, at bucketed shapes (the first run compiles)",
-        explanation=(
-            "**torch.compile.** Every forward runs through inductor, which fuses the layer's small "
-            "operations into fewer kernels. Lengths are padded to a few bucket sizes so a run compiles "
-            "one graph per bucket, the first time it meets it (tens of seconds on the CPU, the purple "
-            "bar and the line in the cost chart; 1-2 s from inductor's disk cache), and no more after "
-            "warm-up. It pays over many runs of the same shapes: a warm compiled forward is faster (about "
-            "1.1× for the embedded model on this CPU), the first run is much slower."
-        ),
-        runs_on_cpu=True, cuda_devices=0,
-    ),
-    SystemOption(
-        "cuda_graphs", "--cuda-graphs", "CUDA graphs", bool,
-        help="CUDA, one process: capture each forward shape once as a CUDA graph and replay it",
-        explanation=(
-            "**CUDA graphs (CUDA, one process).** The first forward at each bucket is captured into a "
-            "graph; later ones replay it as one launch instead of one per kernel (starred in the cost "
-            "chart). It removes the host's launch overhead, which dominates when kernels are short "
-            "(small models, cached forwards over one block); it costs a capture per bucket and a fixed "
-            "K/V scratch store per bucket."
-        ),
-        runs_on_cpu=False, cuda_devices=1,
-    ),
+    SystemOption("tp_size", "--tp", "tensor-parallel degree", int, "tensor-parallel degree: that many worker processes (one GPU each on CUDA)", _TP_SIZE, runs_on_cpu=True, cuda_devices=2),
+    SystemOption("ep_size", "--ep", "expert-parallel degree (MoE models)", int, "expert-parallel degree (MoE models): that many worker processes (one GPU each on CUDA)", _EP_SIZE, runs_on_cpu=True, cuda_devices=2),
+    SystemOption("compile", "--compile", "torch.compile", bool, "run the forwards through torch.compile, at bucketed shapes (the first run compiles)", _COMPILE, runs_on_cpu=True, cuda_devices=0),
+    SystemOption("cuda_graphs", "--cuda-graphs", "CUDA graphs", bool, "CUDA, one process: capture each forward shape once as a CUDA graph and replay it", _CUDA_GRAPHS, runs_on_cpu=False, cuda_devices=1),
 )
 SYSTEM_OPTIONS: dict[str, SystemOption] = {option.name: option for option in _DECLARED}
 
