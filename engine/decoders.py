@@ -192,7 +192,7 @@ class Decoder:
     # ---- revising decoders (engine/revising.py): they may change what they committed ----------
     # True for a decoder that edits or remasks committed tokens: the loop calls `revise` instead of
     # `decode`, and asks `block_continues` before each iteration instead of stopping when the block
-    # has no masks left (docs/algorithms.md §3.9).
+    # has no masks left (docs/algorithms.md §2.8).
     revises: ClassVar[bool] = False
     # Forwards a block may take beyond one per position (the loop's guard against no progress).
     extra_forwards: int = 0

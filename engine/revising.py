@@ -1,4 +1,4 @@
-"""Decoders that revise what they committed (docs/algorithms.md §3.9): besides filling masks, they
+"""Decoders that revise what they committed (docs/algorithms.md §2.8): besides filling masks, they
 may edit a committed token or return it to [MASK]. The loop (engine/iteration.py) hands them the
 block's current tokens and the positions they may change, applies the edits and remasks, records
 each with the rule's numbers (docs/trace.md §2.1), and asks them when a block ends.
@@ -42,7 +42,7 @@ class EditDecoder(Decoder):
     iteration that starts with no mask in the row is one of its post-edit steps: at most
     `max_post_edit_steps` of them run, and the row finishes at one that changes nothing. The block
     ends when every row has finished. The rule of LLaDA2.1's own `generate` and SGLang's
-    `joint_threshold.py` (docs/algorithms.md §3.9).
+    `joint_threshold.py` (docs/algorithms.md §2.8).
     """
 
     name = "edit"

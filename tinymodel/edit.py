@@ -5,7 +5,7 @@
 
 A model trained only on masked positions (tinymodel/train.py) has no useful prediction at a visible
 position: nothing ever asked it whether a visible token is right. An editing decoder (`edit`,
-docs/algorithms.md §3.9) reads exactly that prediction, so this stage adds LLaDA2.1's token-to-token
+docs/algorithms.md §2.8) reads exactly that prediction, so this stage adds LLaDA2.1's token-to-token
 (T2T) examples to the mask-to-token (M2T) objective:
 
 - M2T: per row t ~ U(eps, 1); each response token is [MASK] with probability t; cross-entropy on the
