@@ -18,6 +18,7 @@ from .iteration import GenerationCancelled, GenerationOutput
 from .models import load_model, save_model
 from .pipeline import Engine, load_tokenizer
 from . import revising  # registers the decoders that revise their commits
+from . import remasking  # registers the decoders that remask their commits (remdm, wino)
 from .registry import DecoderOption, decoder_names, register_decoder
 from .stats import GenerationStats
 from .trace import IterationRecord, Trace

@@ -8,7 +8,9 @@ that slice of the past, out of place (the stored cache is untouched), or in plac
 `persist=True` (written into the store, and attention reads the store itself: no merged copy).
 With a past, `replace` may instead be a `[q]` index tensor naming each query token's slot: the
 form a static-shape forward takes (engine/runtime/compiled.py), whose positions change from call to call
-while its shapes do not, so neither torch.compile nor a CUDA graph sees a new shape.
+while its shapes do not, so neither torch.compile nor a CUDA graph sees a new shape. Without a past,
+an index tensor gives each query token's position, which may repeat one: a canvas with a copy of a
+block appended (WINO's shadow block, engine/remasking.py), whose keys sit at the same positions.
 The forward returns the fresh K/V of its query tokens when asked (`use_cache`), in the form the
 cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Inside the
 forward, each layer receives these arguments as one `AttentionCache` (its layer of the store), and
@@ -122,7 +124,7 @@ class AttentionCache:
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of the query tokens at canvas positions `[a, b)` (or the slots of an index
-    tensor `replace`, with a past) over every canvas key.
+    tensor `replace`, with a past; without one, their positions) over every canvas key.
 
     `q`, `k`, `v` `[B, H, q, D]` are the query tokens' projections, before RoPE. `cache.past`
     (one layer of the store) supplies the other positions' keys and values.
@@ -147,7 +149,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: A
     else:
         keys, values = merge_past(past[0], k, slots), merge_past(past[1], v, slots)
     if cache.kv_rope == "pre":
-        keys = rope(keys, 0)
+        # with a past the keys are the store's, at [0, T); positions given without one are the keys' own
+        keys = rope(keys, where if past is None and isinstance(slots, torch.Tensor) else 0)
     return attend(q, keys, values, cache.mask), k, v
 
 
@@ -180,13 +183,13 @@ def query_range(
     """The canvas range `[a, b)` of a forward's `q_len` query tokens (the whole input when no
     `replace` is given), or their slots as an index tensor, checked against the cache arguments
     every model family takes."""
+    if persist and past_kv is None:
+        raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
     if isinstance(replace, torch.Tensor):
-        if past_kv is None or replace.shape != (q_len,):
-            raise EngineError(f"an index-tensor replace needs past_kv and one slot per query token ({q_len})")
+        if replace.shape != (q_len,):
+            raise EngineError(f"an index-tensor replace needs one slot per query token ({q_len}): its slot in past_kv, or without one its position")
         return replace
     replace = replace or (0, q_len)
     if replace[1] - replace[0] != q_len:
         raise EngineError(f"replace range {replace} does not match {q_len} query tokens")
-    if persist and past_kv is None:
-        raise EngineError("persist needs past_kv: it writes the fresh K/V into that store")
     return replace
