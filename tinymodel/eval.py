@@ -35,6 +35,7 @@ from engine.iteration import GenerationOutput
 from engine import RunHooks, run_diffusion
 from engine.models import DiffusionLM
 from engine.pipeline import stop_ids_for
+from engine.revising import EditDecoder, apply_preset
 from engine.stats import generated_mask
 
 from .tasks import TASKS, Example, free_text_examples, get_task, out_of_range_examples, split_examples
@@ -227,7 +228,10 @@ def _fmt(value: float | None) -> str:
 SETTINGS: dict[str, dict] = {
     "fixed": {"decoder": "fixed"},
     "fixed x4": {"decoder": "fixed", "steps_divisor": 4},
-    **{f"thr {tau:g}": {"decoder": "threshold", "threshold": tau} for tau in (0.3, 0.5, 0.7, 0.9, 0.95)},
+    **{f"thr {tau:g}": {"decoder": "threshold", "threshold": tau} for tau in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95)},
+    # the edit decoder (engine/revising.py) at diffusers' edit threshold, and its published sets
+    **{f"edit {tau:g}": {"decoder": "edit", "threshold": tau, "decoder_options": {"edit_threshold": 0.5}} for tau in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9)},
+    **{f"edit {name}": {"decoder": "edit", "preset": name} for name in EditDecoder.presets},
     "hierarchical": {"decoder": "hierarchical"},
     "credit": {"decoder": "credit"},
 }
@@ -241,7 +245,9 @@ def setting_config(name: str, gen_length: int, block_length: int) -> GenerationC
     divisor = changes.pop("steps_divisor", None)
     if divisor:
         changes["steps"] = gen_length // divisor
-    return GenerationConfig(gen_length=gen_length, block_length=block_length, **changes).validate()
+    preset = changes.pop("preset", None)
+    config = GenerationConfig(gen_length=gen_length, block_length=block_length, **changes)
+    return (apply_preset(config, preset) if preset else config).validate()
 
 
 def format_table(rows: list[tuple[str, GenerationConfig, dict[str, TaskScore]]], batch_size: int) -> str:
