@@ -317,3 +317,18 @@ def test_the_app_opens_a_trace_from_the_server_by_id(served):
         assert fragment in message and "\n" not in message and "<b>" not in message, message
     public = Handlers(EngineHost(ModelSpec(DEFAULT_MODEL), allowed={}))
     assert "public app opens no server traces" in str(dict(zip(RUN_VIEW, open_server_trace(public, server, trace_id)))["message"])
+
+
+def test_the_serve_command_refuses_bad_flags_and_a_busy_port_in_one_line(capsys):
+    """Before the model loads: exit 2 and one line on stderr (engine/cli.py's rule)."""
+    from engine.__main__ import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        cases = [(["--max-batch", "0"], "--max-batch 0"), (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"), (["--tp", "0"], "must be >= 1")]
+        for flags, fragment in cases:
+            assert main(["serve", *flags]) == 2
+            err = capsys.readouterr().err
+            assert fragment in err and err.count("\n") == 1, err

@@ -11,12 +11,13 @@ A client that disconnects cancels its rows (the batch goes on for the others).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -285,10 +286,19 @@ def create_app(
     max_batch: int = MAX_BATCH,
     max_pending: int = DEFAULT_MAX_PENDING,
     traces: TraceStore | None = None,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving `engine` (module docstring)."""
+    """The FastAPI app serving `engine` (module docstring). `on_shutdown`: called when the server
+    stops (uvicorn re-raises a SIGTERM once it has shut down, so code after its run never runs)."""
     server = Server(engine, limits, max_batch, max_pending, traces or TraceStore())
-    app = FastAPI(title="dinfer-viz engine", docs_url=None, redoc_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = FastAPI(title="dinfer-viz engine", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.server = server
 
     @app.exception_handler(HTTPError)

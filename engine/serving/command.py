@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
-from ..cli import DEFAULT_MODEL, add_runtime_args, apply_runtime, set_cpu_threads
+from ..cli import DEFAULT_MODEL, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
@@ -17,6 +18,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     add_runtime_args(serve)
+    add_system_flags(serve)
     serve.add_argument("--max-batch", type=int, default=MAX_BATCH, help="most requests' rows decoded as one engine batch (1: each alone)")
     serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
     serve.add_argument("--max-prompt-chars", type=int, default=DEFAULT_MAX_PROMPT_CHARS, help="longest prompt a request may send (characters)")
@@ -29,6 +31,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
 def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from ..models import model_skeleton
     from ..pipeline import Engine
     from .app import create_app
 
@@ -36,13 +39,20 @@ def serve_command(args: argparse.Namespace) -> int:
     bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
     if bad or (args.threads is not None and args.threads < 1):
         raise EngineError(f"these must be >= 1: {', '.join(bad) or f'--threads {args.threads}'}")
+    system = system_kwargs(args)
+    try:  # before the (slow) model load: a port in use is one line at once
+        listener = socket.create_server((args.host, args.port), family=socket.AF_INET6 if ":" in args.host else socket.AF_INET, backlog=128)
+    except OSError as exc:
+        raise EngineError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     limits = RequestLimits(max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length)
     traces = TraceStore(args.max_traces, args.max_trace_mb << 20)
-    engine = Engine(args.model, **apply_runtime(args), max_tokens=None)
-    set_cpu_threads(engine.model, args.threads)
-    app = create_app(engine, limits, args.max_batch, args.max_pending, traces)
-    print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    engine.close()
+    # before the engine: --tp/--ep worker processes share this process's threads (engine/runtime/workers.py)
+    set_cpu_threads(model_skeleton(args.model), args.threads)
+    with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
+        # a parallel engine's workers end with the server, also when a signal stops it
+        app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
+        server.run(sockets=[listener])
     return 0
 
