@@ -41,15 +41,29 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from .errors import EngineError
 
-if TYPE_CHECKING:  # the recorder reads these objects' fields; the modules import nothing from here
-    from .cache import ForwardPlan
-    from .decoders import DecodeResult
+
+class PlannedForward(Protocol):
+    """What the recorder reads of a forward's plan (engine/cache.py: ForwardPlan)."""
+
+    kind: str
+    start: int
+    end: int
+
+
+class DecodeOutcome(Protocol):
+    """What the recorder reads of a decode (engine/decoders.py: DecodeResult)."""
+
+    tokens: torch.Tensor
+    confidence: torch.Tensor
+    commit: torch.Tensor
+    forced: torch.Tensor
+    extras: dict[str, torch.Tensor]
 
 TRACE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: no revisions, no uniform steps, no expected answer
@@ -248,8 +262,8 @@ class TraceRecorder:
         iteration: int,
         block: int,
         block_range: tuple[int, int],
-        plan: "ForwardPlan",
-        result: "DecodeResult",
+        plan: PlannedForward,
+        result: DecodeOutcome,
         *,
         threshold: float | None,
         seconds: float,

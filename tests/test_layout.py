@@ -45,3 +45,64 @@ def test_no_two_engine_modules_import_each_other():
     )
     assert not mutual, f"modules that import each other: {mutual}"
     assert "engine.config" in graph["engine.decoders"] and "engine.registry" in graph["engine.config"]  # the graph is read
+
+
+# The engine's floors, lowest first: a module imports only from its own floor or below. The loop
+# (floors 0-4) knows nothing of the runtime that wraps it, the text-level API or the server.
+FLOORS = (
+    ("engine.errors",),
+    ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.config", "engine.stats", "engine.trace", "engine.hooks"),
+    ("engine.models",),
+    ("engine.decoders", "engine.revising", "engine.remasking", "engine.cache", "engine.uniform_trace"),
+    ("engine.iteration", "engine.uniform", "engine.generation"),
+    ("engine.runtime",),
+    ("engine.pipeline",),
+    ("engine.serving", "engine.cli", "engine.__main__"),
+)
+
+
+def floor_of(module: str) -> int | None:
+    for level, names in enumerate(FLOORS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return level
+    return None
+
+
+def package_graph(*roots: Path) -> dict[str, set[str]]:
+    modules = {module_name(p): p for root in roots for p in root.rglob("*.py")}
+    return {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def test_every_engine_module_has_a_floor_and_imports_nothing_above_it():
+    graph = package_graph(ENGINE)
+    for name, deps in graph.items():
+        if name == "engine" or name.endswith(".__init__") or module_name(ENGINE / "runtime" / "__init__.py") == name:
+            continue
+        assert floor_of(name) is not None, f"{name} has no floor in FLOORS"
+        upward = sorted(d for d in deps if d != "engine" and floor_of(d) is not None and floor_of(d) > floor_of(name))
+        assert not upward, f"{name} (floor {floor_of(name)}) imports from a higher floor: {upward}"
+
+
+def test_no_import_cycle_in_the_tree():
+    """No cycle of any length among the modules of engine/, dinfer_viz/, tinymodel/ and benchmarks/
+    (a package's __init__ re-exporting its modules excepted)."""
+    graph = package_graph(ENGINE, ROOT / "dinfer_viz", ROOT / "tinymodel", ROOT / "benchmarks")
+    graph = {a: {b for b in deps if not (b == a.rsplit(".", 1)[0] or a == b.rsplit(".", 1)[0]) and "." in b} for a, deps in graph.items() if "." in a}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            assert state.get(nxt) != 1, f"import cycle: {' -> '.join(path[path.index(nxt):] + [nxt]) if nxt in path else nxt}"
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
+
+
+def test_no_engine_module_is_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in ENGINE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"engine modules over 500 lines: {long}"
