@@ -352,12 +352,15 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         add("why", rule_text(timeline, commit.iteration, position))
     elif not in_prompt and token == timeline.mask_id:
         add("committed", "not by the end of the run" if timeline.finished else "not yet")
+    # the revisions up to the iteration shown (the latest REVISION_ROWS), then how many come later
     revisions = timeline.revisions.get(position, [])
-    if len(revisions) > REVISION_ROWS:
-        add("revised", f"{len(revisions) - REVISION_ROWS} earlier revisions not shown")
-    for revision in revisions[-REVISION_ROWS:]:
-        when = " (this iteration)" if revision.iteration == iteration else " (later than the iteration shown)" if revision.iteration > iteration else ""
-        add("revised", revision_line(timeline, revision) + when)
+    done = [r for r in revisions if r.iteration <= iteration]
+    if len(done) > REVISION_ROWS:
+        add("revised", f"{len(done) - REVISION_ROWS} earlier revisions not shown")
+    for revision in done[-REVISION_ROWS:]:
+        add("revised", revision_line(timeline, revision) + (" (this iteration)" if revision.iteration == iteration else ""))
+    if len(done) < len(revisions):
+        add("revised later", f"{len(revisions) - len(done)} more revision(s) after the iteration shown, the next at iteration {iteration_number(revisions[len(done)].iteration)}")
     want = expected_at(timeline, expected, position)
     if want is not None:
         verdict = "not committed yet" if token == timeline.mask_id else "matches" if want == token else "differs from the token here"
