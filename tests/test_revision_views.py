@@ -216,3 +216,39 @@ def test_a_real_edit_run_shows_every_revision_the_engine_recorded():
     # Compare draws a revising run beside a plain one, on one figure
     plain = Timeline(engine.generate("Q: 12+35=? A:", config.replace(decoder="threshold", decoder_options={}), hooks=RunHooks(trace=True)).output.trace)
     assert len(compare_figure([plain, tl], ["threshold", "edit"]).data) == 4
+
+
+@pytest.mark.skipif(not (MODEL / "config.json").exists(), reason="needs the embedded model")
+def test_the_sweep_of_the_edit_threshold_counts_edits_and_remasks_in_its_table_and_csv():
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW
+    from dinfer_viz.ui import Handlers
+    from tinymodel.aup import aup_by_curve
+
+    h = Handlers(EngineHost(ModelSpec(str(MODEL))))
+    settings = {"config": {"gen_length": 32, "block_length": 32, "decoder": "edit", "threshold": 0.3}}
+    prompts = "Q: ?+?=38 A:\nQ: ?+?=57 A:"
+    frames = list(h.sweep(settings, [], 1, "decoder_options.edit_threshold", "0.5, 0.95", prompts, "", 1))
+    view = dict(zip(SWEEP_VIEW, frames[-1]))
+    assert view["message"].startswith("done"), view["message"]
+    state = view["state"]
+    assert SWEEP_TABLE_HEADERS[-3:] == ["edits", "remasks", "AUP"]
+    rows = view["table"]
+    assert [r[0] for r in rows] == [0.5, 0.95] and all(len(r) == len(SWEEP_TABLE_HEADERS) for r in rows)
+    # each value's edits and remasks are its outcomes' counts, each read from the run's own trace
+    for value, row in zip((0.5, 0.95), rows):
+        mine = [o for o in state.outcomes if o.value == value]
+        assert row[6:8] == [sum(o.edits for o in mine), sum(o.remasks for o in mine)]
+        for o in mine:
+            if o.trace is not None:  # a wrong answer keeps its trace
+                kinds = [r["kind"] for rec in o.trace.iterations for r in rec.revisions[0]]
+                assert (o.edits, o.remasks) == (kinds.count(EDIT), kinds.count(REMASK))
+        assert {o.trace.config["decoder_options"]["edit_threshold"] for o in mine if o.trace is not None} <= {value}
+    points = state.points()
+    expected = aup_by_curve({"": [(p["tpf"], 100 * p["accuracy"]) for p in points]})
+    assert [r[8] for r in rows] == [round(list(expected.values())[0], 1)] * 2
+    header, *lines = state.csv().splitlines()
+    assert header.startswith("decoder_options.edit_threshold,") and header.endswith(",model,edits,remasks,aup")
+    assert [line.split(",")[-3:-1] for line in lines] == [[str(r[6]), str(r[7])] for r in rows]
+    legend = [t.name for t in view["chart"].data]
+    assert legend and all("AUP" in name for name in legend)
