@@ -36,7 +36,7 @@ from .errors import EngineError
 from .hooks import CancelFlag, RunHooks
 from .models.base import DiffusionLM, ForwardCounters
 from .stats import GenerationStats, count_tokens, generated_mask
-from .trace import CANDIDATES_MAX_BLOCK, EDIT, REMASK, TOP_CANDIDATES, Revision, Trace, TraceRecorder
+from .trace import CANDIDATES_MAX_BLOCK, EDIT, REMASK, TOP_CANDIDATES, Revision, Trace
 
 
 class GenerationCancelled(EngineError):
@@ -158,21 +158,11 @@ class _MaskedRun:
         self.iteration = 0
         self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
-        self.trace: Trace | None = None
-        self.recorder: TraceRecorder | None = None
-        if hooks.records(config.measure_staleness):  # the header, the one place it is built (docs/trace.md)
-            self.trace = Trace(
-                model=hooks.model_name or getattr(model, "name_or_path", type(model).__name__),
-                mask_id=self.mask_id,
-                eos_ids=list(stop_ids),
-                prompt_lengths=self.prompt_lengths,
-                canvas_length=self.length,
-                block_length=config.block_length,
-                config=config.to_dict(),
-                initial=self.x.cpu().tolist(),
-                expected=hooks.expected_ids,
-            )
-            self.recorder = TraceRecorder(self.trace, hooks.token_strings)
+        self.recorder = hooks.begin_trace(
+            model, config, mask_id=self.mask_id, stop_ids=stop_ids, prompt_lengths=self.prompt_lengths,
+            canvas_length=self.length, block_length=config.block_length, initial=self.x.cpu().tolist(),
+        )
+        self.trace: Trace | None = self.recorder.trace if self.recorder is not None else None
 
     def _inputs(self, a: int, b: int) -> dict[str, torch.Tensor]:
         """The model's input for canvas range `[a, b)`: smoothed embeddings, or token ids."""

@@ -41,7 +41,7 @@ from .iteration import GenerationCancelled, GenerationOutput
 from .models.diffusion_gemma import DiffusionGemmaLM
 from .registry import DecoderOption, register_decoder
 from .stats import GenerationStats, count_tokens, generated_mask
-from .trace import Trace, TraceRecorder
+from .trace import Trace
 from .uniform_trace import UniformStep, record_step
 
 UNIFORM = "uniform"
@@ -163,21 +163,11 @@ class _UniformRun:
         self.stopper = _StableAndConfident(self.settings.stability_threshold, self.settings.confidence_threshold)
         self.nfe = self.iteration = self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording and callbacks
-        self.trace: Trace | None = None
-        self.recorder: TraceRecorder | None = None
-        if hooks.records():  # the header, as the masked loop builds it (docs/trace.md §2)
-            self.trace = Trace(
-                model=hooks.model_name or getattr(model, "name_or_path", type(model).__name__),
-                mask_id=self.pad,
-                eos_ids=list(stop_ids),
-                prompt_lengths=[self.prompt_length] * len(prompts),
-                canvas_length=self.length,
-                block_length=self.width,
-                config=config.to_dict(),
-                initial=self.x.cpu().tolist(),
-                expected=hooks.expected_ids,
-            )
-            self.recorder = TraceRecorder(self.trace, hooks.token_strings)
+        self.recorder = hooks.begin_trace(
+            model, config, mask_id=self.pad, stop_ids=stop_ids, prompt_lengths=[self.prompt_length] * len(prompts),
+            canvas_length=self.length, block_length=self.width, initial=self.x.cpu().tolist(),
+        )
+        self.trace: Trace | None = self.recorder.trace if self.recorder is not None else None
 
     def _random_tokens(self) -> torch.Tensor:
         return torch.randint(0, self.model.vocab_size, (self.x.shape[0], self.width), generator=self.generator, device=self.device)

@@ -26,28 +26,9 @@ from torch import nn
 from ..errors import EngineError
 from .base import DerivedTensor
 from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
-from .moe import (
-    DecoderStackLM,
-    PreNormLayer,
-    GatedMLP,
-    GroupedSigmoidRouter,
-    SparseMoE,
-    family_config,
-    fused_expert_sources,
-    reject_unsupported,
-)
+from .moe import STACK_REQUIRED, DecoderStackLM, GatedMLP, GroupedSigmoidRouter, PreNormLayer, SparseMoE, family_config, fused_expert_sources, reject_unsupported
 
-_REQUIRED = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "num_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "vocab_size",
-    "rope_theta",
-)
+_REQUIRED = STACK_REQUIRED + ("num_key_value_heads", "moe_intermediate_size")
 # Defaults are those of the model's own config class (LLaDA2MoeConfig) where it has one.
 _DEFAULTS: dict[str, Any] = {
     "head_dim": None,

@@ -20,26 +20,9 @@ from torch import nn
 from ..errors import EngineError
 from .base import DerivedTensor
 from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
-from .moe import (
-    DecoderStackLM,
-    PreNormLayer,
-    SoftmaxTopKRouter,
-    SparseMoE,
-    family_config,
-    fused_expert_sources,
-    reject_unsupported,
-)
+from .moe import STACK_REQUIRED, DecoderStackLM, PreNormLayer, SoftmaxTopKRouter, SparseMoE, family_config, fused_expert_sources, reject_unsupported
 
-_REQUIRED = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_experts",
-    "num_experts_per_tok",
-    "expert_intermediate_size",
-    "vocab_size",
-    "rope_theta",
-)
+_REQUIRED = STACK_REQUIRED + ("expert_intermediate_size",)
 # Defaults are those of the model's own config class (LLaDAConfig in configuration_lladamoe.py).
 _DEFAULTS: dict[str, Any] = {
     "rms_norm_eps": 1e-5,

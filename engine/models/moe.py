@@ -30,6 +30,10 @@ LING_MASK_TOKEN_ID = 156895
 LING_EOS_TOKEN_ID = 156892
 
 
+# config.json fields both MoE families require (each adds its own expert-size field)
+STACK_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts", "num_experts_per_tok", "vocab_size", "rope_theta")
+
+
 def family_config(raw: dict[str, Any], family: str, required: Iterable[str], defaults: dict[str, Any]) -> dict[str, Any]:
     """`raw` config.json with `defaults` filled in where a field is absent or null."""
     missing = [k for k in required if raw.get(k) is None]
