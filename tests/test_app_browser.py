@@ -15,6 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest
 
 from engine import GenerationConfig
+from engine.trace import TRACE_VERSION
 
 from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, handmade_trace, launch_app
 
@@ -60,7 +61,7 @@ def test_run_in_the_browser_renders_grid_and_plots(session, tmp_path):
     with page.expect_download() as download:
         page.click("#download")
     trace = json.loads(open(download.value.path()).read())
-    assert trace["version"] == 1 and len(trace["iterations"]) == trace["stats"]["nfe"]
+    assert trace["version"] == TRACE_VERSION and len(trace["iterations"]) == trace["stats"]["nfe"]
 
 
 def test_a_loaded_trace_replays_in_the_browser(session, tmp_path):
