@@ -1,36 +1,9 @@
 """Component 4, the KV-cache manager: which forward each iteration runs, and the stored K/V.
 
-Modes (docs/algorithms.md §4.2-4.4):
-- `none`: every iteration is a full forward over the canvas.
-- `prefix`: a full refresh at block entry; then the query is the block and everything after it,
-  `[s, N)`, against the cached prefix `[0, s)`.
-- `dual`: a full refresh at block entry; then the query is the block `[s, e)` against the cached
-  prefix and suffix.
-- `vicinity`: dual with the window `[s - prefix_look, e + after_look)` (clipped to the canvas)
-  recomputed every iteration, `warmup` uncached iterations at the start of the request (the
-  per-request counter, so in practice only the first block), and a refresh at block entry.
-`refresh_every=N` adds a refresh whenever N forwards have run since the last one (the refresh
-counted), in every cached mode: N=1 makes every forward a refresh, hence exact. (dInfer's
-`cache_update_freq` tests the global `iter_no % N` instead, and vicinity never refreshes block 0
-periodically; neither quirk is reproduced.)
-
-What is exact: a full or refresh forward always; a cached forward only while nothing outside its
-query range has changed since the refresh, which for a bidirectional model is never after the
-first decode (the cached K/V of the other positions were computed from the older canvas). The
-staleness probe (`staleness`, recorded by the iteration manager) measures that error.
-
-The store is one tensor `[n_layers, 2, B, H_kv, N, D]` per request: allocated by the first
-refresh and overwritten in place by later ones (a stable address, as CUDA-graph capture needs).
-A cached forward merges its fresh K/V into the store out of place (dInfer: the store changes only
-on a refresh) or, with `persist_window`, writes them into the store's query slice in place.
-Persisting never changes a logit: between two refreshes the query range is the same every
-iteration, so a persisted slot is overwritten before any forward reads it; what it saves is the
-merged copy of every layer's K/V. Whether keys are stored before or after RoPE is the model's
-business (`DiffusionLM.kv_rope`, models/layers.cached_attention).
-
-Block-causal models (LLaDA2, docs/algorithms.md §5) get `BlockCausalCache`, a store that only ever
-holds committed blocks: the same plan/forward interface, plus the block loop's hooks `prefill`
-(before the first block) and `block_done` (after each block), no-ops in the modes above.
+`KVCacheManager.plan` is each cache mode's rule (the modes declare their settings and prose in
+engine/cache_modes.py); `forward` runs the plan against the request's store; `BlockCausalCache`
+is LLaDA2's exact prefix store. Modes, refresh schedule, exactness and the staleness probe:
+docs/algorithms.md §4; block diffusion: §5; revised positions: §2.8.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""Component 2, the diffusion iteration manager: the loop that composes model, decoder and cache.
+"""Component 2, the diffusion iteration manager: the masked-diffusion loop that composes model,
+decoder and KV-cache manager (docs/algorithms.md §1).
 
-It owns the canvas `x` `[B, N]` (prompt, then [MASK] up to `P_max + gen_length`; shorter prompts
-are right-padded with [MASK] and generate from their own end, docs/algorithms.md §1.1), walks the
-blocks left to right, and per iteration: asks the cache manager which forward to run, calls the
-model (on token ids, or on smoothed embeddings), hands the block's logits to the decoder, writes
-the commits, updates the smoothing embeddings and records the trace. Early stop fills every
-block after one that holds an EOS/EoT with EOS. A block-causal model (LLaDA2, §5) runs the same
-loop: its cache manager (`engine.cache.BlockCausalCache`) plans the forwards and stores committed
-blocks through the loop's hooks, `prefill` before the first block and `block_done` after each.
-The trace header is built here, once per run, and handed to the caller's `on_start`.
-
-Host syncs: one per group of iterations (the "any mask left in this block?" check) and one per
-block (early stop; the block-causal prefix cache's `block_done` adds one), counted in
-`stats.host_syncs`. With `unroll`, a group is
-`clamp(masks // expected_tpf, 1, max_unroll)` iterations queued back to back; iterations on a
-finished block are no-ops but still forwards, counted in `nfe` as dInfer counts them. They also
-advance the per-request iteration counter and the cache's refresh counter (as in dInfer), so where
-those decide something (smoothing's ramps, `refresh_every`, the vicinity warm-up) unrolled and
-plain runs can differ; otherwise they give the same tokens.
+`_MaskedRun` owns the canvas, walks the blocks left to right and, per iteration, asks the cache
+manager for a forward, runs the model, hands the block's logits to the decoder, applies its
+commits (and a revising decoder's edits and remasks, §2.8), updates the smoothing embeddings (§3.1)
+and records the trace (docs/trace.md). Host syncs, unrolling and early stop: §1.3-1.4, §3.2;
+what the stats count: docs/counting.md. Runtime costs (compiles, all-reduces) are read through the
+model interface, so the loop knows nothing of the runtime that wraps it.
 """
 
 from __future__ import annotations

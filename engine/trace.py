@@ -1,39 +1,9 @@
 """The per-iteration trace: the contract between the engine and everything that shows it.
 
-One `Trace` per generate call, JSON-serialisable, schema version `TRACE_VERSION`:
-
-header
-  version, model (name), mask_id, eos_ids (every id that ends a row), prompt_lengths (per row),
-  canvas_length, block_length, config (the GenerationConfig as a dict), initial (the canvas
-  before the first iteration, per row: prompt ids then mask ids), tokens (id -> string for every
-  id that occurs in the trace, through the pipeline's tokenizer: `TraceRecorder.token_strings`;
-  it grows as records arrive)
-iterations: a list of records, one per forward + decode:
-  iteration      global index in the request (0-based)
-  block          block index; block_range [s, e) in canvas positions
-  forward        "full" | "refresh" | "prefix" | "dual" | "window" (engine/cache.py)
-  recomputed     list of [a, b) canvas ranges whose K/V this forward computed fresh
-  threshold      the decoder threshold in force (None for the fixed decoder)
-  committed      per row, the canvas positions written this iteration
-  forced         per row, the subset committed only by the at-least-one rule
-  top1           per row, per block position, the candidate token id
-  confidence     per row, per block position, its probability (4 decimals)
-  candidates     (optional) per row, per block position: the TOP_CANDIDATES most probable tokens
-                 as [id, probability] pairs, most probable first, at the positions masked before
-                 this forward ([] elsewhere); recorded for blocks of at most CANDIDATES_MAX_BLOCK
-                 positions (a longer block's lists would grow the trace with its square)
-  seconds        wall time of this iteration (forward + decode), device synchronised
-  extras         decoder/cache specifics: name -> per row list (e.g. credit, anchors, staleness)
-  cost           (optional) what the forward cost: compute and all-reduce seconds per rank,
-                 compiles, captures and their seconds, whether it replayed a CUDA graph
-footer
-  final (canvas per row), stats (engine/stats.py), trace_seconds (time spent recording)
-
-Replaying `committed` with `top1` from `initial` rebuilds every intermediate canvas, which is
-how the app scrubs through a run without the model.
-
-`TraceRecorder` is the only writer: the engine builds the header once per run, hands a copy to its
-`on_start` hook (a live view's starting point), appends the records and writes the footer.
+`Trace` (header, `IterationRecord`s, footer; JSON-serialisable, versioned, validated on load),
+`Revision` (a committed position a decoder changed) and `TraceRecorder`, the only writer: a loop
+builds the header once per run (`RunHooks.begin_trace`), hands a copy to `on_start`, appends the
+records and writes the footer. The format, field by field: docs/trace.md.
 """
 
 from __future__ import annotations
