@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from engine import EngineError, GenerationConfig
+from engine import Decoder, EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
 from engine.registry import DecoderOption, decoder_class, decoder_options
@@ -141,11 +141,12 @@ def _option(field: str) -> DecoderOption | None:
 
 
 def sweep_setting(decoder: str) -> str:
-    """The setting a sweep of this decoder varies, as the decoder declares it."""
+    """The setting a sweep of this decoder varies, as the decoder declares it (an unknown one: the
+    base class's)."""
     try:
         return decoder_class(decoder).sweep_setting
     except EngineError:
-        return "threshold"
+        return Decoder.sweep_setting
 
 
 def decoder_presets(decoder: str) -> dict[str, dict[str, Any]]:

@@ -224,8 +224,6 @@ class CompareHandlers(TabHandlers):
 
 def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     """The Compare tab and its events; it runs on the Run tab's prompt and settings."""
-    defaults = GenerationConfig()
-    by_field = {c.field: c for c in all_controls()}
     with gr.Tab("Compare", id="compare"):
         gr.Markdown(
             "Runs **A**, then **B**, on the Run tab's prompt, each with the Run tab's settings changed as below; "
@@ -246,29 +244,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
             compare_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
         message = gr.Markdown(elem_id="compare-message")
-        side_controls: list[gr.components.Component] = []  # A's COMPARE_FIELDS, then B's
-        side_groups: list[gr.Column] = []  # each side's controls: hidden while model B is set
-        slots: dict[str, gr.components.Component] = {}  # each side's panel, by COMPARE_VIEW name
-        with gr.Row(equal_height=False):
-            for side, overrides in zip("AB", COMPARE_DEFAULTS):
-                x = side.lower()
-                with gr.Column():
-                    slots[f"title_{x}"] = gr.Markdown(f"### {side}", elem_id=f"compare-title-{x}")
-                    shown = side_fields(overrides.get("decoder", defaults.decoder))
-                    with gr.Column() as group:
-                        for row in (COMPARE_FIELDS[:3], COMPARE_FIELDS[3:]):
-                            with gr.Row():
-                                side_controls += [
-                                    make_control(
-                                        by_field[f], overrides.get(f, control_value(by_field[f], defaults)), show_info=False, min_width=140,
-                                        visible=f in shown, elem_id=f"compare-{x}-{f}",
-                                    )
-                                    for f in row
-                                ]
-                    side_groups.append(group)
-                    slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
-                    slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
-                    slots[f"text_{x}"] = gr.Textbox(label=f"{side} output", interactive=False, elem_id=f"output-{x}")
+        side_controls, side_groups, slots = _side_panels(GenerationConfig())
         scrub = gr.Slider(0, 1, value=0, step=1, label="iteration, both runs (0 = before the first forward)", interactive=False, elem_id="compare-scrub")
         chart = gr.Plot(label="A against B", elem_id="compare-chart")
         csv = gr.DownloadButton("Download table (CSV)", value=None, elem_id="compare-csv")
@@ -300,3 +276,33 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     # latest value is drawn
     scrub.input(h.compare_replay, [scrub, state], view, trigger_mode="always_last", show_progress="hidden", api_visibility="private")
     return Stoppable(event, stop_btn, message)
+
+
+def _side_panels(defaults: GenerationConfig) -> tuple[list[Any], list[gr.Column], dict[str, Any]]:
+    """Both sides' columns: (A's COMPARE_FIELDS controls then B's, each side's group of controls,
+    hidden while model B is set, and each side's panel by COMPARE_VIEW name)."""
+    by_field = {c.field: c for c in all_controls()}
+    side_controls: list[gr.components.Component] = []
+    side_groups: list[gr.Column] = []
+    slots: dict[str, gr.components.Component] = {}
+    with gr.Row(equal_height=False):
+        for side, overrides in zip("AB", COMPARE_DEFAULTS):
+            x = side.lower()
+            with gr.Column():
+                slots[f"title_{x}"] = gr.Markdown(f"### {side}", elem_id=f"compare-title-{x}")
+                shown = side_fields(overrides.get("decoder", defaults.decoder))
+                with gr.Column() as group:
+                    for row in (COMPARE_FIELDS[:3], COMPARE_FIELDS[3:]):
+                        with gr.Row():
+                            side_controls += [
+                                make_control(
+                                    by_field[f], overrides.get(f, control_value(by_field[f], defaults)), show_info=False, min_width=140,
+                                    visible=f in shown, elem_id=f"compare-{x}-{f}",
+                                )
+                                for f in row
+                            ]
+                side_groups.append(group)
+                slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
+                slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
+                slots[f"text_{x}"] = gr.Textbox(label=f"{side} output", interactive=False, elem_id=f"output-{x}")
+    return side_controls, side_groups, slots
