@@ -202,6 +202,15 @@ class Decoder:
         decoder may change (generated ones: never the prompt)."""
         raise NotImplementedError
 
+    # True for a decoder whose forward is its own (WINO's shadow block): the loop calls `forward`
+    # instead of the cache manager's, with the planned range's inputs (the decoder admits only the
+    # cache modes whose plan it can run).
+    own_forward: ClassVar[bool] = False
+
+    def forward(self, model: Any, inputs: dict[str, torch.Tensor], s: int, e: int) -> Any:
+        """The model's output for this iteration (`own_forward` decoders); block `[s, e)`."""
+        raise NotImplementedError
+
     def block_continues(self, masks_left: bool) -> bool:
         """Before each iteration of a block (`masks_left`: any row still has a mask there): whether
         to run it. A non-revising decoder's block ends when its masks do."""

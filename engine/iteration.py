@@ -181,7 +181,10 @@ class _MaskedRun:
         masked = self.x[:, s:e] == self.mask_id
         meter = _Meter.read(self.model) if self.recorder is not None else None
         forward_start = time.perf_counter()
-        out = self.cache.forward(self.model, plan, block_index, masked=masked, **self._inputs(a, b))
+        if self.decoder.own_forward:
+            out = self.decoder.forward(self.model, self._inputs(a, b), s, e)
+        else:
+            out = self.cache.forward(self.model, plan, block_index, masked=masked, **self._inputs(a, b))
         cost = self._cost(meter, forward_start) if meter is not None else None
         self.nfe += 1
         logits = out.logits[:, s - a : e - a]
