@@ -130,6 +130,15 @@ def test_remdm_blocks_end_on_schedule_at_the_most_remasking_eta():
             assert all(canvas[r["position"]] == model.mask_token_id for r in rec.revisions[0])
 
 
+def test_remdm_at_eta_zero_is_the_fixed_decoder():
+    model = tiny_llada()
+    prompts = [list(range(1, 9)), [5, 6, 7]]
+    for steps in (16, 8, 4):
+        fixed = GenerationConfig(gen_length=16, block_length=8, steps=steps, decoder="fixed", early_stop=False)
+        remdm = remdm_config("cap", 0.0, gen_length=16, block_length=8, steps=steps)
+        assert run_diffusion(model, prompts, remdm).token_ids == run_diffusion(model, prompts, fixed).token_ids
+
+
 def test_remdm_is_seeded():
     model = tiny_llada()
     config = remdm_config("cap", 0.5, gen_length=16, block_length=8, steps=8)

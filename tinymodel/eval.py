@@ -234,6 +234,9 @@ SETTINGS: dict[str, dict] = {
     **{f"edit {name}": {"decoder": "edit", "preset": name} for name in EditDecoder.presets},
     "hierarchical": {"decoder": "hierarchical"},
     "credit": {"decoder": "credit"},
+    # ReMDM on "fixed x4"'s schedule (its eta 0 is that setting): cap at the authors' loop eta, and a bolder one
+    "remdm x4": {"decoder": "remdm", "steps_divisor": 4},
+    "remdm x4 eta 0.1": {"decoder": "remdm", "steps_divisor": 4, "decoder_options": {"remdm_eta": 0.1}},
 }
 
 
