@@ -76,6 +76,7 @@ class Job:
     world: int
     local_rank: int
     _control: Any = field(default=None, repr=False)  # the gloo group of the requests and stops, made on first use
+    _joined: bool = field(default=False, repr=False)  # whether `join` made the process group (so `leave` ends it)
 
     @classmethod
     def from_environment(cls) -> "Job | None":
@@ -94,14 +95,16 @@ class Job:
         if target.type == "cuda":
             target = torch.device("cuda", self.local_rank)
             torch.cuda.set_device(target)
-        if not dist.is_initialized():
+        if not dist.is_initialized():  # a group the script made itself is used as it is
             dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
+            self._joined = True
         return target
 
     def leave(self) -> None:
-        if dist.is_initialized():
+        """End the process group if `join` made it."""
+        if self._joined and dist.is_initialized():
             dist.destroy_process_group()
-        self._control = None
+        self._control, self._joined = None, False
 
     def _group(self) -> Any:
         """The gloo group for the requests and stops: the default group on the CPU, a gloo group

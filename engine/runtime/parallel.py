@@ -3,8 +3,9 @@
 One process per device (an Engine's worker processes, engine/runtime/workers.py, or torchrun's,
 engine/runtime/launch.py; NCCL on GPUs, gloo on CPU). Every rank reads only its shard from the
 checkpoint (`load_shard`: its slices of the safetensors files, docs/scaling.md) and runs the same
-decoding loop: the embedding, the norms, the routers and the lm_head are replicated, so every rank sees identical logits and makes identical
-decisions with no broadcast of the canvas (docs/algorithms.md §8 item 14).
+decoding loop: the embedding, the norms, the routers and the lm_head are replicated, so every
+rank sees identical logits and makes identical decisions with no broadcast of the canvas
+(docs/algorithms.md §8 item 14).
 
 - Tensor parallel (`tp` = the number of processes): the attention's q/k/v projections are
   column-parallel (each rank computes `heads/tp` query heads and `kv_heads/tp` KV heads; LLaDA2's
