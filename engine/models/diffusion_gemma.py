@@ -167,15 +167,8 @@ class DiffusionGemmaLM(DiffusionLM):
         decoder_mask = None
         if attention_mask is not None:
             decoder_mask = torch.nn.functional.pad(attention_mask.bool(), (0, decoder_input_ids.shape[1]), value=True)
-        out = self.hf(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_mask,
-            self_conditioning_logits=self_conditioning_logits,
-            self_conditioning_mask=self_conditioning_mask,
-        )
-        return out.logits
+        conditioning = {"self_conditioning_logits": self_conditioning_logits, "self_conditioning_mask": self_conditioning_mask}
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids, decoder_attention_mask=decoder_mask, **conditioning).logits
 
     # ---- the calls the uniform loop makes -----------------------------------------------------
     def check_text_only(self, prompts: list[list[int]]) -> None:
@@ -213,14 +206,7 @@ class DiffusionGemmaLM(DiffusionLM):
 
     def denoise(self, canvas: torch.Tensor, cache, masks: dict, position_ids: torch.Tensor, self_conditioning: torch.Tensor | None) -> torch.Tensor:
         """Logits `[B, L, V]` (fp32, soft-capped) for every canvas position; the cache is only read."""
-        out = self.hf(
-            decoder_input_ids=canvas,
-            self_conditioning_logits=self_conditioning,
-            decoder_attention_mask=masks,
-            cache=cache,
-            decoder_position_ids=position_ids,
-        )
-        return out.logits
+        return self.hf(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning, decoder_attention_mask=masks, cache=cache, decoder_position_ids=position_ids).logits
 
 
 def is_diffusion_gemma(config: Mapping[str, Any]) -> bool:

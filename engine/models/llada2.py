@@ -73,9 +73,7 @@ def llada2_config(raw: dict[str, Any]) -> dict[str, Any]:
             "score_function": cfg["score_function"] != "sigmoid",
             "use_qkv_bias": bool(cfg.get("use_qkv_bias")),
             "use_bias": bool(cfg.get("use_bias")),
-            "rope_scaling": cfg.get("rope_scaling") is not None,
             "num_nextn_predict_layers": bool(cfg.get("num_nextn_predict_layers")),  # MTP heads
-            "hidden_act": cfg["hidden_act"] != "silu",
         },
     )
     return cfg
@@ -139,13 +137,8 @@ class LLaDA2MoeModelLM(DecoderStackLM):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
-        self.config = cfg = llada2_config(config)
-        hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
-        self.model = nn.Module()
-        self.model.word_embeddings = nn.Embedding(vocab, hidden)
-        self.model.layers = nn.ModuleList(LLaDA2DecoderLayer(cfg, i) for i in range(cfg["num_hidden_layers"]))
-        self.model.norm = RMSNorm(hidden, cfg["rms_norm_eps"])
-        self.lm_head = None if cfg["tie_word_embeddings"] else nn.Linear(hidden, vocab, bias=False)
+        cfg = llada2_config(config)
+        self.build_stack(cfg, "word_embeddings", (LLaDA2DecoderLayer(cfg, i) for i in range(cfg["num_hidden_layers"])))
         self.rope = RotaryEmbedding(int(cfg["head_dim"] * cfg["partial_rotary_factor"]), cfg["rope_theta"])
 
     def embedding_weight(self) -> torch.Tensor:

@@ -52,10 +52,8 @@ def lladamoe_config(raw: dict[str, Any]) -> dict[str, Any]:
             "shared_expert_intermediate_size": shared is not None and shared > 0,
             "moe_router_enable_expert_bias": bool(cfg.get("moe_router_enable_expert_bias")),
             "moe_router_score_function": cfg.get("moe_router_score_function") not in (None, "softmax"),
-            "rope_scaling": cfg.get("rope_scaling") is not None,
             "attention_bias": bool(cfg.get("attention_bias")),
             "clip_qkv": cfg.get("clip_qkv") is not None,
-            "hidden_act": cfg["hidden_act"] != "silu",
         },
     )
     return cfg
@@ -108,14 +106,9 @@ class LLaDAMoEModelLM(DecoderStackLM):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
-        self.config = cfg = lladamoe_config(config)
-        hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
-        self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(vocab, hidden)
-        self.model.layers = nn.ModuleList(LLaDAMoEDecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
-        self.model.norm = RMSNorm(hidden, cfg["rms_norm_eps"])
-        self.lm_head = None if cfg["tie_word_embeddings"] else nn.Linear(hidden, vocab, bias=False)
-        head_dim = hidden // cfg["num_attention_heads"]
+        cfg = lladamoe_config(config)
+        self.build_stack(cfg, "embed_tokens", (LLaDAMoEDecoderLayer(cfg) for _ in range(cfg["num_hidden_layers"])))
+        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
         self.rope = RotaryEmbedding(int(head_dim * cfg["partial_rotary_factor"]), cfg["rope_theta"])
 
     def embedding_weight(self) -> torch.Tensor:

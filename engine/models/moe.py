@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor, DiffusionLM
-from .layers import AttentionCache
+from .layers import AttentionCache, RMSNorm
 
 # dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
 # used only when config.json does not name them.
@@ -49,8 +49,10 @@ def family_config(raw: dict[str, Any], family: str, required: Iterable[str], def
 
 def reject_unsupported(cfg: dict[str, Any], family: str, checks: dict[str, bool]) -> None:
     """Raise for the first config field (name -> is its value unsupported?) this implementation
-    does not cover, rather than silently computing something else."""
-    for field, bad in checks.items():
+    does not cover, rather than silently computing something else; both families refuse RoPE
+    scaling and an activation other than SiLU."""
+    shared = {"rope_scaling": cfg.get("rope_scaling") is not None, "hidden_act": cfg.get("hidden_act", "silu") != "silu"}
+    for field, bad in {**checks, **shared}.items():
         if bad:
             raise EngineError(f"config.json: {family} with {field}={cfg.get(field)!r} is not supported")
 
@@ -268,6 +270,17 @@ class DecoderStackLM(DiffusionLM):
 
     kv_rope = "post"
     lm_head: nn.Linear | None
+
+    def build_stack(self, cfg: dict[str, Any], embedding: str, layers: Iterable[nn.Module]) -> None:
+        """`config`, and `model` as the checkpoint names it (the embedding under `embedding`,
+        `layers`, `norm`) with `lm_head` (None when the embeddings are tied)."""
+        hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+        self.config = cfg
+        self.model = nn.Module()
+        setattr(self.model, embedding, nn.Embedding(vocab, hidden))
+        self.model.layers = nn.ModuleList(layers)
+        self.model.norm = RMSNorm(hidden, cfg["rms_norm_eps"])
+        self.lm_head = None if cfg["tie_word_embeddings"] else nn.Linear(hidden, vocab, bias=False)
 
     def layer_modules(self) -> nn.ModuleList:
         return self.model.layers
