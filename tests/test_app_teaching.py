@@ -18,7 +18,7 @@ import pytest
 
 from dinfer_viz.host import EngineHost, ModelSpec
 from dinfer_viz.readouts import median_stats, passes_count, percent
-from dinfer_viz.sample_traces import shipped_samples
+from dinfer_viz.sample_traces import sample_settings, shipped_samples
 from dinfer_viz.settings import all_controls
 from dinfer_viz.sweep import run_sweep, sweep_examples
 from dinfer_viz.system import offered_options
@@ -136,7 +136,7 @@ def test_passes_and_their_median():
 def test_every_sample_trace_replays_with_no_model(tmp_path):
     offline = Handlers(EngineHost(ModelSpec(str(tmp_path / "absent"))), no_model=True)
     samples = shipped_samples()
-    assert len(samples) == 8
+    assert len(samples) == len(sample_settings())  # one per built-in decoder and per other cache mode
     for label, path in samples:
         view = dict(zip(RUN_VIEW, offline.load_sample(os.path.basename(path))))
         assert view["message"].startswith("loaded a trace"), (label, view["message"])
