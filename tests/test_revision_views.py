@@ -252,3 +252,28 @@ def test_the_sweep_of_the_edit_threshold_counts_edits_and_remasks_in_its_table_a
     assert [line.split(",")[-3:-1] for line in lines] == [[str(r[6]), str(r[7])] for r in rows]
     legend = [t.name for t in view["chart"].data]
     assert legend and all("AUP" in name for name in legend)
+
+
+@pytest.mark.skipif(not (MODEL / "config.json").exists(), reason="needs the embedded model")
+def test_the_run_tab_shows_every_iteration_of_an_edit_run_its_post_edit_steps_included():
+    """Run goes through the batcher (engine/serving/batcher.py: RowView), which must keep a
+    revising decoder's records after its block has no masks left, as the solo run has them."""
+    import gradio as gr
+    import torch
+
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import Handlers
+    from engine import GenerationConfig, RunHooks
+
+    torch.set_num_threads(1)
+    h = Handlers(EngineHost(ModelSpec(str(MODEL))), fps=1000, plot_hz=1000)
+    config = {"decoder": "edit", "threshold": 0.3, "decoder_options": {"edit_threshold": 0.5}}
+    seen: dict = {}
+    for frame in h.run("Q: 12+35=? A:", {"config": config}, ""):
+        seen.update({k: v for k, v in zip(RUN_VIEW, frame) if not (isinstance(v, dict) and v == gr.skip())})
+    shown = seen["state"].timeline.trace
+    with h.host.lock:
+        solo = h.host.get(h.host.default).generate("Q: 12+35=? A:", GenerationConfig.from_dict(shown.config), RunHooks(trace=True)).output.trace
+    assert [r.revisions for r in shown.iterations] == [r.revisions for r in solo.iterations]
+    assert [r.committed for r in shown.iterations] == [r.committed for r in solo.iterations]
+    assert shown.stats["nfe"] == solo.stats["nfe"] and shown.final == solo.final

@@ -71,6 +71,9 @@ class RowView:
         self.stop_block: int | None = None  # the block in which this row committed an end-of-text
         self.kept = 0  # records of this row so far: its solo run's iteration index and NFE
         self.after_refresh = False  # the row's last record was a refresh: the same step's next forward follows
+        # a revising decoder's block goes on with no masks left (post-edit steps) until an iteration
+        # changes nothing for the row: the block in which this row's solo run has ended so
+        self.settled_block: int | None = None
         self.trace = replace(header, prompt_lengths=[self.prompt_length], initial=[list(self.canvas)], iterations=[])
         if header.expected is not None:
             self.trace.expected = [header.expected[row]]
@@ -85,7 +88,10 @@ class RowView:
         # A refresh is followed, in the same step, by another forward even when its decode
         # completed the block (engine/iteration.py: `step`): the solo run makes that one too.
         follows_refresh, self.after_refresh = self.after_refresh, False
-        if finished or (not follows_refresh and all(self.canvas[p] != self.mask_id for p in range(s, e))):
+        if rec.revisions is not None:  # the row's own decoder decides when its block ends
+            if finished or self.settled_block == rec.block:
+                return None
+        elif finished or (not follows_refresh and all(self.canvas[p] != self.mask_id for p in range(s, e))):
             return None
         self.after_refresh = rec.forward == REFRESH
         r = self.row
@@ -101,6 +107,8 @@ class RowView:
                 self.stop_block = rec.block
         for revision in (rec.revisions or [[]] * (r + 1))[r]:  # as Trace.canvas_at replays them
             self.canvas[revision["position"]] = self.mask_id if revision["kind"] == REMASK else revision["new"]
+        if rec.revisions is not None and not rec.committed[r] and not rec.revisions[r]:
+            self.settled_block = rec.block
         self.kept += 1
         self.trace.iterations.append(mine)
         return mine
