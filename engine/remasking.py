@@ -236,9 +236,7 @@ class WinoDecoder(Decoder):
     name = "wino"
     revises = True
     row_wise = True
-    # The loop runs this decoder's `forward` in place of the cache manager's (requested of
-    # engine/iteration.py; until it does, `revise` refuses in one line).
-    own_forward: ClassVar[bool] = True
+    own_forward = True  # the loop runs `forward` (the shadow block) in place of the cache manager's
     explanation = (
         "**WINO (wide-in, narrow-out; Hong et al. 2025, arXiv 2507.18578).** Every forward also runs a "
         "*shadow* copy of the block, all [MASK], in which each position sees the whole canvas except its own "

@@ -307,6 +307,24 @@ def test_wino_decodes_a_block_from_its_shadow_forward():
     assert remasked > 0  # the case has narrow-out remasks to check
 
 
+@pytest.mark.parametrize("family", [tiny_llada, tiny_llada_moe])
+def test_wino_through_the_loop_records_and_replays_its_remasks(family):
+    model = family()
+    config = wino_config(early_stop=False)
+    prompt = list(range(1, 9))  # blocks [8, 16), [16, 24)
+    out = run_diffusion(model, [prompt], config, hooks=RunHooks(trace=True))
+    assert model.mask_token_id not in out.canvas.tolist()[0]
+    remasks = [r for rec in out.trace.iterations for r in rec.revisions[0]]
+    assert remasks and all(r["kind"] == "remask" and r["rule"] == WINO_RULE and r["score"] < 0.95 and r["bound"] == 0.95 for r in remasks)
+    assert all(len(rec.revisions[0]) < max(len(rec.committed[0]), 2) for rec in out.trace.iterations)
+    assert out.stats.nfe == len(out.trace.iterations) <= 16  # one forward per iteration, within W per block
+    trace = Trace.from_json(out.trace.to_json())
+    assert trace.canvas_at(len(trace.iterations) - 1) == trace.final == out.canvas.tolist()
+    for i, rec in enumerate(trace.iterations):
+        assert all(trace.canvas_at(i)[0][r["position"]] == model.mask_token_id for r in rec.revisions[0])
+    assert run_diffusion(model, [prompt] * 2, config).token_ids == out.token_ids * 2  # row-wise
+
+
 def test_wino_refuses_cache_modes_and_families_in_one_line_before_a_forward():
     for cache in ("prefix", "dual", "vicinity"):
         with pytest.raises(EngineError, match=f"decoder 'wino'.*cache '{cache}' is not supported; use cache none") as err:
@@ -315,9 +333,8 @@ def test_wino_refuses_cache_modes_and_families_in_one_line_before_a_forward():
     llada2 = tiny_llada2()
     ran = []
     llada2.layer_modules()[0].register_forward_pre_hook(lambda *_: ran.append(1))
-    decoder = make_decoder(wino_config(), llada2.mask_token_id)
     with pytest.raises(EngineError, match="does not support the LLaDA2MoeModelLM family.*runs on LLaDA and LLaDA-MoE"):
-        decoder.forward(llada2, {"input_ids": torch.tensor([PROMPT + [llada2.mask_token_id] * 8])}, 4, 12)
+        run_diffusion(llada2, [PROMPT], wino_config())
     assert not ran
     with pytest.raises(EngineError, match="ScriptedLM has a forward of its own"):
         check_shadow_support(ScriptedLM(SCRIPT, STRENGTH))

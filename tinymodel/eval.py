@@ -237,6 +237,9 @@ SETTINGS: dict[str, dict] = {
     # ReMDM on "fixed x4"'s schedule (its eta 0 is that setting): cap at the authors' loop eta, and a bolder one
     "remdm x4": {"decoder": "remdm", "steps_divisor": 4},
     "remdm x4 eta 0.1": {"decoder": "remdm", "steps_divisor": 4, "decoder_options": {"remdm_eta": 0.1}},
+    # WINO at the authors' wide-in threshold, and a bolder one (narrow-out at its default 0.9)
+    "wino 0.6": {"decoder": "wino", "threshold": 0.6},
+    "wino 0.3": {"decoder": "wino", "threshold": 0.3},
 }
 
 
