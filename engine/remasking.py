@@ -254,6 +254,8 @@ class WinoDecoder(Decoder):
         if config.cache not in WINO_CACHE_MODES:
             raise EngineError(f"decoder 'wino' runs its shadow block over the whole canvas: cache '{config.cache}' is not supported; use cache {' or '.join(WINO_CACHE_MODES)}")
         self.threshold_out = float(self.option("wino_threshold_out"))
+        if not 0.0 <= self.threshold_out <= 1.0:
+            raise EngineError(f"wino: wino_threshold_out must be in [0, 1], got {self.threshold_out}")
         self.shadow_logits: torch.Tensor | None = None
         self.model_checked = False
 

@@ -339,6 +339,8 @@ def test_wino_refuses_cache_modes_and_families_in_one_line_before_a_forward():
     with pytest.raises(EngineError, match="ScriptedLM has a forward of its own"):
         check_shadow_support(ScriptedLM(SCRIPT, STRENGTH))
     check_shadow_support(tiny_llada_moe())  # supported: no error
+    with pytest.raises(EngineError, match="wino_threshold_out must be in"):
+        make_decoder(wino_config(decoder_options={"wino_threshold_out": 1.5}), MASK)
     with pytest.raises(EngineError, match="none ran before this decode"):
         make_decoder(wino_config(), MASK).revise(torch.zeros(1, 4, VOCAB), torch.ones(1, 4, dtype=torch.bool), 0.3, torch.full((1, 4), MASK), torch.zeros(1, 4, dtype=torch.bool))
     assert WinoDecoder.row_wise and WinoDecoder.revises
