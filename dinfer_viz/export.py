@@ -216,16 +216,12 @@ def render_frames(timeline: Timeline, max_frames: int = MAX_FRAMES) -> list[Imag
     return frames
 
 
-def _legend_label(state: str) -> str:
-    return CELL_COLOURS[state][1].split(":")[0]  # "edited now", not the grid's whole sentence
-
-
 def _legend_rows(font, states: Sequence[str]) -> list[list[str]]:
     """The legend's entries wrapped into rows that fit the frame's width."""
     rows: list[list[str]] = [[]]
     x = PAD
     for state in states:
-        width = 18 + int(font.getlength(_legend_label(state))) + 14
+        width = 18 + int(font.getlength(CELL_COLOURS[state][1])) + 14
         if x + width > WIDTH - PAD and rows[-1]:
             rows.append([])
             x = PAD
@@ -238,7 +234,7 @@ def _legend(draw: ImageDraw.ImageDraw, font, y: int, rows: list[list[str]]) -> N
     for k, row in enumerate(rows):
         x, top = PAD, y + LEGEND_ROW * k
         for state in row:
-            label = _legend_label(state)
+            label = CELL_COLOURS[state][1]
             draw.rounded_rectangle((x, top + 2, x + 14, top + 16), radius=2, fill=CELL_COLOURS[state][0])
             draw.text((x + 18, top + 1), label, font=font, fill=MUTED)
             x += 18 + int(font.getlength(label)) + 14

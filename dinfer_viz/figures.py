@@ -237,7 +237,7 @@ def confidence_raster(
                     x=np.array([r.position for r in revised], dtype=np.float32),
                     y=np.array([iteration_number(r.iteration) for r in revised], dtype=np.float32),
                     mode="markers",
-                    name=CELL_COLOURS[state][1].split(":")[0],
+                    name=CELL_COLOURS[state][1],
                     marker=dict(symbol=symbol, size=9, color=CELL_COLOURS[state][0], line=dict(width=1, color="#111827")),
                     text=[_plain(timeline.describe_revision(r)) for r in revised],
                     hovertemplate="pos %{x} · iteration %{y}<br>%{text}<extra></extra>",

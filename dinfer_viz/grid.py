@@ -37,8 +37,8 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
     "forced": ("#fb923c", "committed now, forced top-1"),
     "fill": ("#f3f4f6", "filled by early stop"),
     # a revising decoder's changes to committed positions (engine/revising.py)
-    "edited": ("#e879f9", "edited now: old token struck through, new beside it"),
-    "remasked": ("#9f1239", "remasked now: back to [MASK]"),
+    "edited": ("#e879f9", "edited now (old token struck through)"),
+    "remasked": ("#9f1239", "remasked now (back to [MASK])"),
 }
 # the states a revising decoder adds: the legend shows them for its runs only
 REVISION_STATES = ("edited", "remasked")

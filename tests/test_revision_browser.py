@@ -1,0 +1,100 @@
+"""A revision in a real browser (Debian's chromium through Playwright, as tests/test_app_browser.py):
+a run of the edit decoder, its controls filled by a published preset, shows an edited cell (the old
+token struck through beside the new), the legend's entry and the details panel's revision line, at
+a laptop's 1280 px and a projector's 1024 px. The iteration shown is the first that revised, read
+from the run's own trace (downloaded from the page), never from a count the weights decide."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+
+from .app_support import BROWSER_ARGS, CHROMIUM, launch_app, require_browser
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
+SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+        page.goto(url)
+        yield SimpleNamespace(page=page, host=host, url=url)
+        browser.close()
+    demo.close()
+
+
+def _choose(page, selector: str, value: str) -> None:
+    """Pick `value` from a dropdown by its exact name ("edit" also filters in "credit")."""
+    page.locator(f"{selector} input").fill(value)
+    page.get_by_role("option", name=value, exact=True).click()
+    from playwright.sync_api import expect
+
+    expect(page.locator(f"{selector} input")).to_have_value(value)
+
+
+def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(session, tmp_path):
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.fill("#prompt textarea", "Q: 12+35=? A:")
+    _choose(page, "#cfg-decoder", "edit")
+    expect(page.locator("#decoder-preset")).to_be_visible()
+    expect(page.locator("#explain")).to_contain_text("Published default sets")
+    _choose(page, "#decoder-preset", "diffusers")  # 0.7 / 0.5 / 16
+    expect(page.locator("#cfg-threshold input[type=number]")).to_have_value("0.7")
+    page.get_by_text("Plug-in decoder settings").click()  # the decoders' own options (a closed section)
+    expect(page.locator("[id='cfg-decoder_options.edit_threshold'] input[type=number]")).to_have_value("0.5")
+    threshold = page.locator("#cfg-threshold input[type=number]")
+    threshold.fill("0.3")  # the base model at 0.3 commits wrong tokens, which the edits take back
+    threshold.press("Enter")
+    expect(page.locator("#settings-msg")).to_contain_text("settings ok")
+    page.click("#run-btn")
+    expect(page.locator("#message")).to_contain_text("done", timeout=120_000)
+
+    with page.expect_download() as download:
+        page.click("#download")
+    trace = json.loads(open(download.value.path()).read())
+    assert trace["config"]["decoder"] == "edit" and trace["config"]["decoder_options"]["edit_threshold"] == 0.5
+    first = next((i, rec["revisions"][0]) for i, rec in enumerate(trace["iterations"]) if rec["revisions"][0])
+    index, revisions = first
+    edit = next(r for r in revisions if r["kind"] == "edit")
+
+    number = page.locator("#scrub input[type=number]")
+    number.fill(str(index + 1))  # the page numbers iterations 1..N
+    number.press("Enter")
+    expect(page.locator("#grid .caption")).to_contain_text(f"iteration {index + 1}/")
+    cell = page.locator(f"#grid .cells .cell.edited[data-p='{edit['position']}']")
+    expect(cell).to_have_count(1)
+    expect(cell.locator("s.was")).to_have_text(trace["tokens"][str(edit["old"])].replace(" ", "·") if trace["tokens"][str(edit["old"])] != "<|endoftext|>" else "∎")
+    assert page.locator("#grid .cells .cell.edited").count() == sum(r["kind"] == "edit" for r in revisions)
+    expect(page.locator("#grid .legend .cell.edited")).to_contain_text("edited now")
+    expect(page.locator("#grid .legend .cell.remasked")).to_contain_text("remasked now")
+    struck = cell.locator("s.was").evaluate("s => getComputedStyle(s).textDecorationLine")
+    assert "line-through" in struck
+
+    cell.click()
+    details = page.locator("#details")
+    expect(details).to_contain_text(f"Position {edit['position']} · iteration {index + 1}")
+    expect(details).to_contain_text(f"iteration {index + 1}: edited")
+    expect(details).to_contain_text(f"> edit threshold 0.5")
+    for width in (1280, 1024):
+        page.set_viewport_size({"width": width, "height": 900})
+        cell.scroll_into_view_if_needed()
+        shot = (os.path.join(SHOTS, f"revision-{width}.png") if SHOTS else str(tmp_path / f"revision-{width}.png"))
+        page.screenshot(path=shot)
+        assert os.path.getsize(shot) > 20_000
+        box, panel = cell.bounding_box(), details.bounding_box()
+        assert box and panel and box["width"] > 0 and panel["x"] > box["x"]  # the details stay beside the grid
+    page.set_viewport_size({"width": 1280, "height": 900})
