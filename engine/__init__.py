@@ -17,7 +17,7 @@ from .hooks import RunHooks
 from .iteration import GenerationCancelled, GenerationOutput
 from .models import load_model, save_model
 from .pipeline import Engine, load_tokenizer
-from . import revising  # registers the decoders that revise their commits
+from . import entropy_bound, revising  # register the EB-Sampler and the decoders that revise their commits
 from . import remasking  # registers the decoders that remask their commits (remdm, wino)
 from .registry import DecoderOption, decoder_names, register_decoder
 from .stats import GenerationStats

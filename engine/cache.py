@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from .cache_modes import cache_modes
 from .config import GenerationConfig
 from .errors import EngineError
 from .models.base import DiffusionLM, ModelOutput
@@ -141,7 +142,7 @@ class BlockCausalCache(KVCacheManager):
       the block-causal mask, every iteration. Slow and exact; the oracle of the cached path.
     """
 
-    MODES = ("none", "prefix")
+    MODES = tuple(mode.name for mode in cache_modes() if mode.block_causal)  # as the modes declare
 
     def __init__(self, config: GenerationConfig, canvas_length: int, device: torch.device) -> None:
         if config.cache not in self.MODES:

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from .config import GenerationConfig
-from .decoders import Decoder, EntropyBoundDecoder
+from .decoders import Decoder
+from .entropy_bound import EntropyBoundDecoder
 from .errors import EngineError
 from .hooks import RunHooks
 from .iteration import GenerationCancelled, GenerationOutput

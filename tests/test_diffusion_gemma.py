@@ -25,7 +25,7 @@ from engine.models import DiffusionGemmaLM, load_model, save_model
 from engine.pipeline import Engine
 from engine.trace import Trace
 from engine.iteration import GenerationCancelled
-from engine.decoders import EntropyBoundDecoder
+from engine.entropy_bound import EntropyBoundDecoder
 from engine.uniform import _StableAndConfident, run_uniform_diffusion
 from engine.uniform_trace import uniform_canvas_at
 from tinymodel.tokenizer import save_tokenizer

@@ -53,7 +53,7 @@ FLOORS = (
     ("engine.errors",),
     ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.config", "engine.stats", "engine.trace", "engine.hooks"),
     ("engine.models",),
-    ("engine.decoders", "engine.revising", "engine.remasking", "engine.cache", "engine.uniform_trace"),
+    ("engine.decoders", "engine.entropy_bound", "engine.revising", "engine.remasking", "engine.cache", "engine.uniform_trace"),
     ("engine.iteration", "engine.uniform", "engine.generation"),
     ("engine.runtime",),
     ("engine.pipeline",),

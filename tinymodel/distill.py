@@ -407,7 +407,8 @@ def _settings(names: list[str], gen_length: int, block_length: int) -> list[tupl
     return [(name, setting_config(name, gen_length, block_length)) for name in names]
 
 
-def _load(path: str, args: argparse.Namespace) -> tuple[DiffusionLM, Any]:
+def load_for_eval(path: str, args: argparse.Namespace) -> tuple[DiffusionLM, Any]:
+    """A model folder's model (on the runtime flags' device and threads) and its tokenizer."""
     from engine.models import load_model
     from engine.pipeline import load_tokenizer
 
@@ -417,7 +418,7 @@ def _load(path: str, args: argparse.Namespace) -> tuple[DiffusionLM, Any]:
 
 
 def run_collect(args: argparse.Namespace) -> None:
-    model, tokenizer = _load(args.model, args)
+    model, tokenizer = load_for_eval(args.model, args)
     settings = _settings(args.settings, args.gen_length, args.block_length)
     if args.temperature > 0:  # sampled: each seed decodes every prompt again
         settings = [(f"{name} T{args.temperature:g} s{seed}", c.replace(temperature=args.temperature, seed=seed)) for name, c in settings for seed in range(args.samples)]
@@ -429,7 +430,7 @@ def run_collect(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    models = [(label, *_load(path, args)) for label, path in (("base", args.base), ("TD", args.distilled))]
+    models = [(label, *load_for_eval(path, args)) for label, path in (("base", args.base), ("TD", args.distilled))]
     examples = split_examples(args.tasks, "held_out", args.limit)
     rows = compare(models, examples, _settings(args.settings, args.gen_length, args.block_length), args.batch_size)
     print(format_table(rows, args.batch_size))

@@ -1,7 +1,8 @@
 """Teach the embedded model to edit: LLaDA2.1's mixed objective, from the shipped base weights.
 
-    python -m tinymodel.edit --threads 2 --compile           # assets/tiny-llada -> runs/tiny-llada-edit/model
-    python -m tinymodel.edit --resume --threads 2 --compile  # continue after an interruption
+    python -m tinymodel.edit train --threads 2 --compile           # assets/tiny-llada -> runs/tiny-llada-edit/model
+    python -m tinymodel.edit train --resume --threads 2 --compile  # continue after an interruption
+    python -m tinymodel.edit eval --threads 2                      # the targets: base vs edit model, held-out prompts
 
 A model trained only on masked positions (tinymodel/train.py) has no useful prediction at a visible
 position: nothing ever asked it whether a visible token is right. An editing decoder (`edit`,
@@ -20,10 +21,15 @@ docs/algorithms.md §2.8) reads exactly that prediction, so this stage adds LLaD
 Both are normalised by the response length, as train.py's loss is. It runs train.py's loop
 (`Trainer`: optimizer, time-budgeted schedule, held-out checks, model folder, resume) and writes a
 drop-in model folder of the base's architecture (assets/tiny-llada-edit/README.md is its card).
+
+eval: the base with the threshold decoder and the edit model with the `edit` decoder, on held-out
+prompts, at the same τ (the families in blocks of 32; grammar also in one block of 64), then the
+issue's targets computed from those rows (`targets`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -32,10 +38,12 @@ from typing import Callable, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.cli import DEFAULT_MODEL, OneLineParser
+from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
 from engine.errors import EngineError
 
-from .eval import TaskScore
+from .distill import Row, compare, load_for_eval, pooled
+from .eval import TaskScore, _positive, format_table, setting_config
+from .tasks import TASKS, split_examples
 from .tokenizer import SPECIAL_TOKENS
 from .train import Trainer, TrainConfig, add_config_args, batch_size, config_from_args, gen_length_sample, make_batch, mask_responses, running_mean
 
@@ -136,18 +144,85 @@ def train_edit(cfg: EditTrainConfig, log: Callable[[str], None] = print) -> dict
     return trainer.run(loss, report=loss.report)
 
 
-def main(argv: list[str] | None = None) -> int:
+# ---- base vs edit model -----------------------------------------------------------------------
+EVAL_THRESHOLDS = (0.9, 0.7, 0.5, 0.3, 0.1, 0.05)
+TARGET_LOSS, TARGET_RECOVERY, TARGET_TPF_RATIO, ARITHMETIC_SLACK = 15.0, 5.0, 1.3, 3.0
+
+
+def targets(rows: list[Row]) -> str:
+    """The issue's targets read off the rows ("base thr τ", "edit edit τ", and the one-block
+    grammar rows "... /64"): each line says the numbers and whether the target is met."""
+    by = {name: pooled(scores) for name, _, scores in rows}
+    base90, lines = by["base thr 0.9"]["pairsum"], []
+    losing = [t for t in EVAL_THRESHOLDS if 100 * (base90.accuracy - by[f"base thr {t:g}"]["pairsum"].accuracy) >= TARGET_LOSS]
+    for label, tau in (("first", max(losing, default=None)), ("most parallel", min(losing, default=None))):
+        if tau is None:
+            lines.append(f"pair-sum: no threshold loses {TARGET_LOSS:g} points against threshold 0.9")
+            continue
+        base, edit = by[f"base thr {tau:g}"]["pairsum"], by[f"edit edit {tau:g}"]["pairsum"]
+        gap, ratio = 100 * (base90.accuracy - edit.accuracy), edit.tpf / base90.tpf
+        met = gap <= TARGET_RECOVERY and ratio >= TARGET_TPF_RATIO
+        lines.append(
+            f"pair-sum, {label} τ losing >= {TARGET_LOSS:g} pts ({tau:g}): base {100 * base.accuracy:.1f}% -> edit model {100 * edit.accuracy:.1f}% "
+            f"(base at 0.9: {100 * base90.accuracy:.1f}%, gap {gap:+.1f} pts, need <= {TARGET_RECOVERY:g}); TPF {edit.tpf:.2f} = {ratio:.2f}x base at 0.9 "
+            f"(need >= {TARGET_TPF_RATIO:g}x): {'met' if met else 'missed'}"
+        )
+    grammar32 = by["base thr 0.9"]["grammar"]
+    best = max(EVAL_THRESHOLDS, key=lambda t: (by[f"edit edit {t:g}/64"]["grammar"].accuracy, t))
+    one_block = by[f"edit edit {best:g}/64"]["grammar"]
+    lines.append(
+        f"grammar: edit model, edit τ {best:g}, one block of 64: {100 * one_block.accuracy:.1f}% (TPF {one_block.tpf:.2f}) against the base in blocks of 32 "
+        f"at 0.9: {100 * grammar32.accuracy:.1f}%: {'met' if one_block.accuracy >= grammar32.accuracy else 'missed'}"
+    )
+    for family in ("add", "sub"):
+        base, edit = by["base thr 0.9"][family], by["edit edit 0.9"][family]
+        gap = 100 * (base.accuracy - edit.accuracy)
+        lines.append(f"{family}: base thr 0.9 {100 * base.accuracy:.1f}%, edit model edit 0.9 {100 * edit.accuracy:.1f}% ({-gap:+.1f} pts, need >= -{ARITHMETIC_SLACK:g}): {'met' if gap <= ARITHMETIC_SLACK else 'missed'}")
+    return "\n".join(lines)
+
+
+def run_eval(args: argparse.Namespace) -> str:
+    """The rows of both models and the targets, as printed."""
+    base, edit = ("base", *load_for_eval(args.base, args)), ("edit", *load_for_eval(args.edit, args))
+    examples = split_examples(args.tasks, "held_out", args.limit)
+    names = [f"thr {t:g}" for t in EVAL_THRESHOLDS] + [f"edit {t:g}" for t in EVAL_THRESHOLDS]
+    # both models with both decoders (the cross rows tell the model's part from the decoder's);
+    # the families in blocks of 32, grammar also in one block of 64 (lesson 4's setting)
+    rows = compare([base, edit], examples, [(n, setting_config(n, 64, 32)) for n in names], args.batch_size)
+    grammar = [e for e in examples if e.task == "grammar"]
+    rows += compare([base, edit], grammar, [(n + "/64", setting_config(n, 64, 64)) for n in names], args.batch_size)
+    return format_table(rows, args.batch_size) + "\n\n" + targets(rows)
+
+
+def build_parser() -> tuple[OneLineParser, OneLineParser]:
     parser = OneLineParser(prog="python -m tinymodel.edit", description=__doc__.split("\n\n")[0])
-    add_config_args(parser, EditTrainConfig())
-    cfg = config_from_args(parser, vars(parser.parse_args(argv)), EditTrainConfig)
-    if not (0 <= cfg.corrupt_max <= 1 and 0 <= cfg.plausible_share <= 1 and cfg.edit_weight >= 0):
-        parser.error("need --corrupt-max and --plausible-share in [0, 1] and --edit-weight >= 0")
+    stages = parser.add_subparsers(dest="stage", required=True, parser_class=OneLineParser)
+    t = stages.add_parser("train", help="fine-tune on the mixed objective (tinymodel/train.py's flags, these defaults)")
+    add_config_args(t, EditTrainConfig())
+    e = stages.add_parser("eval", help="base vs edit model on held-out prompts, and the targets")
+    e.add_argument("--base", default=DEFAULT_MODEL)
+    e.add_argument("--edit", default=EditTrainConfig.out)
+    e.add_argument("--tasks", nargs="+", default=["add", "sub", "pairsum", "grammar"], choices=list(TASKS))
+    e.add_argument("--limit", type=_positive, default=48, help="held-out prompts per family (fewer where the split has fewer)")
+    e.add_argument("--batch-size", type=_positive, default=64)
+    add_runtime_args(e)
+    return parser, t
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, train_parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        summary = train_edit(cfg, log=lambda m: print(m, flush=True))
+        if args.stage == "eval":
+            print(run_eval(args))
+            return 0
+        cfg = config_from_args(train_parser, {k: v for k, v in vars(args).items() if k != "stage"}, EditTrainConfig)
+        if not (0 <= cfg.corrupt_max <= 1 and 0 <= cfg.plausible_share <= 1 and cfg.edit_weight >= 0):
+            train_parser.error("need --corrupt-max and --plausible-share in [0, 1] and --edit-weight >= 0")
+        print(json.dumps(train_edit(cfg, log=lambda m: print(m, flush=True))))
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
     return 0
 
 
