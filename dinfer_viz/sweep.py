@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, GenerationOutput, RunHooks, Trace
-from engine.trace import EDIT, REMASK
 from tinymodel.aup import aup_by_curve
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
@@ -217,14 +216,15 @@ def run_sweep(
                     stats = answer.output.stats
                     # the other passes are timed only (traced as the first, so the times compare)
                     timings = [stats.seconds] + [engine.generate_ids([ids], cfg, hooks=RunHooks(trace=True, cancel=cancel)).stats.seconds for _ in range(passes - 1)]
-                    timeline = Timeline(answer.output.trace, answer.row)
+                    # one prompt a call: the stats' edits and remasks are this answer's (docs/counting.md §10)
                     outcome = Outcome(
                         value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings,
-                        edits=timeline.revision_counts[EDIT], remasks=timeline.revision_counts[REMASK],
+                        edits=stats.edits, remasks=stats.remasks,
                     )
                     if not answer.correct and kept < MAX_KEPT_FAILURES:
                         kept += 1
                         outcome.trace = answer.output.trace
+                        timeline = Timeline(outcome.trace)
                         outcome.expected = timeline.expected
                         outcome.wrong = first_wrong(timeline, outcome.expected)
                     post(outcome)

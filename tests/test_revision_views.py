@@ -277,3 +277,40 @@ def test_the_run_tab_shows_every_iteration_of_an_edit_run_its_post_edit_steps_in
     assert [r.revisions for r in shown.iterations] == [r.revisions for r in solo.iterations]
     assert [r.committed for r in shown.iterations] == [r.committed for r in solo.iterations]
     assert shown.stats["nfe"] == solo.stats["nfe"] and shown.final == solo.final
+
+
+def _edit_model() -> Path | None:
+    """The model that can edit: shipped under assets/, else the trainer's latest checkpoint."""
+    for folder in (ROOT / "assets" / "tiny-llada-edit", ROOT / "runs" / "tiny-llada-edit" / "model"):
+        if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
+            return folder
+    return None
+
+
+@pytest.mark.skipif(not (MODEL / "config.json").exists(), reason="needs the embedded model")
+def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_on_their_side():
+    """A: the base model with threshold τ 0.3; B: the edit model (the base when it is not there yet)
+    with `edit`, its model in B's settings (the /compare API's settings_b). One slider steps both,
+    and at each of B's revising iterations B's grid marks exactly the positions revised."""
+    import gradio as gr
+
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.tabs.compare import COMPARE_VIEW
+    from dinfer_viz.ui import Handlers
+
+    h = Handlers(EngineHost(ModelSpec(str(MODEL))), fps=1000, plot_hz=1000)
+    b_model = str(_edit_model() or MODEL)
+    a = {"config": {"decoder": "threshold", "threshold": 0.3}}
+    b = {"model": {"path": b_model}, "config": {"decoder": "edit", "threshold": 0.3, "decoder_options": {"edit_threshold": 0.5}}}
+    seen: dict = {}
+    for frame in h.compare("Q: 12+35=? A:", a, b, "", 1):
+        seen.update({k: v for k, v in zip(COMPARE_VIEW, frame) if not (isinstance(v, dict) and v == gr.skip())})
+    state = seen["state"]
+    assert not state.a.revises and state.b.revises and state.b.trace.config["decoder"] == "edit"
+    revising = [i for i, rows in enumerate(state.b.record_revisions) if rows]
+    assert sum(map(len, state.b.record_revisions)) == state.b.trace.stats["edits"] + state.b.trace.stats["remasks"]
+    for i in revising[:3]:
+        view = dict(zip(COMPARE_VIEW, h.compare_replay(i + 1, state)))
+        marked = {c["p"] for c in view["grid_b"]["cells"] if c["k"].split()[0] in ("edited", "remasked")}
+        assert marked == {r.position for r in state.b.record_revisions[i]}
+        assert not any(c["k"].split()[0] in ("edited", "remasked") for c in view["grid_a"]["cells"])
