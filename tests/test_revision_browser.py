@@ -8,31 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import BROWSER_ARGS, CHROMIUM, launch_app, require_browser
+from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
-
-
-@pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-        page.goto(url)
-        yield SimpleNamespace(page=page, host=host, url=url)
-        browser.close()
-    demo.close()
 
 
 def _choose(page, selector: str, value: str) -> None:
@@ -48,6 +32,8 @@ def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(ses
     from playwright.sync_api import expect
 
     page = session.page
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(session.url)
     page.fill("#prompt textarea", "Q: 12+35=? A:")
     _choose(page, "#cfg-decoder", "edit")
     expect(page.locator("#decoder-preset")).to_be_visible()
