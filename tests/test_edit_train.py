@@ -35,7 +35,7 @@ def _corrupt(cfg: EditTrainConfig, seed: int = 0):
 
 @pytest.mark.parametrize("plausible_share", [0.0, 0.5, 1.0])
 def test_corruption_replaces_only_visible_tokens_and_always_with_a_wrong_one(plausible_share):
-    original, noisy, visible, out = _corrupt(EditTrainConfig(corrupt_max=1.0, plausible_share=plausible_share))
+    original, noisy, visible, out = _corrupt(EditTrainConfig(corrupt_max=1.0, clean_share=0.0, plausible_share=plausible_share))
     changed = out != noisy
     assert changed.any() and not (changed & ~visible).any()  # masks and the rest untouched
     assert (out[changed] != original[changed]).all()  # a corruption is never the original

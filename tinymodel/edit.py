@@ -11,8 +11,9 @@ docs/algorithms.md §2.8) reads exactly that prediction, so this stage adds LLaD
 
 - M2T: per row t ~ U(eps, 1); each response token is [MASK] with probability t; cross-entropy on the
   masked positions weighted 1/t (the ordinary objective, unchanged).
-- T2T: of the response tokens left visible, a share s ~ U(0, `corrupt_max`) per row is replaced by a
-  wrong token: with probability `plausible_share` one the model itself proposes there (a sample
+- T2T: in a share `1 - clean_share` of the rows, a share s ~ U(0, `corrupt_max`) of the response
+  tokens left visible is replaced by a wrong token (the other rows stay clean, so the M2T loss still
+  sees the clean contexts a decoder sees): with probability `plausible_share` one the model itself proposes there (a sample
   from a no-grad forward in which those positions are masked: the errors a parallel decoder makes),
   else a uniformly random character. The loss at every visible response position (corrupted or
   not) is the cross-entropy on the original token, times `edit_weight`, so the model learns both
@@ -58,15 +59,19 @@ class EditTrainConfig(TrainConfig):
     out: str = f"{RUN_DIR}/model"
     run_dir: str = RUN_DIR
     init_from: str = DEFAULT_MODEL
-    max_minutes: float = 100.0  # + the held-out checks and saves: within the 120-minute budget on 2 cores
+    max_minutes: float = 45.0  # + the held-out checks and saves (the shipped run's budget; assets/tiny-llada-edit/README.md)
     lr: float = 2e-4  # tinymodel/distill.py's fine-tuning rate (higher erased what the base knew)
     # the families whose parallel failures the editing decoder is to repair get more
     default_weights: ClassVar[dict[str, float]] = {"add": 1.0, "sub": 1.3, "pairsum": 2.5, "rhyme": 0.5, "grammar": 1.5}
     warmup: int = 50
     tokens_per_batch: int = 6000
-    eval_every: int = 400
+    eval_every: int = 300
     eval_per_task: int = 24
-    corrupt_max: float = 0.5  # per row, the share of visible response tokens replaced is ~ U(0, corrupt_max)
+    # A first run corrupted every row (U(0, 0.5) of its visible tokens): after 400 steps its
+    # held-out pair-sum at threshold 0.9 was 29% (the base: 85%), grammar 46% (83%); half the rows
+    # clean, and fewer corrupted tokens, keep the contexts a decoder sees in the M2T loss.
+    clean_share: float = 0.5  # rows left uncorrupted
+    corrupt_max: float = 0.3  # per corrupted row, the share of visible response tokens replaced is ~ U(0, corrupt_max)
     plausible_share: float = 0.5  # of the replaced, the share drawn from the model's own proposal
     edit_weight: float = 1.0  # weight of the T2T loss next to the M2T loss
 
@@ -84,7 +89,7 @@ def corrupt_visible(
     """`noisy` with a share of its `visible` response tokens replaced by wrong ones (see the module
     docstring); every replacement differs from the original token. Draws on the CPU `generator`."""
     b, n = ids.shape
-    share = cfg.corrupt_max * torch.rand(b, 1, generator=generator)
+    share = cfg.corrupt_max * torch.rand(b, 1, generator=generator) * (torch.rand(b, 1, generator=generator) >= cfg.clean_share)
     chosen = (torch.rand(b, n, generator=generator) < share).to(ids.device) & visible
     random_ids = vocabulary[torch.randint(len(vocabulary), (b, n), generator=generator)].to(ids.device)
     replacement = random_ids
@@ -217,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             print(run_eval(args))
             return 0
         cfg = config_from_args(train_parser, {k: v for k, v in vars(args).items() if k != "stage"}, EditTrainConfig)
-        if not (0 <= cfg.corrupt_max <= 1 and 0 <= cfg.plausible_share <= 1 and cfg.edit_weight >= 0):
-            train_parser.error("need --corrupt-max and --plausible-share in [0, 1] and --edit-weight >= 0")
+        if not (0 <= cfg.corrupt_max <= 1 and 0 <= cfg.plausible_share <= 1 and 0 <= cfg.clean_share < 1 and cfg.edit_weight >= 0):
+            train_parser.error("need --corrupt-max and --plausible-share in [0, 1], --clean-share in [0, 1) and --edit-weight >= 0")
         print(json.dumps(train_edit(cfg, log=lambda m: print(m, flush=True))))
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
