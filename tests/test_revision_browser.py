@@ -13,6 +13,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
+from dinfer_viz.grid import CELL_COLOURS
+
 from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -75,6 +77,13 @@ def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(ses
     expect(details).to_contain_text(f"Position {edit['position']} · iteration {index + 1}")
     expect(details).to_contain_text(f"iteration {index + 1}: edited")
     expect(details).to_contain_text(f"> edit threshold 0.5")
+    expect(page.locator("#iterations .js-plotly-plot .barlayer")).to_have_count(1)
+    bars = page.evaluate("() => document.querySelector('#iterations .js-plotly-plot')._fullData.filter(t => t.type === 'bar').map(t => t.name)")
+    assert bars[-2:] == ["edited", "remasked"]  # stacked on the commits
+    marks = page.evaluate("() => document.querySelector('#raster .js-plotly-plot')._fullData.map(t => t.name)")
+    assert CELL_COLOURS["edited"][1] in marks  # the raster's edit markers, named in its legend
+    if SHOTS:  # the figures too, to look at
+        page.screenshot(path=os.path.join(SHOTS, "revision-full.png"), full_page=True)
     for width in (1280, 1024):
         page.set_viewport_size({"width": width, "height": 900})
         cell.scroll_into_view_if_needed()
@@ -84,3 +93,26 @@ def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(ses
         box, panel = cell.bounding_box(), details.bounding_box()
         assert box and panel and box["width"] > 0 and panel["x"] > box["x"]  # the details stay beside the grid
     page.set_viewport_size({"width": 1280, "height": 900})
+
+
+def test_the_live_grid_strikes_the_old_token_while_the_run_streams(session):
+    """The same run played back live at 1 iteration a second: the renderer (grid.GRID_JS) applies
+    each streamed revision, an edited cell holding the old token in an <s> beside the new one."""
+    from playwright.sync_api import expect
+
+    page = session.page
+    page.goto(session.url)
+    page.fill("#prompt textarea", "Q: 12+35=? A:")
+    _choose(page, "#cfg-decoder", "edit")
+    threshold = page.locator("#cfg-threshold input[type=number]")
+    threshold.fill("0.3")
+    threshold.press("Enter")
+    expect(page.locator("#settings-msg")).to_contain_text("settings ok")
+    _choose(page, "#live-speed", "1 iteration / s")
+    page.click("#run-btn")
+    live = page.locator("#grid .live .cells .cell.edited")
+    expect(live.first).to_be_visible(timeout=60_000)
+    assert live.first.locator("s.was").count() == 1
+    expect(page.locator("#grid .live .caption")).to_contain_text("edited")
+    page.click("#stop-btn")
+
