@@ -58,6 +58,16 @@ def app_model(tmp_factory) -> str:
     return str(random_char_model(tmp_factory.mktemp("char-llada")))
 
 
+def edit_model() -> Path | None:
+    """The embedded model that can edit: shipped under assets/, else its trainer's latest
+    checkpoint (runs/tiny-llada-edit/model); None when neither is there."""
+    root = Path(__file__).resolve().parents[1]
+    for folder in (root / "assets" / "tiny-llada-edit", root / "runs" / "tiny-llada-edit" / "model"):
+        if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
+            return folder
+    return None
+
+
 def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0, embedded: dict[str, str] | None = None):
     """(demo, url, host): the app on the test model, served on a free local port. `embedded`: the
     models the app offers by name (EngineHost's; None: those under assets/)."""

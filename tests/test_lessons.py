@@ -4,6 +4,7 @@ changes exactly one setting from the step before; the Run tab's handler sets pro
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -12,6 +13,8 @@ import pytest
 from dinfer_viz.lessons import LESSONS, Lesson, Step, check_lessons, lesson_named
 from dinfer_viz.settings import all_controls
 from engine import EngineError, GenerationConfig
+
+from .app_support import edit_model
 
 
 def test_every_step_is_a_valid_config_changing_one_setting():
@@ -60,3 +63,45 @@ def test_the_run_tab_sets_prompt_and_controls_and_next_stops_at_the_last_step():
     assert menu["value"] == 3
     out = h.lesson_step("<b>nope</b>", 0)
     assert "no lesson named" in out[2] and "<b>" not in out[2]  # one line, escaped
+
+
+def test_a_step_may_change_the_model_and_counts_as_its_one_setting():
+    lesson = next(l for l in LESSONS if l.name.startswith("5 "))
+    assert [lesson.model(i) for i in range(3)] == ["tiny-llada", "tiny-llada-edit", "tiny-llada-edit"]
+    assert [lesson.settings(i)["decoder"] for i in range(3)] == ["threshold", "threshold", "edit"]
+    assert "model" not in lesson.settings(1) and lesson.settings(1)["threshold"] == 0.3
+    two = Lesson("two", "p", {}, (Step("a", {}, "x."), Step("b", {"model": "m", "decoder": "fixed"}, "y.")))
+    with pytest.raises(EngineError, match="changes"):
+        check_lessons((two,))
+    assert LESSONS[0].model(0) is None  # a lesson that names no model leaves the model box alone
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(edit_model() is None or not (ROOT / "assets" / "tiny-llada" / "config.json").exists(), reason="needs the base and the edit model")
+def test_lesson_5_the_base_errs_at_threshold_0_3_and_edit_on_the_edit_model_repairs_it():
+    """Decided from the runs' traces: the base model's answer at τ 0.3 fails the verifier; the edit
+    model with `edit` ends with one that passes, and it got there by edits: at least one edit of a
+    committed answer position, each with p(new) above the edit threshold."""
+    import torch
+
+    from engine import Engine, RunHooks
+    from engine.trace import EDIT
+    from tinymodel.eval import check_answer
+    from tinymodel.tasks import parse_prompt
+
+    torch.set_num_threads(1)
+    lesson = next(l for l in LESSONS if l.name.startswith("5 "))
+    example = parse_prompt(lesson.prompt)
+    assert example is not None and example.task == "pairsum"
+    base = Engine(str(ROOT / "assets" / "tiny-llada")).generate(lesson.prompt, lesson.config(0), RunHooks(trace=True))
+    assert not check_answer(example, base.text), base.text
+    edit = Engine(str(edit_model())).generate(lesson.prompt, lesson.config(2), RunHooks(trace=True))
+    assert check_answer(example, edit.text), edit.text
+    trace = edit.output.trace
+    answer_end = trace.prompt_lengths[0] + len(edit.output.token_ids[0])
+    edits = [r for rec in trace.iterations for r in rec.revisions[0] if r["kind"] == EDIT]
+    assert any(trace.prompt_lengths[0] <= r["position"] < answer_end for r in edits)
+    bound = lesson.config(2).decoder_options.get("edit_threshold", 0.5)  # the decoder's default unless the lesson sets it
+    assert all(r["bound"] == bound and r["score"] > bound for r in edits)

@@ -28,7 +28,7 @@ from dinfer_viz.timeline import Timeline
 from engine import IterationRecord, Trace
 from engine.trace import EDIT, REMASK
 
-from .app_support import handmade_trace
+from .app_support import edit_model, handmade_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "assets" / "tiny-llada"
@@ -279,14 +279,6 @@ def test_the_run_tab_shows_every_iteration_of_an_edit_run_its_post_edit_steps_in
     assert shown.stats["nfe"] == solo.stats["nfe"] and shown.final == solo.final
 
 
-def _edit_model() -> Path | None:
-    """The model that can edit: shipped under assets/, else the trainer's latest checkpoint."""
-    for folder in (ROOT / "assets" / "tiny-llada-edit", ROOT / "runs" / "tiny-llada-edit" / "model"):
-        if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
-            return folder
-    return None
-
-
 @pytest.mark.skipif(not (MODEL / "config.json").exists(), reason="needs the embedded model")
 def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_on_their_side():
     """A: the base model with threshold τ 0.3; B: the edit model (the base when it is not there yet)
@@ -299,7 +291,7 @@ def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_o
     from dinfer_viz.ui import Handlers
 
     h = Handlers(EngineHost(ModelSpec(str(MODEL))), fps=1000, plot_hz=1000)
-    b_model = str(_edit_model() or MODEL)
+    b_model = str(edit_model() or MODEL)
     a = {"config": {"decoder": "threshold", "threshold": 0.3}}
     b = {"model": {"path": b_model}, "config": {"decoder": "edit", "threshold": 0.3, "decoder_options": {"edit_threshold": 0.5}}}
     seen: dict = {}
