@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "assets" / "tiny-llada"
 MASK = 1
 HOSTILE = "${alert(1)}"
+HOSTILE_RULE = "p(new) > <img src=x onerror=alert(2)>"  # a trace file's rule text is anyone's
 
 
 def _revision(position, old, new, kind, rule, score, bound):
@@ -58,7 +59,7 @@ def revising_trace() -> Trace:
             _revision(3, 20, 21, EDIT, "p(new) > edit threshold", 0.93, 0.9),
             _revision(5, 20, MASK, REMASK, "p(current) < remask threshold", 0.12, 0.2),
         ]),
-        rec(2, [5], [21, 21, 23, 0], [0.95, 0.97, 0.6, 0.9], [_revision(4, 22, 21, EDIT, "p(new) > edit threshold", 0.97, 0.9)]),
+        rec(2, [5], [21, 21, 23, 0], [0.95, 0.97, 0.6, 0.9], [_revision(4, 22, 21, EDIT, HOSTILE_RULE, 0.97, 0.9)]),
     ]
     return Trace(
         model="handmade-edit", mask_id=MASK, eos_ids=[0], prompt_lengths=[3], canvas_length=7, block_length=4,
@@ -112,7 +113,10 @@ def test_hostile_token_strings_in_a_revision_stay_text(timeline):
     assert edited["t"].startswith('<s class="was">') and "${" not in edited["t"] and "&#36;&#123;" in edited["t"]
     assert "<b>" not in cells[5]["t"] and "&lt;b&gt;" in cells[5]["t"]
     panel = position_details(timeline, 4, 2)
-    assert "${" not in panel and "<b>x" not in panel and HOSTILE in _plain(panel)
+    assert "${" not in panel and "<b>x" not in panel and "<img" not in panel and HOSTILE in _plain(panel)
+    assert "<img" not in edited["tip"] and "&lt;img src=x onerror=alert(2)&gt; 0.9" in edited["tip"]
+    hovers = [text for t in confidence_raster(timeline).data if t.text is not None for text in t.text]
+    assert any("&lt;img" in text for text in hovers) and not any("<img" in text for text in hovers)  # Plotly reads tags in text
 
 
 def test_the_live_grid_carries_each_revision_in_order(timeline):
