@@ -1,35 +1,10 @@
-"""Static-shape forwards: torch.compile and CUDA graphs over bucketed shapes (docs/algorithms.md §6.5).
+"""Static-shape forwards: torch.compile and CUDA graphs over bucketed shapes.
 
-One generate calls the model with many shapes: the canvas length N follows the prompt, and the
-number of query tokens the forward kind (a full forward N, prefix N - s, dual one block, a vicinity
-window clipped at the canvas edges). torch.compile specialises a graph on its shapes (a new shape
-is a recompilation) and a CUDA graph replays one fixed shape, so `CompiledLM` runs every call at
-one of a few sizes, `bucket(n)`, padded and masked:
-
-- the q query tokens become `bucket(q)` rows; the padded rows are [MASK] ids (or zero embeddings),
-  and their logits and K/V are dropped;
-- a forward without a past attends among its rows; the padded ones are masked out as keys;
-- a forward with a past (a cached forward) runs against a scratch copy of the K/V store with
-  `bucket(N + 1)` slots: the store fills the first N, and the query rows write their fresh K/V
-  into it in place (so no per-layer merged copy is made): the real ones at their canvas
-  positions, given as an index tensor (models/layers.py), the padded ones all into slot N, which
-  no canvas token uses. A new block position is new data, not a new shape. Slots from N on are
-  masked out as keys. The caller's store changes only where it asked (`persist`).
-- a padded query row attends to the real keys: a row with no key would be NaN, and a NaN value
-  under a masked key still poisons the weighted sum (0 · NaN).
-
-A masked key adds an exact zero, so the logits are those of the unpadded forward up to the
-kernels' rounding (a masked attention kernel, another reduction order): in fp32 the same tokens
-(tests/test_compiled.py). MoE layers switch to their capture-safe expert computation
-(`SparseMoE.experts_static`, during these forwards only), which reads nothing back to the host. A compiled or captured forward
-is one unit, so a cancel lands between iterations, not between layers.
-
-`compile`: the padded forward runs through torch.compile (inductor, static shapes): one graph per
-bucket, compiled on first use and counted (`ForwardCounters.compiles`, through a backend that
-counts each graph it is handed; a second compile of a bucket would be a recompilation).
-`cuda_graphs` (CUDA only): each bucket's padded forward (compiled or not) is captured once into a
-CUDA graph reading fixed input buffers and the bucket's scratch store, then replayed: one launch
-per forward instead of one per kernel.
+`CompiledLM` is a model with the same interface in front of the real one: every call runs at one
+of a few padded sizes (`bucket`), masked so the logits are the unpadded forward's, compiled
+(`compile`) and/or captured and replayed (`cuda_graphs`), its compiles, captures and replays
+counted (`ForwardCounters`, read by the loop through `forward_counters`). Why shapes vary, the
+buckets, the masking, the capture-safe MoE path and the costs: docs/algorithms.md §6.5.
 """
 
 from __future__ import annotations
