@@ -173,7 +173,23 @@ def _edit_decision(d: _Decision) -> str | None:
     return f"not committed: confidence {_num(d.c, d.tau)} ≤ τ {_tau(d.tau)}"
 
 
+@_explains("wino")
+def _wino_decision(d: _Decision) -> str | None:
+    """WINO's wide-in half (engine/remasking.py): masks strictly above τ_in, the most confident
+    first, up to the step's cap; its narrow-out half is a remask, stated by the revision."""
+    if d.tau is None:
+        return None
+    if d.forced:
+        return f"forced: confidence {_num(d.c, d.tau)} ≤ τ_in {_tau(d.tau)}, but every step fills at least the most confident mask"
+    if d.committed:
+        return f"committed (wide-in): confidence {_num(d.c, d.tau)} > τ_in {_tau(d.tau)}"
+    if d.c > d.tau:
+        return f"not committed: confidence {_num(d.c, d.tau)} > τ_in {_tau(d.tau)}, but beyond this step's cap on wide-in commits (70% of the masks, 5 to 20)"
+    return f"not committed: confidence {_num(d.c, d.tau)} ≤ τ_in {_tau(d.tau)}"
+
+
 @_explains("fixed")
+@_explains("remdm")  # ReMDM fills the schedule's count of masks, the most confident first, as fixed does
 def _fixed_decision(d: _Decision) -> str | None:
     return _fixed_rule(d.timeline, d.rec, d.index, d.position, d.c, d.committed)
 

@@ -310,3 +310,16 @@ def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_o
         marked = {c["p"] for c in view["grid_b"]["cells"] if c["k"].split()[0] in ("edited", "remasked")}
         assert marked == {r.position for r in state.b.record_revisions[i]}
         assert not any(c["k"].split()[0] in ("edited", "remasked") for c in view["grid_a"]["cells"])
+
+
+def test_the_details_state_wino_and_remdm_commit_rules(timeline):
+    from dinfer_viz.details import rule_text
+
+    trace = revising_trace()
+    trace.config["decoder"] = "wino"
+    wino = Timeline(trace)
+    assert rule_text(wino, 0, 3) == "committed (wide-in): confidence 0.900 > τ_in 0.30"
+    assert rule_text(wino, 1, 6) == "committed (wide-in): confidence 0.800 > τ_in 0.30"
+    trace.config["decoder"] = "remdm"
+    remdm = Timeline(trace)
+    assert rule_text(remdm, 0, 3).startswith("forced by the schedule: the block had to commit 3 token(s)")
