@@ -160,32 +160,33 @@ def _factor_decision(d: _Decision) -> str | None:
     return _factor_rule(d.timeline, d.rec, d.index, d.position, d.c, d.committed, d.forced) if "rank" in d.extras else None
 
 
-@_explains("edit")
-def _edit_decision(d: _Decision) -> str | None:
-    """LLaDA2.1's mask-to-token half (engine/revising.py): strictly above τ, or the row's most
-    confident mask; its token-to-token half is a revision, stated by `Timeline.describe_revision`."""
+def _strictly_above(d: _Decision, name: str, committed: str = "committed", beyond: str | None = None) -> str | None:
+    """A rule that fills the masks strictly above a threshold (`name`: τ, τ_in), at least the row's
+    most confident one; `beyond`: why a mask above it may still wait (a cap)."""
     if d.tau is None:
         return None
+    c, t = _num(d.c, d.tau), _tau(d.tau)
     if d.forced:
-        return f"forced: confidence {_num(d.c, d.tau)} ≤ τ {_tau(d.tau)}, but every iteration fills at least the row's most confident mask"
+        return f"forced: confidence {c} ≤ {name} {t}, but every iteration fills at least the row's most confident mask"
     if d.committed:
-        return f"committed: confidence {_num(d.c, d.tau)} > τ {_tau(d.tau)} (strictly above)"
-    return f"not committed: confidence {_num(d.c, d.tau)} ≤ τ {_tau(d.tau)}"
+        return f"{committed}: confidence {c} > {name} {t} (strictly above)"
+    if beyond is not None and d.c > d.tau:
+        return f"not committed: confidence {c} > {name} {t}, but {beyond}"
+    return f"not committed: confidence {c} ≤ {name} {t}"
+
+
+@_explains("edit")
+def _edit_decision(d: _Decision) -> str | None:
+    """LLaDA2.1's mask-to-token half (engine/revising.py); its token-to-token half is a revision,
+    stated by `Timeline.describe_revision`."""
+    return _strictly_above(d, "τ")
 
 
 @_explains("wino")
 def _wino_decision(d: _Decision) -> str | None:
-    """WINO's wide-in half (engine/remasking.py): masks strictly above τ_in, the most confident
-    first, up to the step's cap; its narrow-out half is a remask, stated by the revision."""
-    if d.tau is None:
-        return None
-    if d.forced:
-        return f"forced: confidence {_num(d.c, d.tau)} ≤ τ_in {_tau(d.tau)}, but every step fills at least the most confident mask"
-    if d.committed:
-        return f"committed (wide-in): confidence {_num(d.c, d.tau)} > τ_in {_tau(d.tau)}"
-    if d.c > d.tau:
-        return f"not committed: confidence {_num(d.c, d.tau)} > τ_in {_tau(d.tau)}, but beyond this step's cap on wide-in commits (70% of the masks, 5 to 20)"
-    return f"not committed: confidence {_num(d.c, d.tau)} ≤ τ_in {_tau(d.tau)}"
+    """WINO's wide-in half (engine/remasking.py), the most confident first up to the step's cap;
+    its narrow-out half is a remask, stated by the revision."""
+    return _strictly_above(d, "τ_in", "committed (wide-in)", "beyond this step's cap on wide-in commits (70% of the masks, 5 to 20)")
 
 
 @_explains("fixed")

@@ -318,8 +318,8 @@ def test_the_details_state_wino_and_remdm_commit_rules(timeline):
     trace = revising_trace()
     trace.config["decoder"] = "wino"
     wino = Timeline(trace)
-    assert rule_text(wino, 0, 3) == "committed (wide-in): confidence 0.900 > τ_in 0.30"
-    assert rule_text(wino, 1, 6) == "committed (wide-in): confidence 0.800 > τ_in 0.30"
+    assert rule_text(wino, 0, 3) == "committed (wide-in): confidence 0.900 > τ_in 0.30 (strictly above)"
+    assert rule_text(wino, 1, 6) == "committed (wide-in): confidence 0.800 > τ_in 0.30 (strictly above)"
     trace.config["decoder"] = "remdm"
     remdm = Timeline(trace)
     assert rule_text(remdm, 0, 3).startswith("forced by the schedule: the block had to commit 3 token(s)")
