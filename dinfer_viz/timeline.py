@@ -184,12 +184,13 @@ class Timeline:
 
     def describe_revision(self, revision: Revised) -> str:
         """A revision in words with the numbers its rule compared, e.g. "edited '4' -> '7'
-        (p(new) 0.930 > edit threshold 0.90)"; the rule's text comes from the trace."""
+        (p(new) 0.930 > edit threshold 0.9)"; the rule's text comes from the trace (docs/trace.md §2.1)."""
         if revision.kind == EDIT:
             what = f"edited {self.text_of(revision.old)!r} -> {self.text_of(revision.new)!r}"
         else:
             what = f"remasked {self.text_of(revision.old)!r} -> [MASK]"
-        operator = next((op for op in _OPERATORS if op in revision.rule), None)
+        found = [(revision.rule.find(op), op) for op in _OPERATORS if op in revision.rule]
+        operator = min(found)[1] if found else None  # the first comparison in the rule's text
         if operator is None:
             why = f"{revision.rule}: {revision.score:.3f} against {revision.bound:g}"
         else:
