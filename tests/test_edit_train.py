@@ -95,3 +95,19 @@ def test_targets_read_the_rows():
     assert report[1].startswith("pair-sum, most parallel") and "(0.05)" in report[1] and report[1].endswith("missed")
     assert "edit τ 0.5" in report[2] and report[2].endswith("met")
     assert report[3].startswith("add") and report[3].endswith("met") and report[4].startswith("sub") and report[4].endswith("missed")
+
+
+@pytest.mark.parametrize("decoder, options", [("edit", {"edit_threshold": 0.5}), ("threshold", {})])
+def test_eval_counts_a_batched_rows_forwards_as_its_solo_run(decoder, options):
+    """tinymodel.eval's TPF does not depend on the batch: a row's forwards read off a batched trace
+    (commits, revisions, the settling forward) equal its solo run's NFE; the base model edits a lot."""
+    from engine import Engine, GenerationConfig, RunHooks
+    from tinymodel.eval import per_row_commits
+
+    engine = Engine("assets/tiny-llada")
+    config = GenerationConfig(gen_length=64, block_length=32, decoder=decoder, threshold=0.3, decoder_options=options, use_chat_template=False)
+    encoded = [engine.encode(p, False) for p in ("Q: ?+?=38 A:", "Q: 12+35=? A:", "Q: 7-3=? A:", "the slow")]
+    out = engine.generate_ids(encoded, config, RunHooks(trace=True))
+    assert [f for _, f in per_row_commits(out, engine.stop_ids, engine.model.mask_token_id)] == [engine.generate_ids([ids], config).stats.nfe for ids in encoded]
+    if decoder == "edit":
+        assert out.stats.edits > 0
