@@ -65,9 +65,9 @@ class Lesson:
 
 
 BASE_MODEL, EDIT_MODEL = "tiny-llada", "tiny-llada-edit"  # embedded models, by the names the model box takes
-# held out; at τ 0.3 the base answers ` 2 + 10` (12, not 22), the edit model with threshold too, and
-# with `edit` it commits the same digits and edits the first number's into ` 12 + 10`
-EDIT_LESSON_PROMPT = "Q: ?+?=22 A:"
+# held out; at τ 0.3 the base answers ` 20 + 31` (51, not 41), the edit model with threshold
+# `  0 + 31`, and with `edit` it edits the first number's blank into ` 10 + 31` (final checkpoint)
+EDIT_LESSON_PROMPT = "Q: ?+?=41 A:"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
