@@ -146,7 +146,9 @@ def test_a_sweep_of_two_models_returns_points_for_both_and_overlays_two_curves(h
         ("tiny-llada", 0.5, 2), ("tiny-llada", 0.9, 2), (TITLE_B, 0.5, 2), (TITLE_B, 0.9, 2)
     ]
     fig = view["chart"]
-    assert [t.name for t in fig.data] == ["tiny-llada", TITLE_B] and fig.layout.showlegend
+    # each curve is named by its model and its accuracy under parallelism (AUP, docs/counting.md §11)
+    assert [t.name.split(" · AUP ")[0] for t in fig.data] == ["tiny-llada", TITLE_B] and fig.layout.showlegend
+    assert all(" · AUP " in t.name for t in fig.data)
     assert all(len(t.x) == 2 for t in fig.data)
     model_col = SWEEP_TABLE_HEADERS.index("model")
     assert [row[model_col] for row in view["table"]] == ["tiny-llada"] * 2 + [TITLE_B] * 2
@@ -160,9 +162,10 @@ def test_a_sweep_of_two_models_returns_points_for_both_and_overlays_two_curves(h
         assert [o.text for o in mine] == [engine.generate(o.example.prompt, config).text for o in mine]
 
 
-def test_a_sweep_of_one_model_draws_one_unnamed_curve(handlers):
+def test_a_sweep_of_one_model_draws_one_curve_whose_legend_gives_its_aup(handlers):
     view = last(dict(zip(SWEEP_VIEW, out)) for out in handlers.sweep({"config": SMALL}, ["add"], 1, "threshold", "0.9", "", ""))
-    assert len(view["chart"].data) == 1 and not view["chart"].layout.showlegend
+    (curve,) = view["chart"].data
+    assert curve.name.startswith("tiny-llada · AUP ") and view["chart"].layout.showlegend
     assert view["table"][0][SWEEP_TABLE_HEADERS.index("model")] == "tiny-llada"
 
 
