@@ -31,7 +31,7 @@ from engine.trace import Trace
 
 from .eval import SETTINGS, TaskScore, _positive, evaluate, format_table, model_answers, setting_config
 from .tasks import TASKS, Example, ExampleSampler, split_examples
-from .train import Trainer, TrainConfig, add_config_args, config_from_args, running_mean, task_weights
+from .train import Config, Trainer, TrainConfig, add_config_args, config_from_args, one_line_errors, run_training, running_mean, task_weights
 
 TRAJECTORY_VERSION = 1
 TRAJECTORY_FIELDS = ("version", "task", "setting", "prompt", "answer", "mask_id", "prompt_ids", "tokens", "steps")
@@ -464,34 +464,38 @@ def build_parser() -> tuple[OneLineParser, OneLineParser]:
     e.add_argument("--base", default=DEFAULT_MODEL)
     e.add_argument("--distilled", default=DistillConfig.out)
     e.add_argument("--settings", nargs="+", default=list(EVAL_SETTINGS), choices=list(SETTINGS), metavar="SETTING", help=f"from: {', '.join(SETTINGS)}")
-    e.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    e.add_argument("--limit", type=_positive, default=48, help="held-out prompts per family (fewer where the split has fewer)")
     e.add_argument("--gen-length", type=_positive, default=64)
     e.add_argument("--block-length", type=_positive, default=32)
-    e.add_argument("--batch-size", type=_positive, default=64)
-    add_runtime_args(e)
+    add_comparison_args(e, list(TASKS))
     return parser, t
+
+
+def add_comparison_args(stage: argparse.ArgumentParser, tasks: list[str]) -> None:
+    """The flags of a stage that compares two models on held-out prompts (here and tinymodel.edit)."""
+    stage.add_argument("--tasks", nargs="+", default=tasks, choices=list(TASKS))
+    stage.add_argument("--limit", type=_positive, default=48, help="held-out prompts per family (fewer where the split has fewer)")
+    stage.add_argument("--batch-size", type=_positive, default=64)
+    add_runtime_args(stage)
+
+
+def stage_config(train_parser: OneLineParser, args: argparse.Namespace, cls: type[Config]) -> Config:
+    """The train stage's config from the parsed flags (the stage's own name dropped), checked."""
+    return config_from_args(train_parser, {k: v for k, v in vars(args).items() if k != "stage"}, cls)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, train_parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.stage == "collect":
-            if args.temperature < 0:
-                parser.error("--temperature must be >= 0")
-            run_collect(args)
-        elif args.stage == "train":
-            cfg = config_from_args(train_parser, {k: v for k, v in vars(args).items() if k != "stage"}, DistillConfig)
-            if cfg.pairs_per_batch < 1 or cfg.sft_weight < 0:
-                train_parser.error("--pairs-per-batch must be positive and --sft-weight >= 0")
-            print(json.dumps(distill(cfg, log=lambda m: print(m, flush=True))))
-        else:
-            run_eval(args)
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    if args.stage == "collect":
+        if args.temperature < 0:
+            parser.error("--temperature must be >= 0")
+        return one_line_errors(lambda: run_collect(args))
+    if args.stage == "train":
+        cfg = stage_config(train_parser, args, DistillConfig)
+        if cfg.pairs_per_batch < 1 or cfg.sft_weight < 0:
+            train_parser.error("--pairs-per-batch must be positive and --sft-weight >= 0")
+        return run_training(distill, cfg)
+    return one_line_errors(lambda: run_eval(args))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ issue's targets computed from those rows (`targets`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -39,14 +38,13 @@ from typing import Callable, ClassVar
 import torch
 import torch.nn.functional as F
 
-from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
-from engine.errors import EngineError
+from engine.cli import DEFAULT_MODEL, OneLineParser
 
-from .distill import Row, compare, load_for_eval, pooled
-from .eval import TaskScore, _positive, format_table, setting_config
-from .tasks import TASKS, split_examples
+from .distill import Row, add_comparison_args, compare, load_for_eval, pooled, stage_config
+from .eval import TaskScore, format_table, setting_config
+from .tasks import split_examples
 from .tokenizer import SPECIAL_TOKENS
-from .train import Trainer, TrainConfig, add_config_args, batch_size, config_from_args, gen_length_sample, make_batch, mask_responses, running_mean
+from .train import Trainer, TrainConfig, add_config_args, batch_size, gen_length_sample, make_batch, mask_responses, running_mean, one_line_errors, run_training
 
 RUN_DIR = "runs/tiny-llada-edit"
 
@@ -207,28 +205,19 @@ def build_parser() -> tuple[OneLineParser, OneLineParser]:
     e = stages.add_parser("eval", help="base vs edit model on held-out prompts, and the targets")
     e.add_argument("--base", default=DEFAULT_MODEL)
     e.add_argument("--edit", default=EditTrainConfig.out)
-    e.add_argument("--tasks", nargs="+", default=["add", "sub", "pairsum", "grammar"], choices=list(TASKS))
-    e.add_argument("--limit", type=_positive, default=48, help="held-out prompts per family (fewer where the split has fewer)")
-    e.add_argument("--batch-size", type=_positive, default=64)
-    add_runtime_args(e)
+    add_comparison_args(e, ["add", "sub", "pairsum", "grammar"])
     return parser, t
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, train_parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.stage == "eval":
-            print(run_eval(args))
-            return 0
-        cfg = config_from_args(train_parser, {k: v for k, v in vars(args).items() if k != "stage"}, EditTrainConfig)
+    if args.stage == "train":
+        cfg = stage_config(train_parser, args, EditTrainConfig)
         if not (0 <= cfg.corrupt_max <= 1 and 0 <= cfg.plausible_share <= 1 and 0 <= cfg.clean_share < 1 and cfg.edit_weight >= 0):
             train_parser.error("need --corrupt-max and --plausible-share in [0, 1], --clean-share in [0, 1) and --edit-weight >= 0")
-        print(json.dumps(train_edit(cfg, log=lambda m: print(m, flush=True))))
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return run_training(train_edit, cfg)
+    return one_line_errors(lambda: print(run_eval(args)))
 
 
 if __name__ == "__main__":

@@ -476,15 +476,24 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     return config_from_args(parser, vars(parser.parse_args(argv)), TrainConfig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+def one_line_errors(action: Callable[[], None]) -> int:
+    """A command's exit status: 0 once `action` ran, 2 with its EngineError as one line on stderr."""
     try:
-        summary = train(cfg, log=lambda m: print(m, flush=True))
+        action()
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
     return 0
+
+
+def run_training(train_fn: Callable[[Config, Callable[[str], None]], dict], cfg: Config) -> int:
+    """A training command's end: the run's log lines, then its summary as JSON (exit 0), or its
+    one-line error (exit 2)."""
+    return one_line_errors(lambda: print(json.dumps(train_fn(cfg, lambda m: print(m, flush=True)))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_training(train, parse_args(argv))
 
 
 if __name__ == "__main__":

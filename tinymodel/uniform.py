@@ -22,7 +22,6 @@ decodes with the `uniform` sampler at `entropy_bound`.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -38,7 +37,7 @@ from engine.models import DiffusionGemmaLM
 from .eval import TaskScore, evaluate
 from .tasks import Example, split_examples
 from .tokenizer import build_tokenizer, special_ids
-from .train import Trainer, TrainConfig, accuracy_report, add_config_args, batch_size, config_from_args
+from .train import Trainer, TrainConfig, accuracy_report, add_config_args, batch_size, config_from_args, run_training
 
 SELF_CONDITIONING_TEMPERATURES = (0.4, 0.8)  # the uniform sampler's default t_min, t_max
 
@@ -173,14 +172,7 @@ def parse_args(argv: list[str] | None) -> UniformTrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    try:
-        summary = train_uniform(cfg, log=lambda m: print(m, flush=True))
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary))
-    return 0
+    return run_training(train_uniform, parse_args(argv))
 
 
 if __name__ == "__main__":
