@@ -22,6 +22,7 @@ from engine import Engine, EngineError
 from engine.cli import DEFAULT_MODEL
 from engine.cli import DTYPES as CLI_DTYPES
 from engine.cli import set_cpu_threads
+from engine.models.loader import model_class, read_config
 
 # "auto": the engine's default (float32 on CPU, bfloat16 on accelerators), then the CLI's dtypes
 DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
@@ -145,6 +146,23 @@ class EngineHost:
         if path == spec.path:
             raise EngineError(f"{self.name_of(spec)} is already the run's model: choose a different second model")
         return replace(spec, path=path, label=label)
+
+    def model_kind(self, spec: ModelSpec) -> tuple[str, int | None]:
+        """(diffusion kind, canvas length or None) of `spec`'s model: a loaded engine's, else read
+        from a local folder's config.json (no weights loaded); "masked" for a hub id not loaded
+        (the engine refuses a wrong decoder in one line when it loads)."""
+        engine = self._engines.get(spec)
+        if engine is not None:
+            return engine.model.diffusion_kind, getattr(engine.model, "canvas_length", None)
+        if not Path(spec.path).is_dir():
+            return "masked", None
+        try:
+            config = read_config(Path(spec.path))
+            cls = model_class(config)
+        except EngineError:
+            return "masked", None  # loading will say what is wrong with the folder
+        canvas = config.get("canvas_length")
+        return cls.diffusion_kind, canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None
 
     def is_loaded(self, spec: ModelSpec) -> bool:
         return spec in self._engines

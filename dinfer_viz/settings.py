@@ -25,6 +25,7 @@ from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
 from engine.registry import DecoderOption, decoder_class, decoder_options
 from engine.revising import apply_preset
+from engine.uniform import UNIFORM
 
 from engine.cli import checked_device
 
@@ -329,6 +330,20 @@ def parse_settings(
     if unknown:
         raise EngineError(f"unknown settings key(s): {', '.join(unknown)} (expected 'model' and 'config')")
     return build_spec(settings.get("model"), default, resolve), build_config(settings.get("config"))
+
+
+def fit_to_model(config: GenerationConfig, kind: str, canvas_length: int | None) -> GenerationConfig:
+    """`config` as a model of diffusion `kind` runs it. A uniform-state model (DiffusionGemma) runs
+    only its own sampler, on canvases of the length it was trained with: a masked decoder chosen on
+    the page (the Run tab's, or Compare setting a masked model against a uniform one) becomes the
+    `uniform` decoder with its declared defaults, the block length its canvas, the generation
+    length whole canvases. The trace's header says what ran (the views read it); a masked model's
+    config is returned as it is (the engine refuses the uniform decoder there in one line)."""
+    if kind != UNIFORM or config.decoder == UNIFORM:
+        return config
+    width = canvas_length or config.block_length
+    length = max(width, -(-config.gen_length // width) * width)
+    return dataclasses.replace(config, decoder=UNIFORM, decoder_options={}, block_length=width, gen_length=length)
 
 
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:

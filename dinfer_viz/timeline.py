@@ -12,7 +12,8 @@ import bisect
 from dataclasses import dataclass
 
 from engine import IterationRecord, Trace
-from engine.trace import EDIT, REMASK
+from engine.uniform import UNIFORM
+from engine.trace import EDIT, REMASK, record_writes
 
 from .tokens import is_special, readable
 
@@ -75,7 +76,13 @@ class Timeline:
         self.revision_counts: dict[str, int] = {EDIT: 0, REMASK: 0}
         # per position, (record index, token) of every write in replay order: commits, then revisions
         self._writes: dict[int, list[tuple[int, int]]] = {}
-        self._tokens: list[int] = []  # commits that are not an end-of-text id, up to each record
+        self._tokens: list[int] = []  # tokens that count, after each record (`committed_tokens`)
+        # a uniform-state run (DiffusionGemma, docs/trace.md §2.2): every position holds a token at
+        # every step; `committed` is what the step accepted, and the other canvas positions were
+        # re-noised. Known from the header, so a live timeline knows it before its first record.
+        self.uniform = (trace.config or {}).get("decoder") == UNIFORM
+        self._canvas = list(self.initial)  # the canvas after the latest record
+        self._finished_until = self.prompt_length  # uniform: end of the last canvas that wrote its output
         for rec in trace.iterations:
             self.add(rec)
 
@@ -83,28 +90,44 @@ class Timeline:
         index = len(self.records)
         start = rec.block_range[0]
         forced = set(rec.forced[self.row])
-        tokens = self._tokens[-1] if self._tokens else 0
         for p in rec.committed[self.row]:
-            token = rec.top1[self.row][p - start]
-            commit = Commit(index, token, rec.confidence[self.row][p - start], p in forced)
+            commit = Commit(index, rec.top1[self.row][p - start], rec.confidence[self.row][p - start], p in forced)
             self.commits[p] = commit
             self.commit_log.setdefault(p, []).append(commit)
-            self._writes.setdefault(p, []).append((index, token))
-            if token not in self.trace.eos_ids:
-                tokens += 1
         revised = []
         for r in (rec.revisions[self.row] if rec.revisions else []):
             revision = Revised(index, r["position"], r["kind"], r["old"], r["new"], r["rule"], float(r["score"]), float(r["bound"]))
             revised.append(revision)
             self.revisions.setdefault(revision.position, []).append(revision)
             self.revision_counts[revision.kind] = self.revision_counts.get(revision.kind, 0) + 1
-            self._writes.setdefault(revision.position, []).append((index, revision.new))
+        for p, token in record_writes(rec, self.row):
+            self._writes.setdefault(p, []).append((index, token))
+            self._canvas[p] = token
         self.record_revisions.append(revised)
-        self._tokens.append(tokens)
+        self._tokens.append(self._uniform_tokens(rec) if self.uniform else self._masked_tokens(rec))
         self.records.append(rec)
 
+    def _masked_tokens(self, rec: IterationRecord) -> int:
+        """Commits so far that are not an end-of-text id (a revision changes no count: docs/counting.md §10)."""
+        start = rec.block_range[0]
+        before = self._tokens[-1] if self._tokens else 0
+        return before + sum(rec.top1[self.row][p - start] not in self.trace.eos_ids for p in rec.committed[self.row])
+
+    def _uniform_tokens(self, rec: IterationRecord) -> int:
+        """The tokens a reader would see settled after this step: finished canvases' output, plus
+        the current canvas's accepted proposals (end-of-text and pad excluded, as the engine counts
+        the final canvas: docs/counting.md)."""
+        s, e = rec.block_range
+        if (rec.uniform or {}).get("output") is not None:
+            self._finished_until = max(self._finished_until, e)
+        settled = [self._canvas[p] for p in range(self.prompt_length, self._finished_until)]
+        if self._finished_until < e:
+            settled += [rec.top1[self.row][p - s] for p in rec.committed[self.row]]
+        return sum(not self.is_end(t) and t != self.mask_id for t in settled)
+
     def committed_tokens(self, records: int | None = None) -> int:
-        """Tokens (end-of-text excluded) committed by the first `records` records (default: all)."""
+        """Tokens (end-of-text excluded) committed by the first `records` records (default: all);
+        for a uniform-state run, the tokens settled after them (`_uniform_tokens`)."""
         n = self.iterations if records is None else min(records, self.iterations)
         return self._tokens[n - 1] if n > 0 else 0
 

@@ -187,18 +187,33 @@ class Trace:
             _need(rec.uniform is None or isinstance(rec.uniform, dict), f"{where}.uniform must be an object")
 
     def canvas_at(self, iteration: int) -> list[list[int]]:
-        """Canvas per row after record `iteration` (-1: before the first), rebuilt from commits
-        and then revisions (an edit writes `new`, a remask [MASK])."""
+        """Canvas per row after record `iteration` (-1: before the first), rebuilt from each
+        record's writes in the order `record_writes` gives them."""
         canvas = [list(row) for row in self.initial]
         for rec in self.iterations[: iteration + 1]:
-            s = rec.block_range[0]
-            for row, positions in enumerate(rec.committed):
-                for p in positions:
-                    canvas[row][p] = rec.top1[row][p - s]
-            for row, revisions in enumerate(rec.revisions or []):
-                for revision in revisions:
-                    canvas[row][revision["position"]] = revision["new"]
+            for row in range(len(canvas)):
+                for p, token in record_writes(rec, row):
+                    canvas[row][p] = token
         return canvas
+
+
+def record_writes(rec: IterationRecord, row: int) -> list[tuple[int, int]]:
+    """(position, token) that record `rec` wrote into row `row`'s canvas, in the order they apply.
+    Masked diffusion: its commits, then its revisions (an edit writes `new`, a remask [MASK]).
+    Uniform-state (§2.2): a canvas's starting noise (first step), the accepted proposals, the fresh
+    noise at the positions not accepted, the canvas's output (last step)."""
+    s, e = rec.block_range
+    u = rec.uniform or {}
+    writes: list[tuple[int, int]] = []
+    if u.get("start") is not None:
+        writes += zip(range(s, e), u["start"][row])
+    writes += [(p, rec.top1[row][p - s]) for p in rec.committed[row]]
+    writes += [(r["position"], r["new"]) for r in (rec.revisions[row] if rec.revisions else [])]
+    if u:
+        writes += zip(u["renoised"][row], u["noise"][row])
+    if u.get("output") is not None:
+        writes += zip(range(s, e), u["output"][row])
+    return writes
 
 
 class TraceRecorder:

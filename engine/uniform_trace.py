@@ -1,5 +1,5 @@
-"""A uniform-state step in the trace: the `IterationRecord.uniform` dict (docs/trace.md §2.2) and
-the replay of a uniform run's canvases from its records.
+"""A uniform-state step in the trace: the `IterationRecord.uniform` dict (docs/trace.md §2.2).
+`Trace.canvas_at` replays it (engine/trace.py: record_writes).
 
 The record's own fields keep their meaning: `committed` lists the positions accepted this step,
 `top1` the proposal sampled at every canvas position and `confidence` its probability under the
@@ -15,7 +15,7 @@ import torch
 
 from .cache import PREFIX, ForwardPlan
 from .decoders import DecodeResult
-from .trace import IterationRecord, Trace, TraceRecorder
+from .trace import IterationRecord, TraceRecorder
 
 
 @dataclass
@@ -93,23 +93,3 @@ def record_step(recorder: TraceRecorder, iteration: int, step: UniformStep, seco
     ids = {i for key in ("draft", "noise", "start", "output") for row in (u[key] or []) for i in row}
     recorder._add_tokens(ids)  # TraceRecorder.record has no `uniform` argument yet: its ids, as record adds top1's
     return rec
-
-
-def uniform_canvas_at(trace: Trace, iteration: int) -> list[list[int]]:
-    """Canvas per row after record `iteration` (-1: before the first) of a uniform run: a canvas's
-    first record writes its starting noise, each record its accepted proposals and re-noised
-    tokens, a canvas's last record its output."""
-    canvas = [list(row) for row in trace.initial]
-    for rec in trace.iterations[: iteration + 1]:
-        s, e = rec.block_range
-        u = rec.uniform or {}
-        for row in range(len(canvas)):
-            if u.get("start") is not None:
-                canvas[row][s:e] = u["start"][row]
-            for p in rec.committed[row]:
-                canvas[row][p] = rec.top1[row][p - s]
-            for p, token in zip(u.get("renoised", [[]] * len(canvas))[row], u.get("noise", [[]] * len(canvas))[row]):
-                canvas[row][p] = token
-            if u.get("output") is not None:
-                canvas[row][s:e] = u["output"][row]
-    return canvas

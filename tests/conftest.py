@@ -43,3 +43,11 @@ def tiny_llada(seed: int = 0, **overrides) -> LLaDAModelLM:
 @pytest.fixture
 def model() -> LLaDAModelLM:
     return tiny_llada()
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_folder(tmp_path_factory):
+    """A tiny random DiffusionGemma checkpoint with the char tokenizer (tests/gemma_models.py)."""
+    from .gemma_models import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("tiny-gemma"))

@@ -27,38 +27,9 @@ from engine.trace import Trace
 from engine.iteration import GenerationCancelled
 from engine.entropy_bound import EntropyBoundDecoder
 from engine.uniform import _StableAndConfident, run_uniform_diffusion
-from engine.uniform_trace import uniform_canvas_at
-from tinymodel.tokenizer import save_tokenizer
-from tinymodel.uniform import UniformTrainConfig, model_config
 
 from .conftest import tiny_llada
-
-CANVAS = 8
-STOP = 7  # an id the widened random model drafts often enough to end rows
-
-
-def tiny_config(**changes) -> dict:
-    cfg = UniformTrainConfig(d_model=32, n_layers=2, n_heads=2, mlp_hidden_size=64, num_experts=2, top_k_experts=1, moe_intermediate_size=32, canvas_length=CANVAS)
-    config = model_config(cfg)
-    config["text_config"].update(changes)
-    return config
-
-
-def build_checkpoint(folder: Path, seed: int = 0) -> Path:
-    """A random tiny DiffusionGemma, written by transformers' save_pretrained (safetensors), with
-    weights wide enough that entropies spread and the adaptive stop can fire; plus the char tokenizer."""
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
-
-    torch.manual_seed(seed)
-    model = DiffusionGemmaForBlockDiffusion(DiffusionGemmaConfig.from_dict(tiny_config()))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.5)
-    model.save_pretrained(folder)
-    save_tokenizer(folder)
-    return folder
-
+from .gemma_models import CANVAS, STOP, build_checkpoint, tiny_config
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
@@ -270,13 +241,13 @@ def test_trace_is_valid_and_replays_every_canvas_the_model_read(model):
         s, e = rec.block_range
         u = rec.uniform
         # what the step read: the canvas rebuilt from the records before it, and its own start
-        before = uniform_canvas_at(trace, i - 1)[0][s:e] if u["start"] is None else u["start"][0]
+        before = trace.canvas_at(i - 1)[0][s:e] if u["start"] is None else u["start"][0]
         assert before == seen[i][0].tolist()
         accepted = [p - s for p in rec.committed[0]]
         assert accepted == [j for j, total in enumerate(u["entropy_sum"][0]) if total <= u["bound"] + 1e-4] or not u["active"][0]
         assert sorted(rec.committed[0] + u["renoised"][0]) == (list(range(s, e)) if u["active"][0] else [])
         assert 0 < u["temperature"] <= 0.8
-    assert uniform_canvas_at(trace, len(trace.iterations) - 1) == trace.final == out.canvas.tolist()
+    assert trace.canvas_at(len(trace.iterations) - 1) == trace.final == out.canvas.tolist()
 
 
 def test_counting_rules(model, reference):

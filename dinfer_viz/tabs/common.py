@@ -28,7 +28,7 @@ from ..batching import MAX_BATCH, RunBatcher
 from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
 from ..host import EngineHost, ModelSpec
 from ..runner import acknowledge
-from ..settings import Control, all_controls, parse_settings
+from ..settings import Control, all_controls, fit_to_model, parse_settings
 from ..system import offered_options
 
 log = logging.getLogger(__name__)
@@ -178,8 +178,10 @@ class TabHandlers:
         self.option_names = [o.name for o in offered_options()]
 
     def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
-        """A run's settings, validated, its model checked against the host's allow-list."""
-        return parse_settings(settings, self.host.default, self.host.resolve)
+        """A run's settings, validated, its model checked against the host's allow-list, the
+        config fitted to the model's kind of diffusion (settings.fit_to_model)."""
+        spec, config = parse_settings(settings, self.host.default, self.host.resolve)
+        return spec, fit_to_model(config, *self.host.model_kind(spec))
 
     def settings(self, *values: Any) -> dict[str, Any]:
         """Control values -> the settings JSON a run takes. Order: model path, device, dtype, the
