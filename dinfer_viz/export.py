@@ -32,7 +32,8 @@ from PIL import Image, ImageColor, ImageDraw, ImageFont
 
 from engine import EngineError
 
-from .grid import CELL_COLOURS, REVISION_STATES, cell_state, cell_text, first_shown, revised_summary
+from .cells import CELL_COLOURS, REVISION_STATES, UNIFORM_STATES, cell_text, first_shown
+from .grid import caption, cell_state, revised_summary
 from .timeline import Timeline, iteration_number
 
 MAX_FRAMES = 120  # a 448-iteration run still fits a slide deck (and a GIF stays a few hundred KB)
@@ -144,6 +145,8 @@ def frame_title(timeline: Timeline, index: int) -> str:
     total = timeline.iterations
     if index < 0:
         return f"iteration 0/{total} · before the first forward"
+    if timeline.uniform:
+        return caption(timeline, index)  # the step's rule and counts, as the page's grid says them
     rec = timeline.records[index]
     s, e = rec.block_range
     committed, forced = len(rec.committed[timeline.row]), len(rec.forced[timeline.row])
@@ -158,7 +161,10 @@ LEGEND_ROW = 20
 
 
 def legend_states(timeline: Timeline) -> tuple[str, ...]:
-    """The states a frame's legend names: a revising decoder's runs add edited and remasked."""
+    """The states a frame's legend names: a revising decoder's runs add edited and remasked; a
+    uniform-state run has its own (cells.UNIFORM_STATES)."""
+    if timeline.uniform:
+        return ("prompt", *UNIFORM_STATES)
     return LEGEND_STATES + (REVISION_STATES if timeline.revises else ())
 
 

@@ -20,56 +20,14 @@ shared by the CSS, the legend and the figures (never hex strings used as labels)
 
 from __future__ import annotations
 
-import html
-
 from engine.trace import EDIT, REMASK
 
 from .readouts import plural
 from .timeline import EXACT_FORWARDS, Revised, Timeline, iteration_number
-from .tokens import glyph, is_special
+from .cells import CELL_COLOURS, CELL_MARKS, cell_text, first_shown, inert, legend_html, summary_tip
+from .uniform_grid import uniform_caption, uniform_cells, uniform_state
 
-# state -> (background colour, legend label). Order is the legend's order.
-CELL_COLOURS: dict[str, tuple[str, str]] = {
-    "prompt": ("#e5e7eb", "prompt"),
-    "masked": ("#374151", "masked"),
-    "old": ("#bfdbfe", "committed earlier"),
-    "new": ("#4ade80", "committed now, above threshold"),
-    "forced": ("#fb923c", "committed now, forced top-1"),
-    "fill": ("#f3f4f6", "filled by early stop"),
-    # a revising decoder's changes to committed positions (engine/revising.py)
-    "edited": ("#e879f9", "edited now (old token struck through)"),
-    "remasked": ("#9f1239", "remasked now (back to [MASK])"),
-}
-# the states a revising decoder adds: the legend shows them for its runs only
-REVISION_STATES = ("edited", "remasked")
-# Marks drawn on top of a state: (CSS, legend label).
-CELL_MARKS: dict[str, tuple[str, str]] = {
-    "blk": ("box-shadow: inset 0 3px 0 #2563eb", "current block (blue top edge)"),
-    "win": ("outline: 1px dashed #7c3aed; outline-offset: -1px", "recomputed this forward (dashed)"),
-    "anchor": ("text-decoration: underline double #be185d", "anchor of a span"),
-    "wrong": ("color: #b91c1c !important; font-weight: 700; text-decoration: line-through", "differs from the expected answer"),
-}
-# Characters that mean something to a JS template literal or to Handlebars, as HTML entities
-# (the browser shows the character; neither template language sees it).
-_TEMPLATE_ENTITIES = str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;", "{": "&#123;", "}": "&#125;"})
-
-
-def inert(text: str) -> str:
-    """`text` as HTML that shows it literally and that no template step can turn into code."""
-    return html.escape(text, quote=True).translate(_TEMPLATE_ENTITIES)
-
-
-PROMPT_CELLS_SHOWN = 48  # a long (chat-template) prompt is cut to its tail, with one summary cell
 FILL_RUN_COLLAPSE = 3  # this many early-stop fill cells in a row or more show as one
-
-
-def first_shown(timeline: Timeline) -> int:
-    """The first canvas position with a cell of its own; the ones before share a summary cell."""
-    return max(0, min(timeline.view_start(), timeline.prompt_length - PROMPT_CELLS_SHOWN))
-
-
-def _summary_tip(first: int) -> str:
-    return f"{first} earlier prompt tokens"
 
 
 def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = None) -> dict:
@@ -79,6 +37,8 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
     committed tokens that differ from it.
     """
     iteration = timeline.clamp(iteration)
+    if timeline.uniform:
+        return _uniform_grid_value(timeline, iteration, expected)
     canvas = timeline.canvas_at(iteration)
     rec = timeline.records[iteration] if iteration >= 0 else None
     block = range(*rec.block_range) if rec else range(0)
@@ -89,7 +49,7 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
     first = first_shown(timeline)
     cells = []
     if first > 0:
-        cells.append({"t": f"…{first}", "k": "prompt", "tip": _summary_tip(first), "c": 0, "p": -1})
+        cells.append({"t": f"…{first}", "k": "prompt", "tip": summary_tip(first), "c": 0, "p": -1})
     for p in range(first, timeline.canvas_length):
         token = canvas[p]
         commit = timeline.commit_at(p, iteration)
@@ -127,7 +87,24 @@ def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = 
         if kind == "edited":  # the replaced token struck through, the new one beside it
             text = f'<s class="was">{inert(cell_text(timeline, timeline.revision_at(p, iteration).old))}</s>{text}'
         cells.append({"t": text, "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
-    return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration))}
+    return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration)), "legend": legend_html(timeline)}
+
+
+def _uniform_grid_value(timeline: Timeline, iteration: int, expected: list[int] | None) -> dict:
+    """grid_value for a uniform-state run (dinfer_viz/uniform_grid.py): the bar is the proposal's
+    probability in the canvas being denoised; an output token that differs from `expected` is marked."""
+    rec = timeline.records[iteration] if iteration >= 0 else None
+    first = first_shown(timeline)
+    canvas = timeline.canvas_at(iteration)
+    cells = [{"t": f"…{first}", "k": "prompt", "tip": summary_tip(first), "c": 0, "p": -1}] if first > 0 else []
+    for p, text, classes, tip in uniform_cells(timeline, iteration, first):
+        c = rec.confidence[timeline.row][p - rec.block_range[0]] if "blk" in classes else 0.0
+        want = expected_at(timeline, expected, p)
+        if classes[0] == "output" and want is not None and want != canvas[p]:
+            classes.append("wrong")
+            tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
+        cells.append({"t": inert(text), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
+    return {"cells": _collapse_fill(cells, "after the row's end"), "caption": inert(caption(timeline, iteration)), "legend": legend_html(timeline)}
 
 
 # states whose token a decoder chose (compared with the expected answer)
@@ -146,7 +123,7 @@ def expected_at(timeline: Timeline, expected: list[int] | None, p: int) -> int |
     return expected[offset] if expected is not None and 0 <= offset < len(expected) else None
 
 
-def _collapse_fill(cells: list[dict]) -> list[dict]:
+def _collapse_fill(cells: list[dict], what: str = "filled with end-of-text by early stop") -> list[dict]:
     """Runs of early-stop fill (often most of a long canvas) become one cell, which keeps the first
     position of its run as `p` (a click on it opens that position's details)."""
     out: list[dict] = []
@@ -155,7 +132,7 @@ def _collapse_fill(cells: list[dict]) -> list[dict]:
     def flush() -> None:
         if len(run) >= FILL_RUN_COLLAPSE:
             a, b = run[0]["p"], run[-1]["p"]
-            out.append({"t": f"∎×{len(run)}", "k": "fill", "tip": f"pos {a}–{b}: filled with end-of-text by early stop", "c": 0.0, "p": a})
+            out.append({"t": f"∎×{len(run)}", "k": "fill", "tip": f"pos {a}–{b}: {what}", "c": 0.0, "p": a})
         else:
             out.extend(run)
         run.clear()
@@ -176,6 +153,8 @@ def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
     total = timeline.iterations if of is None else of
     if iteration < 0:
         return f"iteration 0/{total} · before the first forward · {plural(timeline.canvas_length - timeline.prompt_length, 'position')} to generate"
+    if timeline.uniform:
+        return uniform_caption(timeline, iteration, total)
     rec = timeline.records[iteration]
     s, e = rec.block_range
     where = ", ".join(f"[{a}, {b})" for a, b in rec.recomputed)
@@ -218,7 +197,7 @@ class LiveGrid:
     def __init__(self, timeline: Timeline, run: str, expected: list[int] | None = None) -> None:
         self.timeline, self.run, self.expected = timeline, run, expected
         first = first_shown(timeline)
-        self.canvas: list[list] = [[-1, f"…{first}", "prompt", _summary_tip(first)]] if first > 0 else []
+        self.canvas: list[list] = [[-1, f"…{first}", "prompt", summary_tip(first)]] if first > 0 else []
         for p in range(first, timeline.canvas_length):
             token = timeline.initial[p]
             if token == timeline.mask_id:
@@ -245,17 +224,26 @@ class LiveGrid:
                 revisions.append([r.position, cell_text(tl, r.new), i, r.kind, cell_text(tl, r.old), revision_line(tl, r), int(r.kind == EDIT and want is not None and want != r.new)])
         at = shown - 1
         live: dict = {"run": self.run, "frame": frame, "commits": commits, "revisions": revisions, "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
-        if since < 0:
+        if tl.uniform:
+            # a step may change every position of its canvas (re-noising): each frame brings them all
+            live.update(commits=[], revisions=[], canvas=self._uniform_canvas(at))
+        elif since < 0:
             live["canvas"] = self.canvas
         if at >= 0:
             rec = tl.records[at]
             live["block"] = list(rec.block_range)
             live["top1"] = [tl.text_of(t) for t in rec.top1[row]]
             live["conf"] = [round(float(c), 2) for c in rec.confidence[row]]
-            live["win"] = [list(r) for r in rec.recomputed] if rec.forward not in EXACT_FORWARDS else []
+            live["win"] = [list(r) for r in rec.recomputed] if rec.forward not in EXACT_FORWARDS and not tl.uniform else []
         else:
             live.update(block=[0, 0], top1=[], conf=[], win=[])
-        return {"live": live}
+        return {"live": live, "legend": legend_html(tl)}
+
+    def _uniform_canvas(self, at: int) -> list[list]:
+        """A uniform-state run's cells after record `at`, in the `canvas` form (plain strings)."""
+        head = self.canvas[:1] if self.canvas and self.canvas[0][0] == -1 else []
+        cells = uniform_cells(self.timeline, at, first_shown(self.timeline))
+        return head + [[p, text, " ".join(classes), "\n".join(tip)] for p, text, classes, tip in cells]
 
 
 STATE_TIPS = {"prompt": "prompt", "masked": "masked", "fill": "filled with end-of-text by early stop"}
@@ -265,6 +253,8 @@ def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) ->
     """Position `p`'s state after record `iteration` (-1: before the first forward), as the grid
     colours it: prompt, masked, fill (early stop's end-of-text), committed new / forced (by this
     record) / old (earlier), or edited / remasked (by this record, a revising decoder)."""
+    if timeline.uniform:
+        return uniform_state(timeline, canvas, p, iteration)
     revision = timeline.revision_at(p, iteration) if iteration >= 0 else None
     if revision is not None:
         return "edited" if revision.kind == EDIT else "remasked"
@@ -280,24 +270,8 @@ def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) ->
     return "old"
 
 
-def cell_text(timeline: Timeline, token: int) -> str:
-    if token == timeline.mask_id:
-        return "▒"
-    if timeline.is_end(token):
-        return "∎"
-    piece = timeline.piece(token)
-    return piece if is_special(piece) else glyph(timeline.text_of(token))
-
-
 def _short(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def _legend_html() -> str:
-    states = "".join(f'<span class="cell {k}">{label}</span>' for k, (_, label) in CELL_COLOURS.items())
-    marks = "".join(f'<span class="cell old {k}">{label}</span>' for k, (_, label) in CELL_MARKS.items())
-    bar = '<span class="cell masked blk" style="--c:0.6">yellow bar: confidence now</span>'
-    return f'<div class="legend">{states}</div><div class="legend">{marks}{bar}</div>'
 
 
 def _css() -> str:
@@ -312,6 +286,7 @@ def _css() -> str:
         "width:calc(var(--c,0)*100%);background:#facc15}",
         ".cell.masked{color:#9ca3af}",
         ".cell.remasked{color:#fecdd3}",
+        ".cell.noise{color:#a8a29e}",
         ".cell s.was{color:#6b21a8;opacity:0.75;margin-right:3px}",
         ".stats{font-size:12px;color:#6b7280;margin:0 0 4px;font-variant-numeric:tabular-nums}",
     ]
@@ -322,13 +297,13 @@ def _css() -> str:
 
 GRID_CSS = _css()
 GRID_TEMPLATE = (
-    _legend_html()
+    "{{{value.legend}}}"  # the run's kind's legend (cells.legend_html: our labels, no visitor's string)
     + "{{#if value.live}}<div class=\"live\"></div>{{else}}"  # a live frame: GRID_JS fills the box
     + '<div class="caption">{{{value.caption}}}</div>'
     + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" data-p="{{p}}" title="{{{tip}}}" style="--c:{{c}}">{{{t}}}</span>{{/each}}</div>'
     + "{{/if}}"
 )
-EMPTY_GRID = {"cells": [], "caption": "no run yet: press Run, or load a trace"}
+EMPTY_GRID = {"cells": [], "caption": "no run yet: press Run, or load a trace", "legend": legend_html(None)}
 # The Run tab's raster (#raster) pins a position too: a click on a point sends its position and
 # iteration (the page's number, the raster's y) through the grid's select event. Plotly's click
 # event lives on the figure's div, which Gradio makes anew when the plot first draws (and after a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import math
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from dinfer_viz.explain import explain
 from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras
 from dinfer_viz.sweep_chart import sweep_figure
+from dinfer_viz.cells import REVISION_STATES, UNIFORM_STATES, legend_html
 from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value
 from dinfer_viz.readouts import live_line, readout
 from dinfer_viz.settings import OPTION_PREFIX, all_controls, build_config, parse_settings, sections, visible_fields
@@ -88,10 +91,23 @@ def test_grid_collapses_early_stop_fill():
 
 
 def test_grid_template_has_an_explicit_colour_for_every_state():
+    """Every state has its colour, and the legend of the kind of run that has it names it: the
+    revision states only for a revising decoder, the uniform-state ones only for a uniform run."""
+    kinds = {
+        "masked": SimpleNamespace(uniform=False, revises=False),
+        "revising": SimpleNamespace(uniform=False, revises=True),
+        "uniform": SimpleNamespace(uniform=True, revises=False),
+    }
+    legends = {name: legend_html(kind) for name, kind in kinds.items()}
+    assert legend_html(None) == legends["masked"]
     for kind, (colour, label) in CELL_COLOURS.items():
         assert f".cell.{kind}{{background:{colour}}}" in GRID_CSS
-        assert label in GRID_TEMPLATE  # the legend names it
-    assert "{{#each value.cells}}" in GRID_TEMPLATE
+        shown = [name for name, legend in legends.items() if f'class="cell {kind}"' in legend]
+        expected = ["uniform"] if kind in UNIFORM_STATES else ["revising"] if kind in REVISION_STATES else ["masked", "revising", "uniform"] if kind in ("prompt", "masked", "fill") else ["masked", "revising"]
+        assert shown == expected, kind
+        if "uniform" not in shown or kind in UNIFORM_STATES:
+            assert label in legends[shown[0]]  # the legend names it (a uniform run names prompt/masked/fill its own way)
+    assert "{{{value.legend}}}" in GRID_TEMPLATE and "{{#each value.cells}}" in GRID_TEMPLATE
 
 
 def test_live_grid_sends_the_canvas_then_the_commits_since_what_the_page_holds(timeline):

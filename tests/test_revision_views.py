@@ -22,7 +22,7 @@ from PIL import ImageColor
 from dinfer_viz.details import position_details
 from dinfer_viz.export import frame_iterations, frame_title, legend_states, render_frames
 from dinfer_viz.figures import compare_figure, confidence_raster, iteration_chart
-from dinfer_viz.grid import CELL_COLOURS, GRID_TEMPLATE, LiveGrid, cell_state, grid_value
+from dinfer_viz.grid import CELL_COLOURS, LiveGrid, cell_state, grid_value
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
 from dinfer_viz.timeline import Timeline
 from engine import IterationRecord, Trace
@@ -104,7 +104,7 @@ def test_the_grid_strikes_the_old_token_beside_the_new_and_marks_a_remask(timeli
     assert later[3]["k"].split()[0] == "old" and "edited" in later[3]["tip"]  # the hover keeps the revision's story
     assert later[5]["k"].split()[0] == "new"
     for label in (CELL_COLOURS["edited"][1], CELL_COLOURS["remasked"][1]):
-        assert label in GRID_TEMPLATE  # the legend names both
+        assert label in grid_value(timeline, 1)["legend"]  # a revising run's legend names both
 
 
 def test_hostile_token_strings_in_a_revision_stay_text(timeline):

@@ -1,0 +1,136 @@
+"""The grid of a uniform-state run (DiffusionGemma; docs/trace.md §2.2): every position holds a
+token at every step, so a cell's state is what the step did there. Inside the canvas being
+denoised a cell is *accepted* (its proposal passed the entropy-bound rule) or *noise* (it was
+re-noised with a random token, drawn on the record); a finished canvas shows its *output*; later
+canvases are not generated yet. A cell whose token differs from the step before gets the `chg`
+mark. Tips and the caption carry the rule's numbers (entropy, running sum, bound, temperature,
+the stop rule's state). dinfer_viz/grid.py calls these for a timeline with `uniform` set."""
+
+from __future__ import annotations
+
+from engine import IterationRecord
+
+from .cells import cell_text
+from .readouts import plural
+from .timeline import Timeline, iteration_number
+
+
+def finished_until(timeline: Timeline, iteration: int) -> int:
+    """End of the last canvas whose output was written by record `iteration` or before (the prompt's
+    end if none)."""
+    ends = [rec.block_range[1] for rec in timeline.records[: iteration + 1] if (rec.uniform or {}).get("output") is not None]
+    return max([timeline.prompt_length, *ends])
+
+
+def deciding_record(timeline: Timeline, iteration: int) -> int:
+    """The record whose decision this row's canvas shows after record `iteration`: itself, or for
+    a row that had stopped (inactive: its canvas froze), the last record of that canvas where the
+    row still denoised (-1: none)."""
+    row, block = timeline.row, timeline.records[iteration].block
+    for i in range(iteration, -1, -1):
+        rec = timeline.records[i]
+        if rec.block != block:
+            return -1
+        if rec.uniform["active"][row]:
+            return i
+    return -1
+
+
+def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int, done: int | None = None) -> str:
+    """Position `p`'s state after record `iteration` (-1: before the first step): prompt, masked
+    (not generated yet), output / fill (a finished canvas; fill after the row's end), accepted or
+    noise (the canvas being denoised). `done`: `finished_until`, when the caller has it."""
+    if p < timeline.prompt_length:
+        return "prompt"
+    if iteration < 0:
+        return "masked"
+    done = finished_until(timeline, iteration) if done is None else done
+    if p < done:
+        return "fill" if canvas[p] == timeline.mask_id else "output"
+    s, e = timeline.records[iteration].block_range
+    if not s <= p < e:
+        return "masked"
+    decided = deciding_record(timeline, iteration)
+    return "accepted" if decided >= 0 and p in timeline.records[decided].committed[timeline.row] else "noise"
+
+
+def _rule(timeline: Timeline, rec: IterationRecord, p: int) -> str:
+    """The entropy-bound numbers at `p` in `rec`: its proposal, entropy and the running sum."""
+    row, s = timeline.row, rec.block_range[0]
+    u = rec.uniform
+    total, bound = u["entropy_sum"][row][p - s], u["bound"]
+    verdict = f"sum {total:.3f} ≤ bound {bound:g}: accepted" if p in rec.committed[row] else f"sum {total:.3f} > bound {bound:g}: re-noised"
+    proposal = rec.top1[row][p - s]
+    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.confidence[row][p - s]:.3f}) · entropy {u['entropy'][row][p - s]:.3f}, {verdict}"
+
+
+# what a cell's hover says its state is
+STATE_TIPS = {
+    "prompt": "prompt",
+    "masked": "not generated yet",
+    "noise": "noise: a random token (re-noised: its proposal was not accepted)",
+    "accepted": "accepted this step",
+    "output": "a finished canvas's output",
+    "fill": "after the row's end",
+}
+
+
+def uniform_tip(timeline: Timeline, canvas: list[int], previous: list[int], p: int, iteration: int, state: str) -> list[str]:
+    """The hover lines of `p`'s cell after record `iteration` in `state`."""
+    token = canvas[p]
+    lines = [f"pos {p} · {STATE_TIPS[state]}", f"token {timeline.text_of(token)!r} (id {token})"]
+    if state in ("accepted", "noise"):
+        decided = deciding_record(timeline, iteration)
+        if decided >= 0:
+            lines.append(_rule(timeline, timeline.records[decided], p))
+            if decided != iteration:
+                lines.append(f"this row stopped at iteration {iteration_number(decided)}: its canvas is frozen")
+    elif state == "output":
+        lines.append("its canvas's output: the last draft (argmax) of its last step")
+    if previous[p] != token:
+        lines.append(f"changed since the last step: {timeline.text_of(previous[p])!r} -> {timeline.text_of(token)!r}")
+    return lines
+
+
+def uniform_cells(timeline: Timeline, iteration: int, first: int) -> list[tuple[int, str, list[str], list[str]]]:
+    """(position, text, classes, tip lines) of every cell from `first` after record `iteration`."""
+    canvas = timeline.canvas_at(iteration)
+    previous = timeline.canvas_at(iteration - 1) if iteration >= 0 else canvas
+    done = finished_until(timeline, iteration) if iteration >= 0 else timeline.prompt_length
+    block = range(*timeline.records[iteration].block_range) if iteration >= 0 else range(0)
+    out = []
+    for p in range(first, timeline.canvas_length):
+        state = uniform_state(timeline, canvas, p, iteration, done)
+        classes = [state]
+        if p in block and p >= done:
+            classes.append("blk")
+        if previous[p] != canvas[p] and state != "prompt":
+            classes.append("chg")
+        text = "∎" if state == "fill" else cell_text(timeline, canvas[p])  # the pad after a row's end (often the EOS id too)
+        out.append((p, text, classes, uniform_tip(timeline, canvas, previous, p, iteration, state)))
+    return out
+
+
+def uniform_caption(timeline: Timeline, iteration: int, total: int) -> str:
+    """What step `iteration` did: the canvas and step, temperature, accepted and re-noised counts
+    against the bound, the stop rule's state."""
+    rec = timeline.records[iteration]
+    u, row = rec.uniform, timeline.row
+    s, e = rec.block_range
+    stop = u["stopping"]
+    head = f"iteration {iteration_number(iteration)}/{total} · canvas {rec.block} [{s}, {e}) step {u['step'] + 1} · temperature {u['temperature']:.2f}"
+    if not u["active"][row]:
+        return f"{head} · this row has stopped: its canvas is frozen"
+    parts = [
+        f"accepted {len(rec.committed[row])} (entropy bound {u['bound']:g})",
+        f"re-noised {len(u['renoised'][row])}",
+        f"stop rule: draft unchanged for {plural(stop['stability_threshold'], 'step')} {_yes(stop['stable'][row])}, "
+        f"mean entropy {stop['mean_entropy'][row]:.3f} < {stop['confidence_threshold']:g} {_yes(stop['confident'][row])}",
+    ]
+    if u.get("output") is not None:
+        parts.append("canvas done: its output is the last draft")
+    return " · ".join([head, *parts])
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
