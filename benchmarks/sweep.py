@@ -25,7 +25,7 @@ from typing import Any, Callable
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.decoders import make_decoder
-from engine.registry import builtin_decoder_names, decoder_class, decoder_names
+from engine.registry import OPTION_SETTING_PREFIX, builtin_decoder_names, decoder_class, decoder_names
 from engine.errors import EngineError
 from engine.pipeline import Engine
 from tinymodel.aup import aup_by_curve
@@ -38,6 +38,8 @@ from .run import Scorer, encode_all, run_pass, total
 DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 DEFAULT_TOKENS_PER_STEP = (1, 2, 4, 8)
 DEFAULT_FACTORS = (0.5, 1.0, 2.0, 4.0)
+# a decoder whose sweep setting is an option of its own (entropy_bound's bound, in nats)
+DEFAULT_OPTION_VALUES = (0.01, 0.1, 0.5, 1.0, 2.0)
 
 
 @dataclass
@@ -64,6 +66,7 @@ def sweep_points(
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS,
     tokens_per_step: tuple[int, ...] = DEFAULT_TOKENS_PER_STEP,
     factors: tuple[float, ...] = DEFAULT_FACTORS,
+    option_values: tuple[float, ...] = DEFAULT_OPTION_VALUES,
 ) -> list[tuple[str, float, GenerationConfig]]:
     """(knob, value, config) for each point of `decoder`'s sweep, over the setting it declares
     (`Decoder.sweep_setting`); a decoder whose setting has no values here runs once at its defaults."""
@@ -77,6 +80,9 @@ def sweep_points(
         return [("factor", f, probe.replace(factor=f)) for f in factors]
     if setting == "threshold" and make_decoder(probe, mask_id=0).uses_threshold:
         return [("threshold", t, probe.replace(threshold=t)) for t in thresholds]
+    if setting.startswith(OPTION_SETTING_PREFIX):  # an option the decoder declares (entropy_bound's bound)
+        name = setting[len(OPTION_SETTING_PREFIX):]
+        return [(name, v, probe.replace(decoder_options={**base.decoder_options, name: v})) for v in option_values]
     return [("default", 0.0, probe)]  # a plug-in with a knob of its own
 
 
@@ -106,6 +112,7 @@ def sweep(
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS,
     tokens_per_step: tuple[int, ...] = DEFAULT_TOKENS_PER_STEP,
     factors: tuple[float, ...] = DEFAULT_FACTORS,
+    option_values: tuple[float, ...] = DEFAULT_OPTION_VALUES,
     on_row: Callable[[SweepRow], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> list[SweepRow]:
@@ -118,7 +125,7 @@ def sweep(
     unknown = [d for d in decoders if d not in decoder_names()]
     if unknown:
         raise EngineError(f"unknown decoder '{unknown[0]}'; choose from {', '.join(decoder_names())}")
-    points = [p for d in decoders for p in sweep_points(d, base, thresholds, tokens_per_step, factors)]
+    points = [p for d in decoders for p in sweep_points(d, base, thresholds, tokens_per_step, factors, option_values)]
     if not points:
         raise EngineError("the sweep has no points (no tokens-per-step value divides the block length?)")
     encoded = encode_all(engine, prompt_set.items, base.use_chat_template)
@@ -163,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--thresholds", type=_numbers(float), default=DEFAULT_THRESHOLDS)
     parser.add_argument("--tokens-per-step", type=_numbers(int), default=DEFAULT_TOKENS_PER_STEP, help="fixed decoder")
     parser.add_argument("--factors", type=_numbers(float), default=DEFAULT_FACTORS, help="factor decoder")
+    parser.add_argument("--option-values", type=_numbers(float), default=DEFAULT_OPTION_VALUES, help="a decoder swept by an option of its own (entropy_bound: the bound in nats)")
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every point")
@@ -184,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         set_cpu_threads(engine.model, args.threads)
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
         rows = sweep(
-            engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors,
+            engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors, args.option_values,
             on_row=lambda r: print(f"{r.decoder} {r.knob} {r.value:g}: accuracy {r.accuracy:.3f} TPF {r.tpf:.2f}", file=sys.stderr),
         )
     except EngineError as exc:

@@ -72,6 +72,14 @@ def median_stats(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# what a uniform-state run's figures mean, and why the page's decoder settings did not apply to it
+UNIFORM_NOTE = (
+    "uniform-state model (DiffusionGemma): it runs its own sampler (decoder `uniform`, canvases of the length it was trained with), "
+    "whatever masked decoder is chosen above · tokens: the final canvas's (most accepted proposals are replaced later) · "
+    "NFE: one encoder forward per canvas plus one decoder forward per step (docs/counting.md)"
+)
+
+
 def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "", stats: dict[str, Any] | None = None) -> str:
     """Markdown table of the run's speed; `note` is a line under it (stage, model). `stats`: the
     finished run's figures when they are not the trace's own (`median_stats` of several passes)."""
@@ -96,6 +104,8 @@ def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "
     tpf = (stats or timeline.trace.stats)["tpf"] if timeline.finished else _so_far(timeline, timeline.iterations)[1]
     if (timeline.trace.config or {}).get("decoder") == "fixed" and tpf < LOW_TPF:
         lines.append(f"<small>{FIXED_NOTE}</small>")
+    if timeline.uniform:
+        lines.append(f"<small>{UNIFORM_NOTE}</small>")
     return "\n\n".join(lines)
 
 

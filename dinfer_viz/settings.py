@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from engine import Decoder, EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
-from engine.registry import DecoderOption, decoder_class, decoder_options
+from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options
 from engine.revising import apply_preset
 from engine.uniform import UNIFORM
 
@@ -121,7 +121,7 @@ SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
 
 # A plug-in decoder's own setting is the control `decoder_options.<name>`; the run's config
 # carries it inside `decoder_options` (engine/registry.py).
-OPTION_PREFIX = "decoder_options."
+OPTION_PREFIX = OPTION_SETTING_PREFIX
 PLUGIN_SECTION = "Plug-in decoder settings"
 
 

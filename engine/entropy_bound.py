@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .decoders import DecodeResult, Decoder, _real_token_logits
-from .registry import DecoderOption, register_decoder
+from .registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
 
 
 @register_decoder
@@ -31,7 +31,7 @@ class EntropyBoundDecoder(Decoder):
         "larger γ commits more per forward; γ = 0 commits about one at a time."
     )
     settings = ()
-    sweep_setting = "decoder_options.entropy_bound"  # its own option, as the app's sweep names one
+    sweep_setting = OPTION_SETTING_PREFIX + "entropy_bound"  # its own option
     uses_threshold = False
     row_wise = True
     options = {"entropy_bound": DecoderOption(0.1, "entropy_bound / uniform: accept the lowest-entropy positions while their summed entropy, less the largest, stays <= this")}

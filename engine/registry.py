@@ -28,6 +28,10 @@ from .errors import EngineError
 # How a setting's type reads in an error message (GenerationConfig's fields and decoder options).
 TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
 
+# A setting named "decoder_options.<name>" is a decoder's own option (`Decoder.sweep_setting`, the
+# app's controls): the run's config carries it inside `decoder_options`.
+OPTION_SETTING_PREFIX = "decoder_options."
+
 
 @dataclass(frozen=True)
 class DecoderOption:

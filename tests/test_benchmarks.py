@@ -10,7 +10,7 @@ from benchmarks import gpu_check, scoring
 from benchmarks.presets import parse_configs
 from benchmarks.prompts import gsm8k_set, humaneval_set, load_prompt_set, mbpp_set
 from benchmarks.run import Call, ConfigRun, main, summarize, total
-from benchmarks.sweep import SweepRow, mark_pareto, sweep
+from benchmarks.sweep import SweepRow, mark_pareto, sweep, sweep_points
 from engine import Engine, GenerationConfig, GenerationStats, save_model
 from engine.errors import EngineError
 from engine.stats import count_tokens
@@ -337,3 +337,13 @@ def test_stop_latency_cancels_inside_the_first_forward(capsys):
     assert stop_latency.stop_seconds(model, 256) >= 0.0  # raises unless the run ended cancelled
     assert stop_latency.main(["--canvas", "128", "--layers", "1", "--repeats", "1"]) == 0
     assert "| 128 | 1 |" in capsys.readouterr().out
+
+
+def test_a_decoder_swept_by_its_own_option_gets_one_point_per_value():
+    """entropy_bound declares its bound (a decoder option) as its sweep setting: one point per
+    --option-values value, carried in decoder_options, the base's other options kept."""
+    base = GenerationConfig(gen_length=16, block_length=8, decoder_options={"unrelated": 1})
+    points = sweep_points("entropy_bound", base, option_values=(0.05, 1.5))
+    assert [(knob, value) for knob, value, _ in points] == [("entropy_bound", 0.05), ("entropy_bound", 1.5)]
+    assert [c.decoder_options for _, _, c in points] == [{"unrelated": 1, "entropy_bound": 0.05}, {"unrelated": 1, "entropy_bound": 1.5}]
+    assert all(c.decoder == "entropy_bound" for _, _, c in points)
