@@ -50,9 +50,10 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:
-    """EOS first (it pads finished rows), then EoT and the tokenizer's own EOS when they differ."""
+    """EOS first (it pads finished rows), then the checkpoint's other end ids (Gemma lists several),
+    EoT and the tokenizer's own EOS when they differ."""
     ids = [model.eos_token_id]
-    candidates = [tokenizer.eos_token_id] + [tokenizer.convert_tokens_to_ids(t) for t in _END_OF_TURN_TOKENS if t in tokenizer.get_vocab()]
+    candidates = model.eos_token_ids[1:] + [tokenizer.eos_token_id] + [tokenizer.convert_tokens_to_ids(t) for t in _END_OF_TURN_TOKENS if t in tokenizer.get_vocab()]
     for i in candidates:
         if i is not None and i not in ids and i != model.mask_token_id:
             ids.append(int(i))

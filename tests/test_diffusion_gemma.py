@@ -116,6 +116,22 @@ def test_checkpoint_missing_a_tensor_names_it(tmp_path, checkpoint):
         load_model(folder)
 
 
+def test_every_end_id_the_config_lists_stops_a_row(tmp_path, checkpoint):
+    """Gemma configs list several end ids: each is a stop id of the engine, the first one first."""
+    import json
+
+    folder = tmp_path / "two-ends"
+    folder.mkdir()
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["text_config"]["eos_token_id"] = [0, 5]
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (checkpoint / name).exists():
+            (folder / name).write_bytes((checkpoint / name).read_bytes())
+    engine = Engine(str(folder))
+    assert engine.model.eos_token_ids == [0, 5] and engine.stop_ids[:2] == [0, 5]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("stop", [dict(confidence_threshold=2.5), dict(confidence_threshold=1.8, stability_threshold=0)])
 def test_tokens_equal_transformers_generate(model, reference, seed, stop):

@@ -143,6 +143,11 @@ class DiffusionLM(nn.Module):
         return int(self.config["eos_token_id"])
 
     @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id the checkpoint says ends a row, `eos_token_id` first (a config may list several)."""
+        return [self.eos_token_id]
+
+    @property
     def device(self) -> torch.device:
         return self.embedding_weight().device
 
