@@ -334,16 +334,19 @@ def parse_settings(
 
 def fit_to_model(config: GenerationConfig, kind: str, canvas_length: int | None) -> GenerationConfig:
     """`config` as a model of diffusion `kind` runs it. A uniform-state model (DiffusionGemma) runs
-    only its own sampler, on canvases of the length it was trained with: a masked decoder chosen on
-    the page (the Run tab's, or Compare setting a masked model against a uniform one) becomes the
-    `uniform` decoder with its declared defaults, the block length its canvas, the generation
-    length whole canvases. The trace's header says what ran (the views read it); a masked model's
-    config is returned as it is (the engine refuses the uniform decoder there in one line)."""
-    if kind != UNIFORM or config.decoder == UNIFORM:
+    only its own sampler, on canvases of the length it was trained with (transformers' generate
+    knows no other): a masked decoder chosen on the page (the Run tab's, or Compare setting a
+    masked model against a uniform one) becomes the `uniform` decoder with its declared defaults;
+    the block length becomes the canvas, the generation length whole canvases. The trace's header
+    says what ran (the views read it); a masked model's config is returned as it is (the engine
+    refuses the uniform decoder there in one line)."""
+    if kind != UNIFORM:
         return config
+    if config.decoder != UNIFORM:
+        config = dataclasses.replace(config, decoder=UNIFORM, decoder_options={})
     width = canvas_length or config.block_length
     length = max(width, -(-config.gen_length // width) * width)
-    return dataclasses.replace(config, decoder=UNIFORM, decoder_options={}, block_length=width, gen_length=length)
+    return dataclasses.replace(config, block_length=width, gen_length=length)
 
 
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:
