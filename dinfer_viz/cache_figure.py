@@ -45,7 +45,8 @@ from engine.cache import DUAL, FULL, PREFIX, REFRESH, WINDOW, KVCacheManager
 from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
-from .figures import FORWARD_COLOURS, _finish, _upto, message_figure
+from .figure_base import FORWARD_COLOURS, _finish, _upto
+from .figures import message_figure
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 
 # state code -> (colour, legend label, one-line meaning for the details panel); codes order the

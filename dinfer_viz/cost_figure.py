@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .figures import _finish, _upto, message_figure, shown_iteration_shapes
+from .figure_base import _finish, _upto, shown_iteration_shapes
+from .figures import message_figure
 from .timeline import Timeline, iteration_number
 
 # (name, colour): the order bars stack in, bottom first

@@ -18,44 +18,15 @@ from engine.trace import CANDIDATES_MAX_BLOCK
 
 from .cache_figure import STATES, cache_states, state_explanation
 from .grid import expected_at, inert, revision_line
+from .panel import history_table, message_line, number, panel, token_name
 from .timeline import Timeline, iteration_number
+from .uniform_details import uniform_position_details
 
-BASE_FONT = 20  # px: read from the back of a room
-HISTORY_ROWS = 40  # a block decoded over more iterations shows its last ones
 REVISION_ROWS = 12  # a position edited back and forth lists its latest revisions
-_STYLE = (
-    f"font-size:{BASE_FONT}px;line-height:1.45;color:#111827;background:#ffffff;"
-    "border:2px solid #d1d5db;border-radius:8px;padding:14px 18px;max-width:1100px"
-)
-# labels wrap between words: unwrapped, a long one ("probability before the credit boost") pushed the values out of
-# the panel in a projector's narrow column
-_LABEL = "color:#4b5563;padding:4px 12px 4px 0;vertical-align:top"
-_NOTE = "color:#4b5563;font-size:18px"
-
-
-def _line(text: str) -> str:
-    """The one-line message for a request the trace cannot answer."""
-    return f'<div class="pos-details" style="font-size:{BASE_FONT}px;color:#4b5563">{inert(text)}</div>'
-
-
-def _num(value: float, against: float | None = None) -> str:
-    """A confidence with 3 decimals, 4 when 3 would print it equal to the value it is compared with
-    (the trace keeps 4: 0.8996 against τ 0.90 must not read "0.900 < τ 0.90")."""
-    text = f"{value:.3f}"
-    if against is not None and text == f"{against:.3f}" and value != against:
-        text = f"{value:.4f}"
-    return text
 
 
 def _tau(value: float) -> str:
     return f"{value:.2f}" if round(value, 2) == value else f"{value:.4g}"
-
-
-def _token(timeline: Timeline, token: int) -> str:
-    """A token as the page names it: its text (quoted, so spaces show) and id."""
-    if token == timeline.mask_id:
-        return f"[MASK] (id {token})"
-    return f"{timeline.text_of(token)!r} (id {token})"
 
 
 def _masked_before(timeline: Timeline, position: int, index: int) -> bool:
@@ -120,7 +91,7 @@ def rule_text(timeline: Timeline, index: int, position: int) -> str:
     text = rule(decision) if rule is not None else None
     if text is None:
         verdict = "committed" + (" (forced by the at-least-one rule)" if decision.forced else "") if decision.committed else "not committed"
-        text = f"{verdict} by decoder {decoder!r} (confidence {_num(decision.c)}); no rule for it is written here"
+        text = f"{verdict} by decoder {decoder!r} (confidence {number(decision.c)}); no rule for it is written here"
     return text
 
 
@@ -144,7 +115,7 @@ def _credit_decision(d: _Decision) -> str | None:
     text = _threshold_rule(d.c, d.tau, d.committed, d.forced)
     if _is_number(d.extras.get("raw_confidence")) and _is_number(d.extras.get("credit")):  # a trace file's extras are untrusted
         text += (
-            f" (the credit decoder's fused confidence: raw probability {_num(float(d.extras['raw_confidence']))}, "
+            f" (the credit decoder's fused confidence: raw probability {number(float(d.extras['raw_confidence']))}, "
             f"credit {float(d.extras['credit']):.3f}, logits + α·log(1 + credit) with α = {_config(d.timeline, 'credit_alpha', '?')})"
         )
     return _tau_in_force(d, text)
@@ -165,7 +136,7 @@ def _strictly_above(d: _Decision, name: str, committed: str = "committed", beyon
     most confident one; `beyond`: why a mask above it may still wait (a cap)."""
     if d.tau is None:
         return None
-    c, t = _num(d.c, d.tau), _tau(d.tau)
+    c, t = number(d.c, d.tau), _tau(d.tau)
     if d.forced:
         return f"forced: confidence {c} ≤ {name} {t}, but every iteration fills at least the row's most confident mask"
     if d.committed:
@@ -198,12 +169,12 @@ def _fixed_decision(d: _Decision) -> str | None:
 def _threshold_rule(c: float, tau: float, committed: bool, forced: bool) -> str:
     if forced:
         return (
-            f"forced: confidence {_num(c, tau)} < τ {_tau(tau)}, but no masked position of the block reached τ, and every "
+            f"forced: confidence {number(c, tau)} < τ {_tau(tau)}, but no masked position of the block reached τ, and every "
             "iteration commits at least one token per row: this was the most confident one"
         )
     if committed:
-        return f"committed: confidence {_num(c, tau)} ≥ τ {_tau(tau)}"
-    return f"not committed: confidence {_num(c, tau)} < τ {_tau(tau)}"
+        return f"committed: confidence {number(c, tau)} ≥ τ {_tau(tau)}"
+    return f"not committed: confidence {number(c, tau)} < τ {_tau(tau)}"
 
 
 def _hierarchical_rule(timeline: Timeline, c: float, tau: float, committed: bool, forced: bool, extras: dict[str, Any]) -> str:
@@ -215,15 +186,15 @@ def _hierarchical_rule(timeline: Timeline, c: float, tau: float, committed: bool
     # the engine's flags pick the branch: the recorded confidences are rounded to 4 decimals
     if forced:
         return (
-            f"forced: confidence {_num(c, tau)} ≤ τ {_tau(tau)} and not an anchor, but the row's most confident masked "
+            f"forced: confidence {number(c, tau)} ≤ τ {_tau(tau)} and not an anchor, but the row's most confident masked "
             "position is always committed"
         )
     if committed and anchor and not c > tau:
-        return f"committed as the anchor of {run_name}: confidence {_num(c)} > low threshold {low}, and {how} (τ {_tau(tau)} not reached)"
+        return f"committed as the anchor of {run_name}: confidence {number(c)} > low threshold {low}, and {how} (τ {_tau(tau)} not reached)"
     if committed:
-        return f"committed: confidence {_num(c, tau)} > τ {_tau(tau)} (strictly above)" + (f", and the anchor of {run_name}" if anchor else "")
+        return f"committed: confidence {number(c, tau)} > τ {_tau(tau)} (strictly above)" + (f", and the anchor of {run_name}" if anchor else "")
     why = f"not above the low threshold {low}" if _is_number(low) and c <= low else f"not {how}"
-    return f"not committed: confidence {_num(c, tau)} ≤ τ {_tau(tau)}, and not the anchor of {run_name} ({why})"
+    return f"not committed: confidence {number(c, tau)} ≤ τ {_tau(tau)}, and not the anchor of {run_name} ({why})"
 
 
 def _factor_rule(timeline: Timeline, rec: IterationRecord, index: int, position: int, c: float, committed: bool, forced: bool) -> str:
@@ -243,17 +214,17 @@ def _factor_rule(timeline: Timeline, rec: IterationRecord, index: int, position:
     t = 1.0 - factor / (n + 1)
     rule = f"rank {n} of the {k} masks by confidence, threshold 1 − factor/(n + 1) = 1 − {factor:g}/{n + 1} = {t:.3f}"
     if committed and not forced:  # the engine's flag: the recorded confidences are rounded
-        return f"committed: {rule}, confidence {_num(c, t)} ≥ {t:.3f}"
+        return f"committed: {rule}, confidence {number(c, t)} ≥ {t:.3f}"
     if committed and n == 1:
-        return f"forced: rank 1 always commits ({rule}; confidence {_num(c, t)} < {t:.3f})"
+        return f"forced: rank 1 always commits ({rule}; confidence {number(c, t)} < {t:.3f})"
     if committed:
         return (
-            f"forced: {rule}, confidence {_num(c, t)} < {t:.3f}, but the leading run of passing ranks covers {leading} of the {k} "
+            f"forced: {rule}, confidence {number(c, t)} < {t:.3f}, but the leading run of passing ranks covers {leading} of the {k} "
             "masks (at least K − 1), so all K are taken (the reference implementation's quirk)"
         )
     if c < t:
-        return f"not committed: {rule}, confidence {_num(c, t)} < {t:.3f}"
-    return f"not committed: {rule}, confidence {_num(c, t)} ≥ {t:.3f}, but only the leading run of passing ranks commits and it stops at rank {leading}"
+        return f"not committed: {rule}, confidence {number(c, t)} < {t:.3f}"
+    return f"not committed: {rule}, confidence {number(c, t)} ≥ {t:.3f}, but only the leading run of passing ranks commits and it stops at rank {leading}"
 
 
 def _fixed_rule(timeline: Timeline, rec: IterationRecord, index: int, position: int, c: float, committed: bool) -> str:
@@ -264,15 +235,15 @@ def _fixed_rule(timeline: Timeline, rec: IterationRecord, index: int, position: 
     masks = _block_masks(timeline, rec, index)
     if _config(timeline, "remasking") == "random":
         verdict = "committed" if committed else "not committed"
-        return f"{verdict}: the schedule commits {k} of the block's {len(masks)} masks this step, chosen at random (remasking = random); confidence {_num(c)} plays no part"
+        return f"{verdict}: the schedule commits {k} of the block's {len(masks)} masks this step, chosen at random (remasking = random); confidence {number(c)} plays no part"
     conf = {q: float(rec.confidence[row][q - s]) for q in masks}
     rank = sorted(masks, key=lambda q: (-conf[q], q)).index(position) + 1
     if committed:
         return (
             f"forced by the schedule: the block had to commit {k} token(s) this iteration (steps per block fixed in advance), "
-            f"and this was among the top {k} by confidence (rank {rank} of {len(masks)} masks, confidence {_num(c)}); no threshold"
+            f"and this was among the top {k} by confidence (rank {rank} of {len(masks)} masks, confidence {number(c)}); no threshold"
         )
-    return f"not committed: the schedule commits {k} token(s) this iteration, the top {k} by confidence, and this ranked {rank} of {len(masks)} (confidence {_num(c)})"
+    return f"not committed: the schedule commits {k} token(s) this iteration, the top {k} by confidence, and this ranked {rank} of {len(masks)} (confidence {number(c)})"
 
 
 def _extras_text(timeline: Timeline, index: int, position: int) -> list[tuple[str, str]]:
@@ -305,7 +276,7 @@ def _candidates_text(timeline: Timeline, rec: IterationRecord, position: int) ->
     pairs = rec.candidates[timeline.row][position - rec.block_range[0]]
     if not pairs:
         return "none: the position was already committed, so the decoder weighed nothing here"
-    return " · ".join(f"{_token(timeline, int(token))} {_num(float(p))}" for token, p in pairs)
+    return " · ".join(f"{token_name(timeline, int(token))} {number(float(p))}" for token, p in pairs)
 
 
 def _history(timeline: Timeline, position: int, shown: int) -> str:
@@ -323,25 +294,24 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
         revision = timeline.revision_at(position, i)
         if revision is not None:
             state = timeline.describe_revision(revision)
-        weight = "font-weight:700;background:#fef9c3" if i == shown else ""
-        cells = (str(iteration_number(i)), rec.forward, _token(timeline, token), _num(conf), "—" if rec.threshold is None else _tau(rec.threshold), state)
-        rows.append(f'<tr style="{weight}">' + "".join(f'<td style="padding:2px 12px 2px 0">{inert(c)}</td>' for c in cells) + "</tr>")
+        cells = (str(iteration_number(i)), rec.forward, token_name(timeline, token), number(conf), "—" if rec.threshold is None else _tau(rec.threshold), state)
+        rows.append((cells, i == shown))
     if not rows:
         return ""
-    head = "".join(f'<th style="text-align:left;padding:2px 12px 2px 0">{inert(h)}</th>' for h in ("iteration", "forward", "top-1 candidate", "confidence", "τ", "position was"))
-    dropped = len(rows) - HISTORY_ROWS
-    note = f'<div style="{_NOTE}">{dropped} earlier iterations not shown</div>' if dropped > 0 else ""
-    return f'{note}<table style="border-collapse:collapse;font-size:18px;font-variant-numeric:tabular-nums"><tr>{head}</tr>{"".join(rows[-HISTORY_ROWS:])}</table>'
+    return history_table(("iteration", "forward", "top-1 candidate", "confidence", "τ", "position was"), rows)
 
 
 def position_details(timeline: Timeline, position: int, iteration: int, expected: list[int] | None = None) -> str:
     """HTML panel for canvas `position` after record `iteration` (-1: before the first forward) of
     `timeline`; `expected`: token ids the generation should produce, from the prompt's end. A
-    position or iteration the run does not have gives a one-line message."""
+    position or iteration the run does not have gives a one-line message. A uniform-state run's
+    panel is dinfer_viz/uniform_details.py's (every position holds a token at every step)."""
     if not isinstance(position, int) or not 0 <= position < timeline.canvas_length:
-        return _line(f"position {position} is outside the canvas (0 to {timeline.canvas_length - 1})")
+        return message_line(f"position {position} is outside the canvas (0 to {timeline.canvas_length - 1})")
     if not isinstance(iteration, int) or not -1 <= iteration < timeline.iterations:
-        return _line(f"iteration {iteration_number(iteration) if isinstance(iteration, int) else iteration} is outside this run (0 to {timeline.iterations})")
+        return message_line(f"iteration {iteration_number(iteration) if isinstance(iteration, int) else iteration} is outside this run (0 to {timeline.iterations})")
+    if timeline.uniform:
+        return uniform_position_details(timeline, position, iteration, expected)
     rows: list[tuple[str, str]] = []  # (label, value as escaped HTML)
 
     def add(label: str, text: str) -> None:
@@ -360,12 +330,12 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
     if token == timeline.mask_id:
         add("token", "masked: [MASK], not yet committed")
     elif commit is None and not in_prompt:
-        add("token", f"{_token(timeline, token)}, filled with end-of-text by early stop (no decoder chose it)")
+        add("token", f"{token_name(timeline, token)}, filled with end-of-text by early stop (no decoder chose it)")
     else:
-        add("token", _token(timeline, token) + (" (prompt)" if in_prompt and commit is None else ""))
+        add("token", token_name(timeline, token) + (" (prompt)" if in_prompt and commit is None else ""))
     if commit is not None:
         when = " (this iteration)" if commit.iteration == iteration else " (later than the iteration shown)" if commit.iteration > iteration else ""
-        add("committed", f"at iteration {iteration_number(commit.iteration)}{when} as {_token(timeline, commit.token)}")
+        add("committed", f"at iteration {iteration_number(commit.iteration)}{when} as {token_name(timeline, commit.token)}")
         add("why", rule_text(timeline, commit.iteration, position))
     elif not in_prompt and token == timeline.mask_id:
         add("committed", "not by the end of the run" if timeline.finished else "not yet")
@@ -381,7 +351,7 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
     want = expected_at(timeline, expected, position)
     if want is not None:
         verdict = "not committed yet" if token == timeline.mask_id else "matches" if want == token else "differs from the token here"
-        add("expected", f"{_token(timeline, want)}: {verdict}")
+        add("expected", f"{token_name(timeline, want)}: {verdict}")
     if iteration < 0:
         add("this iteration", "before the first forward: nothing computed, nothing in the cache")
     else:
@@ -390,7 +360,7 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         if s <= position < e:
             candidate = rec.top1[timeline.row][position - s]
             conf = float(rec.confidence[timeline.row][position - s])
-            add("top-1 now", f"{_token(timeline, candidate)} with probability {_num(conf)}")
+            add("top-1 now", f"{token_name(timeline, candidate)} with probability {number(conf)}")
             add("top candidates", _candidates_text(timeline, rec, position))
             if commit is not None and commit.iteration == iteration or timeline.revision_at(position, iteration) is not None:
                 pass  # the decision is the commit or the revision above, with its rule
@@ -408,15 +378,5 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         code, sentence = state_explanation(cache_states(timeline, iteration), timeline, iteration, position)
         chip = f'<span style="display:inline-block;width:0.9em;height:0.9em;border-radius:3px;margin-right:8px;vertical-align:-0.1em;background:{STATES[code][0]}"></span>'
         rows.append(("K/V cache", chip + inert(sentence)))
-    body = "".join(
-        f'<tr><td style="{_LABEL}">{inert(label)}</td><td style="padding:4px 0">{value}</td></tr>' for label, value in rows
-    )
     title = f"Position {position} · " + (f"iteration {iteration_number(iteration)} of {timeline.iterations}" if iteration >= 0 else "before the first forward (iteration 0)")
-    history = _history(timeline, position, iteration)
-    history_html = f'<div style="margin-top:12px;font-weight:600">Its block, iteration by iteration</div>{history}' if history else ""
-    return (
-        f'<div class="pos-details" style="{_STYLE}">'
-        f'<div style="font-size:{BASE_FONT + 6}px;font-weight:700;margin-bottom:8px">{inert(title)}</div>'
-        f'<table style="border-collapse:collapse">{body}</table>{history_html}</div>'
-    )
-
+    return panel(title, rows, "Its block, iteration by iteration", _history(timeline, position, iteration))

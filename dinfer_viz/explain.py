@@ -14,6 +14,7 @@ from engine.cache_modes import cache_mode
 from engine.errors import EngineError
 from engine.registry import decoder_class
 from engine.system_options import SYSTEM_OPTIONS, system_options
+from engine.uniform import UNIFORM
 
 from .cache_figure import cache_rule_markdown
 from .settings import decoder_presets
@@ -32,11 +33,27 @@ READING = (
     "token, confidence and commit iteration; the yellow bar is the model's current confidence); the "
     "raster is iteration × position confidence of positions still masked, with the commits marked."
 )
+# A uniform-state run (engine/uniform.py) reads none of the masked-diffusion settings, and its views show its own rule
+UNIFORM_SETTINGS = (
+    "The uniform-state loop caches the prompt and each finished canvas itself (the decoder reads that cache); "
+    "the cache modes, smoothing and unrolling are masked-diffusion settings it does not read."
+)
+UNIFORM_READING = (
+    "*Reading the views:* the grid shows the canvas after the selected step (accepted proposals, dimmed noise, "
+    "finished canvases' output); the raster is step × position entropy (bright: low), the accepted positions "
+    "circled and the bound in the legend; the per-iteration chart counts accepted and re-noised positions per step, "
+    "with the temperature. Click a cell for the rule's numbers there."
+)
 
 
 def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = False, system: Mapping[str, Any] | None = None) -> str:
     """Markdown for the chosen decoder, cache mode and features, and the system options that are
-    on (`system`: Engine keyword -> value, as the Model and system controls hold them)."""
+    on (`system`: Engine keyword -> value, as the Model and system controls hold them). The
+    uniform-state sampler reads no cache mode or iteration feature, so its text names none."""
+    chosen = system or {}
+    options = [SYSTEM_OPTIONS[name].explanation for name, value in chosen.items() if name in SYSTEM_OPTIONS and SYSTEM_OPTIONS[name].is_set(value)]
+    if decoder == UNIFORM:
+        return "\n\n".join([decoder_explanation(decoder), UNIFORM_SETTINGS, *options, UNIFORM_READING])
     mode = cache_mode(cache)
     parts = [
         decoder_explanation(decoder),
@@ -48,8 +65,7 @@ def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = Fa
         parts.append(SMOOTHING)
     if unroll:
         parts.append(UNROLLING)
-    chosen = system or {}
-    parts.extend(SYSTEM_OPTIONS[name].explanation for name, value in chosen.items() if name in SYSTEM_OPTIONS and SYSTEM_OPTIONS[name].is_set(value))
+    parts.extend(options)
     parts.append(READING)
     return "\n\n".join(parts)
 

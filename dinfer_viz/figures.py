@@ -1,13 +1,11 @@
-"""Plotly figures built from a Timeline (and, for the sweep, from its result rows).
-
-Every figure keeps a fixed height, explicit axis ranges, a constant `uirevision` (zoom survives
-live redraws) and a tiny template, and carries numbers as numpy float32 so plotly ships them as
-base64 typed arrays: gr.Plot resends the whole figure on every update, so size is frame rate.
+"""Plotly figures built from a Timeline (and, for the sweep, from its result rows): the raster,
+the per-iteration chart, the extras and the comparison. A uniform-state run's raster and chart are
+dinfer_viz/uniform_figures.py's; what every figure shares (and why: size is frame rate) is
+dinfer_viz/figure_base.py's.
 """
 
 from __future__ import annotations
 
-import json
 import textwrap
 from typing import Any, Sequence
 
@@ -18,58 +16,26 @@ from plotly.subplots import make_subplots
 from engine import IterationRecord
 from engine.trace import EDIT, REMASK
 
-from .grid import CELL_COLOURS, expected_at
-from .timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
-
-_TEMPLATE = go.layout.Template(
-    layout=dict(
-        font=dict(size=11),
-        paper_bgcolor="white",
-        plot_bgcolor="white",
-        xaxis=dict(gridcolor="#eef0f3", zeroline=False),
-        yaxis=dict(gridcolor="#eef0f3", zeroline=False),
-        margin=dict(l=50, r=20, t=36, b=40),  # t: room for the gr.Plot label badge
-        legend=dict(orientation="h", y=-0.18, yanchor="top", x=0, font=dict(size=10)),
-    )
+from .cells import CELL_COLOURS
+from .figure_base import (
+    RASTER_MARKS,
+    SHOWN_LINE,
+    _block_matrix,
+    _finish,
+    _legend_only,
+    _plain,
+    _upto,
+    add_forward_times,
+    block_and_shown_shapes,
+    iteration_panels,
+    raster_heatmap,
 )
-FORWARD_COLOURS = {"full": "#6b7280", "refresh": "#2563eb", "prefix": "#0891b2", "dual": "#7c3aed", "window": "#db2777"}
+from .grid import expected_at
+from .timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
+from .uniform_figures import uniform_iteration_chart, uniform_raster
+
 RUN_COLOURS = ("#2563eb", "#ea580c")
 MAX_SHAPES = 300  # shapes are one SVG element each; past this the raster draws none
-
-
-# What the camera button in each figure's modebar saves: a PNG at twice the figure's size (sharp on
-# a 1080p slide). Plotly's modebar saves one format; SVG would need kaleido on the server.
-FIGURE_DOWNLOAD = {"format": "png", "scale": 2}
-
-
-class Figure(go.Figure):
-    """A go.Figure whose JSON also carries Plotly's config, the modebar's download (FIGURE_DOWNLOAD,
-    the file named after the figure's `uirevision` key): gr.Plot takes no Plotly config, but it sends
-    the figure's `to_json()` to the page, which hands the JSON's `config` to Plotly."""
-
-    def to_json(self, *args: Any, **kwargs: Any) -> str:
-        text = super().to_json(*args, **kwargs).rstrip()
-        config = {"toImageButtonOptions": {**FIGURE_DOWNLOAD, "filename": f"dinfer-viz-{self.layout.uirevision or 'figure'}"}, "displaylogo": False}
-        return text[:-1] + ',"config":' + json.dumps(config) + "}"  # one more key in the figure's JSON object
-
-
-SHOWN_LINE = dict(color="#dc2626", width=2)  # the iteration the page shows, in every figure
-
-
-def shown_iteration_shapes(highlight: int | None, upto: int) -> list[dict]:
-    """A vertical line at record `highlight` on an x axis of iteration numbers, when it is drawn."""
-    if highlight is None or not 0 <= highlight <= upto:
-        return []
-    x = iteration_number(highlight)
-    return [dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=SHOWN_LINE)]
-
-
-def _finish(fig: go.Figure, height: int, key: str) -> Figure:
-    fig.update_layout(template=_TEMPLATE, height=height, uirevision=key, hovermode="closest")
-    # Every figure leaves through here: made a Figure in place (go.Figure(fig) would copy and
-    # re-validate every trace, and live figures are redrawn several times a second)
-    fig.__class__ = Figure
-    return fig
 
 
 # Characters a line of a figure's message holds: the narrowest plot (the extras chart in a
@@ -85,33 +51,6 @@ def message_figure(text: str, height: int = 220) -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _finish(fig, height, "message")
-
-
-def _upto(timeline: Timeline, upto: int | None) -> int:
-    return timeline.iterations - 1 if upto is None else timeline.clamp(upto)
-
-
-def _block_matrix(timeline: Timeline, first: int, upto: int, values_of, masked_only: bool) -> np.ndarray:
-    """`[iterations first..upto, positions]` float32 from per-record block values, NaN where
-    nothing applies: prompt positions (an aligned block may start inside the prompt, and nothing
-    is decoded there) and, with `masked_only`, positions no longer [MASK] when the record started."""
-    x0, x1 = timeline.view_start(), timeline.view_end()
-    z = np.full((upto + 1 - first, x1 - x0), np.nan, dtype=np.float32)
-    prompt = np.asarray(timeline.initial) != timeline.mask_id  # never masked
-    for i in range(first, upto + 1):
-        rec = timeline.records[i]
-        values = values_of(i, rec)
-        if values is None:
-            continue
-        s, e = rec.block_range
-        row = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float32)
-        if masked_only:  # a remasked position is masked again, so read the canvas, not the commits
-            hidden = np.array([timeline.token_before(p, i) != timeline.mask_id for p in range(s, e)])
-        else:
-            hidden = prompt[s:e]
-        row[hidden[: len(row)]] = np.nan
-        z[i - first, s - x0 : min(e, x1) - x0] = row[: min(e, x1) - s]
-    return z
 
 
 def _range_runs(timeline: Timeline, first: int, upto: int) -> list[tuple[int, int, bool, list[list[int]]]]:
@@ -162,20 +101,6 @@ def _colour_bar(title: str, tau: float | None) -> dict[str, Any]:
     return bar
 
 
-# The raster's marks, each with a legend entry drawn as a blank trace (shapes have no legend)
-RASTER_MARKS = {
-    "exact": ("recomputed everything (grey band)", dict(mode="markers", marker=dict(symbol="square", size=11, color="rgba(107,114,128,0.35)"))),
-    "partial": ("recomputed only this range (dashed)", dict(mode="lines", line=dict(color="#db2777", width=1.5, dash="dash"))),
-    "block": ("block start (blue line)", dict(mode="lines", line=dict(color="#2563eb", width=1.5))),
-    "shown": ("iteration shown (red line)", dict(mode="lines", line=SHOWN_LINE)),
-}
-
-
-def _legend_only(kind: str) -> go.Scatter:
-    name, style = RASTER_MARKS[kind]
-    return go.Scatter(x=[None], y=[None], name=name, hoverinfo="skip", uid=f"mark-{kind}", **style)
-
-
 def confidence_raster(
     timeline: Timeline, upto: int | None = None, highlight: int | None = None, last_rows: int | None = None, expected: list[int] | None = None
 ) -> go.Figure:
@@ -191,6 +116,8 @@ def confidence_raster(
     every redraw, and a long run's full raster is half a megabyte)."""
     if timeline.iterations == 0:
         return message_figure("no iterations yet", 380)
+    if timeline.uniform:
+        return uniform_raster(timeline, upto, highlight, last_rows, expected)
     upto = _upto(timeline, upto)
     first = max(0, upto + 1 - last_rows) if last_rows else 0
     runs = _range_runs(timeline, first, upto)
@@ -200,19 +127,9 @@ def confidence_raster(
     tau = _threshold_shown(timeline.records[first : upto + 1])
     fig = go.Figure()
     fig.add_trace(
-        go.Heatmap(
-            z=z,
-            x0=x0,
-            dx=1,
-            y0=iteration_number(first),
-            dy=1,
-            zmin=0,
-            zmax=1,
-            colorscale="Viridis",
-            hoverongaps=False,
-            colorbar=_colour_bar("conf", tau),
+        raster_heatmap(
+            z, x0, first, 1, colorscale="Viridis", colorbar=_colour_bar("conf", tau),
             hovertemplate="pos %{x} · iteration %{y}<br>top-1 confidence %{z:.3f}<extra></extra>",
-            uid="raster",
         )
     )
     for forced, name in ((False, "new"), (True, "forced")):
@@ -255,13 +172,9 @@ def confidence_raster(
             drawn.add("partial")
             for a, b in ranges:
                 shapes.append(dict(type="rect", xref="x", yref="y", x0=max(a, lo) - 0.5, x1=min(b, hi) - 0.5, y0=y0, y1=y1, line=dict(color="#db2777", width=1, dash="dash")))
-    for s in sorted({rec.block_range[0] for rec in timeline.records[first : upto + 1]}):
-        drawn.add("block")
-        shapes.append(dict(type="line", xref="x", yref="paper", x0=s - 0.5, x1=s - 0.5, y0=0, y1=1, line=dict(color="#2563eb", width=1)))
-    if highlight is not None and first <= highlight <= upto:
-        drawn.add("shown")
-        y = iteration_number(highlight)
-        shapes.append(dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=y, y1=y, line=SHOWN_LINE))
+    marks, shown = block_and_shown_shapes(timeline, first, upto, highlight)
+    shapes += marks
+    drawn |= shown
     for kind in RASTER_MARKS:
         if kind in drawn:
             fig.add_trace(_legend_only(kind))
@@ -288,13 +201,13 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
     engine-measured time of each iteration coloured by forward kind."""
     if timeline.iterations == 0:
         return message_figure("no iterations yet", 380)
+    if timeline.uniform:
+        return uniform_iteration_chart(timeline, upto, highlight)
     upto = _upto(timeline, upto)
     records = timeline.records[: upto + 1]
     its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
     forced = np.array([len(r.forced[timeline.row]) for r in records], dtype=np.float32)
     above = np.array([len(r.committed[timeline.row]) for r in records], dtype=np.float32) - forced
-    # Two panels sharing one x axis, laid out by hand: make_subplots alone costs ~20 ms, and this
-    # figure is redrawn live.
     fig = go.Figure()
     fig.add_trace(go.Bar(x=its, y=above, name="above threshold", marker_color=CELL_COLOURS["new"][0], uid="above"))
     fig.add_trace(go.Bar(x=its, y=forced, name="forced top-1", marker_color=CELL_COLOURS["forced"][0], uid="forced"))
@@ -311,38 +224,16 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
     for name, values in scalars.items():
         fig.add_trace(go.Scatter(x=its, y=np.array(values, dtype=np.float32), yaxis="y2", name=name, mode="lines", line=dict(width=1.5, dash="dot"), uid=f"scalar-{name}"))
     right_top = max([1.05] + [float(np.nanmax(v)) * 1.05 for v in scalars.values() if np.isfinite(v).any()])
-    order = list(FORWARD_COLOURS)
-    kinds = sorted({r.forward for r in records}, key=lambda k: (order.index(k) if k in order else len(order), k))
-    for kind in kinds:
-        idx = [i for i, r in enumerate(records) if r.forward == kind]
-        fig.add_trace(
-            go.Scatter(
-                x=np.array([iteration_number(i) for i in idx], dtype=np.float32),
-                y=np.array([records[i].seconds * 1000 for i in idx], dtype=np.float32),
-                yaxis="y3",
-                mode="markers",
-                name=f"{kind} (ms)",
-                marker=dict(color=FORWARD_COLOURS.get(kind, "#111827"), size=6),
-                uid=f"ms-{kind}",
-            )
-        )
-    shapes = shown_iteration_shapes(highlight, upto)
-    fig.update_layout(
-        barmode="stack",
-        bargap=0.15,
-        shapes=shapes,
-        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], anchor="y3", title=dict(text="iteration")),
-        yaxis=dict(domain=[0.45, 1.0], title=dict(text="positions changed" if timeline.revises else "tokens committed")),
+    add_forward_times(fig, records)
+    iteration_panels(
+        fig, upto, highlight, "positions changed" if timeline.revises else "tokens committed",
         # automargin with a standoff: the right margin grows to hold the tick labels and then the
         # title, which otherwise sits on the ticks ("1.05" under "threshold")
-        yaxis2=dict(
+        dict(
             overlaying="y", side="right", range=[0, right_top], showgrid=False, automargin=True, title=dict(text="threshold", standoff=8),
             # thresholds and weights live in [0, 1]: quarter ticks, not the 0.312 steps plotly picks for 1.05
             **(dict(tickmode="linear", tick0=0, dtick=0.25) if right_top <= 1.05 else {}),
         ),
-        yaxis3=dict(domain=[0.0, 0.36], rangemode="tozero", title=dict(text="ms (engine)")),
-        margin=dict(b=90, r=60),
-        legend=dict(y=-0.2, yanchor="top"),
     )
     return _finish(fig, 380, "iterations")
 
@@ -447,8 +338,3 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str], highlig
     fig.update_layout(legend=dict(yref="container", y=0.01, yanchor="bottom"), margin=dict(b=110))
     return _finish(fig, 360, "compare")
 
-
-def _plain(text: str) -> str:
-    """`text` (a model's name or path) as Plotly text that shows it literally: Plotly reads a few
-    HTML tags and entities in trace names."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

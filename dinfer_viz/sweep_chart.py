@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .figures import RUN_COLOURS, _finish, _plain, message_figure
+from .figure_base import _finish, _plain
+from .figures import RUN_COLOURS, message_figure
 from .readouts import percent
 
 

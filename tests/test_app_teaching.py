@@ -146,7 +146,7 @@ def test_every_sample_trace_replays_with_no_model(tmp_path):
 
 
 def test_every_figure_saves_as_a_png_and_the_model_box_names_the_embedded_models(tmp_path):
-    from dinfer_viz.figures import FIGURE_DOWNLOAD
+    from dinfer_viz.figure_base import FIGURE_DOWNLOAD
     from dinfer_viz.ui import build_demo
 
     offline = Handlers(EngineHost(ModelSpec(str(tmp_path / "absent")), embedded={"tiny-llada": "/m/a", "tiny-llada-td": "/m/b"}), no_model=True)

@@ -1,0 +1,69 @@
+"""The details panel's HTML pieces, shared by a masked run's panel (dinfer_viz/details.py) and a
+uniform-state run's (dinfer_viz/uniform_details.py): its styles, how a number and a token are
+written, the iteration-by-iteration table and the panel around the rows. Every string that reaches
+the HTML goes through `grid.inert` (token strings come from tokenizers and trace files, i.e. anyone).
+"""
+
+from __future__ import annotations
+
+from .cells import inert
+from .timeline import Timeline
+
+BASE_FONT = 20  # px: read from the back of a room
+HISTORY_ROWS = 40  # a block decoded over more iterations shows its last ones
+_STYLE = (
+    f"font-size:{BASE_FONT}px;line-height:1.45;color:#111827;background:#ffffff;"
+    "border:2px solid #d1d5db;border-radius:8px;padding:14px 18px;max-width:1100px"
+)
+# labels wrap between words: unwrapped, a long one ("probability before the credit boost") pushed the values out of
+# the panel in a projector's narrow column
+_LABEL = "color:#4b5563;padding:4px 12px 4px 0;vertical-align:top"
+NOTE = "color:#4b5563;font-size:18px"
+_CELL = "padding:2px 12px 2px 0"
+
+
+def message_line(text: str) -> str:
+    """The one-line message for a request the trace cannot answer."""
+    return f'<div class="pos-details" style="font-size:{BASE_FONT}px;color:#4b5563">{inert(text)}</div>'
+
+
+def number(value: float, against: float | None = None) -> str:
+    """A number with 3 decimals, 4 when 3 would print it equal to the value it is compared with
+    (the trace keeps 4: 0.8996 against τ 0.90 must not read "0.900 < τ 0.90")."""
+    text = f"{value:.3f}"
+    if against is not None and text == f"{against:.3f}" and value != against:
+        text = f"{value:.4f}"
+    return text
+
+
+def token_name(timeline: Timeline, token: int) -> str:
+    """A token as the page names it: its text (quoted, so spaces show) and id; the header's
+    `mask_id` is [MASK] in a masked run and the pad in a uniform-state one."""
+    if token == timeline.mask_id:
+        return f"{'pad' if timeline.uniform else '[MASK]'} (id {token})"
+    return f"{timeline.text_of(token)!r} (id {token})"
+
+
+def history_table(head: tuple[str, ...], rows: list[tuple[tuple[str, ...], bool]]) -> str:
+    """A table of `rows` (cells as text, and whether the row is the iteration shown, highlighted)
+    under `head`, the last HISTORY_ROWS of them with a note of how many were left out."""
+    cells = []
+    for values, shown in rows:
+        weight = "font-weight:700;background:#fef9c3" if shown else ""
+        cells.append(f'<tr style="{weight}">' + "".join(f'<td style="{_CELL}">{inert(c)}</td>' for c in values) + "</tr>")
+    header = "".join(f'<th style="text-align:left;{_CELL}">{inert(h)}</th>' for h in head)
+    dropped = len(cells) - HISTORY_ROWS
+    note = f'<div style="{NOTE}">{dropped} earlier iterations not shown</div>' if dropped > 0 else ""
+    return f'{note}<table style="border-collapse:collapse;font-size:18px;font-variant-numeric:tabular-nums"><tr>{header}</tr>{"".join(cells[-HISTORY_ROWS:])}</table>'
+
+
+def panel(title: str, rows: list[tuple[str, str]], history_title: str, history: str) -> str:
+    """The panel: `title`, the (label, value as escaped HTML) rows, then `history` (a
+    `history_table`, or "" for none) under `history_title`."""
+    body = "".join(f'<tr><td style="{_LABEL}">{inert(label)}</td><td style="padding:4px 0">{value}</td></tr>' for label, value in rows)
+    history_html = f'<div style="margin-top:12px;font-weight:600">{inert(history_title)}</div>{history}' if history else ""
+    return (
+        f'<div class="pos-details" style="{_STYLE}">'
+        f'<div style="font-size:{BASE_FONT + 6}px;font-weight:700;margin-bottom:8px">{inert(title)}</div>'
+        f'<table style="border-collapse:collapse">{body}</table>{history_html}</div>'
+    )

@@ -1,0 +1,164 @@
+"""The raster and the per-iteration chart of a uniform-state run (DiffusionGemma; docs/trace.md
+§2.2), drawn from the records' `uniform` dict: what each step's entropy-bound rule saw and did.
+dinfer_viz/figures.py calls these for a timeline with `uniform` set, so the page's views, live and
+replayed, ask figures.py alone.
+
+In a uniform run every canvas position holds a token at every step. The raster shows the entropy of
+each position's scaled distribution per step (low: the model is sure), and marks the positions the
+step accepted: sorted by entropy, lowest first, a position is accepted iff the entropies of those
+before it sum to at most the bound (`entropy_sum <= bound`); every other position was re-noised. A
+row that has stopped (its canvas frozen, stable and confident) is blank at the steps it sat out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from engine import IterationRecord
+
+from .cells import CELL_COLOURS
+from .figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
+from .grid import expected_at
+from .timeline import Timeline, iteration_number
+
+NOISE_BAR = "#a8a29e"  # re-noised counts: the grid dims noise to this (a near-white cell would vanish as a bar)
+OUTPUT_MARK = dict(symbol="star", size=11, color="#2563eb", line=dict(width=1, color="#111827"))
+
+
+def _active(timeline: Timeline, rec: IterationRecord) -> bool:
+    return bool(rec.uniform["active"][timeline.row])
+
+
+def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
+    """Record `rec`'s rule at canvas position `p`, with its numbers: entropy, the sum compared with
+    the bound, accepted or re-noised (and the random token drawn). The verdict is the engine's flag
+    (`committed`): the recorded sums are rounded to 4 decimals."""
+    row, s = timeline.row, rec.block_range[0]
+    u = rec.uniform
+    total, bound = u["entropy_sum"][row][p - s], u["bound"]
+    if p in rec.committed[row]:
+        return f"accepted {timeline.text_of(rec.top1[row][p - s])!r}: the lower entropies sum to {total:.4g} ≤ bound {bound:g}"
+    noise = dict(zip(u["renoised"][row], u["noise"][row])).get(p)
+    drawn = f" → random {timeline.text_of(noise)!r}" if noise is not None else ""
+    return f"re-noised{drawn}: the lower entropies sum to {total:.4g} > bound {bound:g}"
+
+
+def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> go.Figure:
+    """Iteration x position heatmap of each step's per-position entropy (`uniform.entropy`), the
+    accepted positions as circles (the legend names the bound), block (canvas) starts as lines, the
+    iteration shown as a red line, and stars where a canvas wrote its output. Arguments as
+    figures.confidence_raster's; a point's x is its position and y its iteration number, as a
+    click on the raster pins them."""
+    upto = _upto(timeline, upto)
+    first = max(0, upto + 1 - last_rows) if last_rows else 0
+    records = timeline.records[first : upto + 1]
+    row = timeline.row
+    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.uniform["entropy"][row] if _active(timeline, rec) else None, masked_only=False)
+    x0, x1 = timeline.view_start(), timeline.view_end()
+    text = np.full(z.shape, "", dtype=object)
+    for k, rec in enumerate(records):
+        s, e = rec.block_range
+        if _active(timeline, rec):
+            for p in range(max(s, x0), min(e, x1)):
+                text[k, p - x0] = _plain(step_verdict(timeline, rec, p))
+    finite = z[np.isfinite(z)]
+    bound = float(records[-1].uniform["bound"])  # one per run: the `uniform` decoder's option
+    fig = go.Figure()
+    fig.add_trace(
+        raster_heatmap(
+            z, x0, first, max(float(finite.max()) if finite.size else 0.0, bound, 1e-3),
+            colorscale="Viridis_r",  # low entropy bright, as high confidence is in a masked run's raster
+            text=text.tolist(),
+            colorbar=dict(title=dict(text="entropy"), thickness=10, len=0.9),
+            hovertemplate="pos %{x} · iteration %{y}<br>entropy %{z:.3f}<br>%{text}<extra></extra>",
+        )
+    )
+    points = [(i, p) for i, rec in enumerate(records, start=first) for p in rec.committed[row]]
+    fig.add_trace(
+        go.Scatter(
+            x=np.array([p for _, p in points], dtype=np.float32),
+            y=np.array([iteration_number(i) for i, _ in points], dtype=np.float32),
+            mode="markers",
+            name=f"accepted: lower entropies sum ≤ bound {bound:g}",
+            marker=dict(symbol="circle", size=7, color=CELL_COLOURS["accepted"][0], line=dict(width=1, color="#111827")),
+            text=[_accepted_text(timeline, i, p, expected) for i, p in points],
+            hovertemplate="pos %{x} · iteration %{y}<br>%{text}<extra></extra>",
+            uid="accepted",
+        )
+    )
+    ends = [(i, rec) for i, rec in enumerate(records, start=first) if rec.uniform.get("output") is not None]
+    if ends:
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([(rec.block_range[0] + rec.block_range[1] - 1) / 2 for _, rec in ends], dtype=np.float32),
+                y=np.array([iteration_number(i) for i, _ in ends], dtype=np.float32),
+                mode="markers",
+                name="canvas done: its output is the last draft",
+                marker=OUTPUT_MARK,
+                text=[_plain(_stop_text(timeline, rec)) for _, rec in ends],
+                hovertemplate="iteration %{y}<br>%{text}<extra></extra>",
+                uid="canvas-done",
+            )
+        )
+    shapes, drawn = block_and_shown_shapes(timeline, first, upto, highlight)
+    for kind in RASTER_MARKS:
+        if kind in drawn:
+            fig.add_trace(_legend_only(kind))
+    fig.update_layout(shapes=shapes)
+    fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
+    fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
+    fig.update_layout(margin=dict(b=110))
+    return _finish(fig, 400, "raster")
+
+
+def _accepted_text(timeline: Timeline, i: int, p: int, expected: list[int] | None) -> str:
+    """An accepted proposal's hover: the rule's numbers, and the expected token when it differs."""
+    rec = timeline.records[i]
+    offset = p - rec.block_range[0]
+    lines = [step_verdict(timeline, rec, p) + f" (p {rec.confidence[timeline.row][offset]:.3f})"]
+    want = expected_at(timeline, expected, p)
+    if want is not None and want != rec.top1[timeline.row][offset]:
+        lines.append(f"expected {timeline.text_of(want)!r}")
+    return "<br>".join(_plain(line) for line in lines)
+
+
+def _stop_text(timeline: Timeline, rec: IterationRecord) -> str:
+    """Why a canvas ended at `rec`: this row's stop rule fired (stable and confident), or its steps ran out."""
+    stop = rec.uniform["stopping"]
+    if stop["stopped"][timeline.row]:
+        return f"this row stopped: draft stable and mean entropy {stop['mean_entropy'][timeline.row]:.4g} < {stop['confidence_threshold']:g}"
+    return f"the steps ran out (mean entropy {stop['mean_entropy'][timeline.row]:.4g}, confidence threshold {stop['confidence_threshold']:g})"
+
+
+def uniform_iteration_chart(timeline: Timeline, upto: int | None, highlight: int | None) -> go.Figure:
+    """Per step (numbered 1..N): positions accepted and re-noised (stacked; a stopped row's steps
+    are empty), with the temperature in force on the right axis and a star where a canvas wrote its
+    output; below, the engine-measured time of each step. Arguments as figures.iteration_chart's."""
+    upto = _upto(timeline, upto)
+    records = timeline.records[: upto + 1]
+    row = timeline.row
+    its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
+    accepted = np.array([len(r.committed[row]) for r in records], dtype=np.float32)
+    renoised = np.array([len(r.uniform["renoised"][row]) for r in records], dtype=np.float32)
+    temperature = np.array([r.uniform["temperature"] for r in records], dtype=np.float32)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=its, y=accepted, name="accepted", marker_color=CELL_COLOURS["accepted"][0], uid="accepted"))
+    fig.add_trace(go.Bar(x=its, y=renoised, name="re-noised", marker_color=NOISE_BAR, uid="renoised"))
+    fig.add_trace(go.Scatter(x=its, y=temperature, yaxis="y2", name="temperature", mode="lines", line=dict(color="#111827", width=1.5, shape="hv"), uid="temperature"))
+    done = [i for i, r in enumerate(records) if r.uniform.get("output") is not None]
+    if done:
+        fig.add_trace(
+            go.Scatter(
+                x=its[done], y=(accepted + renoised)[done], mode="markers", name="canvas done (its output)", marker=OUTPUT_MARK,
+                text=[_plain(_stop_text(timeline, records[i])) for i in done], hovertemplate="iteration %{x}<br>%{text}<extra></extra>", uid="canvas-done",
+            )
+        )
+    add_forward_times(fig, records)
+    right: dict[str, Any] = dict(
+        overlaying="y", side="right", range=[0, max(1.05, float(temperature.max()) * 1.05)], showgrid=False, automargin=True, title=dict(text="temperature", standoff=8)
+    )
+    iteration_panels(fig, upto, highlight, "positions this step", right)
+    return _finish(fig, 380, "iterations")
