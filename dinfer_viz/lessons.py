@@ -5,7 +5,9 @@ to a step's settings; the user presses Run.
 A step's settings are the engine's defaults (GenerationConfig()), then the lesson's `base`, then
 every step's `change` up to and including it: so a step differs from the one before in exactly the
 settings its `change` names (one, by construction; `check_lessons` verifies it and that every step
-builds a valid GenerationConfig against the registries).
+builds a valid GenerationConfig against the registries). The model counts as a setting; a step
+moving between a masked and a uniform-state model changes the decoder with it (`uniform` is the only
+sampler a uniform-state model runs, and no masked model runs it), and that pair counts as one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import EngineError, GenerationConfig
+from engine.uniform import UNIFORM
 
 from .settings import build_config
 
@@ -68,6 +71,9 @@ BASE_MODEL, EDIT_MODEL = "tiny-llada", "tiny-llada-edit"  # embedded models, by 
 # held out; at τ 0.3 the base answers ` 20 + 31` (51, not 41), the edit model with threshold
 # `  0 + 31`, and with `edit` it edits the first number's blank into ` 10 + 31` (final checkpoint)
 EDIT_LESSON_PROMPT = "Q: ?+?=41 A:"
+UNIFORM_MODEL = "tiny-gemma"  # the embedded uniform-state model (DiffusionGemma): canvases of 16, the char tokenizer
+UNIFORM_LESSON_PROMPT = "Q: 7+58=? A:"  # answer `   7+ 58=  65` and EOS: 14 positions
+LARGER_BOUND = 1.0  # the uniform sampler's entropy bound in lesson 6's last step (its default: 0.1)
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -202,6 +208,33 @@ LESSONS: tuple[Lesson, ...] = (
             ),
         ),
     ),
+    Lesson(
+        "6 · masked → uniform-state diffusion → a larger entropy bound",
+        # blocks of tiny-gemma's canvas, 16: its first canvas holds the answer and its EOS. Two of
+        # them, since the masked model in one block of 16 commits a second `+` at τ 0.9 (`   7++58=  65`)
+        UNIFORM_LESSON_PROMPT,
+        {"gen_length": 32, "block_length": 16, "decoder": "threshold", "threshold": 0.9, "cache": "none", MODEL: BASE_MODEL},
+        (
+            Step(
+                "masked diffusion: threshold τ 0.9 on tiny-llada",
+                {"decoder": "threshold"},
+                "Every answer cell starts as [MASK] and a committed token is final: count the iterations, and note that no cell, once "
+                "filled, ever changes.",
+            ),
+            Step(
+                "uniform-state diffusion: tiny-gemma and its sampler",
+                {MODEL: UNIFORM_MODEL, "decoder": UNIFORM},
+                "No cell is ever empty: the canvas starts as random tokens, each step accepts the lowest-entropy proposals and re-noises "
+                "the rest; scrub the steps to watch noise turn into the sum, and hover a cell for its proposal's entropy.",
+            ),
+            Step(
+                f"entropy bound 0.1 → {LARGER_BOUND}",
+                {"decoder_options": {"entropy_bound": LARGER_BOUND}},
+                "A larger bound lets more proposals in per step, so fewer are re-noised and the canvas settles in fewer denoising steps: "
+                "compare the steps and TPF with step 2, and check that the sum is still right.",
+            ),
+        ),
+    ),
 )
 
 
@@ -217,13 +250,16 @@ def lesson_named(name: str | None) -> Lesson:
 
 def check_lessons(lessons: tuple[Lesson, ...] = LESSONS) -> None:
     """EngineError unless every step builds a valid GenerationConfig and changes exactly one
-    setting (or the model) from the step before (the first step: from the lesson's base)."""
+    setting (or the model) from the step before (the first step: from the lesson's base); a model
+    change that moves into or out of the uniform decoder counts as one (the module's docstring)."""
     for lesson in lessons:
         before = {**GenerationConfig().to_dict(), **lesson.base}
         for i, step in enumerate(lesson.steps):
             lesson.config(i)
             now = lesson._merged(i)  # the model counts as a setting
             changed = sorted(k for k in now if now[k] != before.get(k))
+            if changed == sorted([MODEL, "decoder"]) and UNIFORM in (now["decoder"], before.get("decoder")):
+                changed = [MODEL]  # the kind of diffusion changed, and the model decides the sampler
             if i > 0 and len(changed) != 1:
                 raise EngineError(f"lesson {lesson.name!r} step {i + 1} changes {changed or 'nothing'}, not one setting")
             before = now

@@ -105,3 +105,96 @@ def test_lesson_5_the_base_errs_at_threshold_0_3_and_edit_on_the_edit_model_repa
     assert any(trace.prompt_lengths[0] <= r["position"] < answer_end for r in edits)
     bound = lesson.config(2).decoder_options.get("edit_threshold", 0.5)  # the decoder's default unless the lesson sets it
     assert all(r["bound"] == bound and r["score"] > bound for r in edits)
+
+
+# ---- lesson 6: masked → uniform-state diffusion ---------------------------------------------------
+UNIFORM_LESSON = next(l for l in LESSONS if l.name.startswith("6 "))
+UNIFORM_ASSET = ROOT / "assets" / "tiny-gemma"
+
+
+def test_lesson_6_moves_from_the_masked_model_to_the_uniform_one_then_raises_the_entropy_bound():
+    from dinfer_viz.lessons import LARGER_BOUND, UNIFORM_MODEL
+    from engine.uniform import UniformSampler
+
+    lesson = UNIFORM_LESSON
+    assert [lesson.model(i) for i in range(3)] == ["tiny-llada", UNIFORM_MODEL, UNIFORM_MODEL]
+    assert [lesson.config(i).decoder for i in range(3)] == ["threshold", "uniform", "uniform"]
+    default = UniformSampler.options["entropy_bound"].default
+    assert [lesson.config(i).decoder_options.get("entropy_bound", default) for i in (1, 2)] == [default, LARGER_BOUND] and LARGER_BOUND > default
+    assert [(lesson.config(i).block_length, lesson.config(i).gen_length) for i in range(3)] == [(16, 32)] * 3  # tiny-gemma's canvas: 16
+    # moving to a uniform-state model takes its sampler with it: one setting; any other pair stays two
+    check_lessons((lesson,))
+    back = Lesson("back", "p", {"decoder": "uniform", "model": "u"}, (Step("a", {}, "x."), Step("b", {"model": "m", "decoder": "threshold"}, "y.")))
+    check_lessons((back,))
+    sampler_and_bound = Lesson("two", "p", {}, (Step("a", {}, "x."), Step("b", {"decoder": "uniform", "decoder_options": {"entropy_bound": 1.0}}, "y.")))
+    with pytest.raises(EngineError, match="changes"):
+        check_lessons((sampler_and_bound,))
+
+
+def test_the_run_tab_puts_lesson_6_s_model_and_the_uniform_sampler_s_bound_in_its_controls():
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.lessons import LARGER_BOUND, UNIFORM_MODEL
+    from dinfer_viz.ui import Handlers
+
+    h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)
+    fields = [c.field for c in all_controls()]
+    for step, bound in ((1, 0.1), (2, LARGER_BOUND)):
+        menu, prompt, note, *values, model_box = h.lesson_step(UNIFORM_LESSON.name, step)
+        got = dict(zip(fields, values))
+        assert model_box == UNIFORM_MODEL and prompt == UNIFORM_LESSON.prompt and f"Step {step + 1} of 3" in note
+        assert got["decoder"] == "uniform" and got["decoder_options.entropy_bound"] == bound
+    *_, model_box = h.lesson_step(UNIFORM_LESSON.name, 0)
+    assert model_box == "tiny-llada"
+
+
+def first_accepted(trace) -> set[int]:
+    """The positions a uniform run's first denoising step accepted (its other positions were re-noised)."""
+    return set(trace.iterations[0].committed[0])
+
+
+def test_lesson_6_s_uniform_steps_on_a_stand_in_model_record_their_bound_and_the_larger_accepts_more(tiny_gemma_folder):
+    """On the tests' random DiffusionGemma (its canvas for the lesson's 16): each step's records
+    carry the bound the step sets; the same seed gives both runs the same first forward, so the
+    larger bound's first step accepts what the smaller's did and more."""
+    import torch
+
+    from engine import Engine, RunHooks
+
+    from .gemma_models import CANVAS
+
+    torch.set_num_threads(1)
+    engine = Engine(str(tiny_gemma_folder))
+    traces = [engine.generate(UNIFORM_LESSON.prompt, UNIFORM_LESSON.config(i).replace(block_length=CANVAS), RunHooks(trace=True)).output.trace for i in (1, 2)]
+    bounds = [{rec.uniform["bound"] for rec in trace.iterations} for trace in traces]
+    assert bounds == [{0.1}, {UNIFORM_LESSON.config(2).decoder_options["entropy_bound"]}]
+    assert first_accepted(traces[1]) > first_accepted(traces[0])  # a strict superset
+
+
+@pytest.mark.skipif(not (UNIFORM_ASSET / "config.json").exists(), reason="needs the embedded uniform-state model assets/tiny-gemma")
+@pytest.mark.skipif(not (ROOT / "assets" / "tiny-llada" / "config.json").exists(), reason="needs the embedded masked model")
+def test_lesson_6_masked_then_noise_into_the_sum_then_fewer_steps_with_the_larger_bound():
+    """Decided from the runs' traces on the shipped models: the masked run answers right; tiny-gemma answers right from noise (its first step re-noises part
+    of the canvas); the larger bound answers right too, its first step accepting more, in fewer
+    denoising steps."""
+    import torch
+
+    from engine import Engine, RunHooks
+    from tinymodel.eval import check_answer
+    from tinymodel.tasks import parse_prompt
+
+    torch.set_num_threads(1)
+    lesson = UNIFORM_LESSON
+    example = parse_prompt(lesson.prompt)
+    assert example is not None
+    masked = Engine(str(ROOT / "assets" / "tiny-llada")).generate(lesson.prompt, lesson.config(0), RunHooks(trace=True))
+    assert check_answer(example, masked.text), masked.text
+    engine = Engine(str(UNIFORM_ASSET))
+    assert engine.model.canvas_length == lesson.config(1).block_length
+    runs = [engine.generate(lesson.prompt, lesson.config(i), RunHooks(trace=True)) for i in (1, 2)]
+    for run in runs:
+        assert check_answer(example, run.text), run.text
+    traces = [run.output.trace for run in runs]
+    assert traces[0].iterations[0].uniform["renoised"][0]  # the first step re-noised part of the canvas
+    assert first_accepted(traces[1]) > first_accepted(traces[0])
+    steps = [len(trace.iterations) for trace in traces]
+    assert steps[1] < steps[0], steps

@@ -1,7 +1,11 @@
 """The Compare tab: the Run tab's prompt and settings run twice, A then B, each side changing a few
 settings (COMPARE_FIELDS); or, when "model B" names another model, the Run tab's settings unchanged
-on the Run tab's model (A) and on model B (the distilled model against the base, say). Both stream
-into their panels, then a chart sets them against each other and one slider steps through both.
+on the Run tab's model (A) and on model B (the distilled model against the base, say), or with "B
+uses its own settings", B's side's changes on model B (the base model with threshold against the
+edit model with `edit`, issue #26). Each side's settings are fitted to its own model
+(settings.fit_to_model), so a masked model and a uniform-state one (DiffusionGemma) each run their
+own kind of diffusion. Both stream into their panels, then a chart sets them against each other and
+one slider steps through both (the shorter run holding its last frame).
 Each side runs `passes` times (the first one shown live): its TPS, forwards/s and engine seconds are
 the median over the passes (greedy decoding: the tokens, and so TPF and NFE, are the same every pass).
 """
@@ -14,6 +18,7 @@ from typing import Any, Iterator
 import gradio as gr
 
 from engine import EngineError, GenerationConfig
+from engine.uniform import UNIFORM
 
 from ..export import compare_csv
 from ..figures import compare_figure
@@ -21,7 +26,7 @@ from ..grid import EMPTY_GRID, grid_value, inert
 from ..host import ModelSpec
 from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
-from ..settings import all_controls, control_value, decoder_fields
+from ..settings import OPTION_PREFIX, all_controls, control_value, decoder_fields, fit_to_model, parse_settings, sweep_setting
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 from .live import LiveView
@@ -34,6 +39,7 @@ COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", 
 # B changes one setting of A (the first lesson's first comparison): what differs is what explains
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "none"})
 SAME_MODEL = ("same as A: compare settings", "")  # model B's first choice
+SCRUB_LABEL = "iteration, both runs (0 = before the first forward; a run that has ended holds its last frame)"
 COMPARE_PASSES = 3  # runs of each side whose median timings are shown (MAX_PASSES at most)
 
 
@@ -59,15 +65,28 @@ def side_fields(decoder: str) -> set[str]:
     return {f for f in COMPARE_FIELDS if f != "threshold" or "threshold" in decoder_fields(decoder)}
 
 
-def _label(config: dict[str, Any]) -> str:
-    parts = [config.get("decoder", "?")]
-    if config.get("decoder") != "fixed":
-        parts.append(f"τ={config.get('threshold')}")
-    parts.append(f"cache {config.get('cache')}")
-    parts.append(f"block {config.get('block_length')}")
-    if config.get("smoothing"):
+def diffusion_kind(config: GenerationConfig) -> str:
+    """What kind of diffusion a run's settings ran: the uniform decoder is DiffusionGemma's sampler."""
+    return "uniform-state" if config.decoder == UNIFORM else "masked"
+
+
+def _label(config: GenerationConfig) -> str:
+    """A run's settings in a few words: its decoder, the value of the setting the decoder declares
+    as the one to sweep (τ, an entropy bound; the fixed decoder's steps when set), cache and block
+    (a uniform-state run: its canvas, its sampler keeping its own cache)."""
+    parts = [config.decoder]
+    swept = sweep_setting(config.decoder)
+    control = {c.field: c for c in all_controls()}.get(swept)
+    value = control_value(control, config) if control is not None else None
+    if value:  # 0: the fixed decoder's one token per step
+        parts.append(f"τ={value}" if swept == "threshold" else f"{swept.removeprefix(OPTION_PREFIX).replace('_', ' ')} {value}")
+    if config.decoder == UNIFORM:
+        parts.append(f"canvas {config.block_length}")
+    else:
+        parts += [f"cache {config.cache}", f"block {config.block_length}"]
+    if config.smoothing:
         parts.append("smoothing")
-    if config.get("unroll"):
+    if config.unroll:
         parts.append("unroll")
     return ", ".join(str(p) for p in parts)
 
@@ -92,16 +111,17 @@ class CompareHandlers(TabHandlers):
     """The Compare tab's events: collect both sides' settings, run them, step through both."""
 
     def compare_settings(self, *values: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Run-tab control values, then A's and B's COMPARE_FIELDS values, then model B -> two
-        settings JSONs: each side's changes applied, or, with model B named, the Run tab's settings
-        for both (B's on model B)."""
+        """Run-tab control values, then A's and B's COMPARE_FIELDS values, then model B and "B uses
+        its own settings" -> two settings JSONs: each side's changes applied; with model B named,
+        the Run tab's settings for A and, on model B, for B too, or B's changes of them when B uses
+        its own settings."""
         n = len(COMPARE_FIELDS)
-        base, a, b, model_b = values[: -2 * n - 1], values[-2 * n - 1 : -n - 1], values[-n - 1 : -1], values[-1]
+        base, a, b, (model_b, b_own) = values[: -2 * n - 2], values[-2 * n - 2 : -n - 2], values[-n - 2 : -2], values[-2:]
         out = []
-        for side in (a, b):
+        for side, changes in zip("ab", (a, b)):
             settings = self.settings(*base)
-            if not model_b:
-                settings["config"].update(dict(zip(COMPARE_FIELDS, side)))
+            if not model_b or (side == "b" and b_own):
+                settings["config"].update(dict(zip(COMPARE_FIELDS, changes)))
             out.append(settings)
         if model_b:
             out[1]["model"]["path"] = model_b
@@ -116,24 +136,36 @@ class CompareHandlers(TabHandlers):
         model_b: str | None = "",
         passes: float = COMPARE_PASSES,
         expected: str = "",
+        b_own_settings: bool = False,
     ) -> Iterator[tuple]:
         """Run A, then B (one device: runs never overlap, so each speed is its own), streaming each
-        into its panel (live frames, as the Run tab's grid); then the comparison chart. With
-        `model_b` (a model's name, folder or hub id) B is A's settings on that model and
-        `settings_b` is not read: the two models decode under the same settings. `passes`: runs
-        of each side; the readouts' timings are their median. `expected`: the Run tab's expected
+        into its panel (live frames, as the Run tab's grid); then the comparison chart.
+
+        Which settings each side runs: with no `model_b`, A runs `settings_a` and B `settings_b`,
+        each on the model its settings name. With `model_b` (a model's name, folder or hub id) B
+        runs on that model (with A's device, dtype and options) and its generation settings are
+        `settings_a`'s (the two models under the same settings; `settings_b` is not read), or,
+        with `b_own_settings`, `settings_b`'s "config" (its "model" does not choose B's). Either way
+        each side's settings are fitted to its own model (settings.fit_to_model): a masked decoder
+        on a uniform-state model (DiffusionGemma) runs as its `uniform` sampler on its canvas, so
+        a masked model and a uniform-state one can share one run's settings. `passes`: runs of
+        each side; the readouts' timings are their median. `expected`: the Run tab's expected
         response; each side strikes out its committed tokens that differ from it."""
         try:
             passes = passes_count(passes)
             runs = [self.parse(settings_a)]
             other = self.host.second_model(runs[0][0], model_b)
-            runs.append((other, runs[0][1]) if other is not None else self.parse(settings_b))
+            if other is None:
+                runs.append(self.parse(settings_b))
+            else:  # B's settings as they were chosen, then fitted to model B (not to A's model)
+                chosen = parse_settings(settings_b if b_own_settings else settings_a, self.host.default)[1]
+                runs.append((other, fit_to_model(chosen, *self.host.model_kind(other))))
             for _, config in runs:
                 self.check_request(prompt, config)
         except EngineError as exc:
             yield outputs(COMPARE_VIEW, {"message": error_text(str(exc))})
             return
-        labels, titles = self._labels(runs, other is not None)
+        labels, titles, shared = self._labels(runs)
         yield outputs(COMPARE_VIEW, titles)  # the panels say at once which side is which
         sides: list[SideResult] = []
         for side, (spec, config) in zip("ab", runs):
@@ -143,16 +175,26 @@ class CompareHandlers(TabHandlers):
             if result.timeline is None or result.stats is None:  # the side failed: its message is out
                 return
             sides.append(result)
-        shared = "" if other is None else f" (both: {_label(runs[0][1].to_dict())})"
         yield outputs(COMPARE_VIEW, {**self._finished(sides, labels, passes, shared), **titles})
 
-    def _labels(self, runs: list[tuple[ModelSpec, GenerationConfig]], two_models: bool) -> tuple[tuple[str, str], dict[str, str]]:
-        """Each side's label (its settings, or its model with model B set) and panel title."""
-        if not two_models:
-            a, b = (_label(cfg.to_dict()) for _, cfg in runs)
-            return (f"A: {a}", f"B: {b}"), {"title_a": "### A", "title_b": "### B"}
-        a, b = (self.host.name_of(spec) for spec, _ in runs)
-        return (f"A: {a}", f"B: {b}"), {"title_a": f"### A · {inert(a)}", "title_b": f"### B · {inert(b)}"}
+    def _labels(self, runs: list[tuple[ModelSpec, GenerationConfig]]) -> tuple[tuple[str, str], dict[str, str], str]:
+        """Each side's label, its panel's title, and what the done message adds about settings
+        both sides share. One model: the labels are the settings. Two models under the same
+        settings: the labels are the models (the message says the settings once). Two models under
+        different settings (B's own, or each fitted to its own kind of diffusion): both, and the
+        titles say which side is masked and which uniform-state, and by which decoder."""
+        (spec_a, config_a), (spec_b, config_b) = runs
+        settings = (config_a, config_b)
+        if spec_a.path == spec_b.path:
+            a, b = (_label(s) for s in settings)
+            return (f"A: {a}", f"B: {b}"), {"title_a": "### A", "title_b": "### B"}, ""
+        names = [self.host.name_of(spec) for spec in (spec_a, spec_b)]
+        if config_a == config_b:
+            titles = {f"title_{x}": f"### {x.upper()} · {inert(name)}" for x, name in zip("ab", names)}
+            return (f"A: {names[0]}", f"B: {names[1]}"), titles, f" (both: {_label(settings[0])})"
+        labels = tuple(f"{x}: {name} · {_label(s)}" for x, name, s in zip("AB", names, settings))
+        titles = {f"title_{x}": f"### {x.upper()} · {inert(name)} · {diffusion_kind(s)} diffusion ({inert(s.decoder)})" for x, name, s in zip("ab", names, settings)}
+        return (labels[0], labels[1]), titles, ""
 
     def _side(self, side: str, spec: ModelSpec, config: GenerationConfig, prompt: str, expected: str, passes: int, result: "SideResult") -> Iterator[dict[str, Any]]:
         """One side: its live run in its panel (the Run tab's live view), then its other passes
@@ -191,8 +233,11 @@ class CompareHandlers(TabHandlers):
         both sides' output and readout again (an API client's result holds both)."""
         a, b = sides
         assert a.timeline is not None and b.timeline is not None and a.stats is not None and b.stats is not None
-        longest = max(a.timeline.iterations, b.timeline.iterations)
+        counts = (a.timeline.iterations, b.timeline.iterations)
+        longest = max(counts)
         timing = f" (TPS: median of {passes} passes)" if passes > 1 else ""
+        # a uniform-state run's iterations are its denoising steps, often many more than a masked run's
+        held = "" if counts[0] == counts[1] else f" · {'AB'[counts.index(min(counts))]} ends after iteration {min(counts)} of {longest} and holds its last frame"
         state = CompareState(a.timeline, b.timeline, labels, (a.wall, b.wall), (a.stats, b.stats), (a.timeline.expected, b.timeline.expected))
         return {
             "chart": compare_figure([a.timeline, b.timeline], labels),
@@ -200,7 +245,7 @@ class CompareHandlers(TabHandlers):
             "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
             "state": state,
             "csv": self.write_file("compare", ".csv", state.csv()),
-            "message": "done: " + " · ".join(f"{inert(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, (a.stats, b.stats))) + timing + shared,
+            "message": "done: " + " · ".join(f"{inert(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, (a.stats, b.stats))) + timing + shared + held,
             "text_a": a.text, "text_b": b.text, "readout_a": a.readout(), "readout_b": b.readout(),
         }
 
@@ -227,15 +272,21 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     with gr.Tab("Compare", id="compare"):
         gr.Markdown(
             "Runs **A**, then **B**, on the Run tab's prompt, each with the Run tab's settings changed as below; "
-            "or, with **model B** set, the Run tab's settings unchanged on the Run tab's model (A) and on model B "
-            "(one device: the runs never overlap, so each speed is its own). Committed tokens that differ from the Run tab's "
-            "expected response are struck out on both sides."
+            "or, with **model B** set, the Run tab's settings unchanged on the Run tab's model (A) and on model B, "
+            "or with **B uses its own settings**, B's changes below on model B "
+            "(one device: the runs never overlap, so each speed is its own). Each side's settings fit its model: "
+            "on a uniform-state model (DiffusionGemma) a masked decoder runs as its `uniform` sampler. "
+            "Committed tokens that differ from the Run tab's expected response are struck out on both sides."
         )
         with gr.Row():
             model_b = gr.Dropdown(
                 [SAME_MODEL, *h.host.model_choices()], value=SAME_MODEL[1], label="model B",
                 info="another model: both sides run the Run tab's settings", allow_custom_value=not h.host.public,
                 elem_id="compare-model-b", scale=2,
+            )
+            b_own = gr.Checkbox(
+                False, label="B uses its own settings", info="B's settings below, on model B; A keeps the Run tab's",
+                visible=False, elem_id="compare-b-own", scale=1, min_width=200,
             )
             passes = gr.Slider(
                 1, MAX_PASSES, value=COMPARE_PASSES, step=1, label="passes per side", info="timings: the median of the passes (the first one shown live)",
@@ -245,7 +296,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
             stop_btn = gr.Button("Stop", variant="stop", scale=1)
         message = gr.Markdown(elem_id="compare-message")
         side_controls, side_groups, slots = _side_panels(GenerationConfig())
-        scrub = gr.Slider(0, 1, value=0, step=1, label="iteration, both runs (0 = before the first forward)", interactive=False, elem_id="compare-scrub")
+        scrub = gr.Slider(0, 1, value=0, step=1, label=SCRUB_LABEL, interactive=False, elem_id="compare-scrub")
         chart = gr.Plot(label="A against B", elem_id="compare-chart")
         csv = gr.DownloadButton("Download table (CSV)", value=None, elem_id="compare-csv")
         with gr.Accordion("Settings JSON of A and B (what /compare receives)", open=False):
@@ -255,9 +306,13 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     slots.update(chart=chart, message=message, scrub=scrub, state=state, csv=csv)
     view = [slots[name] for name in COMPARE_VIEW]
 
-    def mode(chosen: str | None) -> list[Any]:
-        """Model B set: the sides' settings do not apply (both run the Run tab's), so they hide."""
-        return [gr.update(visible=not chosen) for _ in side_groups]
+    def mode(chosen: str | None, own: bool) -> list[Any]:
+        """Model B set: A runs the Run tab's settings, so A's hide, and so do B's unless B uses its own."""
+        return [gr.update(visible=not chosen), gr.update(visible=not chosen or bool(own))]
+
+    def model_b_chosen(chosen: str | None, own: bool) -> list[Any]:
+        """The sides' settings as `mode` says, and "B uses its own settings" only with model B set."""
+        return [*mode(chosen, own), gr.update(visible=bool(chosen))]
 
     def decoder_shown(decoder: str) -> list[Any]:
         """A side's decoder chose: only the settings that decoder reads show (the Run tab's rule)."""
@@ -268,9 +323,11 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     for k in range(2):
         controls = side_controls[k * n : (k + 1) * n]
         controls[COMPARE_FIELDS.index("decoder")].change(decoder_shown, controls[COMPARE_FIELDS.index("decoder")], controls, **PRIVATE)
-    model_b.change(mode, model_b, side_groups, **PRIVATE)
-    collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b], [settings_a, settings_b], **PRIVATE)
-    event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
+    model_b.change(model_b_chosen, [model_b, b_own], [*side_groups, b_own], **PRIVATE)
+    b_own.change(mode, [model_b, b_own], side_groups, **PRIVATE)
+    collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b, b_own], [settings_a, settings_b], **PRIVATE)
+    # new inputs come last, so API clients passing the earlier ones by place keep working
+    event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected, b_own], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
     # a number typed into the slider's box fires `input`, not `release`; while dragging, only the
     # latest value is drawn
