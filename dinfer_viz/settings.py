@@ -337,7 +337,8 @@ def fit_to_model(config: GenerationConfig, kind: str, canvas_length: int | None)
     only its own sampler, on canvases of the length it was trained with (transformers' generate
     knows no other): a masked decoder chosen on the page (the Run tab's, or Compare setting a
     masked model against a uniform one) becomes the `uniform` decoder with its declared defaults;
-    the block length becomes the canvas, the generation length whole canvases. The trace's header
+    the block length becomes the canvas, the generation length whole canvases, the cache mode none
+    (its loop caches the prompt and finished canvases itself). The trace's header
     says what ran (the views read it); a masked model's config is returned as it is (the engine
     refuses the uniform decoder there in one line)."""
     if kind != UNIFORM:
@@ -346,7 +347,8 @@ def fit_to_model(config: GenerationConfig, kind: str, canvas_length: int | None)
         config = dataclasses.replace(config, decoder=UNIFORM, decoder_options={})
     width = canvas_length or config.block_length
     length = max(width, -(-config.gen_length // width) * width)
-    return dataclasses.replace(config, block_length=width, gen_length=length)
+    # its loop keeps its own K/V cache (prompt and finished canvases, encoded once): no cache mode applies
+    return dataclasses.replace(config, block_length=width, gen_length=length, cache="none")
 
 
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:

@@ -23,6 +23,7 @@ from .cells import CELL_COLOURS
 from .figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
 from .grid import expected_at
 from .timeline import Timeline, iteration_number
+from .uniform_grid import step_verdict
 
 NOISE_BAR = "#a8a29e"  # re-noised counts: the grid dims noise to this (a near-white cell would vanish as a bar)
 OUTPUT_MARK = dict(symbol="star", size=11, color="#2563eb", line=dict(width=1, color="#111827"))
@@ -30,20 +31,6 @@ OUTPUT_MARK = dict(symbol="star", size=11, color="#2563eb", line=dict(width=1, c
 
 def _active(timeline: Timeline, rec: IterationRecord) -> bool:
     return bool(rec.uniform["active"][timeline.row])
-
-
-def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
-    """Record `rec`'s rule at canvas position `p`, with its numbers: entropy, the sum compared with
-    the bound, accepted or re-noised (and the random token drawn). The verdict is the engine's flag
-    (`committed`): the recorded sums are rounded to 4 decimals."""
-    row, s = timeline.row, rec.block_range[0]
-    u = rec.uniform
-    total, bound = u["entropy_sum"][row][p - s], u["bound"]
-    if p in rec.committed[row]:
-        return f"accepted {timeline.text_of(rec.top1[row][p - s])!r}: the lower entropies sum to {total:.4g} ≤ bound {bound:g}"
-    noise = dict(zip(u["renoised"][row], u["noise"][row])).get(p)
-    drawn = f" → random {timeline.text_of(noise)!r}" if noise is not None else ""
-    return f"re-noised{drawn}: the lower entropies sum to {total:.4g} > bound {bound:g}"
 
 
 def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> go.Figure:

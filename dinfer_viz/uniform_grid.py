@@ -54,14 +54,25 @@ def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int,
     return "accepted" if decided >= 0 and p in timeline.records[decided].committed[timeline.row] else "noise"
 
 
-def _rule(timeline: Timeline, rec: IterationRecord, p: int) -> str:
-    """The entropy-bound numbers at `p` in `rec`: its proposal, entropy and the running sum."""
+def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
+    """Record `rec`'s rule at canvas position `p`, with its numbers: entropy, the sum compared with
+    the bound, accepted or re-noised (and the random token drawn). The verdict is the engine's flag
+    (`committed`): the recorded sums are rounded to 4 decimals."""
     row, s = timeline.row, rec.block_range[0]
     u = rec.uniform
     total, bound = u["entropy_sum"][row][p - s], u["bound"]
-    verdict = f"sum {total:.3f} ≤ bound {bound:g}: accepted" if p in rec.committed[row] else f"sum {total:.3f} > bound {bound:g}: re-noised"
+    if p in rec.committed[row]:
+        return f"accepted {timeline.text_of(rec.top1[row][p - s])!r}: the lower entropies sum to {total:.4g} ≤ bound {bound:g}"
+    noise = dict(zip(u["renoised"][row], u["noise"][row])).get(p)
+    drawn = f" → random {timeline.text_of(noise)!r}" if noise is not None else ""
+    return f"re-noised{drawn}: the lower entropies sum to {total:.4g} > bound {bound:g}"
+
+
+def _rule(timeline: Timeline, rec: IterationRecord, p: int) -> str:
+    """The hover's line for `p` in `rec`: its proposal and entropy, then the rule's verdict."""
+    row, s = timeline.row, rec.block_range[0]
     proposal = rec.top1[row][p - s]
-    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.confidence[row][p - s]:.3f}) · entropy {u['entropy'][row][p - s]:.3f}, {verdict}"
+    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.confidence[row][p - s]:.3f}) · entropy {rec.uniform['entropy'][row][p - s]:.3f} · {step_verdict(timeline, rec, p)}"
 
 
 # what a cell's hover says its state is

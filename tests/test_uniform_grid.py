@@ -66,7 +66,8 @@ def test_hover_and_caption_carry_the_rules_numbers(timeline):
     s = rec.block_range[0]
     cells = _cells(timeline, i)
     p = rec.committed[0][0]
-    assert f"entropy {u['entropy'][0][p - s]:.3f}, sum {u['entropy_sum'][0][p - s]:.3f} ≤ bound {u['bound']:g}: accepted" in cells[p]["tip"]
+    assert f"entropy {u['entropy'][0][p - s]:.3f} · accepted" in cells[p]["tip"]
+    assert f"sum to {u['entropy_sum'][0][p - s]:.4g} ≤ bound {u['bound']:g}" in cells[p]["tip"]
     q = u["renoised"][0][0]
     noise = u["noise"][0][0]
     assert "re-noised" in cells[q]["tip"] and f"(id {noise})" in cells[q]["tip"]
