@@ -286,7 +286,7 @@ def _css() -> str:
         "width:calc(var(--c,0)*100%);background:#facc15}",
         ".cell.masked{color:#9ca3af}",
         ".cell.remasked{color:#fecdd3}",
-        ".cell.noise{color:#a8a29e}",
+        ".cell.noise{color:#78716c;font-style:italic}",
         ".cell s.was{color:#6b21a8;opacity:0.75;margin-right:3px}",
         ".stats{font-size:12px;color:#6b7280;margin:0 0 4px;font-variant-numeric:tabular-nums}",
     ]

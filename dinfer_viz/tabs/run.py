@@ -135,16 +135,15 @@ def stored_view(
 ) -> dict[str, Any]:
     """A finished run (a loaded trace, a sweep's wrong answer) opened for replay at iteration `at`:
     its view, readout, scrubber, state and the explanation of the settings it ran with."""
-    cfg = timeline.trace.config or {}
     out = timeline_view(timeline, at, expected, highlight=highlight, pinned=pinned)
-    out.update(
-        readout=readout(timeline, None, note=note),
-        scrub=scrub_to(timeline, at),
-        state=RunState(timeline, expected),
-        message=message,
-        explain=explain(cfg.get("decoder", "?"), cfg.get("cache", "?"), bool(cfg.get("smoothing")), bool(cfg.get("unroll"))),
-    )
+    out.update(readout=readout(timeline, None, note=note), scrub=scrub_to(timeline, at), state=RunState(timeline, expected), message=message, explain=ran_explanation(timeline))
     return out
+
+
+def ran_explanation(timeline: Timeline) -> str:
+    """The explanation panel for the settings `timeline`'s run ran with (its trace's header)."""
+    cfg = timeline.trace.config or {}
+    return explain(cfg.get("decoder", "?"), cfg.get("cache", "?"), bool(cfg.get("smoothing")), bool(cfg.get("unroll")))
 
 
 def live_speed(value: Any) -> float:
@@ -255,6 +254,8 @@ class RunHandlers(TabHandlers):
             download=self._write_trace(tl.trace),
             state=RunState(tl, expected),
         )
+        if tl.uniform:  # it ran its own sampler, not the decoder the controls explain
+            out["explain"] = ran_explanation(tl)
         return out
 
     def _write_trace(self, trace: Trace) -> str:
