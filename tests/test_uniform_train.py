@@ -95,3 +95,27 @@ def test_a_short_run_scores_and_writes_the_model(tmp_path):
     trainer = UniformTrainer(tiny(tmp_path, steps=2, eval_every=2))
     summary = trainer.run(trainer.loss)
     assert summary["steps"] == 2 and set(summary["held_out_accuracy"])
+
+
+def test_eval_counts_a_uniform_rows_forwards_as_the_engine_does(tiny_gemma_folder):
+    """A uniform-state row's forwards read off its trace (active steps plus one encoder forward per
+    canvas) equal the engine's NFE for that row run alone. (A row's solo run draws other random
+    numbers than its batched run, so unlike a greedy masked run its batched steps are not its solo
+    ones: the eval counts what the batched run did.)"""
+    from engine import Engine, GenerationConfig, RunHooks
+    from tinymodel.eval import per_row_commits
+
+    engine = Engine(str(tiny_gemma_folder))
+    config = GenerationConfig(gen_length=16, block_length=8, decoder="uniform", decoder_options={"max_denoising_steps": 5})
+    for prompt in ("Q: ?+?=38 A:", "Q: 12+35=? A:"):
+        out = engine.generate_ids([engine.encode(prompt, False)], config, RunHooks(trace=True))
+        assert [f for _, f in per_row_commits(out, engine.stop_ids, engine.model.mask_token_id)] == [out.stats.nfe]
+
+
+def test_eval_settings_follow_the_models_kind():
+    from tinymodel.eval import ENTROPY_BOUNDS, SETTINGS, settings_for
+
+    uniform, masked = settings_for("uniform"), settings_for("masked")
+    assert uniform == [f"uniform {b:g}" for b in ENTROPY_BOUNDS]
+    assert set(uniform).isdisjoint(masked) and set(uniform) | set(masked) == set(SETTINGS)
+    assert all(f"eb {b:g}" in masked for b in ENTROPY_BOUNDS)  # EB-Sampler is a masked model's decoder

@@ -1,6 +1,7 @@
 """Held-out evaluation of a model on the embedded task families, through the real engine's generate.
 
     python -m tinymodel.eval --model assets/tiny-llada --threads 2       # every setting, every family
+    python -m tinymodel.eval --model assets/tiny-gemma --tasks add sub pairsum --gen-length 16 --block-length 16   # its sampler at 3 bounds
     python -m tinymodel.eval --settings fixed "thr 0.9" --tasks pairsum --limit 50
     python -m tinymodel.eval --model runs/x/model --split train --settings "thr 0.9" --limit 64  # choose a checkpoint
 
@@ -155,8 +156,9 @@ def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int)
     Rows decode independently, so a row alone takes the forwards in which it changed something
     (every forward of a lone row commits at least one token, or for a revising decoder commits or
     revises one), plus, for a revising decoder, the one forward per block after which it settled
-    (no mask left and nothing changed): TPF computed from it does not depend on the evaluation
-    batch size. The canvas is replayed alongside to know which rows still had masks.
+    (no mask left and nothing changed); a uniform-state row takes its active steps (each accepts at
+    least one proposal) plus one encoder forward per canvas it denoised. TPF computed from it does
+    not depend on the evaluation batch size. The canvas is replayed alongside to know which rows still had masks.
     """
     trace = output.trace
     canvas = [list(row) for row in trace.initial]
@@ -172,6 +174,8 @@ def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int)
         revisions = rec.revisions or [[] for _ in rec.committed]
         for row, positions in enumerate(rec.committed):
             key, mask_free = (row, rec.block), mask_id not in canvas[row][s:e]
+            if rec.uniform is not None and rec.uniform["step"] == 0 and rec.uniform["active"][row]:
+                forwards[row] += 1  # a uniform-state canvas starts with one encoder forward (docs/counting.md §9)
             if key in settled:
                 pass
             elif positions or revisions[row]:
@@ -250,6 +254,7 @@ def _fmt(value: float | None) -> str:
 # The decoder settings the eval command compares (name -> GenerationConfig changes). "fixed" commits
 # one token per forward (LLaDA's steps = gen_length); "fixed x4" four, the most parallel fixed
 # schedule; the thresholds span what the app's sweep shows; hierarchical and credit at defaults.
+ENTROPY_BOUNDS = (0.1, 0.5, 2.0)
 SETTINGS: dict[str, dict] = {
     "fixed": {"decoder": "fixed"},
     "fixed x4": {"decoder": "fixed", "steps_divisor": 4},
@@ -265,7 +270,16 @@ SETTINGS: dict[str, dict] = {
     # WINO at the authors' wide-in threshold, and a bolder one (narrow-out at its default 0.9)
     "wino 0.6": {"decoder": "wino", "threshold": 0.6},
     "wino 0.3": {"decoder": "wino", "threshold": 0.3},
+    # EB-Sampler on masked models, and a uniform-state model's sampler, at three entropy bounds (nats)
+    **{f"eb {bound:g}": {"decoder": "entropy_bound", "decoder_options": {"entropy_bound": bound}} for bound in ENTROPY_BOUNDS},
+    **{f"uniform {bound:g}": {"decoder": "uniform", "decoder_options": {"entropy_bound": bound}} for bound in ENTROPY_BOUNDS},
 }
+
+
+def settings_for(kind: str) -> list[str]:
+    """The SETTINGS a model of diffusion `kind` runs: the uniform sampler's for a uniform-state
+    model, every other for a masked one."""
+    return [name for name, changes in SETTINGS.items() if (changes.get("decoder") == "uniform") == (kind == "uniform")]
 
 
 def setting_config(name: str, gen_length: int, block_length: int) -> GenerationConfig:
@@ -331,7 +345,7 @@ def _positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m tinymodel.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model folder (config.json, safetensors, tokenizer)")
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), metavar="SETTING", help=f"decoder settings to compare: {', '.join(SETTINGS)} (default all)")
+    parser.add_argument("--settings", nargs="+", default=None, choices=list(SETTINGS), metavar="SETTING", help=f"decoder settings to compare: {', '.join(SETTINGS)} (default: all those of the model's kind of diffusion)")
     parser.add_argument("--gen-length", type=_positive, default=64)
     parser.add_argument("--block-length", type=_positive, default=32)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
@@ -357,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             examples = out_of_range_examples(args.tasks, args.limit or 200)
         else:
             examples = free_text_examples()
-        configs = [(name, setting_config(name, args.gen_length, args.block_length)) for name in args.settings]
         model = load_model(args.model, **runtime)
+        names = args.settings or settings_for(model.diffusion_kind)
+        configs = [(name, setting_config(name, args.gen_length, args.block_length)) for name in names]
         set_cpu_threads(model, args.threads)
         tokenizer = load_tokenizer(args.model)
         rows = [(name, c, evaluate(model, tokenizer, examples, c, args.batch_size, progress=True)) for name, c in configs]
