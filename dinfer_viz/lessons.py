@@ -72,8 +72,11 @@ BASE_MODEL, EDIT_MODEL = "tiny-llada", "tiny-llada-edit"  # embedded models, by 
 # `  0 + 31`, and with `edit` it edits the first number's blank into ` 10 + 31` (final checkpoint)
 EDIT_LESSON_PROMPT = "Q: ?+?=41 A:"
 UNIFORM_MODEL = "tiny-gemma"  # the embedded uniform-state model (DiffusionGemma): canvases of 16, the char tokenizer
-UNIFORM_LESSON_PROMPT = "Q: 7+58=? A:"  # answer `   7+ 58=  65` and EOS: 14 positions
-LARGER_BOUND = 1.0  # the uniform sampler's entropy bound in lesson 6's last step (its default: 0.1)
+# Pair-sum: the sum leaves the digits open (any split of 41 is right), so their proposals stay
+# uncertain for a few steps and the uniform sampler re-noises them while the rest is accepted; an
+# arithmetic answer has one right digit each, which a trained model proposes at once
+UNIFORM_LESSON_PROMPT = EDIT_LESSON_PROMPT
+LARGER_BOUND = 2.0  # the uniform sampler's entropy bound in lesson 6's last step (its default: 0.1)
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -211,7 +214,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         "6 · masked → uniform-state diffusion → a larger entropy bound",
         # blocks of tiny-gemma's canvas, 16: its first canvas holds the answer and its EOS. Two of
-        # them, since the masked model in one block of 16 commits a second `+` at τ 0.9 (`   7++58=  65`)
+        # them, since the masked model in one block of 16 breaks the format at τ 0.9 (`   7++58=  65`)
         UNIFORM_LESSON_PROMPT,
         {"gen_length": 32, "block_length": 16, "decoder": "threshold", "threshold": 0.9, "cache": "none", MODEL: BASE_MODEL},
         (
@@ -224,14 +227,14 @@ LESSONS: tuple[Lesson, ...] = (
             Step(
                 "uniform-state diffusion: tiny-gemma and its sampler",
                 {MODEL: UNIFORM_MODEL, "decoder": UNIFORM},
-                "No cell is ever empty: the canvas starts as random tokens, each step accepts the lowest-entropy proposals and re-noises "
-                "the rest; scrub the steps to watch noise turn into the sum, and hover a cell for its proposal's entropy.",
+                "No cell is ever empty or final: the canvas starts as random tokens, each step accepts the lowest-entropy proposals and "
+                "re-noises the rest (here the digits the sum leaves open); scrub the steps to watch them settle, and hover a cell for its entropy.",
             ),
             Step(
                 f"entropy bound 0.1 → {LARGER_BOUND}",
                 {"decoder_options": {"entropy_bound": LARGER_BOUND}},
-                "A larger bound lets more proposals in per step, so fewer are re-noised and the canvas settles in fewer denoising steps: "
-                "compare the steps and TPF with step 2, and check that the sum is still right.",
+                "A larger bound lets more of the open digits in per step, so fewer are re-noised and the canvas settles in fewer "
+                "denoising steps: compare the steps and TPF with step 2, and check that the sum is still right.",
             ),
         ),
     ),
