@@ -336,18 +336,20 @@ def fit_to_model(config: GenerationConfig, kind: str, canvas_length: int | None)
     """`config` as a model of diffusion `kind` runs it. A uniform-state model (DiffusionGemma) runs
     only its own sampler, on canvases of the length it was trained with (transformers' generate
     knows no other): a masked decoder chosen on the page (the Run tab's, or Compare setting a
-    masked model against a uniform one) becomes the `uniform` decoder with its declared defaults;
-    the block length becomes the canvas, the generation length whole canvases, the cache mode none
-    (its loop caches the prompt and finished canvases itself). The trace's header
-    says what ran (the views read it); a masked model's config is returned as it is (the engine
-    refuses the uniform decoder there in one line)."""
+    masked model against a uniform one) becomes the `uniform` decoder, keeping the options both
+    declare (entropy_bound's bound); the block length becomes the canvas, the generation length
+    whole canvases, the cache mode none (its loop caches the prompt and finished canvases itself).
+    The reverse, the `uniform` decoder left on the page for a masked model (after lesson 6, say),
+    becomes the engine's default masked decoder. The trace's header says what ran (the views read it)."""
     if kind != UNIFORM:
-        return config
+        if config.decoder != UNIFORM:
+            return config
+        return dataclasses.replace(config, decoder=GenerationConfig.decoder, decoder_options={})
     if config.decoder != UNIFORM:
-        config = dataclasses.replace(config, decoder=UNIFORM, decoder_options={})
+        shared = {k: v for k, v in config.decoder_options.items() if k in decoder_class(UNIFORM).options}
+        config = dataclasses.replace(config, decoder=UNIFORM, decoder_options=shared)
     width = canvas_length or config.block_length
     length = max(width, -(-config.gen_length // width) * width)
-    # its loop keeps its own K/V cache (prompt and finished canvases, encoded once): no cache mode applies
     return dataclasses.replace(config, block_length=width, gen_length=length, cache="none")
 
 

@@ -32,6 +32,10 @@ def test_a_masked_decoder_on_a_uniform_model_becomes_its_sampler():
     own = GenerationConfig(decoder="uniform", gen_length=16, block_length=32, decoder_options={"entropy_bound": 0.5})
     assert fit_to_model(own, "uniform", 8).decoder_options == {"entropy_bound": 0.5}  # its own settings stay
     assert fit_to_model(chosen, "masked", None) is chosen
+    eb = GenerationConfig(decoder="entropy_bound", decoder_options={"entropy_bound": 0.7})
+    assert fit_to_model(eb, "uniform", 8).decoder_options == {"entropy_bound": 0.7}  # the option both declare is kept
+    back = fit_to_model(own, "masked", None)  # the uniform sampler left on the page, a masked model chosen
+    assert back.decoder == GenerationConfig.decoder and back.decoder_options == {}
 
 
 def test_the_run_handler_runs_the_uniform_sampler(tmp_path_factory, tiny_gemma_folder):
