@@ -332,3 +332,23 @@ def test_the_serve_command_refuses_bad_flags_and_a_busy_port_in_one_line(capsys)
             assert main(["serve", *flags]) == 2
             err = capsys.readouterr().err
             assert fragment in err and err.count("\n") == 1, err
+
+
+def test_a_uniform_state_stream_sends_a_canvas_only_once_it_wrote_its_output(tiny_gemma_folder):
+    """A uniform-state run accepts proposals that later steps replace: nothing of a canvas may be
+    sent before its output record, and what is sent is a prefix of the final text (a real run of
+    the tiny DiffusionGemma, its records fed to the stream as the server feeds them)."""
+    engine = Engine(str(tiny_gemma_folder))
+    config = GenerationConfig(decoder="uniform", block_length=8, gen_length=24, seed=2, decoder_options={"max_denoising_steps": 6})
+    out = engine.generate_ids([engine.encode("Q: 7+5=? A:", False)], config, RunHooks(trace=True))
+    trace = out.trace
+    decode = lambda ids: engine.tokenizer.decode(ids)  # noqa: E731
+    row = RowText(trace, decode, max_tokens=64, stops=[])
+    sent = ""
+    for rec in trace.iterations:
+        delta = row.update(rec)
+        if rec.uniform["output"] is None:
+            assert delta == ""  # the canvas is still being judged
+        sent += delta
+    rest, _, _ = row.finish(trace.final[0])
+    assert sent and sent + rest == decode(out.token_ids[0])  # some text streamed before the end, and all of it stays

@@ -4,7 +4,9 @@ What a stream sends is only ever final: the left-to-right prefix of the answer t
 iteration can change, so a client appends deltas and never has to take text back. A committed
 token is final at once when the decoder never revises (its records carry no `revisions`); for a
 decoder that revises committed tokens, the tokens of a block are final when the loop moves past
-the block (revisions stay inside the block being decoded: engine/trace.py, `Trace.from_dict` checks it). The prefix also ends
+the block (revisions stay inside the block being decoded: engine/trace.py, `Trace.from_dict` checks it);
+for a uniform-state run (DiffusionGemma), whose accepted proposals are judged again at every step,
+a canvas is final when it writes its output (docs/trace.md §2.2). The prefix also ends
 at the first end-of-text id, at `max_tokens` tokens, before a stop string (the text that could
 still become one is held back) and before an incomplete character.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ..trace import REMASK, IterationRecord, Trace
+from ..trace import IterationRecord, Trace, record_writes
 
 INCOMPLETE = "\ufffd"  # what decode writes for a character whose bytes have not all arrived
 
@@ -39,7 +41,7 @@ class RowText:
         self.mask_id, self.stop_ids = header.mask_id, set(header.eos_ids)
         self.decode, self.max_tokens, self.stops = decode, max_tokens, stops
         self.final_until = self.start  # positions before this are final (blocks the loop has left)
-        self.revises = False  # the decoder revises committed tokens: final only once the block is done
+        self.blockwise = False  # a block's tokens are final only once it is done (a revising decoder, a uniform-state run)
         self.sent = ""
 
     def _answer(self, ids: list[int]) -> tuple[list[int], bool]:
@@ -52,14 +54,16 @@ class RowText:
     def update(self, rec: IterationRecord) -> str:
         """The text this record made final, beyond what was sent."""
         s, e = rec.block_range
-        self.final_until = max(self.final_until, s)
-        for p in rec.committed[0]:
-            self.canvas[p] = rec.top1[0][p - s]
-        if rec.revisions is not None:
-            self.revises = True
-            for revision in rec.revisions[0]:
-                self.canvas[revision["position"]] = self.mask_id if revision["kind"] == REMASK else revision["new"]
-        end = self.final_until if self.revises else len(self.canvas)
+        for p, token in record_writes(rec, 0):
+            self.canvas[p] = token
+        if rec.uniform is not None:
+            self.blockwise = True
+            if rec.uniform.get("output") is not None:  # the canvas is done: its output stays
+                self.final_until = max(self.final_until, e)
+        else:
+            self.final_until = max(self.final_until, s)
+            self.blockwise = self.blockwise or rec.revisions is not None
+        end = self.final_until if self.blockwise else len(self.canvas)
         committed = []
         for token in self.canvas[self.start : end]:
             if token == self.mask_id:
