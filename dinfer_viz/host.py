@@ -30,8 +30,9 @@ DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
 EMBEDDED_ROOT = Path(DEFAULT_MODEL).parent  # assets/: the models shipped with the app
 DISTILLED = "tiny-llada-td"
 EDITING = "tiny-llada-edit"  # trained with LLaDA2.1's mixed objective for the edit decoder (tinymodel/edit.py)
+UNIFORM_STATE = "tiny-gemma"  # a DiffusionGemma: uniform-state diffusion (tinymodel/uniform.py)
 # What a shipped model's folder name does not say, shown beside it wherever a visitor picks a model
-EMBEDDED_NOTES = {DISTILLED: "trajectory-distilled", EDITING: "trained to edit"}
+EMBEDDED_NOTES = {DISTILLED: "trajectory-distilled", EDITING: "trained to edit", UNIFORM_STATE: "uniform-state, DiffusionGemma"}
 
 
 def embedded_models(root: Path = EMBEDDED_ROOT) -> dict[str, str]:
