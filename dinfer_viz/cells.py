@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import html
 
+from engine import EngineError
+from engine.registry import decoder_class
+
 from .timeline import Timeline
 from .tokens import glyph, is_special
 
@@ -79,8 +82,18 @@ def legend_states(timeline: Timeline | None) -> list[tuple[str, str]]:
     if timeline is not None and timeline.uniform:
         shown = ("prompt", "masked", *UNIFORM_STATES, "fill")
         return [(k, UNIFORM_LABELS.get(k, CELL_COLOURS[k][1])) for k in shown]
-    revises = timeline is not None and timeline.revises
+    revises = timeline is not None and (timeline.revises or _declared_revising(timeline))
     return [(k, label) for k, (_, label) in CELL_COLOURS.items() if k not in UNIFORM_STATES and (revises or k not in REVISION_STATES)]
+
+
+def _declared_revising(timeline: Timeline) -> bool:
+    """The run's decoder declares that it revises (known from the header, so a live grid's legend is
+    the same from its first frame to its last: a legend that changed mid-run would redraw the grid
+    and drop the live renderer's cells)."""
+    try:
+        return bool(getattr(decoder_class(str((timeline.trace.config or {}).get("decoder"))), "revises", False))
+    except EngineError:  # a trace from a plug-in this app has not loaded: its records say
+        return False
 
 
 def legend_html(timeline: Timeline | None) -> str:

@@ -341,9 +341,9 @@ def test_stop_latency_cancels_inside_the_first_forward(capsys):
 
 def test_a_decoder_swept_by_its_own_option_gets_one_point_per_value():
     """entropy_bound declares its bound (a decoder option) as its sweep setting: one point per
-    --option-values value, carried in decoder_options, the base's other options kept."""
-    base = GenerationConfig(gen_length=16, block_length=8, decoder_options={"unrelated": 1})
+    --option-values value, carried in decoder_options."""
+    base = GenerationConfig(gen_length=16, block_length=8)
     points = sweep_points("entropy_bound", base, option_values=(0.05, 1.5))
     assert [(knob, value) for knob, value, _ in points] == [("entropy_bound", 0.05), ("entropy_bound", 1.5)]
-    assert [c.decoder_options for _, _, c in points] == [{"unrelated": 1, "entropy_bound": 0.05}, {"unrelated": 1, "entropy_bound": 1.5}]
+    assert [c.decoder_options for _, _, c in points] == [{"entropy_bound": 0.05}, {"entropy_bound": 1.5}]
     assert all(c.decoder == "entropy_bound" for _, _, c in points)

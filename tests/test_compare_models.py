@@ -14,7 +14,7 @@ import gradio as gr
 import pytest
 
 from dinfer_viz.grid import grid_value
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.host import EngineHost, ModelSpec, model_title
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_FIELDS, COMPARE_VIEW, SCRUB_LABEL
 from dinfer_viz.ui import Handlers
@@ -66,7 +66,7 @@ def test_a_masked_model_against_a_uniform_one_each_runs_its_own_kind_on_one_slid
     assert not state.a.uniform and state.b.uniform
     assert state.a.trace.final == solo(models["tiny-llada"], a) and state.b.trace.final == solo(models["tiny-gemma"], b)
     assert "masked diffusion (threshold)" in view["title_a"] and "uniform-state diffusion (uniform)" in view["title_b"]
-    assert state.labels == ("A: tiny-llada · threshold, τ=0.9, cache none, block 16", f"B: tiny-gemma · uniform, entropy bound 0.1, canvas {CANVAS}")
+    assert state.labels == ("A: tiny-llada · threshold, τ=0.9, cache none, block 16", f"B: {model_title('tiny-gemma')} · uniform, entropy bound 0.1, canvas {CANVAS}")
     assert "(both:" not in view["message"]  # the sides' settings differ, so each label gives its own
 
     counts = (state.a.iterations, state.b.iterations)
