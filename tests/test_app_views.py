@@ -94,9 +94,9 @@ def test_grid_template_has_an_explicit_colour_for_every_state():
     """Every state has its colour, and the legend of the kind of run that has it names it: the
     revision states only for a revising decoder, the uniform-state ones only for a uniform run."""
     kinds = {
-        "masked": SimpleNamespace(uniform=False, revises=False),
-        "revising": SimpleNamespace(uniform=False, revises=True),
-        "uniform": SimpleNamespace(uniform=True, revises=False),
+        "masked": SimpleNamespace(uniform=False, revises=False, trace=SimpleNamespace(config={"decoder": "threshold"})),
+        "revising": SimpleNamespace(uniform=False, revises=True, trace=SimpleNamespace(config={"decoder": "edit"})),
+        "uniform": SimpleNamespace(uniform=True, revises=False, trace=SimpleNamespace(config={"decoder": "uniform"})),
     }
     legends = {name: legend_html(kind) for name, kind in kinds.items()}
     assert legend_html(None) == legends["masked"]
