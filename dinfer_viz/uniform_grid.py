@@ -36,7 +36,7 @@ def deciding_record(timeline: Timeline, iteration: int) -> int:
     return -1
 
 
-def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int, done: int | None = None) -> str:
+def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int, done: int | None = None, decided: int | None = None) -> str:
     """Position `p`'s state after record `iteration` (-1: before the first step): prompt, masked
     (not generated yet), output / fill (a finished canvas; fill after the row's end), accepted or
     noise (the canvas being denoised). `done`: `finished_until`, when the caller has it."""
@@ -50,7 +50,7 @@ def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int,
     s, e = timeline.records[iteration].block_range
     if not s <= p < e:
         return "masked"
-    decided = deciding_record(timeline, iteration)
+    decided = deciding_record(timeline, iteration) if decided is None else decided
     return "accepted" if decided >= 0 and p in timeline.records[decided].committed[timeline.row] else "noise"
 
 
@@ -86,12 +86,11 @@ STATE_TIPS = {
 }
 
 
-def uniform_tip(timeline: Timeline, canvas: list[int], previous: list[int], p: int, iteration: int, state: str) -> list[str]:
+def uniform_tip(timeline: Timeline, canvas: list[int], previous: list[int], p: int, iteration: int, state: str, decided: int) -> list[str]:
     """The hover lines of `p`'s cell after record `iteration` in `state`."""
     token = canvas[p]
     lines = [f"pos {p} · {STATE_TIPS[state]}", f"token {timeline.text_of(token)!r} (id {token})"]
     if state in ("accepted", "noise"):
-        decided = deciding_record(timeline, iteration)
         if decided >= 0:
             lines.append(_rule(timeline, timeline.records[decided], p))
             if decided != iteration:
@@ -109,16 +108,17 @@ def uniform_cells(timeline: Timeline, iteration: int, first: int) -> list[tuple[
     previous = timeline.canvas_at(iteration - 1) if iteration >= 0 else canvas
     done = finished_until(timeline, iteration) if iteration >= 0 else timeline.prompt_length
     block = range(*timeline.records[iteration].block_range) if iteration >= 0 else range(0)
+    decided = deciding_record(timeline, iteration) if iteration >= 0 else -1  # once per grid, not per cell
     out = []
     for p in range(first, timeline.canvas_length):
-        state = uniform_state(timeline, canvas, p, iteration, done)
+        state = uniform_state(timeline, canvas, p, iteration, done, decided)
         classes = [state]
         if p in block and p >= done:
             classes.append("blk")
         if previous[p] != canvas[p] and state != "prompt":
             classes.append("chg")
         text = "∎" if state == "fill" else cell_text(timeline, canvas[p])  # the pad after a row's end (often the EOS id too)
-        out.append((p, text, classes, uniform_tip(timeline, canvas, previous, p, iteration, state)))
+        out.append((p, text, classes, uniform_tip(timeline, canvas, previous, p, iteration, state, decided)))
     return out
 
 
