@@ -6,7 +6,7 @@ For each canvas length: a LLaDA with the embedded model's shape but `max_sequenc
 enough (random weights: only the time matters) runs one generate on a worker thread; the cancel
 event is set once the first layer of the first forward has started, and the table shows the time
 of one whole forward (measured first, alone) against the time from the cancel to the worker's end.
-The engine checks the cancel before every layer (engine/iteration.py: cancel_between_layers), so
+The engine checks the cancel before every layer (engine/run.py: cancel_between_layers), so
 the second figure is about one layer's time, not one forward's. Medians over `--repeats`.
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from engine import GenerationConfig, RunHooks
 from engine.cli import OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
-from engine.iteration import GenerationCancelled
+from engine.run import GenerationCancelled
 from engine import run_diffusion
 from engine.models import LLaDAModelLM
 from tinymodel.tokenizer import build_tokenizer, special_ids

@@ -24,7 +24,7 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
     # a revising decoder's changes to committed positions (engine/revising.py)
     "edited": ("#e879f9", "edited now (old token struck through)"),
     "remasked": ("#9f1239", "remasked now (back to [MASK])"),
-    # a uniform-state run (engine/uniform.py): every position holds a token at every step
+    # a uniform-state run (engine/kinds/uniform.py): every position holds a token at every step
     "noise": ("#e7e5e4", "noise (a random token: not accepted)"),
     "accepted": ("#4ade80", "accepted this step (entropy sum within the bound)"),
     "output": ("#bfdbfe", "a finished canvas's output"),

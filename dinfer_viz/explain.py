@@ -14,7 +14,7 @@ from engine.cache_modes import cache_mode
 from engine.errors import EngineError
 from engine.registry import decoder_class
 from engine.system_options import SYSTEM_OPTIONS, system_options
-from engine.uniform import UNIFORM
+from engine.trace import UNIFORM
 
 from .cache_figure import cache_rule_markdown
 from .settings import decoder_presets
@@ -33,7 +33,7 @@ READING = (
     "token, confidence and commit iteration; the yellow bar is the model's current confidence); the "
     "raster is iteration × position confidence of positions still masked, with the commits marked."
 )
-# A uniform-state run (engine/uniform.py) reads none of the masked-diffusion settings, and its views show its own rule
+# A uniform-state run (engine/kinds/uniform.py) reads none of the masked-diffusion settings, and its views show its own rule
 UNIFORM_SETTINGS = (
     "The uniform-state loop caches the prompt and each finished canvas itself (the decoder reads that cache); "
     "the cache modes, smoothing and unrolling are masked-diffusion settings it does not read."

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import EngineError, GenerationConfig
-from engine.uniform import UNIFORM
+from engine.trace import UNIFORM
 
 from .settings import build_config
 

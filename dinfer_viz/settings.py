@@ -25,7 +25,7 @@ from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options
 from engine.revising import apply_preset
-from engine.uniform import UNIFORM
+from engine.trace import UNIFORM
 
 from engine.cli import checked_device
 

@@ -12,7 +12,7 @@ import bisect
 from dataclasses import dataclass
 
 from engine import IterationRecord, Trace
-from engine.uniform import UNIFORM
+from engine.trace import UNIFORM
 from engine.trace import EDIT, REMASK, record_writes
 
 from .tokens import is_special, readable

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import IterationRecord
-from engine.uniform import UniformSampler
+from engine.kinds.uniform import UniformSampler
 
 from .cells import inert
 from .grid import expected_at

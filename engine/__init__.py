@@ -1,7 +1,7 @@
 """dinfer-viz engine: masked-diffusion LM inference (LLaDA family) with dInfer's four components.
 
 - model: `engine.models` (families, registry, checkpoint loader)
-- diffusion iteration manager: `engine.iteration`
+- diffusion iteration manager: `engine.run` (the skeleton) and `engine.kinds` (one loop per kind)
 - decoders: `engine.decoders`
 - KV-cache manager: `engine.cache`
 
@@ -14,12 +14,13 @@ from .decoders import Decoder
 from .errors import EngineError
 from .generation import run_diffusion
 from .hooks import RunHooks
-from .iteration import GenerationCancelled, GenerationOutput
+from .kinds import fit
 from .models import load_model, save_model
 from .pipeline import Engine, load_tokenizer
 from . import entropy_bound, revising  # register the EB-Sampler and the decoders that revise their commits
 from . import remasking  # registers the decoders that remask their commits (remdm, wino)
 from .registry import DecoderOption, decoder_names, register_decoder
+from .run import GenerationCancelled, GenerationOutput
 from .stats import GenerationStats
 from .trace import IterationRecord, Trace
 
@@ -36,6 +37,7 @@ __all__ = [
     "RunHooks",
     "Trace",
     "decoder_names",
+    "fit",
     "load_model",
     "load_tokenizer",
     "register_decoder",

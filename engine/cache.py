@@ -17,13 +17,15 @@ from .cache_modes import cache_modes
 from .config import GenerationConfig
 from .errors import EngineError
 from .models.base import DiffusionLM, ModelOutput
+from .shadow import check_shadow_support, shadow_forward
+from .trace import REFRESH_FORWARD
 
 # The request's model inputs for canvas range [a, b): {"input_ids": ...} or {"inputs_embeds": ...}.
 Inputs = Callable[[int, int], dict[str, torch.Tensor]]
 
 # Forward kinds, as the trace records them.
 FULL = "full"  # no cache involved (mode none, or vicinity warm-up)
-REFRESH = "refresh"  # full forward whose K/V become the new store
+REFRESH = REFRESH_FORWARD  # full forward whose K/V become the new store (named in the trace module: its upgrade reads it)
 PREFIX = "prefix"
 DUAL = "dual"
 WINDOW = "window"
@@ -77,11 +79,18 @@ class KVCacheManager:
         return ForwardPlan(WINDOW, max(0, start - cfg.prefix_look), min(n, end + cfg.after_look))
 
     def forward(
-        self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None, **inputs: torch.Tensor
+        self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None,
+        shadow: tuple[int, int] | None = None, **inputs: torch.Tensor,
     ) -> ModelOutput:
         """Run `plan` on `inputs` (token ids or embeddings of the canvas range `[start, end)`);
         `masked`: the block's [MASK] positions in that input (None: unknown), for a store that
-        keeps only final K/V."""
+        keeps only final K/V; `shadow`: the block `[s, e)` whose shadow copy the forward also runs
+        (WINO, engine/shadow.py; on a full forward only: the decoder admits cache none alone)."""
+        if shadow is not None:
+            if plan.kind != FULL:
+                raise EngineError(f"a shadow block runs on full forwards only, not {plan.kind}")
+            check_shadow_support(model)
+            return shadow_forward(model, inputs, *shadow)
         if plan.kind == FULL:
             return model(**inputs)
         if plan.kind == REFRESH:
@@ -163,8 +172,11 @@ class BlockCausalCache(KVCacheManager):
         return ForwardPlan(PREFIX, start, end) if self.mode == "prefix" else ForwardPlan(FULL, 0, end)
 
     def forward(
-        self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None, **inputs: torch.Tensor
+        self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None,
+        shadow: tuple[int, int] | None = None, **inputs: torch.Tensor,
     ) -> ModelOutput:
+        if shadow is not None:
+            check_shadow_support(model)  # refuses: no shadow block under a block-causal mask
         if plan.kind == FULL:
             return model(**inputs, attention_mask=self.mask[: plan.end, : plan.end])
         out = self._cached(model, plan.start, plan.end, inputs)

@@ -51,6 +51,9 @@ class DecodeResult:
     remask: torch.Tensor | None = None
     revision_score: torch.Tensor | None = None
     revision_rules: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # `[B]`: the rows that took part in this step (None: those with a mask in the block), for a
+    # decoder whose rows finish on their own (the edit decoder's post-edit steps)
+    active: torch.Tensor | None = None
 
 
 def apply_decode(result: DecodeResult, current: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -146,10 +149,28 @@ def reduce_per_run(values: torch.Tensor, runs: torch.Tensor, reduce: str, empty:
     return torch.where(runs >= 0, table[slots], torch.full_like(values, empty))
 
 
+@dataclass
+class Block:
+    """What a decoder sees of the block it decodes, one step: `masked` `[B, W]` its [MASK]
+    positions, `tokens` `[B, W]` its tokens now, `editable` `[B, W]` the committed positions a
+    revising decoder may change (generated ones of rows still running: never the prompt),
+    `threshold` the one in force this step (smoothing may raise it above the config's), and the
+    shadow block's logits `[B, W, V]` when the decoder asked for them (`Decoder.shadow_block`)."""
+
+    masked: torch.Tensor
+    tokens: torch.Tensor
+    editable: torch.Tensor
+    threshold: float
+    shadow_logits: torch.Tensor | None = None
+
+
 class Decoder:
-    """Base class. Subclasses implement `decode`; `block_init`/`block_done` are optional hooks."""
+    """Base class. Subclasses implement `decode` (a rule that only fills masks) or `step` (one that
+    also revises); `block_init`/`block_done`/`block_continues` are optional hooks."""
 
     name: ClassVar[str] = ""
+    # The diffusion kind whose models it decodes (engine/kinds/): "masked" unless it says.
+    kind: ClassVar[str] = "masked"
     # False for decoders whose rule has no confidence threshold (the trace then records None).
     uses_threshold: ClassVar[bool] = True
     # The GenerationConfig settings this decoder reads (besides temperature and seed, which every
@@ -162,9 +183,20 @@ class Decoder:
     # Settings of this decoder's own that GenerationConfig lacks (plug-ins): given per run in
     # `config.decoder_options`, read with `self.option(name)`; the CLI and the app list them.
     options: ClassVar[dict[str, DecoderOption]] = {}
+    # Published default sets of its settings, by name (engine/revising.py: apply_preset).
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
     # True when a row's commits depend on that row alone (its logits, mask and state): rows of one
     # batch then each get their solo tokens, so requests may share a batch (engine/serving/batcher.py).
     row_wise: ClassVar[bool] = False
+    # True for a decoder that edits or remasks committed tokens (docs/algorithms.md §2.8): its
+    # `step` may return edits and remasks, and it decides in `block_continues` when a block ends,
+    # so the loop queues no groups of iterations for it. The trace header records it.
+    revises: ClassVar[bool] = False
+    # True for a decoder that needs WINO's shadow block (engine/shadow.py): the cache manager
+    # runs that forward and `Block.shadow_logits` carries the shadow's logits.
+    shadow_block: ClassVar[bool] = False
+    # Forwards a block may take beyond one per position (the loop's guard against no progress).
+    extra_forwards: int = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -185,36 +217,24 @@ class Decoder:
     def block_done(self, block_index: int) -> None:
         """Called when a block has no masks left; release per-block state here."""
 
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        """The decoder's one call per iteration: what to commit (and, revising, to edit or remask)
+        given the block's logits `[B, W, V]`. A rule that only fills masks implements `decode`."""
+        return self.decode(logits, block.masked, block.threshold)
+
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
-        """`threshold` is the one in force this iteration (smoothing may raise it above the config's)."""
-        raise NotImplementedError
-
-    # ---- revising decoders (engine/revising.py): they may change what they committed ----------
-    # True for a decoder that edits or remasks committed tokens: the loop calls `revise` instead of
-    # `decode`, and asks `block_continues` before each iteration instead of stopping when the block
-    # has no masks left (docs/algorithms.md §2.8).
-    revises: ClassVar[bool] = False
-    # Forwards a block may take beyond one per position (the loop's guard against no progress).
-    extra_forwards: int = 0
-
-    def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
-        """`current` `[B, W]`: the block's tokens now; `editable` `[B, W]`: committed positions the
-        decoder may change (generated ones: never the prompt)."""
-        raise NotImplementedError
-
-    # True for a decoder whose forward is its own (WINO's shadow block): the loop calls `forward`
-    # instead of the cache manager's, with the planned range's inputs (the decoder admits only the
-    # cache modes whose plan it can run).
-    own_forward: ClassVar[bool] = False
-
-    def forward(self, model: Any, inputs: dict[str, torch.Tensor], s: int, e: int) -> Any:
-        """The model's output for this iteration (`own_forward` decoders); block `[s, e)`."""
+        """A rule that only fills masks: `step` with the block's mask and threshold."""
         raise NotImplementedError
 
     def block_continues(self, masks_left: bool) -> bool:
         """Before each iteration of a block (`masks_left`: any row still has a mask there): whether
         to run it. A non-revising decoder's block ends when its masks do."""
         return masks_left
+
+    @classmethod
+    def capabilities(cls) -> dict[str, bool]:
+        """What the trace header records of the decoder (docs/trace.md §2)."""
+        return {"revises": cls.revises, "shadow_block": cls.shadow_block}
 
     def option(self, name: str) -> Any:
         """This run's value of one of `options`: the config's, else the declared default."""
@@ -252,7 +272,7 @@ class FixedStepDecoder(Decoder):
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
         self.steps_per_block = config.total_steps() // config.num_blocks()
-        self.step = 0
+        self.steps_done = 0
         self.quota = torch.zeros(0)
         self.remainder = torch.zeros(0)
 
@@ -260,12 +280,12 @@ class FixedStepDecoder(Decoder):
         n = masked.sum(dim=1)
         self.quota = n // self.steps_per_block
         self.remainder = n % self.steps_per_block
-        self.step = 0
+        self.steps_done = 0
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
-        k = self.quota + (self.step < self.remainder).long() if self.step < self.steps_per_block else torch.zeros_like(self.quota)
-        self.step += 1
+        k = self.quota + (self.steps_done < self.remainder).long() if self.steps_done < self.steps_per_block else torch.zeros_like(self.quota)
+        self.steps_done += 1
         if self.config.remasking == "random":
             score = torch.rand(masked.shape, device=masked.device, generator=self.generator)
         else:

@@ -1,5 +1,5 @@
 """The entropy-bounded decoder (EB-Sampler, docs/algorithms.md "EB-Sampler"): its acceptance rule
-is also the uniform-state loop's (engine/uniform.py), so it lives here, once."""
+is also the uniform-state loop's (engine/kinds/uniform.py), so it lives here, once."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class EntropyBoundDecoder(Decoder):
     commit the first k while `sum(H_1..H_k) - H_k`, the sum of those before the k-th, is <= the
     bound; the lowest always passes, so every row with a mask commits at least one. Bound 0 gives
     one token per step (ties at zero entropy aside), a large bound every mask. The same rule is
-    DiffusionGemma's acceptance over all canvas positions (engine/uniform.py calls `accept`).
+    DiffusionGemma's acceptance over all canvas positions (engine/kinds/uniform.py calls `accept`).
     Extras: `entropy` and `entropy_sum` (each position's compared sum), 0 where unmasked.
     """
 
@@ -34,7 +34,7 @@ class EntropyBoundDecoder(Decoder):
     sweep_setting = OPTION_SETTING_PREFIX + "entropy_bound"  # its own option
     uses_threshold = False
     row_wise = True
-    options = {"entropy_bound": DecoderOption(0.1, "entropy_bound / uniform: accept the lowest-entropy positions while their summed entropy, less the largest, stays <= this")}
+    options = {"entropy_bound": DecoderOption(0.1, "entropy_bound / uniform: accept the lowest-entropy positions while their summed entropy, less the largest, stays <= this", least=0.0)}
 
     @staticmethod
     def entropy(logits: torch.Tensor) -> torch.Tensor:

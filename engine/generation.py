@@ -1,6 +1,5 @@
-"""The engine's token-level entry point: check a request, then run the diffusion loop of the
-model's kind (masked: engine/iteration.py; uniform: engine/uniform.py) under the caller's hooks
-(engine/hooks.py)."""
+"""The engine's token-level entry point: fit the request to the model's kind, check it, then run
+that kind's loop (engine/kinds/) under the caller's hooks (engine/hooks.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +8,19 @@ import torch
 from .config import GenerationConfig
 from .errors import EngineError
 from .hooks import NO_HOOKS, RunHooks
-from .iteration import GenerationOutput, cancel_between_layers, check_request, run_masked_diffusion
+from .kinds import fit, kind_named
 from .models.base import DiffusionLM
-from .uniform import run_uniform_diffusion
+from .run import GenerationOutput, cancel_between_layers, check_canvas
 
-LOOPS = {"masked": run_masked_diffusion, "uniform": run_uniform_diffusion}
+
+def fit_request(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> GenerationConfig:
+    """The config as `model` runs it (engine/kinds/base.py: `fit`), after every check a request gets
+    before any forward: the config's rules, the kind's settings, the prompt, the canvas's length.
+    Reads only the model's config, so a model skeleton (no weights) can answer it."""
+    config.validate()
+    fitted = fit(config, model.diffusion_kind, getattr(model, "canvas_length", None))
+    check_canvas(model, prompts, fitted, max_tokens)
+    return fitted
 
 
 @torch.inference_mode()
@@ -27,11 +34,9 @@ def run_diffusion(
     `on_iteration` with each record) and obeys (`cancel`, checked between groups of iterations and
     between layers: GenerationCancelled; `max_tokens`, the caller's bound on the canvas).
     """
-    check_request(model, prompts, config, hooks.max_tokens)
+    config = fit_request(model, prompts, config, hooks.max_tokens)
     if model.device.type == "meta":
         raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
-    loop = LOOPS.get(model.diffusion_kind)
-    if loop is None:
-        raise EngineError(f"no decoding loop for diffusion kind {model.diffusion_kind!r}; known: {', '.join(LOOPS)}")
+    run = kind_named(model.diffusion_kind).run
     with cancel_between_layers(model, hooks.cancel):
-        return loop(model, prompts, config, stop_ids or [model.eos_token_id], hooks)
+        return run(model, prompts, config, stop_ids or [model.eos_token_id], hooks).run()

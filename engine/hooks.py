@@ -44,14 +44,14 @@ class RunHooks:
         """Whether the run keeps a trace."""
         return self.trace or self.on_start is not None or self.on_iteration is not None or measure_staleness
 
-    def begin_trace(self, model: object, config: "GenerationConfig", *, mask_id: int, stop_ids: list[int], prompt_lengths: list[int],
-                    canvas_length: int, block_length: int, initial: list[list[int]]) -> TraceRecorder | None:
+    def begin_trace(self, model: object, config: "GenerationConfig", *, kind: str, capabilities: dict[str, bool], mask_id: int, stop_ids: list[int],
+                    prompt_lengths: list[int], canvas_length: int, block_length: int, initial: list[list[int]]) -> TraceRecorder | None:
         """The run's trace header, the one place a loop builds it (docs/trace.md §2), and its
         recorder; None when the run keeps no trace."""
         if not self.records(config.measure_staleness):
             return None
         trace = Trace(
-            model=self.model_name or getattr(model, "name_or_path", type(model).__name__),
+            model=self.model_name or getattr(model, "name_or_path", type(model).__name__), kind=kind, capabilities=dict(capabilities),
             mask_id=mask_id, eos_ids=list(stop_ids), prompt_lengths=prompt_lengths, canvas_length=canvas_length,
             block_length=block_length, config=config.to_dict(), initial=initial, expected=self.expected_ids,
         )

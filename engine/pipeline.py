@@ -12,15 +12,17 @@ import torch
 
 from .config import GenerationConfig
 from .errors import EngineError
-from .generation import run_diffusion
+from .generation import fit_request, run_diffusion
 from .hooks import NO_HOOKS, RunHooks
-from .iteration import GenerationOutput, check_request
+from .kinds import check_system_options
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
-from .runtime.compiled import CompiledLM, check_options
+from .runtime.compiled import check_options, static_shape_model
 from .runtime.launch import Job
 from .runtime.parallel import check_degrees, load_shard
+from .run import GenerationOutput
 from .runtime.workers import RankGenerate, WorkerGroup
+from .system_options import SYSTEM_OPTIONS
 
 # Token strings that end a turn in the supported families' tokenizers (LLaDA-8B's EoT, Ling's role end).
 _END_OF_TURN_TOKENS = ("<|eot_id|>", "<|role_end|>")
@@ -113,6 +115,8 @@ class Engine:
         self.max_tokens = max_tokens
         self._closed = False
         skeleton = model_skeleton(path)
+        requested = {"tp_size": tp_size, "ep_size": ep_size, "compile": compile, "cuda_graphs": cuda_graphs}
+        check_system_options(skeleton.diffusion_kind, {name: SYSTEM_OPTIONS[name].is_set(value) for name, value in requested.items()})
         job = Job.from_environment()  # a launcher's rank: its job's size is the number of processes
         check_degrees(skeleton, tp_size, ep_size, None if job is None else job.world)  # before any weight is read, process started or group joined
         world = job.world if job is not None else max(tp_size, ep_size)
@@ -125,7 +129,7 @@ class Engine:
             self.model = skeleton if world > 1 else load_model(path, device=device, dtype=dtype)
         here = world == 1 or self._job is not None  # the weights are in this process
         # what generate runs: the model, or the model behind static-shape forwards
-        self._forward_model = CompiledLM(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
+        self._forward_model = static_shape_model(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
         self._workers = None if here else WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size, compile))
@@ -206,7 +210,7 @@ class Engine:
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
         if self._workers is not None:
-            check_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
+            config = fit_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
             return self._workers.run_request(prompts, config, hooks)  # each rank's engine adds its limit, name and strings
         if self._job is not None:
             return self._job.run(prompts, config, hooks, self._generate_here)

@@ -41,6 +41,11 @@ class DecoderOption:
     default: bool | int | float | str
     help: str
     choices: tuple[str, ...] = ()
+    # the range of a number (inclusive; `above`: the least value is excluded), checked with the
+    # config, so a request is refused before any weight loads or worker starts
+    least: float | None = None
+    most: float | None = None
+    above: bool = False
 
     def check(self, name: str, value: Any) -> None:
         kind = type(self.default)
@@ -50,6 +55,17 @@ class DecoderOption:
             raise EngineError(f"decoder setting {name} must be {TYPE_NAMES[kind]}, got {str(value)[:40]!r}")
         if self.choices and value not in self.choices:
             raise EngineError(f"decoder setting {name}: '{value}' is not one of {', '.join(self.choices)}")
+        low_ok = self.least is None or (value > self.least if self.above else value >= self.least)
+        if not low_ok or (self.most is not None and value > self.most):
+            raise EngineError(f"decoder setting {name} must be {self.range_text()}, got {value}")
+
+    def range_text(self) -> str:
+        """The declared range in words ("in [0, 1]", "> 0", ">= 1")."""
+        if self.least is not None and self.most is not None:
+            return f"in {'(' if self.above else '['}{self.least:g}, {self.most:g}]"
+        if self.least is not None:
+            return f"{'>' if self.above else '>='} {self.least:g}"
+        return f"<= {self.most:g}" if self.most is not None else "any value"
 
 
 # name -> decoder class (engine.decoders.Decoder subclasses; typed loosely to keep this module free
@@ -98,11 +114,11 @@ def decoder_names() -> list[str]:
 
 def builtin_decoder_names(kind: str = "masked") -> list[str]:
     """The decoders the engine ships (engine/decoders.py), without plug-ins, for models of diffusion
-    `kind` (a decoder's `diffusion_kind`, "masked" unless it declares one: engine/uniform.py's
+    `kind` (a decoder's `kind`, "masked" unless it declares one: engine/kinds/uniform.py's
     sampler runs uniform-state models only): what the project's own samples and benchmarks cover."""
     return [
         name for name, cls in _REGISTRY.items()
-        if cls.__module__.split(".")[0] == __name__.split(".")[0] and getattr(cls, "diffusion_kind", "masked") == kind
+        if cls.__module__.split(".")[0] == __name__.split(".")[0] and cls.kind == kind
     ]
 
 

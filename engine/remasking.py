@@ -8,7 +8,7 @@ rule's numbers (docs/trace.md §2.1). A remask stays inside the current block, w
 cached forward computes fresh (engine/cache.py), so no cache mode serves a stale K/V for it.
 
 WINO needs more than the block's logits: one forward over the canvas with a *shadow block* appended
-(`shadow_forward`), which the loop runs through `WinoDecoder.forward` in place of its plain forward.
+(engine/shadow.py), which the cache manager runs for it (`Decoder.shadow_block`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import ClassVar
 import torch
 
 from .config import GenerationConfig
-from .decoders import DecodeResult, Decoder, rank_in_row, top1
+from .decoders import Block, DecodeResult, Decoder, rank_in_row, top1
 from .errors import EngineError
-from .models.base import DiffusionLM, ModelOutput
 from .registry import DecoderOption, register_decoder
 from .trace import REMASK
 
@@ -84,28 +83,26 @@ class RemdmDecoder(Decoder):
     )
     options: ClassVar[dict[str, DecoderOption]] = {
         "remdm_schedule": DecoderOption("cap", "remdm: how the remasking probability is set: cap, rescale or conf", REMDM_SCHEDULES),
-        "remdm_eta": DecoderOption(0.02, "remdm: eta, the remasking probability of cap (its bound) and rescale (its share of the bound)"),
+        "remdm_eta": DecoderOption(0.02, "remdm: eta, the remasking probability of cap (its bound) and rescale (its share of the bound)", least=0.0, most=1.0),
     }
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
         self.schedule = str(self.option("remdm_schedule"))
         self.eta = float(self.option("remdm_eta"))
-        if not 0.0 <= self.eta <= 1.0:
-            raise EngineError(f"remdm: remdm_eta must be in [0, 1], got {self.eta}")
         self.steps = config.total_steps() // config.num_blocks()
-        self.step = 0
+        self.steps_done = 0
         self.masks_at_start = torch.zeros(0, dtype=torch.long)
         self.commit_confidence = torch.zeros(0)
 
     def block_init(self, masked: torch.Tensor, block_index: int) -> None:
-        self.step = 0
+        self.steps_done = 0
         self.masks_at_start = masked.sum(dim=1)
         self.commit_confidence = torch.zeros(masked.shape, device=masked.device)
 
     def block_continues(self, masks_left: bool) -> bool:
         # a block that had masks runs all its steps, remasking on the way; one without never starts
-        return masks_left or 0 < self.step < self.steps
+        return masks_left or 0 < self.steps_done < self.steps
 
     def remask_probability(self, step: int, editable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """(σ `[B, W]` at the editable positions, 0 elsewhere; each one's share of σ_max, 1 where
@@ -119,9 +116,10 @@ class RemdmDecoder(Decoder):
         sigma = min(self.eta, sigma_max) if self.schedule == "cap" else self.eta * sigma_max
         return torch.where(editable, sigma, 0.0), torch.ones_like(self.commit_confidence), sigma
 
-    def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked, editable = block.masked, block.editable
         tokens, confidence, _ = self.predict(logits)
-        step = self.step
+        step = self.steps_done
         sigma, share, bound = self.remask_probability(step, editable)
         u = torch.rand(masked.shape, device=masked.device, generator=self.generator)
         remask = editable & (u < sigma)
@@ -131,12 +129,13 @@ class RemdmDecoder(Decoder):
         take = torch.minimum(take, count)
         commit = masked & (rank_in_row(confidence, masked) < take.unsqueeze(1))
         self.commit_confidence = torch.where(commit, confidence, self.commit_confidence)
-        self.step += 1
+        self.steps_done += 1
         conf = self.schedule == "conf"
         score = u / share.clamp(min=torch.finfo(share.dtype).tiny) if conf else u
         return DecodeResult(
             tokens, confidence, commit, torch.zeros_like(commit), {"remask_probability": sigma},
             edit=torch.zeros_like(remask), remask=remask, revision_score=score, revision_rules={REMASK: (REMDM_CONF_RULE if conf else REMDM_RULE, bound)},
+            active=self.masks_at_start > 0,  # a row whose block had no mask runs none of its steps
         )
 
 
@@ -147,54 +146,6 @@ WINO_RULE = "p_leave-one-out(current) < narrow-out threshold"
 WIDE_IN_SHARE, WIDE_IN_MIN, WIDE_IN_MAX = 0.7, 5, 20
 # The cache modes whose forward the shadow block can join: it needs every canvas key fresh.
 WINO_CACHE_MODES = ("none",)
-
-
-def shadow_attention_mask(canvas: int, s: int, e: int, device: torch.device) -> torch.Tensor:
-    """`[canvas + W, canvas + W]` boolean (True = may attend) for a canvas with a shadow copy of block
-    `[s, e)` appended: the canvas attends to itself only (nothing attends to the shadow); shadow
-    position j attends to the canvas except real position `s + j` (leave-one-out) and to the whole
-    shadow block, as in WINO's `decoding_wino` (Feng-Hong/WINO-DLLM, LLaDA/decoding.py)."""
-    w = e - s
-    mask = torch.ones(canvas + w, canvas + w, dtype=torch.bool, device=device)
-    mask[:canvas, canvas:] = False
-    mask[canvas:, s:e] = ~torch.eye(w, dtype=torch.bool, device=device)
-    return mask
-
-
-def shadow_positions(canvas: int, s: int, e: int, device: torch.device) -> torch.Tensor:
-    """`[canvas + W]`: every canvas token at its own position, shadow position j at `s + j`."""
-    return torch.cat([torch.arange(canvas, device=device), torch.arange(s, e, device=device)])
-
-
-def check_shadow_support(model: DiffusionLM) -> None:
-    """Refuse, before any forward, a model whose forward cannot take the shadow block: WINO runs on
-    the bidirectional families that use the engine's own layer stack (LLaDA, LLaDA-MoE), not on a
-    block-causal model (LLaDA2), a uniform-state one (DiffusionGemma) or a model with a forward of
-    its own (a compiled or otherwise wrapped model)."""
-    name = type(model).__name__
-    if model.block_causal or model.diffusion_kind != "masked":
-        raise EngineError(f"decoder 'wino' does not support the {name} family (block-causal or not masked diffusion); it runs on LLaDA and LLaDA-MoE")
-    if type(model).forward is not DiffusionLM.forward:
-        raise EngineError(f"decoder 'wino' needs the engine's layer stack, and {name} has a forward of its own; it runs on plain LLaDA and LLaDA-MoE models")
-
-
-def shadow_forward(model: DiffusionLM, inputs: dict[str, torch.Tensor], s: int, e: int) -> tuple[ModelOutput, torch.Tensor]:
-    """One forward of the canvas (`inputs`: token ids or embeddings, the whole canvas) with a shadow
-    block of [MASK] at block `[s, e)`'s positions appended: (the canvas's output, the shadow's
-    logits `[B, W, V]`). Nothing attends to the shadow, so the canvas's logits are those of the
-    plain forward; shadow position j never sees real position `s + j`."""
-    ids, embeds = inputs.get("input_ids"), inputs.get("inputs_embeds")
-    canvas = embeds.shape[1] if ids is None else ids.shape[1]
-    batch = embeds.shape[0] if ids is None else ids.shape[0]
-    device = model.device
-    shadow_ids = torch.full((batch, e - s), model.mask_token_id, dtype=torch.long, device=device)
-    model.rope.table(canvas, device)  # positions given as a tensor read the rotary table, never grow it
-    joined = (
-        {"input_ids": torch.cat([ids, shadow_ids], dim=1)} if ids is not None
-        else {"inputs_embeds": torch.cat([embeds, model.embed(shadow_ids).to(embeds.dtype)], dim=1)}
-    )
-    out = model(**joined, replace=shadow_positions(canvas, s, e, device), attention_mask=shadow_attention_mask(canvas, s, e, device))
-    return ModelOutput(logits=out.logits[:, :canvas]), out.logits[:, canvas:]
 
 
 def wide_in_narrow_out(
@@ -224,7 +175,7 @@ def wide_in_narrow_out(
 class WinoDecoder(Decoder):
     """WINO (wide-in, narrow-out; Hong et al. 2025, arXiv 2507.18578) with its shadow block.
 
-    Each forward is `shadow_forward`: the canvas plus a copy of the block as [MASK], whose position
+    Each forward is engine/shadow.py's `shadow_forward`: the canvas plus a copy of the block as [MASK], whose position
     j sees everything but real position j. Wide-in commits the masks above τ (the `threshold`
     setting, the authors' τ_in 0.6) within the published caps; narrow-out remasks committed block
     tokens whose shadow probability of their current token is below `wino_threshold_out` (τ_out,
@@ -236,7 +187,7 @@ class WinoDecoder(Decoder):
     name = "wino"
     revises = True
     row_wise = True
-    own_forward = True  # the loop runs `forward` (the shadow block) in place of the cache manager's
+    shadow_block = True  # the cache manager runs the canvas with the shadow block (engine/shadow.py)
     explanation = (
         "**WINO (wide-in, narrow-out; Hong et al. 2025, arXiv 2507.18578).** Every forward also runs a "
         "*shadow* copy of the block, all [MASK], in which each position sees the whole canvas except its own "
@@ -246,7 +197,7 @@ class WinoDecoder(Decoder):
         "so the block still fills. A low τ commits boldly and lets the check take the doubtful tokens back."
     )
     options: ClassVar[dict[str, DecoderOption]] = {
-        "wino_threshold_out": DecoderOption(0.9, "wino: remask a committed token whose leave-one-out probability is below this"),
+        "wino_threshold_out": DecoderOption(0.9, "wino: remask a committed token whose leave-one-out probability is below this", least=0.0, most=1.0),
     }
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
@@ -254,26 +205,13 @@ class WinoDecoder(Decoder):
         if config.cache not in WINO_CACHE_MODES:
             raise EngineError(f"decoder 'wino' runs its shadow block over the whole canvas: cache '{config.cache}' is not supported; use cache {' or '.join(WINO_CACHE_MODES)}")
         self.threshold_out = float(self.option("wino_threshold_out"))
-        if not 0.0 <= self.threshold_out <= 1.0:
-            raise EngineError(f"wino: wino_threshold_out must be in [0, 1], got {self.threshold_out}")
-        self.shadow_logits: torch.Tensor | None = None
-        self.model_checked = False
 
-    def forward(self, model: DiffusionLM, inputs: dict[str, torch.Tensor], s: int, e: int) -> ModelOutput:
-        """The loop's forward for this decoder (cache `none`: `inputs` are the whole canvas): the
-        canvas's output, with the shadow block's logits kept for the `revise` that follows."""
-        if not self.model_checked:  # the first forward of the run: refuse before it runs
-            check_shadow_support(model)
-            self.model_checked = True
-        out, self.shadow_logits = shadow_forward(model, inputs, s, e)
-        return out
-
-    def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
-        if self.shadow_logits is None:
-            raise EngineError("decoder 'wino' decides from its shadow forward, and none ran before this decode (the loop runs it through WinoDecoder.forward)")
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked, current, editable, threshold = block.masked, block.tokens, block.editable, block.threshold
+        if block.shadow_logits is None:
+            raise EngineError("decoder 'wino' decides from its shadow forward, and none ran before this decode (the cache manager runs it for decoders with shadow_block)")
         tokens, confidence, _ = self.predict(logits)
-        _, _, shadow = top1(self.shadow_logits, self.mask_id)  # the fp32 softmax, [MASK] excluded
-        self.shadow_logits = None  # one shadow forward per decode
+        _, _, shadow = top1(block.shadow_logits, self.mask_id)  # the fp32 softmax, [MASK] excluded
         loo = torch.where(editable, shadow.gather(-1, current.unsqueeze(-1)).squeeze(-1), torch.zeros_like(confidence))
         commit, forced, remask = wide_in_narrow_out(confidence, masked, loo, editable, threshold, self.threshold_out)
         return DecodeResult(

@@ -1,5 +1,5 @@
 """Decoders that revise what they committed (docs/algorithms.md §2.8): besides filling masks, they
-may edit a committed token or return it to [MASK]. The loop (engine/iteration.py) hands them the
+may edit a committed token or return it to [MASK]. The loop (engine/kinds/masked.py) hands them the
 block's current tokens and the positions they may change, applies the edits and remasks, records
 each with the rule's numbers (docs/trace.md §2.1), and asks them when a block ends.
 
@@ -14,12 +14,15 @@ from typing import Any, ClassVar
 import torch
 
 from .config import GenerationConfig
-from .decoders import DecodeResult, Decoder, best_per_row
+from .decoders import Block, DecodeResult, Decoder, best_per_row
 from .errors import EngineError
 from .registry import DecoderOption, decoder_class, register_decoder
 from .trace import EDIT
 
 EDIT_RULE = "p(new) > edit threshold"
+# Post-edit steps bound a block's forwards beyond its masks: a request's work stays bounded by
+# its canvas (the published defaults use 16).
+MAX_POST_EDIT_STEPS = 256
 
 
 def penalise_repeats(logits: torch.Tensor, current: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -58,9 +61,9 @@ class EditDecoder(Decoder):
         "LLaDA2.1's fast S-mode (τ 0.5) against its careful Q-mode."
     )
     options: ClassVar[dict[str, DecoderOption]] = {
-        "edit_threshold": DecoderOption(0.5, "edit: overwrite a committed token when another has probability above this"),
-        "max_post_edit_steps": DecoderOption(16, "edit: iterations that may still edit once the block has no masks"),
-        "repetition_penalty": DecoderOption(0.0, "edit: taken from the logit of the previous position's token (0: off)"),
+        "edit_threshold": DecoderOption(0.5, "edit: overwrite a committed token when another has probability above this", least=0.0, most=1.0),
+        "max_post_edit_steps": DecoderOption(16, "edit: iterations that may still edit once the block has no masks", least=0, most=MAX_POST_EDIT_STEPS),
+        "repetition_penalty": DecoderOption(0.0, "edit: taken from the logit of the previous position's token (0: off)", least=0.0),
     }
     # the three published default sets (threshold, edit threshold, post-edit steps)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
@@ -74,8 +77,6 @@ class EditDecoder(Decoder):
         self.edit_threshold = float(self.option("edit_threshold"))
         self.max_post = int(self.option("max_post_edit_steps"))
         self.penalty = float(self.option("repetition_penalty"))
-        if self.max_post < 0 or self.penalty < 0:
-            raise EngineError("edit: max_post_edit_steps and repetition_penalty must be >= 0")
         self.extra_forwards = self.max_post
         self.post_steps = torch.zeros(0, dtype=torch.long)
         self.finished = torch.zeros(0, dtype=torch.bool)
@@ -87,9 +88,11 @@ class EditDecoder(Decoder):
     def block_continues(self, masks_left: bool) -> bool:
         return not bool(self.finished.all())
 
-    def revise(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float, current: torch.Tensor, editable: torch.Tensor) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked, current, editable, threshold = block.masked, block.tokens, block.editable, block.threshold
         tokens, confidence, _ = self.predict(penalise_repeats(logits, current, self.penalty))
-        active = ~self.finished.unsqueeze(1)
+        running = ~self.finished
+        active = running.unsqueeze(1)
         had_mask = masked.any(dim=1)
         self.post_steps += (~had_mask).long()  # this iteration is a post-edit step of those rows
         above = masked & (confidence > threshold)
@@ -102,14 +105,14 @@ class EditDecoder(Decoder):
         self.finished |= settled | spent
         return DecodeResult(
             tokens, confidence, commit, commit & ~above, edit=edit, remask=torch.zeros_like(edit),
-            revision_score=confidence, revision_rules={EDIT: (EDIT_RULE, self.edit_threshold)},
+            revision_score=confidence, revision_rules={EDIT: (EDIT_RULE, self.edit_threshold)}, active=running,
         )
 
 
 def apply_preset(config: GenerationConfig, preset: str) -> GenerationConfig:
     """`config` with one of its decoder's published default sets (`presets`): config fields set
     directly, the decoder's own options in `decoder_options`."""
-    presets: dict[str, dict[str, Any]] = getattr(decoder_class(config.decoder), "presets", {})
+    presets: dict[str, dict[str, Any]] = decoder_class(config.decoder).presets
     if preset not in presets:
         raise EngineError(f"decoder '{config.decoder}' has no preset '{preset}'" + (f"; it has {', '.join(presets)}" if presets else ""))
     values = presets[preset]

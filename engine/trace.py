@@ -11,32 +11,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
 from .errors import EngineError
+from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade
 
 
-class PlannedForward(Protocol):
-    """What the recorder reads of a forward's plan (engine/cache.py: ForwardPlan)."""
-
-    kind: str
-    start: int
-    end: int
-
-
-class DecodeOutcome(Protocol):
-    """What the recorder reads of a decode (engine/decoders.py: DecodeResult)."""
-
-    tokens: torch.Tensor
-    confidence: torch.Tensor
-    commit: torch.Tensor
-    forced: torch.Tensor
-    extras: dict[str, torch.Tensor]
-
-TRACE_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no revisions, no uniform steps, no expected answer
+# version 1: no revisions, no uniform steps, no expected answer; version 2: no kind, capabilities,
+# `active` or `final_until`, and a uniform record's `top1` was its sampled proposal. Both are
+# upgraded on load (engine/trace_upgrade.py), so every reader sees version 3.
+READABLE_VERSIONS = (1, 2, 3)
 
 # ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
 TokenStrings = Callable[[set[int]], dict[str, str]]
@@ -63,11 +49,15 @@ class IterationRecord:
     revisions: list[list[dict[str, Any]]] | None = None
     # a uniform-state step's state (docs/trace.md §2.2); None for masked diffusion
     uniform: dict[str, Any] | None = None
+    # per row: whether the row took part in this step (its solo run makes this record), and the
+    # canvas position before which its tokens are final (no later record changes them): the loop's
+    # own per-row state, which the batcher, streaming, the app and the evaluator read (§3)
+    active: list[bool] | None = None
+    final_until: list[int] | None = None
 
 
 # the fields a record may lack (older traces, decoders that never revise, masked diffusion)
-OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "uniform")
-EDIT, REMASK = "edit", "remask"
+OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "uniform", "active", "final_until")
 REVISION_FIELDS = ("position", "old", "new", "kind", "rule", "score", "bound")
 
 
@@ -101,6 +91,10 @@ COST_SCALARS = {"compile_seconds": "number", "compiles": "count", "captures": "c
 class Trace:
     version: int = TRACE_VERSION
     model: str = ""
+    # the diffusion kind that ran (MASKED or UNIFORM: the strategy in engine/kinds/) and what its
+    # decoder declares of itself (`revises`, `own_forward`; None where an upgraded trace cannot know)
+    kind: str = MASKED
+    capabilities: dict[str, bool | None] = field(default_factory=dict)
     mask_id: int = 0
     eos_ids: list[int] = field(default_factory=list)
     prompt_lengths: list[int] = field(default_factory=list)
@@ -129,6 +123,7 @@ class Trace:
         EngineError naming the first field that is missing, of the wrong type or inconsistent."""
         _need(isinstance(data, dict), f"a trace is a JSON object, not {type(data).__name__}")
         _need(data.get("version") in READABLE_VERSIONS, f"version {data.get('version')!r} is not one of {', '.join(map(str, READABLE_VERSIONS))}")
+        upgraded = data.get("version") != TRACE_VERSION
         header = {f: data.get(f) for f in cls.__dataclass_fields__ if f != "iterations"}
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         _need(not unknown, f"unknown field(s): {', '.join(map(str, unknown))[:200]}")
@@ -138,6 +133,10 @@ class Trace:
         for i, r in enumerate(records):
             _need(isinstance(r, dict) and names - set(OPTIONAL_RECORD_FIELDS) <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
         trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
+        if upgraded:
+            _need(isinstance(trace.config, dict), "config must be an object")
+            trace.check(before_upgrade=True)
+            upgrade(trace)
         trace.check()
         return trace
 
@@ -149,8 +148,9 @@ class Trace:
             raise EngineError(f"trace: not valid JSON ({exc})") from None
         return cls.from_dict(data)
 
-    def check(self) -> None:
-        """Types, sizes and positions consistent enough to replay; EngineError otherwise."""
+    def check(self, before_upgrade: bool = False) -> None:
+        """Types, sizes and positions consistent enough to replay; EngineError otherwise.
+        `before_upgrade`: an older version's fields only (the upgrade adds the rest)."""
         _need(_is_int(self.canvas_length, 1) and _is_int(self.block_length, 1), "canvas_length and block_length must be positive integers")
         _need(_is_int(self.mask_id) and _int_list(self.eos_ids), "mask_id must be an integer and eos_ids a list of integers")
         rows = len(self.initial) if isinstance(self.initial, list) else 0
@@ -185,6 +185,15 @@ class Trace:
                 _need(rec.revisions is None or _valid_revisions(rec.revisions, row, s, e), f"{where}.revisions[{row}] must be revisions ({', '.join(REVISION_FIELDS)}) of positions inside the block")
             _need(rec.revisions is None or len(rec.revisions) == rows, f"{where}.revisions needs one list per row")
             _need(rec.uniform is None or isinstance(rec.uniform, dict), f"{where}.uniform must be an object")
+            if before_upgrade:
+                continue
+            _need(isinstance(rec.active, list) and len(rec.active) == rows and all(isinstance(a, bool) for a in rec.active), f"{where}.active must be one true/false per row")
+            _need(_int_list(rec.final_until) and len(rec.final_until) == rows and all(0 <= f <= self.canvas_length for f in rec.final_until), f"{where}.final_until must be one canvas position per row")
+            if rec.uniform is not None:
+                _valid_uniform(rec.uniform, rows, s, e, where)
+        if not before_upgrade:
+            _need(self.kind in (MASKED, UNIFORM) or isinstance(self.kind, str) and self.kind != "", "kind must name a diffusion kind")
+            _need(isinstance(self.capabilities, dict) and all(v is None or isinstance(v, bool) for v in self.capabilities.values()), "capabilities must map names to true, false or null")
 
     def canvas_at(self, iteration: int) -> list[list[int]]:
         """Canvas per row after record `iteration` (-1: before the first), rebuilt from each
@@ -207,7 +216,8 @@ def record_writes(rec: IterationRecord, row: int) -> list[tuple[int, int]]:
     writes: list[tuple[int, int]] = []
     if u.get("start") is not None:
         writes += zip(range(s, e), u["start"][row])
-    writes += [(p, rec.top1[row][p - s]) for p in rec.committed[row]]
+    written = u["proposal"] if u else rec.top1  # a uniform step accepts its sampled proposals
+    writes += [(p, written[row][p - s]) for p in rec.committed[row]]
     writes += [(r["position"], r["new"]) for r in (rec.revisions[row] if rec.revisions else [])]
     if u:
         writes += zip(u["renoised"][row], u["noise"][row])
@@ -242,53 +252,37 @@ class TraceRecorder:
         self.trace.tokens = dict(sorted(self.trace.tokens.items(), key=lambda item: int(item[0])))
         self.trace.final, self.trace.stats, self.trace.trace_seconds = final, stats, trace_seconds
 
-    def record(
-        self,
-        iteration: int,
-        block: int,
-        block_range: tuple[int, int],
-        plan: PlannedForward,
-        result: DecodeOutcome,
-        *,
-        threshold: float | None,
-        seconds: float,
-        staleness: dict[str, torch.Tensor],
-        cost: dict[str, Any] | None = None,
-        candidates: tuple[torch.Tensor, torch.Tensor] | None = None,
-        masked: torch.Tensor | None = None,
-        revisions: list[list[Revision]] | None = None,
-    ) -> IterationRecord:
-        """One record from an iteration's forward `plan` and decode `result` (device tensors);
-        `candidates` (ids, probs `[B, W, k]`) are kept at the positions `masked` (`[B, W]`) held
-        before the forward; `staleness` joins the decoder's extras; `revisions`: per row, what the
-        iteration changed among committed positions (None: the decoder never revises)."""
+    def append(self, rec: IterationRecord) -> IterationRecord:
+        """Add a kind's record (engine/kinds/) to the trace, with the strings of every id it
+        names, and return it; the time spent here counts as the trace's."""
         t0 = time.perf_counter()
-        s = block_range[0]
-        rec = IterationRecord(
-            iteration=iteration,
-            block=block,
-            block_range=list(block_range),
-            forward=plan.kind,
-            recomputed=[[plan.start, plan.end]],
-            threshold=threshold,
-            committed=[(row.nonzero().flatten() + s).tolist() for row in result.commit.cpu()],
-            forced=[(row.nonzero().flatten() + s).tolist() for row in result.forced.cpu()],
-            top1=result.tokens.cpu().tolist(),
-            confidence=[[round(c, 4) for c in row] for row in result.confidence.float().cpu().tolist()],
-            seconds=seconds,
-            extras={k: _jsonable(v) for k, v in {**result.extras, **staleness}.items()},
-            cost=cost,
-            candidates=_candidate_lists(candidates, masked) if candidates is not None and masked is not None else None,
-            revisions=[[r.to_dict() for r in row] for row in revisions] if revisions is not None else None,
-        )
-        revised = {r["new"] for row in rec.revisions or [] for r in row} | {r["old"] for row in rec.revisions or [] for r in row}
-        self._add_tokens({i for row in rec.top1 for i in row} | {pair[0] for row in rec.candidates or [] for pairs in row for pair in pairs} | revised)
+        self._add_tokens(record_ids(rec))
         self.trace.iterations.append(rec)
         self.trace.trace_seconds += time.perf_counter() - t0
         return rec
 
 
-def _candidate_lists(candidates: tuple[torch.Tensor, torch.Tensor], masked: torch.Tensor) -> list[list[list[list[float]]]]:
+def record_ids(rec: IterationRecord) -> set[int]:
+    """Every token id a record names (its candidates, revisions and a uniform step's lists)."""
+    ids = {i for row in rec.top1 for i in row} | {pair[0] for row in rec.candidates or [] for pairs in row for pair in pairs}
+    ids |= {r[k] for row in rec.revisions or [] for r in row for k in ("old", "new")}
+    u = rec.uniform or {}
+    ids |= {i for key in ("proposal", "draft", "noise", "start", "output") for row in (u.get(key) or []) for i in row}
+    return ids
+
+
+def positions(mask: torch.Tensor, offset: int) -> list[list[int]]:
+    """Per row, the canvas positions where `mask` `[B, W]` (a block's, starting at `offset`) is set."""
+    return [(row.nonzero().flatten() + offset).tolist() for row in mask.cpu()]
+
+
+def rounded(t: torch.Tensor) -> list:
+    """A float tensor (`[B]` or `[B, W]`) as JSON lists, 4 decimals: how a trace keeps numbers."""
+    values = t.float().cpu().tolist()
+    return [[round(v, 4) for v in row] for row in values] if t.dim() == 2 else [round(v, 4) for v in values]
+
+
+def candidate_lists(candidates: tuple[torch.Tensor, torch.Tensor], masked: torch.Tensor) -> list[list[list[list[float]]]]:
     ids, probs = (t.cpu().tolist() for t in candidates)
     return [
         [[[i, round(p, 4)] for i, p in zip(row_ids[w], row_probs[w])] if was_masked else [] for w, was_masked in enumerate(row_masked)]
@@ -311,6 +305,17 @@ def _is_number(value: Any) -> bool:
 
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _valid_uniform(u: dict, rows: int, s: int, e: int, where: str) -> None:
+    """The per-position lists a replay reads of a uniform step (§2.2)."""
+    for name in ("proposal", "draft"):
+        _need(isinstance(u.get(name), list) and len(u[name]) == rows and all(_int_list(r) and len(r) == e - s for r in u[name]), f"{where}.uniform.{name} must be one id per canvas position per row")
+    _need(isinstance(u.get("renoised"), list) and isinstance(u.get("noise"), list) and len(u["renoised"]) == len(u["noise"]) == rows, f"{where}.uniform: renoised and noise need one list per row")
+    for row in range(rows):
+        _need(_int_list(u["renoised"][row]) and _int_list(u["noise"][row]) and len(u["renoised"][row]) == len(u["noise"][row]) and all(s <= p < e for p in u["renoised"][row]), f"{where}.uniform.renoised[{row}] must be positions inside the canvas, one noise id each")
+    for name in ("start", "output"):
+        _need(u.get(name) is None or (isinstance(u[name], list) and len(u[name]) == rows and all(_int_list(r) and len(r) == e - s for r in u[name])), f"{where}.uniform.{name} must be null or one id per canvas position per row")
 
 
 def _valid_revisions(revisions: list, row: int, s: int, e: int) -> bool:
@@ -340,7 +345,7 @@ def _valid_candidates(candidates: list, row: int, width: int) -> bool:
     )
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         if value.is_floating_point():

@@ -24,12 +24,21 @@ from engine.hooks import RunHooks
 from engine.models import DiffusionGemmaLM, load_model, save_model
 from engine.pipeline import Engine
 from engine.trace import Trace
-from engine.iteration import GenerationCancelled
+from engine.run import GenerationCancelled
 from engine.entropy_bound import EntropyBoundDecoder
-from engine.uniform import _StableAndConfident, run_uniform_diffusion
+from engine.generation import run_diffusion
+from engine.kinds.uniform import UniformRun, _StableAndConfident
 
 from .conftest import tiny_llada
 from .gemma_models import CANVAS, STOP, build_checkpoint, tiny_config
+
+
+def run_uniform_diffusion(model, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks):
+    """The engine's entry point on a uniform-state model (it fits and runs the model's kind)."""
+    out = run_diffusion(model, prompts, config, stop_ids=stop_ids, hooks=hooks)
+    assert out.trace is None or out.trace.kind == "uniform"
+    return out
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
@@ -170,7 +179,7 @@ def test_batch_equals_transformers(model, reference):
     theirs = hf_generate(reference, prompts, 2, 3 * CANVAS, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.5), **settings)
     n = theirs.sequences.shape[1]
     assert ours.canvas[:, :n].tolist() == theirs.sequences.tolist()
-    stopped_alone = [rec for rec in ours.trace.iterations if rec.uniform["active"] == [False, True] or rec.uniform["active"] == [True, False]]
+    stopped_alone = [rec for rec in ours.trace.iterations if rec.active == [False, True] or rec.active == [True, False]]
     assert stopped_alone  # a record where one row was frozen and the other denoised
 
 
@@ -178,10 +187,8 @@ def test_left_padded_row_sees_what_it_sees_alone(model):
     """Unequal prompts are left-padded and the pad masked out, as transformers batches them (its
     generate cannot build the eager mask for a padded batch in 5.24, so there is no reference run):
     the padded row's logits equal its logits alone on the same canvas."""
-    from engine.uniform import _UniformRun
-
     def first_logits(prompts: list[list[int]]) -> torch.Tensor:
-        run = _UniformRun(model, prompts, uniform_config(), [STOP], RunHooks())
+        run = UniformRun(model, prompts, uniform_config(), [STOP], RunHooks())
         cache = model.new_cache()
         p = run.prompt_length
         model.encode(run.x[:, :p], run.attention, torch.arange(p, dtype=torch.int32).unsqueeze(0), cache)
@@ -260,8 +267,8 @@ def test_trace_is_valid_and_replays_every_canvas_the_model_read(model):
         before = trace.canvas_at(i - 1)[0][s:e] if u["start"] is None else u["start"][0]
         assert before == seen[i][0].tolist()
         accepted = [p - s for p in rec.committed[0]]
-        assert accepted == [j for j, total in enumerate(u["entropy_sum"][0]) if total <= u["bound"] + 1e-4] or not u["active"][0]
-        assert sorted(rec.committed[0] + u["renoised"][0]) == (list(range(s, e)) if u["active"][0] else [])
+        assert accepted == [j for j, total in enumerate(u["entropy_sum"][0]) if total <= u["bound"] + 1e-4] or not rec.active[0]
+        assert sorted(rec.committed[0] + u["renoised"][0]) == (list(range(s, e)) if rec.active[0] else [])
         assert 0 < u["temperature"] <= 0.8
     assert trace.canvas_at(len(trace.iterations) - 1) == trace.final == out.canvas.tolist()
 
@@ -301,9 +308,11 @@ def test_cancel_between_steps(model):
 
 def test_refusals_are_one_line(model):
     cases = [
-        (uniform_config().replace(decoder="threshold"), "runs with decoder 'uniform'"),
+        (uniform_config().replace(decoder="fixed"), "decoder 'fixed' runs masked diffusion and this model is uniform diffusion"),
+        (uniform_config().replace(cache="dual"), "uniform diffusion does not read cache"),
+        (uniform_config().replace(temperature=0.7, smoothing=True), "does not read temperature .*, smoothing"),
         (uniform_config(t_min=0.9), "t_min < t_max"),
-        (uniform_config(max_denoising_steps=0), "max_denoising_steps must be >= 1"),
+        (uniform_config(max_denoising_steps=0), r"max_denoising_steps must be in \[1, 1024\], got 0"),
     ]
     for config, message in cases:
         with pytest.raises(EngineError, match=message) as err:
@@ -315,15 +324,10 @@ def test_refusals_are_one_line(model):
 
 
 def test_uniform_decoder_refuses_a_masked_model():
-    from engine.decoders import make_decoder
-
-    with pytest.raises(EngineError, match="uniform-state models"):
-        make_decoder(uniform_config(), tiny_llada().mask_token_id)
-    with pytest.raises(EngineError, match="masked diffusion model"):
+    with pytest.raises(EngineError, match="decoder 'uniform' runs uniform diffusion and this model is masked diffusion"):
         run_uniform_diffusion(tiny_llada(), [[1, 2]], uniform_config(), [48], RunHooks())
 
 
-@pytest.mark.skipif("uniform" not in __import__("engine.generation").generation.LOOPS, reason="engine/generation.py does not dispatch uniform-state models yet")
 def test_engine_generate_runs_the_uniform_loop(checkpoint):
     """Through the text API once the entry point dispatches on `diffusion_kind`: the same tokens as
     the loop called directly, and an expected answer in the header."""

@@ -16,7 +16,7 @@ import torch
 
 from engine import Engine, EngineError, GenerationConfig, RunHooks, Trace
 from engine.__main__ import main as cli_main
-from engine.iteration import GenerationCancelled
+from engine.run import GenerationCancelled
 
 from .app_support import handmade_trace, random_char_model
 

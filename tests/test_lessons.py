@@ -114,7 +114,7 @@ UNIFORM_ASSET = ROOT / "assets" / "tiny-gemma"
 
 def test_lesson_6_moves_from_the_masked_model_to_the_uniform_one_then_raises_the_entropy_bound():
     from dinfer_viz.lessons import LARGER_BOUND, UNIFORM_MODEL
-    from engine.uniform import UniformSampler
+    from engine.kinds.uniform import UniformSampler
 
     lesson = UNIFORM_LESSON
     assert [lesson.model(i) for i in range(3)] == ["tiny-llada", UNIFORM_MODEL, UNIFORM_MODEL]

@@ -10,20 +10,18 @@ import pytest
 import torch
 
 from engine import EngineError, GenerationConfig, RunHooks, Trace, run_diffusion
-from engine.decoders import apply_decode, make_decoder
+from engine.decoders import Block, apply_decode, make_decoder
 from engine.remasking import (
     REMDM_CONF_RULE,
     REMDM_RULE,
     WINO_RULE,
     RemdmDecoder,
     WinoDecoder,
-    check_shadow_support,
     committed_after,
     remdm_sigma_max,
-    shadow_attention_mask,
-    shadow_forward,
     wide_in_narrow_out,
 )
+from engine.shadow import check_shadow_support, shadow_attention_mask, shadow_forward
 
 from .conftest import tiny_llada
 from .moe_models import tiny_llada2, tiny_llada_moe
@@ -165,8 +163,8 @@ def test_remdm_with_the_block_causal_prefix_cache_gives_the_uncached_run():
 
 
 def test_remdm_refuses_bad_settings_in_one_line():
-    with pytest.raises(EngineError, match="remdm_eta must be in") as err:
-        make_decoder(remdm_config(eta=1.5), MASK)
+    with pytest.raises(EngineError, match=r"remdm_eta must be in \[0, 1\], got 1.5") as err:  # with the config, before any worker or weight
+        remdm_config(eta=1.5).validate()
     assert "\n" not in str(err.value)
     with pytest.raises(EngineError, match="remdm_schedule: 'loop' is not one of cap, rescale, conf"):
         remdm_config("loop").validate()
@@ -235,11 +233,13 @@ def _canvas(model, seed: int = 0) -> torch.Tensor:
 def test_nothing_attends_to_the_shadow(family):
     model = family().double()
     ids = _canvas(model)
-    out, shadow = shadow_forward(model, {"input_ids": ids}, 4, 10)
+    out = shadow_forward(model, {"input_ids": ids}, 4, 10)
+    shadow = out.shadow_logits
     assert shadow.shape == (2, 6, out.logits.shape[-1])
     torch.testing.assert_close(out.logits, model(input_ids=ids).logits, rtol=0, atol=1e-10)
     embeds = model.embed(ids)  # the smoothing loop's input form gives the same forward
-    out_e, shadow_e = shadow_forward(model, {"inputs_embeds": embeds}, 4, 10)
+    out_e = shadow_forward(model, {"inputs_embeds": embeds}, 4, 10)
+    shadow_e = out_e.shadow_logits
     torch.testing.assert_close(shadow_e, shadow, rtol=0, atol=1e-10)
 
 
@@ -248,10 +248,10 @@ def test_a_shadow_position_never_reads_its_own_real_token():
     leaves shadow j's logits as they were and moves every other shadow position's."""
     model = tiny_llada(n_layers=1).double()
     ids = _canvas(model)
-    _, before = shadow_forward(model, {"input_ids": ids}, 4, 10)
+    before = shadow_forward(model, {"input_ids": ids}, 4, 10).shadow_logits
     changed = ids.clone()
     changed[:, 5] = (ids[:, 5] + 1) % model.mask_token_id
-    _, after = shadow_forward(model, {"input_ids": changed}, 4, 10)
+    after = shadow_forward(model, {"input_ids": changed}, 4, 10).shadow_logits
     torch.testing.assert_close(after[:, 1], before[:, 1], rtol=0, atol=1e-10)
     others = [j for j in range(6) if j != 1]
     assert (after[:, others] - before[:, others]).abs().amax(dim=-1).min() > 1e-6
@@ -263,12 +263,12 @@ def test_a_one_position_shadow_is_the_forward_with_that_position_masked():
     Deeper, the other positions still read the real token, as in the authors' construction."""
     model = tiny_llada(n_layers=1).double()
     ids = _canvas(model)
-    _, shadow = shadow_forward(model, {"input_ids": ids}, 5, 6)
+    shadow = shadow_forward(model, {"input_ids": ids}, 5, 6).shadow_logits
     masked = ids.clone()
     masked[:, 5] = model.mask_token_id
     torch.testing.assert_close(shadow[:, 0], model(input_ids=masked).logits[:, 5], rtol=0, atol=1e-10)
     deep = tiny_llada(n_layers=2).double()
-    _, shadow = shadow_forward(deep, {"input_ids": ids}, 5, 6)
+    shadow = shadow_forward(deep, {"input_ids": ids}, 5, 6).shadow_logits
     assert not torch.allclose(shadow[:, 0], deep(input_ids=masked).logits[:, 5], atol=1e-6)
 
 
@@ -290,10 +290,10 @@ def test_wino_decodes_a_block_from_its_shadow_forward():
     decoder.block_init(x[:, s:e] == model.mask_token_id, 0)
     forwards, remasked = 0, 0
     while bool((x[:, s:e] == model.mask_token_id).any()):
-        out = decoder.forward(model, {"input_ids": x}, s, e)
-        _, shadow = shadow_forward(model, {"input_ids": x}, s, e)
+        out = shadow_forward(model, {"input_ids": x}, s, e)  # what the cache manager runs for a shadow_block decoder
+        shadow = out.shadow_logits
         current, masked = x[:, s:e].clone(), x[:, s:e] == model.mask_token_id
-        result = decoder.revise(out.logits[:, s:e], masked, 0.1, current, ~masked)
+        result = decoder.step(out.logits[:, s:e], Block(masked, current, ~masked, 0.1, shadow))
         probs = torch.softmax(shadow.float().index_fill(-1, torch.tensor([model.mask_token_id]), float("-inf")), -1)
         loo = probs.gather(-1, current.unsqueeze(-1)).squeeze(-1)
         assert bool((result.remask <= (~masked & (loo < 0.95))).all())
@@ -339,8 +339,8 @@ def test_wino_refuses_cache_modes_and_families_in_one_line_before_a_forward():
     with pytest.raises(EngineError, match="ScriptedLM has a forward of its own"):
         check_shadow_support(ScriptedLM(SCRIPT, STRENGTH))
     check_shadow_support(tiny_llada_moe())  # supported: no error
-    with pytest.raises(EngineError, match="wino_threshold_out must be in"):
-        make_decoder(wino_config(decoder_options={"wino_threshold_out": 1.5}), MASK)
+    with pytest.raises(EngineError, match=r"wino_threshold_out must be in \[0, 1\]"):  # with the config, before any worker or weight
+        wino_config(decoder_options={"wino_threshold_out": 1.5}).validate()
     with pytest.raises(EngineError, match="none ran before this decode"):
-        make_decoder(wino_config(), MASK).revise(torch.zeros(1, 4, VOCAB), torch.ones(1, 4, dtype=torch.bool), 0.3, torch.full((1, 4), MASK), torch.zeros(1, 4, dtype=torch.bool))
+        make_decoder(wino_config(), MASK).step(torch.zeros(1, 4, VOCAB), Block(torch.ones(1, 4, dtype=torch.bool), torch.full((1, 4), MASK), torch.zeros(1, 4, dtype=torch.bool), 0.3))
     assert WinoDecoder.row_wise and WinoDecoder.revises

@@ -19,7 +19,7 @@ from dinfer_viz.figures import confidence_raster, iteration_chart
 from dinfer_viz.timeline import Timeline, iteration_number
 from engine import Engine, GenerationConfig, RunHooks, Trace
 from engine.cache_modes import cache_mode
-from engine.uniform import UniformSampler
+from engine.kinds.uniform import UniformSampler
 
 from .gemma_models import CANVAS
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterator, Sequence, TypeVar
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
 from engine.config import GenerationConfig
 from engine.errors import EngineError
-from engine.iteration import GenerationOutput
+from engine.run import GenerationOutput
 from engine import RunHooks, run_diffusion
 from engine.models import DiffusionLM
 from engine.pipeline import stop_ids_for

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import gradio as gr
 
 from engine import EngineError, GenerationConfig
-from engine.uniform import UNIFORM
+from engine.trace import UNIFORM
 
 from ..export import compare_csv
 from ..figures import compare_figure

@@ -17,6 +17,8 @@ class ModelOutput:
 
     logits: torch.Tensor
     kv: torch.Tensor | None = None
+    # WINO's shadow block's logits `[B, W, V]`, when the forward ran one (engine/shadow.py)
+    shadow_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -65,9 +67,9 @@ class DiffusionLM(nn.Module):
     fp32_suffixes: tuple[str, ...] = ()
     # True for LLaDA2: attention is block-causal and the prefix cache is exact.
     block_causal: bool = False
-    # "masked": a position is [MASK] until committed (the LLaDA families, engine/iteration.py);
+    # "masked": a position is [MASK] until committed (the LLaDA families, engine/kinds/masked.py);
     # "uniform": every position always holds a token, re-noised until accepted (DiffusionGemma,
-    # engine/uniform.py). The engine's entry point runs the loop of the model's kind.
+    # engine/kinds/uniform.py). The engine's entry point runs the loop of the model's kind.
     diffusion_kind: str = "masked"
 
     # the clock of this process's all-reduces, set on a sharded model (engine/runtime/parallel.py)

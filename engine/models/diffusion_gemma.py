@@ -4,7 +4,7 @@ The network is `transformers.DiffusionGemmaForBlockDiffusion`, built from config
 as its `generate` calls it; nothing of its modeling code is repeated here. This class adapts it to
 the engine: the `DiffusionLM` interface (device, dtype, special ids, limits, layers for cancel),
 checkpoint names that match what `save_pretrained` writes, and the three calls the uniform loop
-(engine/uniform.py) makes: `new_cache`, `encode` (a prompt or a finished canvas into the K/V
+(engine/kinds/uniform.py) makes: `new_cache`, `encode` (a prompt or a finished canvas into the K/V
 cache, once) and `denoise` (one decoder forward over a canvas that reads the cache).
 
 Text only: the vision tower is built so that a real checkpoint's tensors load strictly, but a

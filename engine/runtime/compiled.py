@@ -219,3 +219,51 @@ class CompiledLM(DiffusionLM):
         if done.compiles or done.captures:
             self.counters.compile_seconds += time.perf_counter() - start
         return out
+
+
+class CompiledDenoiser(nn.Module):
+    """A uniform-state model (engine/kinds/uniform.py) with its denoising forward, the one the loop
+    runs every step, through torch.compile; the kind and every other call the loop makes are the
+    wrapped model's. Its canvas is one fixed width, so the shapes are static without buckets; the
+    prompt's encoder forward runs once per canvas, eagerly."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+        self.counters = ForwardCounters()
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        self._denoise = torch.compile(model.denoise, backend=self._count_compile, dynamic=False)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # parameters, buffers, submodules (`inner`)
+        except AttributeError:
+            return getattr(self.inner, name)  # the kind, its special ids, its loop calls
+
+    def _count_compile(self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
+        self.counters.compiles += 1
+        return torch._dynamo.lookup_backend("inductor")(graph, example_inputs)
+
+    def forward_counters(self) -> ForwardCounters:
+        return dataclasses.replace(self.counters)
+
+    def layer_modules(self) -> nn.ModuleList:
+        """No layers to hook (a compiled forward cannot stop between layers): a cancel is seen between steps."""
+        return nn.ModuleList()
+
+    def denoise(self, *args: Any) -> torch.Tensor:
+        before = self.counters.compiles
+        start = time.perf_counter()
+        logits = self._denoise(*args)
+        if self.counters.compiles > before:
+            self.counters.compile_seconds += time.perf_counter() - start
+        return logits
+
+
+def static_shape_model(model: DiffusionLM, compile: bool, cuda_graphs: bool) -> nn.Module:
+    """`model` behind the wrapper of its kind: a masked model's bucketed forwards (`CompiledLM`),
+    a uniform-state model's compiled denoiser (which engine/kinds/uniform.py declares it supports:
+    compile, not CUDA graphs)."""
+    if model.diffusion_kind == "masked":
+        return CompiledLM(model, compile, cuda_graphs)
+    return CompiledDenoiser(model)

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..config import GenerationConfig
 from ..errors import EngineError
 from ..hooks import CancelFlag, RunHooks
-from ..iteration import GenerationCancelled, GenerationOutput
+from ..run import GenerationCancelled, GenerationOutput
 
 # What torchrun sets in every process it starts (and what the self-started workers set too).
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

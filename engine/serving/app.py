@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import EngineError
-from ..iteration import check_request
+from ..generation import fit_request
 from ..pipeline import Engine, TextResult
 from ..trace import IterationRecord, Trace
 from .batcher import MAX_BATCH, BatchRequest, Batcher, batch_key
@@ -170,7 +170,7 @@ class Server:
         for i, prompt in enumerate(parsed.prompts):
             self.limits.check(parsed.prompt_chars(i), parsed.config)
             ids = encode_prompt(self.engine, prompt, parsed.config.use_chat_template)
-            check_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens)
+            fit_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens)  # refused here, in one line, before any forward
             encoded.append(ids)
         self._reserve(len(encoded))
         request_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)

@@ -35,7 +35,7 @@ from ..cache_modes import cache_mode
 from ..config import GenerationConfig
 from ..errors import EngineError
 from ..hooks import RunHooks
-from ..iteration import GenerationOutput
+from ..run import GenerationOutput
 from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
 from ..stats import count_tokens
@@ -86,7 +86,7 @@ class RowView:
         s, e = rec.block_range
         finished = self.early_stop and self.stop_block is not None and rec.block > self.stop_block
         # A refresh is followed, in the same step, by another forward even when its decode
-        # completed the block (engine/iteration.py: `step`): the solo run makes that one too.
+        # completed the block (engine/kinds/masked.py: `step`): the solo run makes that one too.
         follows_refresh, self.after_refresh = self.after_refresh, False
         if rec.revisions is not None:  # the row's own decoder decides when its block ends
             if finished or self.settled_block == rec.block:

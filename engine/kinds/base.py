@@ -1,0 +1,115 @@
+"""What a diffusion kind declares, and the one function that fits a request's config to a model.
+
+A kind (SGLang's `DllmAlgorithm`, one file each under engine/kinds/) is a run class
+(engine/run.py's `DiffusionRun`) plus a settings declaration: the GenerationConfig fields it reads
+beyond those every run reads, its default decoder, and the system options it supports. Decoders
+say which kind they run on (`Decoder.kind`). `fit` is what the CLI, the Python API, the server and
+the app all call before a run: a model runs its own kind with the default settings, and a setting
+the kind does not read, set away from its default, is refused in one line naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from ..config import GenerationConfig
+from ..errors import EngineError
+from ..registry import decoder_class, decoder_names
+
+# What every kind reads: the canvas, the decoder and its own options, the seed, stopping, the prompt's wrapping.
+SHARED_SETTINGS = frozenset({"gen_length", "block_length", "decoder", "decoder_options", "seed", "early_stop", "use_chat_template"})
+_DEFAULTS = GenerationConfig()
+
+
+@dataclass(frozen=True)
+class KindSettings:
+    """A kind's settings declaration.
+
+    `reads`: GenerationConfig fields it reads besides SHARED_SETTINGS; `default_decoder`: the
+    decoder a model of this kind runs when the request names the engine's default decoder;
+    `system_options`: the Engine options (engine/system_options.py) it runs with; `fit_canvas`:
+    the config for a checkpoint trained on canvases of one length (None: any block length)."""
+
+    reads: frozenset[str]
+    default_decoder: str
+    system_options: frozenset[str]
+    fit_canvas: Callable[[GenerationConfig, int], GenerationConfig] | None = None
+
+
+class DiffusionKind:
+    """A kind: its name, its run class (a `DiffusionRun`) and its settings declaration."""
+
+    name: ClassVar[str] = ""
+    settings: ClassVar[KindSettings]
+    run: ClassVar[type]
+
+
+KINDS: dict[str, type[DiffusionKind]] = {}
+
+
+def register_kind(cls: type[DiffusionKind]) -> type[DiffusionKind]:
+    """Class decorator: the kind a model's `diffusion_kind` names runs through `cls.run`."""
+    KINDS[cls.name] = cls
+    return cls
+
+
+def kind_named(name: str) -> type[DiffusionKind]:
+    if name not in KINDS:
+        raise EngineError(f"no diffusion kind {name!r}; known: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def decoder_kind(decoder: str) -> str:
+    """The kind a registered decoder runs on ("masked" unless it declares another)."""
+    return getattr(decoder_class(decoder), "kind", "masked")
+
+
+def kind_decoders(kind: str) -> list[str]:
+    """The registered decoders (plug-ins included) that run on models of `kind`."""
+    return [name for name in decoder_names() if decoder_kind(name) == kind]
+
+
+def ignored_settings(config: GenerationConfig, kind: str) -> list[str]:
+    """The settings `config` sets away from their defaults that a run of `kind` would not read."""
+    reads = SHARED_SETTINGS | kind_named(kind).settings.reads
+    return [f.name for f in dataclasses.fields(GenerationConfig) if f.name not in reads and getattr(config, f.name) != getattr(_DEFAULTS, f.name)]
+
+
+def fit(config: GenerationConfig, kind: str, canvas_length: int | None = None, *, carry_over: bool = False) -> GenerationConfig:
+    """`config` as a model of `kind` (trained on canvases of `canvas_length`, if it says) runs it.
+
+    The engine's default decoder becomes the kind's own; the kind's canvas rule applies (a
+    uniform-state checkpoint denoises canvases of the length it was trained with). Strict (the
+    default: the CLI, the API, the server): a decoder of another kind, or a setting the kind does
+    not read set away from its default, is refused in one line naming it. `carry_over` (a page
+    whose settings were chosen for another model, as Compare's two sides or a lesson step): those
+    go back to their defaults instead, and any decoder of another kind becomes the kind's own
+    (keeping the options both declare)."""
+    spec = kind_named(kind).settings
+    if decoder_kind(config.decoder) != kind:
+        if not carry_over and config.decoder != _DEFAULTS.decoder:
+            raise EngineError(
+                f"decoder '{config.decoder}' runs {decoder_kind(config.decoder)} diffusion and this model is {kind} diffusion; "
+                f"its decoders: {', '.join(kind_decoders(kind))}"
+            )
+        declared = decoder_class(spec.default_decoder).options
+        shared = {k: v for k, v in config.decoder_options.items() if k in declared}
+        config = dataclasses.replace(config, decoder=spec.default_decoder, decoder_options=shared)
+    ignored = ignored_settings(config, kind)
+    if ignored and not carry_over:
+        names = ", ".join(f"{name} ({getattr(config, name)!r}; default {getattr(_DEFAULTS, name)!r})" for name in ignored)
+        raise EngineError(f"{kind} diffusion does not read {names}: leave {'it' if len(ignored) == 1 else 'them'} at the default")
+    config = dataclasses.replace(config, **{name: getattr(_DEFAULTS, name) for name in ignored})
+    if spec.fit_canvas is not None and canvas_length:
+        config = spec.fit_canvas(config, canvas_length)
+    return config.validate()
+
+
+def check_system_options(kind: str, options: dict[str, object]) -> None:
+    """Refuse, in one line, an Engine option set on (not off) that the kind does not run with."""
+    supported = kind_named(kind).settings.system_options
+    unsupported = sorted(name for name, on in options.items() if on and name not in supported)
+    if unsupported:
+        raise EngineError(f"{kind} diffusion does not run with {', '.join(unsupported)}; it supports {', '.join(sorted(supported)) or 'none'}")

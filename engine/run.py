@@ -1,0 +1,169 @@
+"""The run skeleton every diffusion kind shares (docs/algorithms.md §1): the canvas's generator,
+the trace header and recorder, `on_start` before the clock, cancel, metering, and the output and
+stats. A kind (engine/kinds/) subclasses `DiffusionRun` and implements `decode`, the loop over its
+blocks; each of its steps ends in `emit`, which hands the step's record to the trace and the
+caller. What the stats count: docs/counting.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
+
+import torch
+
+from .config import GenerationConfig
+from .errors import EngineError
+from .hooks import CancelFlag, RunHooks
+from .models.base import DiffusionLM, ForwardCounters
+from .stats import GenerationStats, count_tokens, generated_mask
+from .trace import IterationRecord, Trace
+
+
+class GenerationCancelled(EngineError):
+    """Raised between steps, or between layers inside a forward, when the caller's cancel event is set."""
+
+
+@dataclass
+class GenerationOutput:
+    canvas: torch.Tensor
+    prompt_lengths: list[int]
+    token_ids: list[list[int]]
+    stats: GenerationStats
+    trace: Trace | None
+
+
+@contextlib.contextmanager
+def cancel_between_layers(model: DiffusionLM, cancel: CancelFlag | None) -> Iterator[None]:
+    """Check `cancel` before every layer of every forward, so that Stop ends even one long forward
+    (a long canvas on a CPU) within one layer's time rather than at the next step."""
+    if cancel is None:
+        yield
+        return
+
+    def check(module: torch.nn.Module, args: object) -> None:
+        if cancel.is_set():
+            raise GenerationCancelled("generation cancelled")
+
+    handles = [layer.register_forward_pre_hook(check) for layer in model.layer_modules()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> None:
+    """Refuse, before any forward, an empty prompt or a canvas longer than the model's positions or
+    the caller's limit. Reads only the model's config, so a model skeleton (no weights) can answer it."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise EngineError("empty prompt")
+    canvas = max(len(p) for p in prompts) + config.gen_length
+    limits = [(limit, why) for limit, why in ((model.max_positions, "the model's max_sequence_length"), (max_tokens, "this server's --max-tokens")) if limit]
+    for limit, why in limits:
+        if canvas > limit:
+            raise EngineError(
+                f"the canvas (prompt {max(len(p) for p in prompts)} + gen_length {config.gen_length} = {canvas} tokens) "
+                f"exceeds {why} ({limit}); shorten the prompt or the generation length"
+            )
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Meter:
+    """The model's running totals at one moment: its compile/graph counters and this process's
+    time in all-reduces, read through the model interface (zero for a plain model)."""
+
+    counters: ForwardCounters
+    comm_seconds: float
+
+    @classmethod
+    def read(cls, model: DiffusionLM) -> "Meter":
+        return cls(model.forward_counters(), model.comm_seconds())
+
+
+class DiffusionRun:
+    """One run of a kind: the state every kind keeps, and the parts of the loop they share.
+
+    A subclass sets `kind` and implements `decode` (the blocks, left to right, each step ending in
+    `emit`); `prompt_lengths`, `canvas` and `mask_id` are what its header records."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
+        self.model, self.cfg, self.stop_ids, self.hooks = model, config, stop_ids, hooks
+        self.device = model.device
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)
+        self.nfe = self.iteration = self.host_syncs = 0
+        self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
+        self.stats_extra: dict[str, Any] = {}  # a kind's own counters (a revising decoder's edits)
+
+    def begin(self, prompt_lengths: list[int], canvas: torch.Tensor, mask_id: int, capabilities: dict[str, bool]) -> None:
+        """The run's canvas and its trace header (a kind calls it once, from its constructor)."""
+        self.prompt_lengths, self.x, self.mask_id = prompt_lengths, canvas.to(self.device), mask_id
+        self.recorder = self.hooks.begin_trace(
+            self.model, self.cfg, kind=self.kind, capabilities=capabilities, mask_id=mask_id, stop_ids=self.stop_ids,
+            prompt_lengths=prompt_lengths, canvas_length=canvas.shape[1], block_length=self.cfg.block_length, initial=canvas.tolist(),
+        )
+        self.trace: Trace | None = self.recorder.trace if self.recorder is not None else None
+
+    def decode(self) -> None:
+        """The kind's loop over its blocks."""
+        raise NotImplementedError
+
+    def run(self) -> GenerationOutput:
+        if self.hooks.on_start is not None and self.recorder is not None:  # before the clock starts
+            self.hooks.on_start(self.recorder.header())
+        meter = Meter.read(self.model)
+        start = time.perf_counter()
+        self.decode()
+        return self.output(start, meter)
+
+    def check_cancel(self) -> None:
+        if self.hooks.cancel is not None and self.hooks.cancel.is_set():
+            raise GenerationCancelled("generation cancelled")
+
+    @property
+    def records(self) -> bool:
+        return self.recorder is not None
+
+    def emit(self, record: IterationRecord, started: float) -> None:
+        """Hand a step's record to the trace and to `on_iteration`; the time from `started` on
+        counts as the trace's, not the run's."""
+        self.recorder.append(record)
+        if self.hooks.on_iteration is not None:
+            self.hooks.on_iteration(record)
+        self.excluded_seconds += time.perf_counter() - started
+
+    def output(self, start: float, meter: Meter) -> GenerationOutput:
+        """Token ids, stats (timed from `start`, minus excluded time; counted from `meter`) and the
+        trace's footer."""
+        keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)
+        token_ids = [row[k].tolist() for row, k in zip(self.x.cpu(), keep.cpu())]
+        sync(self.device)
+        seconds = time.perf_counter() - start - self.excluded_seconds
+        end = Meter.read(self.model)
+        done = end.counters.since(meter.counters)
+        stats = GenerationStats(
+            nfe=self.nfe,
+            tokens=sum(count_tokens(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)),
+            seconds=seconds,
+            batch=self.x.shape[0],
+            trace_seconds=self.excluded_seconds,
+            host_syncs=self.host_syncs,
+            comm_seconds=end.comm_seconds - meter.comm_seconds,
+            compiles=done.compiles,
+            captures=done.captures,
+            graph_replays=done.replays,
+            compile_seconds=done.compile_seconds,
+            **self.stats_extra,
+        )
+        if self.recorder is not None:
+            self.recorder.finish(self.x.cpu().tolist(), stats.to_dict(), self.excluded_seconds)
+        return GenerationOutput(self.x, self.prompt_lengths, token_ids, stats, self.trace)

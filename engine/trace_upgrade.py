@@ -1,0 +1,98 @@
+"""Traces written before version 3 (docs/trace.md §7), brought to version 3 on load, so that every
+reader sees one schema: the header's `kind` and `capabilities`, every record's per-row `active`
+and `final_until`, and a uniform step's sampled proposal under its own name.
+
+Versions 1 and 2 did not record the loop's per-row state, so it is replayed here from what they
+did record, by the rules the loop applied when they were written (the one place those rules are
+re-derived; version-3 traces carry them from the engine itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The schema's names, here so that engine/trace.py (which upgrades through this module) and this
+# module never import each other.
+TRACE_VERSION = 3
+MASKED, UNIFORM = "masked", "uniform"  # the diffusion kinds a trace names (engine/kinds/)
+REFRESH_FORWARD = "refresh"  # a record's `forward` for a full forward whose K/V become the cache (engine/cache.py)
+EDIT, REMASK = "edit", "remask"
+
+
+def upgrade(trace: Any) -> None:
+    """`trace` (a Trace of version 1 or 2, checked as such) in version 3's form, in place."""
+    uniform = trace.config.get("decoder") == UNIFORM or any(rec.uniform is not None for rec in trace.iterations)
+    trace.kind = UNIFORM if uniform else MASKED
+    revises = any(rec.revisions is not None for rec in trace.iterations)
+    # version 2 did not say whether the decoder asked for a shadow block (WINO)
+    trace.capabilities = {"revises": revises if trace.iterations else None, "shadow_block": None}
+    if uniform:
+        for rec in trace.iterations:
+            _upgrade_uniform(rec)
+        _uniform_finality(trace)
+    else:
+        _masked_finality(trace, revises)
+    trace.version = TRACE_VERSION
+
+
+def _upgrade_uniform(rec: Any) -> None:
+    """Version 2 kept the sampled proposal in `top1` and its probability in `confidence`: they move
+    to `uniform.proposal` / `proposal_probability`, and `top1` becomes the argmax draft. The draft's
+    probability was not recorded: where it equals the proposal it is the proposal's, elsewhere 0."""
+    u = dict(rec.uniform or {})
+    rec.active = [bool(a) for a in u.pop("active", [True] * len(rec.top1))]
+    u["proposal"], u["proposal_probability"] = rec.top1, rec.confidence
+    rec.top1 = [list(row) for row in u["draft"]]
+    rec.confidence = [[c if d == q else 0.0 for d, q, c in zip(draft, proposal, conf)] for draft, proposal, conf in zip(u["draft"], u["proposal"], u["proposal_probability"])]
+    rec.uniform = u
+
+
+def _uniform_finality(trace: Any) -> None:
+    """A canvas is final once it writes its output; before, the canvases before it are."""
+    final = list(trace.prompt_lengths)
+    for rec in trace.iterations:
+        s, e = rec.block_range
+        done = rec.uniform.get("output") is not None
+        final = [max(f, e if done else s) for f in final]
+        rec.final_until = list(final)
+
+
+def _masked_finality(trace: Any, revises: bool) -> None:
+    """Per row, replaying the canvas: a row takes part in a record while its block has a mask (or
+    the record follows a refresh the row took part in, in the same step), and, for a revising
+    decoder, until an iteration of the block changes nothing for it; a row that committed an
+    end-of-text stops after its block when the run stops early. Finality: a non-revising decoder's
+    commits are final at once (the prefix up to the first mask); a revising decoder's when the
+    loop leaves their block."""
+    rows = len(trace.initial)
+    canvas = [list(row) for row in trace.initial]
+    stops, mask = set(trace.eos_ids), trace.mask_id
+    early_stop = bool(trace.config.get("early_stop", True))
+    stop_block: list[int | None] = [None] * rows
+    settled_block: list[int | None] = [None] * rows
+    after_refresh = [False] * rows
+    for rec in trace.iterations:
+        s, e = rec.block_range
+        active = []
+        for r in range(rows):
+            finished = early_stop and stop_block[r] is not None and rec.block > stop_block[r]
+            if revises:
+                took_part = not finished and settled_block[r] != rec.block
+            else:
+                took_part = not finished and (after_refresh[r] or any(canvas[r][p] == mask for p in range(s, e)))
+            after_refresh[r] = took_part and rec.forward == REFRESH_FORWARD
+            active.append(took_part)
+            for p in rec.committed[r]:
+                canvas[r][p] = rec.top1[r][p - s]
+                if canvas[r][p] in stops and p >= trace.prompt_lengths[r] and stop_block[r] is None:
+                    stop_block[r] = rec.block
+            for revision in (rec.revisions or [[]] * rows)[r]:
+                canvas[r][revision["position"]] = mask if revision["kind"] == REMASK else revision["new"]
+            if revises and took_part and not rec.committed[r] and not rec.revisions[r]:
+                settled_block[r] = rec.block
+        rec.active = active
+        rec.final_until = [s if revises else _first_mask(canvas[r], trace.prompt_lengths[r], mask) for r in range(rows)]
+
+
+def _first_mask(row: list[int], start: int, mask: int) -> int:
+    return next((p for p in range(start, len(row)) if row[p] == mask), len(row))
