@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random LLaDA models and checkpoints built by the tests themselves."""
+"""Shared fixtures: tiny random LLaDA models and checkpoints built by the tests themselves; the
+slow lanes (`LANES`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,51 @@ import pytest
 import torch
 
 from engine.models.llada import LLaDAModelLM
+
+# The slow lanes: tests that start worker processes or torchrun jobs, compile, drive chromium or
+# train. Each lane is a marker (pyproject.toml) and implies `slow`, so `pytest -m "not slow"` runs the
+# engine and app unit tests and `pytest -m workers` one lane. A lane holds whole test files, or one
+# test (all its parameter sets) or one parameter set of it, by name in tests/; a test's own
+# `@pytest.mark.<lane>` counts too. tests/test_lanes.py checks that every entry names a test.
+LANES: dict[str, tuple[str, ...]] = {
+    "workers": (
+        "test_parallel_engine.py",
+        "test_parallel.py::test_two_processes_give_the_logits_and_tokens_of_one",
+        "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[tp2]",
+        "test_compiled.py::test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_all_reduces",
+    ),
+    "torchrun": ("test_torchrun.py",),
+    "compile": (
+        "test_compiled.py",
+        "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[compile]",
+    ),
+    "browser": ("test_app_browser.py", "test_revision_browser.py", "test_uniform_browser.py"),
+    "training": ("test_train.py", "test_distill.py", "test_edit_train.py", "test_uniform_train.py"),
+}
+SLOW = "slow"
+
+
+def lanes_of(file: str, name: str, originalname: str, marked: set[str] = frozenset()) -> list[str]:
+    """The lanes of the test `name` (with its parameter set; `originalname` without) in tests/`file`,
+    `marked` the markers it carries itself."""
+    found = set(marked) & set(LANES)
+    for lane, entries in LANES.items():
+        for entry in entries:
+            where, _, test = entry.partition("::")
+            if where == file and test in ("", name, originalname):
+                found.add(lane)
+    return sorted(found)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        lanes = lanes_of(item.path.name, item.name, getattr(item, "originalname", item.name), {m.name for m in item.iter_markers()})
+        for lane in lanes:
+            item.add_marker(lane)
+        if lanes:
+            item.add_marker(SLOW)
+
 
 # Tests use tiny tensors: one thread avoids oversubscribing CI's two cores (measured: 95 s -> 12 s
 # for the decoder tests on a loaded machine).

@@ -1,6 +1,6 @@
 """Tensor and expert parallelism on two CPU processes (gloo): the same logits and the same
-generated tokens as one process, for dense LLaDA, LLaDA-MoE and LLaDA2; clear errors when a
-degree does not divide the model."""
+generated tokens as one process, for dense LLaDA, LLaDA-MoE and LLaDA2 (the `workers` lane,
+tests/conftest.py); clear errors when a degree does not divide the model, before any process starts."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from engine import GenerationConfig, run_diffusion
+from engine import Engine, GenerationConfig, run_diffusion
 from engine.errors import EngineError
 from engine.runtime.parallel import check_degrees, shard_model
 
@@ -30,6 +30,7 @@ CASES = {
     "llada2 ep2": ("llada2", 1, 2, dict(cache="prefix")),
 }
 BUILDERS = {"llada": tiny_llada, "llada_moe": tiny_llada_moe, "llada2": tiny_llada2}
+EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"  # tests/app_support.py's (not imported by the spawned ranks)
 INPUT = torch.arange(3, 27).view(2, 12) % 40
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11, 12]]
 
@@ -97,3 +98,24 @@ def test_two_processes_give_the_logits_and_tokens_of_one(results, name):
 def test_degrees_that_do_not_divide_the_model_are_refused(build, tp, ep, world, message):
     with pytest.raises(EngineError, match=message):
         check_degrees(build(), tp, ep, world)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in mp.active_children()}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(ep_size=2), "expert parallelism needs an MoE model; LLaDAModelLM is dense"),
+        (dict(tp_size=4), "tp=4 does not divide the 6 attention heads"),
+        (dict(tp_size=2, ep_size=3), "each must be 1 or the number of processes"),
+        (dict(tp_size=0), "tp and ep must be >= 1"),
+        (dict(tp_size="2"), "tp and ep must be whole numbers, got tp='2'"),
+    ],
+)
+def test_degrees_the_model_cannot_take_are_refused_before_any_process_starts(options, message):
+    before = _children()
+    with pytest.raises(EngineError, match=message):
+        Engine(EMBEDDED_MODEL, **options)
+    assert _children() == before

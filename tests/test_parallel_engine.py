@@ -1,6 +1,10 @@
-"""`Engine(..., tp_size=2)` / `ep_size=2`: worker processes on this CPU (gloo) that give the tokens,
-the trace and the callbacks of one process; a cancel that stops every rank at the same check; one
-EngineError line for a failure; workers that end with close() or with their caller.
+"""`Engine(..., tp_size=2)` / `ep_size=2`, end to end: torch worker processes on this CPU (gloo) that
+give the tokens, the trace and the callbacks of one process; a cancel that stops every rank at the
+same check; one EngineError line for a failure of the real loader; the app's runs and sweeps.
+
+The processes' life (restart after a failure, a dying or frozen rank, a rank that cannot load, the
+caller's death) is engine/runtime/lifecycle.py's, tested with plain Python workers in
+tests/test_lifecycle.py; this file is the `workers` lane (tests/conftest.py).
 
 Every outcome is decided by events (messages, files, process exits), never by how long anything took.
 """
@@ -8,26 +12,19 @@ Every outcome is decided by events (messages, files, process exits), never by ho
 from __future__ import annotations
 
 import multiprocessing
-import os
-import select
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from engine import Engine, EngineError, GenerationCancelled, GenerationConfig, RunHooks, register_decoder, save_model
 from engine import registry
 from engine.decoders import ThresholdDecoder
-from engine.runtime.workers import RankCancel, StopFlags
 from tinymodel.tokenizer import save_tokenizer, special_ids
 
 from .app_support import EMBEDDED_MODEL
 from .moe_models import tiny_llada_moe
 
-ROOT = Path(__file__).resolve().parent.parent
 TURNSTILE = Path(__file__).with_name("turnstile_decoder.py")
 PROMPTS = ["Q: 48+57=? A:", "Q: 3+4=? A:"]
 # The decoders and cache modes each layout must reproduce; smoothing feeds embeddings, not ids.
@@ -101,18 +98,6 @@ def test_parallel_engines_decide_what_one_process_decides(engines, layout, setti
     assert set(headers[0].tokens) == set(one.output.trace.tokens)
 
 
-def test_a_stop_lands_on_the_same_check_for_every_rank():
-    """Rank 0 has made 5 checks, rank 1 only 3, when the stop comes: both stop at check 6, so
-    neither leaves a forward that the other is still in."""
-    flags = StopFlags(mp.get_context("spawn"), 2)
-    flags.reset()
-    ahead, behind = RankCancel(flags, 0), RankCancel(flags, 1)
-    assert not any(ahead.is_set() for _ in range(5)) and not any(behind.is_set() for _ in range(3))
-    flags.stop()
-    assert ahead.is_set()
-    assert [behind.is_set() for _ in range(3)] == [False, False, True]
-
-
 def test_a_cancel_mid_generation_stops_every_rank_and_the_engine_goes_on(engines, own_registry, tmp_path):
     """The ranks may decode iteration n + 1 only once this process has read record n - 1 (the
     turnstile), so the cancel set on reading record 2 finds them mid-generation, whatever their speed."""
@@ -153,21 +138,19 @@ def test_a_bad_request_is_refused_here_and_the_workers_stay(engines):
     assert _workers() == before
 
 
-@pytest.mark.parametrize(
-    "options, message",
-    [
-        (dict(ep_size=2), "expert parallelism needs an MoE model; LLaDAModelLM is dense"),
-        (dict(tp_size=4), "tp=4 does not divide the 6 attention heads"),
-        (dict(tp_size=2, ep_size=3), "each must be 1 or the number of processes"),
-        (dict(tp_size=0), "tp and ep must be >= 1"),
-        (dict(tp_size="2"), "tp and ep must be whole numbers, got tp='2'"),
-    ],
-)
-def test_degrees_the_model_cannot_take_are_refused_before_any_process_starts(options, message):
-    before = _workers()
-    with pytest.raises(EngineError, match=message):
-        Engine(EMBEDDED_MODEL, **options)
-    assert _workers() == before
+def test_a_request_a_rank_fails_is_its_one_line_and_the_next_request_gets_fresh_workers(engines, own_registry):
+    @register_decoder
+    class CallerOnly(ThresholdDecoder):  # registered here, unknown to the workers
+        name = "caller-only"
+
+    engine = engines["dense tp2"]
+    first = set(engine._workers.group.pids)
+    with pytest.raises(EngineError) as failure:
+        engine.generate(PROMPTS[0], _config(decoder="caller-only"))
+    assert "unknown decoder 'caller-only'" in str(failure.value) and "\n" not in str(failure.value)  # the rank's EngineError, as is
+    assert not first & _workers()  # a failure ends the whole group
+    assert engine.generate(PROMPTS[0], _config()).text == engines["dense"].generate(PROMPTS[0], _config()).text
+    assert len(set(engine._workers.group.pids)) == 2 and not first & set(engine._workers.group.pids)
 
 
 def test_a_rank_that_cannot_load_is_one_error_line_and_leaves_no_process(tmp_path):
@@ -182,52 +165,6 @@ def test_a_rank_that_cannot_load_is_one_error_line_and_leaves_no_process(tmp_pat
         Engine(broken, tp_size=2)
     assert "model.safetensors" in str(failure.value) and "\n" not in str(failure.value)
     assert _workers() == before
-
-
-def test_a_failing_request_restarts_the_workers_and_close_ends_them(own_registry):
-    @register_decoder
-    class CallerOnly(ThresholdDecoder):  # registered here, unknown to the workers
-        name = "caller-only"
-
-    before = _workers()
-    engine = Engine(EMBEDDED_MODEL, tp_size=2)
-    first = _workers() - before
-    assert len(first) == 2
-    with pytest.raises(EngineError, match="unknown decoder 'caller-only'"):
-        engine.generate(PROMPTS[0], _config(decoder="caller-only"))
-    assert _workers() == before  # a failure ends the whole group
-    assert engine.generate(PROMPTS[0], _config()).text  # ... and the next request starts a fresh one
-    second = _workers() - before
-    assert len(second) == 2 and not second & first
-    engine.close()
-    assert _workers() == before
-    for pid in second:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    with pytest.raises(EngineError, match="closed"):
-        engine.generate(PROMPTS[0], _config())
-
-
-def test_the_workers_end_when_their_caller_dies():
-    script = (
-        "import multiprocessing, os, signal, sys\n"
-        "from engine import Engine\n"
-        "engine = Engine(sys.argv[1], tp_size=2)\n"
-        "print(' '.join(str(p.pid) for p in multiprocessing.active_children()), flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    caller = subprocess.run([sys.executable, "-c", script, str(EMBEDDED_MODEL)], cwd=ROOT, capture_output=True, text=True)
-    pids = [int(p) for p in caller.stdout.split()]
-    assert caller.returncode == -9 and len(pids) == 2, caller.stderr[-2000:]
-    for pid in pids:  # each pidfd turns readable when its process ends
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            assert select.select([fd], [], [], 600)[0], f"worker {pid} outlived its caller"  # a bound on a hang, not a speed
-        finally:
-            os.close(fd)
 
 
 def test_the_app_runs_and_sweeps_a_parallel_engine_and_ends_its_workers_when_it_loads_another():
