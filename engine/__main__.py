@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from .cache_modes import cache_modes
-from .cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from .cli import DEFAULT_MODEL, OneLineParser, checked_device, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from .config import GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
@@ -119,6 +119,81 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(args: argparse.Namespace) -> int:
+    from .reference import check_settings, record_reference
+
+    config = config_from_args(args)
+    check_settings(args.reference, config)  # before the (slow) model load
+    check_writable(Path(args.trace))
+    trace = record_reference(args.reference, args.model, args.prompt, config, device=args.device)
+    Path(args.trace).write_text(trace.to_json())
+    print(f"[{args.reference}: {len(trace.iterations)} steps, trace written to {args.trace}]", file=sys.stderr)
+    return 0
+
+
+def read_trace(path: str):
+    """A trace file, checked on load; EngineError in one line naming the file."""
+    from .trace import Trace
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EngineError(f"cannot read the trace {path}: {exc.strerror if isinstance(exc, OSError) else 'not text'}") from None
+    try:
+        return Trace.from_json(text)
+    except EngineError as exc:
+        raise EngineError(f"{path}: {exc}") from None
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from .trace_diff import diff_traces
+
+    diff = diff_traces(read_trace(args.a), read_trace(args.b), args.row_a, args.row_b)
+    print(json.dumps(diff.to_dict()) if args.json else diff.summary())
+    return 0 if diff.final_equal else 1
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from .analysis import analyze
+
+    trace = read_trace(args.trace)
+    if not 0 <= args.row < len(trace.initial):
+        raise EngineError(f"the trace has no row {args.row} (it has {len(trace.initial)})")
+    result = analyze(trace, args.row)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"steps {result['steps']}  order correlation {result['order_correlation']} (within blocks {result['order_correlation_within_blocks']})  converged {result['converged']}")
+    print("step  finalized  kl_to_final  gate  mean  commits")
+    for i in range(result["steps"]):
+        print(f"{i:4d}  {result['finalized_fraction'][i]}  {result['kl_to_final'][i]}  {result['gate_confidence'][i]}  {result['mean_confidence'][i]}  {result['commits'][i]}")
+    return 0
+
+
+def add_trace_commands(sub) -> None:
+    """`record`, `diff` and `analyze` (docs/analysis.md)."""
+    rec = sub.add_parser("record", help="run a reference implementation (transformers, diffusers) and write its run as a trace")
+    rec.add_argument("--reference", required=True, choices=["transformers", "diffusers"])
+    rec.add_argument("--model", required=True, help="model folder (a DiffusionGemma checkpoint for transformers, an LLaDA2 one for diffusers)")
+    rec.add_argument("--prompt", required=True)
+    rec.add_argument("--trace", required=True, metavar="FILE", help="where to write the trace (JSON)")
+    rec.add_argument("--device", type=checked_device, default="cpu", help="cpu, cuda, cuda:1, mps")
+    add_config_flags(rec)
+    rec.set_defaults(run=_record)
+    diff = sub.add_parser("diff", help="compare two traces of one prompt step by step (exit 1 when the final tokens differ)")
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    diff.add_argument("--row-a", type=int, default=0, help="the row of A (default 0)")
+    diff.add_argument("--row-b", type=int, default=0, help="the row of B (default 0)")
+    diff.add_argument("--json", action="store_true", help="print one JSON object")
+    diff.set_defaults(run=_diff)
+    ana = sub.add_parser("analyze", help="per-step and per-run analyses of a trace")
+    ana.add_argument("trace", metavar="TRACE")
+    ana.add_argument("--row", type=int, default=0, help="which row (default 0)")
+    ana.add_argument("--json", action="store_true", help="print one JSON object")
+    ana.set_defaults(run=_analyze)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m engine", description="dinfer-viz engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -132,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
     add_serve_command(sub)
+    add_trace_commands(sub)
     return parser
 
 

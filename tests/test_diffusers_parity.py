@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine import GenerationConfig, RunHooks, load_model, run_diffusion, save_model
-from engine.cache import block_causal_mask
+from engine.reference import DiffusersAdapter
 
 from .moe_models import tiny_llada2
 
@@ -26,29 +26,6 @@ diffusers = pytest.importorskip("diffusers")
 
 BLOCK, GEN, MAX_POST = 4, 16, 16
 PROMPTS = ([5, 6, 7, 9], [11, 3, 8, 2, 30, 14, 21, 6])  # a whole block; two blocks
-
-
-class DiffusersAdapter(torch.nn.Module):
-    """What LLaDA2Pipeline calls: `model(ids, attention_mask=, position_ids=).logits`."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    @property
-    def device(self) -> torch.device:  # what a diffusers pipeline asks of its modules
-        return self.model.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.dtype
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
-        n = input_ids.shape[1]
-        assert bool(attention_mask.all()) and torch.equal(position_ids[0], torch.arange(n))  # whole blocks, no padding
-        out = self.model(input_ids=input_ids, attention_mask=block_causal_mask(n, BLOCK, input_ids.device))
-        out.logits[..., self.model.mask_token_id] = float("-inf")
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +36,7 @@ def checkpoint(tmp_path_factory) -> torch.nn.Module:
 
 
 def diffusers_tokens(model, prompt: list[int], threshold: float, editing_threshold: float | None) -> list[int]:
-    pipe = diffusers.LLaDA2Pipeline(model=DiffusersAdapter(model), scheduler=diffusers.BlockRefinementScheduler(), tokenizer=None)
+    pipe = diffusers.LLaDA2Pipeline(model=DiffusersAdapter(model, BLOCK), scheduler=diffusers.BlockRefinementScheduler(), tokenizer=None)
     pipe.set_progress_bar_config(disable=True)
     with torch.no_grad():
         out = pipe(

@@ -1,0 +1,183 @@
+"""Analyses of any trace (engine, reference, imported), from what the trace holds: per step the
+finalized fraction, KL to the final answer, the gate and mean confidence of the open positions
+and the commits; per run how left-to-right the finalisation order is and whether it converged.
+The formulas and what each approximates: docs/analysis.md §3.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .trace import IterationRecord, Trace
+from .trace_diff import canvases
+
+EPS = 1e-4  # a trace keeps probabilities to 4 decimals: no smaller probability is known
+
+
+def _uniform(trace: Trace) -> bool:
+    return getattr(trace, "kind", None) == "uniform" or any(rec.uniform is not None for rec in trace.iterations)
+
+
+def current_tokens(trace: Trace, row: int = 0) -> list[list[int | None]]:
+    """Per step, per canvas position, the token the run held or predicted there after that step
+    (None: nothing recorded). Masked: the canvas where it is written, the record's top-1 at the
+    block's open positions; uniform: earlier canvases' outputs, the current canvas's argmax draft
+    (`top1`), nothing past it. After the last step: the final canvas (its early-stop fill)."""
+    uniform, mask = _uniform(trace), trace.mask_id
+    out = []
+    for i, (rec, canvas) in enumerate(zip(trace.iterations, canvases(trace, row))):
+        s, e = rec.block_range
+        if uniform:
+            done = (rec.uniform or {}).get("output") is not None
+            cur = [canvas[p] if p < s or (done and p < e) else rec.top1[row][p - s] if p < e else None for p in range(len(canvas))]
+        else:
+            cur = [canvas[p] if canvas[p] != mask else rec.top1[row][p - s] if s <= p < e else None for p in range(len(canvas))]
+        out.append(cur)
+    if out and trace.final:
+        out[-1] = list(trace.final[row])
+    return out
+
+
+def _generated(trace: Trace, row: int) -> range:
+    width = len(trace.final[row]) if trace.final else trace.canvas_length
+    return range(trace.prompt_lengths[row], width)
+
+
+def _final(trace: Trace, row: int) -> list[int]:
+    return list(trace.final[row]) if trace.final else canvases(trace, row)[-1]
+
+
+def finalization_steps(trace: Trace, row: int = 0) -> dict[int, int]:
+    """Per generated position, the first step from which its current token equals the final
+    token at every later step."""
+    final, cur = _final(trace, row), current_tokens(trace, row)
+    steps = {}
+    for p in _generated(trace, row):
+        i = len(cur)
+        while i > 0 and cur[i - 1][p] == final[p]:
+            i -= 1
+        steps[p] = min(i, len(cur) - 1)
+    return steps
+
+
+def _q_final(rec: IterationRecord, row: int, w: int, token: int) -> float:
+    """The step's probability of the final token at block position w, or an upper bound on it
+    when the trace does not hold it (not among the candidates; top-1 is another token)."""
+    pairs = rec.candidates[row][w] if rec.candidates is not None and rec.candidates[row][w] else None
+    if pairs:
+        known = {int(i): float(p) for i, p in pairs}
+        return known.get(token, max(min(min(known.values()), 1.0 - sum(known.values())), 0.0))
+    conf = float(rec.confidence[row][w])
+    return conf if rec.top1[row][w] == token else 1.0 - conf
+
+
+def kl_to_final(trace: Trace, row: int = 0) -> list[float | None]:
+    """Per step, the mean over the positions whose state the step holds of KL(final || step) =
+    -log q(final token): a written token is a point mass (0 if it is the final token, -log EPS if
+    not), an open position of the step's block uses its candidates or top-1/confidence."""
+    final, uniform, mask = _final(trace, row), _uniform(trace), trace.mask_id
+    out = []
+    for rec, canvas in zip(trace.iterations, canvases(trace, row)):
+        s, e = rec.block_range
+        terms = []
+        for p in _generated(trace, row):
+            written = p < s if uniform else canvas[p] != mask
+            if written:
+                terms.append(0.0 if canvas[p] == final[p] else -math.log(EPS))
+            elif s <= p < e:
+                terms.append(-math.log(max(_q_final(rec, row, p - s, final[p]), EPS)))
+        out.append(round(sum(terms) / len(terms), 4) if terms else None)
+    return out
+
+
+def open_confidences(trace: Trace, row: int = 0) -> list[list[float]]:
+    """Per step, the confidences of its open positions: masked, the block's positions still
+    [MASK] before the step; uniform, every position of the canvas being denoised."""
+    uniform, mask = _uniform(trace), trace.mask_id
+    before = [list(trace.initial[row])] + canvases(trace, row)
+    out = []
+    for i, rec in enumerate(trace.iterations):
+        s, e = rec.block_range
+        out.append([float(rec.confidence[row][p - s]) for p in range(s, e) if uniform or before[i][p] == mask])
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None when either side is constant."""
+    if len(xs) < 2:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx, sy = math.sqrt(sum((a - mx) ** 2 for a in rx)), math.sqrt(sum((b - my) ** 2 for b in ry))
+    return None if sx == 0 or sy == 0 else round(sxy / (sx * sy), 6)
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def order_correlation(trace: Trace, row: int = 0) -> dict[str, Any]:
+    """Rank correlation of position against finalisation step: over the generated positions, and
+    within each block the run recorded (a block of one position counts 1.0; a block finalised in
+    one step has none); `within_blocks` is the mean of the blocks that have one."""
+    steps = finalization_steps(trace, row)
+    overall = spearman(list(steps), list(steps.values()))
+    spans = sorted({tuple(rec.block_range) for rec in trace.iterations})
+    per_block = []
+    for s, e in spans:
+        ps = [p for p in range(s, e) if p in steps]
+        if ps:
+            per_block.append(1.0 if len(ps) == 1 else spearman(ps, [steps[p] for p in ps]))
+    known = [c for c in per_block if c is not None]
+    return {"overall": overall, "within_blocks": round(sum(known) / len(known), 6) if known else None, "per_block": per_block}
+
+
+def converged(trace: Trace, row: int = 0) -> bool | None:
+    """Masked: the final canvas holds no [MASK] in the generated part and, for a decoder that
+    revises, each block's last step changed nothing. Uniform: every canvas's last step stopped by
+    the adaptive rule (not at the step limit); None when the trace lacks the stop rule's state."""
+    if not trace.iterations:
+        return None
+    last: dict[int, IterationRecord] = {}
+    for rec in trace.iterations:
+        last[rec.block] = rec
+    if _uniform(trace):
+        stops = [((rec.uniform or {}).get("stopping") or {}).get("stopped") for rec in last.values()]
+        return None if any(s is None for s in stops) else all(bool(s[row]) for s in stops)
+    final = _final(trace, row)
+    if any(final[p] == trace.mask_id for p in _generated(trace, row)):
+        return False
+    return all(not rec.committed[row] and not (rec.revisions and rec.revisions[row]) for rec in last.values()) if any(r.revisions is not None for r in trace.iterations) else True
+
+
+def analyze(trace: Trace, row: int = 0) -> dict[str, Any]:
+    """Every analysis of row `row`: the per-step lists (one entry per record) and the per-run values."""
+    final, cur = _final(trace, row), current_tokens(trace, row)
+    generated = _generated(trace, row)
+    finalized = [round(sum(c[p] == final[p] for p in generated) / len(generated), 4) if len(generated) else None for c in cur]
+    opens = open_confidences(trace, row)
+    order = order_correlation(trace, row)
+    return {
+        "steps": len(trace.iterations),
+        "finalized_fraction": finalized,
+        "kl_to_final": kl_to_final(trace, row),
+        "gate_confidence": [round(min(c), 4) if c else None for c in opens],
+        "mean_confidence": [round(sum(c) / len(c), 4) if c else None for c in opens],
+        "commits": [len(rec.committed[row]) for rec in trace.iterations],
+        "order_correlation": order["overall"],
+        "order_correlation_within_blocks": order["within_blocks"],
+        "order_correlation_per_block": order["per_block"],
+        "converged": converged(trace, row),
+    }
