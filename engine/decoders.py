@@ -232,6 +232,11 @@ class Decoder:
         return masks_left
 
     @classmethod
+    def row_wise_for(cls, config: GenerationConfig) -> bool:
+        """`row_wise` with these settings (a rule may draw from the run's one random stream)."""
+        return cls.row_wise
+
+    @classmethod
     def capabilities(cls) -> dict[str, bool]:
         """What the trace header records of the decoder (docs/trace.md §2)."""
         return {"revises": cls.revises, "shadow_block": cls.shadow_block}
@@ -268,6 +273,10 @@ class FixedStepDecoder(Decoder):
     settings = ("steps", "remasking")
     sweep_setting = "steps"
     uses_threshold = False
+
+    @classmethod
+    def row_wise_for(cls, config: GenerationConfig) -> bool:
+        return cls.row_wise and config.remasking != "random"  # random remasking draws from the batch's one stream
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)

@@ -243,25 +243,27 @@ def test_the_trace_store_is_bounded_and_prunes_the_oldest():
 
 
 def test_a_stream_sends_a_revised_block_only_once_the_loop_has_left_it():
-    """No decoder of the engine revises yet, so the records here are written by hand in the trace's
-    own schema (engine/trace.py: Revision): a committed token edited later in its block must never have been
-    sent; a decoder that never revises streams each commit at once."""
+    """Records written by hand in the trace's own schema (engine/trace.py: Revision), each with the
+    `final_until` the loop gives (engine/kinds/masked.py): a committed token edited later in its
+    block must never have been sent; a decoder that never revises streams each commit at once."""
     vocab = {10: "a", 11: "b", 12: "c", 13: "X"}
     decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
     header = Trace(mask_id=1, eos_ids=[0], prompt_lengths=[1], initial=[[5, 1, 1, 1, 1]], config={})
 
-    def rec(block: int, rng: list[int], committed: list[int], top1: list[int], revisions: list | None) -> IterationRecord:
-        return IterationRecord(block, block, rng, "full", [], 0.9, [committed], [[]], [top1], [[1.0] * len(top1)], 0.0, revisions=revisions)
+    def rec(block: int, rng: list[int], committed: list[int], top1: list[int], revisions: list | None, final_until: int) -> IterationRecord:
+        return IterationRecord(
+            block, block, rng, "full", [], 0.9, [committed], [[]], [top1], [[1.0] * len(top1)], 0.0, revisions=revisions, active=[True], final_until=[final_until]
+        )
 
     edit = Revision(position=1, old=13, new=10, kind=EDIT, rule="p(new) > edit threshold", score=0.9, bound=0.5).to_dict()
     revising = RowText(header, decode, max_tokens=8, stops=[])
-    assert revising.update(rec(0, [1, 3], [1, 2], [13, 11], [[]])) == ""  # block 0 still open: 'Xb' may change
-    assert revising.update(rec(0, [1, 3], [], [10, 11], [[edit]])) == ""
-    assert revising.update(rec(1, [3, 5], [3], [12, 12], [[]])) == "ab"  # the loop left block 0
+    assert revising.update(rec(0, [1, 3], [1, 2], [13, 11], [[]], 1)) == ""  # block 0 still open: 'Xb' may change
+    assert revising.update(rec(0, [1, 3], [], [10, 11], [[edit]], 1)) == ""
+    assert revising.update(rec(1, [3, 5], [3], [12, 12], [[]], 3)) == "ab"  # the loop left block 0
     assert revising.finish([5, 10, 11, 12, 0]) == ("c", "stop", 3)
     plain = RowText(header, decode, max_tokens=8, stops=["bc"])
-    assert plain.update(rec(0, [1, 3], [1, 2], [10, 11], None)) == "a"  # 'b' could start the stop string
-    assert plain.update(rec(1, [3, 5], [3], [12, 12], None)) == ""  # 'abc': the stop string; 'a' was sent
+    assert plain.update(rec(0, [1, 3], [1, 2], [10, 11], None, 3)) == "a"  # 'b' could start the stop string
+    assert plain.update(rec(1, [3, 5], [3], [12, 12], None, 4)) == ""  # 'abc': the stop string; 'a' was sent
     assert plain.finish([5, 10, 11, 12, 0]) == ("", "stop", 3)
 
 

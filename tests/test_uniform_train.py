@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generation import LOOPS
 from engine.models import DiffusionGemmaLM, load_model
 from tinymodel.tasks import split_examples
 from tinymodel.uniform import UniformTrainConfig, UniformTrainer, make_canvases, parse_args, uniform_loss, uniform_noise
@@ -90,7 +89,6 @@ def test_bad_flags_are_one_line(capsys):
     assert "--self-conditioning" in err and "\n" not in err
 
 
-@pytest.mark.skipif("uniform" not in LOOPS, reason="engine/generation.py does not dispatch uniform-state models yet")
 def test_a_short_run_scores_and_writes_the_model(tmp_path):
     trainer = UniformTrainer(tiny(tmp_path, steps=2, eval_every=2))
     summary = trainer.run(trainer.loss)

@@ -153,44 +153,25 @@ def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int)
     """Per row, from the trace: (confidence at commit time of each generated non-stop token,
     forwards the row would take alone).
 
-    Rows decode independently, so a row alone takes the forwards in which it changed something
-    (every forward of a lone row commits at least one token, or for a revising decoder commits or
-    revises one), plus, for a revising decoder, the one forward per block after which it settled
-    (no mask left and nothing changed); a uniform-state row takes its active steps (each accepts at
-    least one proposal) plus one encoder forward per canvas it denoised. TPF computed from it does
-    not depend on the evaluation batch size. The canvas is replayed alongside to know which rows still had masks.
+    The loop marks in each record the rows that took part (`IterationRecord.active`: those a row's
+    solo run would make), so a row's forwards are its active records, plus, for a uniform-state
+    row, one encoder forward per canvas it denoised (docs/counting.md §9). TPF computed from it does
+    not depend on the evaluation batch size. A commit's confidence is the probability of the token
+    it wrote (a uniform step's accepted proposal; an edit's score replaces it).
     """
     trace = output.trace
-    canvas = [list(row) for row in trace.initial]
     at_commit: list[dict[int, float]] = [{} for _ in output.prompt_lengths]
     forwards = [0] * len(output.prompt_lengths)
-    # the edit decoder's bound on mask-free forwards: a row that reaches it finishes without a
-    # settling forward (engine/revising.py)
-    max_post = trace.config.get("decoder_options", {}).get("max_post_edit_steps", EditDecoder.options["max_post_edit_steps"].default) if trace.config.get("decoder") == EditDecoder.name else None
-    post: dict[tuple[int, int], int] = {}  # (row, block) -> its mask-free forwards counted
-    settled: set[tuple[int, int]] = set()  # (row, block) pairs that finished
     for rec in trace.iterations:
-        s, e = rec.block_range
-        revisions = rec.revisions or [[] for _ in rec.committed]
+        s = rec.block_range[0]
+        written = rec.uniform["proposal_probability"] if rec.uniform is not None else rec.confidence
         for row, positions in enumerate(rec.committed):
-            key, mask_free = (row, rec.block), mask_id not in canvas[row][s:e]
-            if rec.uniform is not None and rec.uniform["step"] == 0 and rec.uniform["active"][row]:
-                forwards[row] += 1  # a uniform-state canvas starts with one encoder forward (docs/counting.md §9)
-            if key in settled:
-                pass
-            elif positions or revisions[row]:
-                forwards[row] += 1
-                post[key] = post.get(key, 0) + mask_free
-                if max_post is not None and post[key] >= max_post and not any(canvas[row][p] == mask_id for p in range(s, e) if p not in positions):
-                    settled.add(key)
-            elif rec.revisions is not None and mask_free:
-                forwards[row] += 1
-                settled.add(key)
+            if not rec.active[row]:
+                continue
+            forwards[row] += 1 + (rec.uniform is not None and rec.uniform["step"] == 0)
             for p in positions:
-                at_commit[row][p] = rec.confidence[row][p - s]
-                canvas[row][p] = rec.top1[row][p - s]
-            for revision in revisions[row]:
-                canvas[row][revision["position"]] = revision["new"]
+                at_commit[row][p] = written[row][p - s]
+            for revision in (rec.revisions or [[]] * len(rec.committed))[row]:
                 if revision["kind"] == "edit":
                     at_commit[row][revision["position"]] = revision["score"]
     keep = generated_mask(output.canvas, output.prompt_lengths, stop_ids, mask_id).cpu()

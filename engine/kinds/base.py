@@ -29,13 +29,16 @@ class KindSettings:
 
     `reads`: GenerationConfig fields it reads besides SHARED_SETTINGS; `default_decoder`: the
     decoder a model of this kind runs when the request names the engine's default decoder;
-    `system_options`: the Engine options (engine/system_options.py) it runs with; `fit_canvas`:
-    the config for a checkpoint trained on canvases of one length (None: any block length)."""
+    `system_options`: the Engine options (engine/system_options.py) it runs with; `shares_batches`:
+    whether the server may decode requests of equal prompt length as rows of one batch (each row's
+    records are then its solo run's: engine/serving/batcher.py); `fit_canvas`: the config for a
+    checkpoint trained on canvases of one length (None: any block length)."""
 
     reads: frozenset[str]
     default_decoder: str
     system_options: frozenset[str]
-    fit_canvas: Callable[[GenerationConfig, int], GenerationConfig] | None = None
+    shares_batches: bool = True
+    fit_canvas: Callable[[GenerationConfig, int, bool], GenerationConfig] | None = None
 
 
 class DiffusionKind:
@@ -103,7 +106,7 @@ def fit(config: GenerationConfig, kind: str, canvas_length: int | None = None, *
         raise EngineError(f"{kind} diffusion does not read {names}: leave {'it' if len(ignored) == 1 else 'them'} at the default")
     config = dataclasses.replace(config, **{name: getattr(_DEFAULTS, name) for name in ignored})
     if spec.fit_canvas is not None and canvas_length:
-        config = spec.fit_canvas(config, canvas_length)
+        config = spec.fit_canvas(config, canvas_length, carry_over)
     return config.validate()
 
 

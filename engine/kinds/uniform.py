@@ -301,11 +301,12 @@ class UniformRun(DiffusionRun):
         )
 
 
-def fit_canvas(config: GenerationConfig, canvas_length: int) -> GenerationConfig:
+def fit_canvas(config: GenerationConfig, canvas_length: int, carry_over: bool) -> GenerationConfig:
     """A uniform-state checkpoint denoises canvases of the length it was trained with
     (transformers' generate knows no other): the block length is that canvas, and the generation
-    length whole canvases (rounded up). A block length set to another value is refused."""
-    if config.block_length not in (canvas_length, GenerationConfig.block_length):
+    length whole canvases (rounded up). A block length set to another value is refused, unless the
+    settings are carried over from another model's page."""
+    if not carry_over and config.block_length not in (canvas_length, GenerationConfig.block_length):
         raise EngineError(f"this uniform-state model denoises canvases of {canvas_length} tokens: block_length {config.block_length} is not supported (leave it at the default)")
     length = max(canvas_length, -(-config.gen_length // canvas_length) * canvas_length)
     return dataclasses.replace(config, block_length=canvas_length, gen_length=length)
@@ -318,4 +319,8 @@ class UniformKind(DiffusionKind):
 
     name = UNIFORM
     run = UniformRun
-    settings = KindSettings(reads=frozenset(), default_decoder=UNIFORM, system_options=frozenset({"compile"}), fit_canvas=fit_canvas)
+    settings = KindSettings(
+        reads=frozenset(), default_decoder=UNIFORM, system_options=frozenset({"compile"}),
+        shares_batches=False,  # its rows draw proposals and noise from one generator, in batch order
+        fit_canvas=fit_canvas,
+    )

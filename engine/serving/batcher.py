@@ -8,10 +8,10 @@ header, records, text and trace, and those equal its solo run's: the engine's de
 row (each row's commits depend on its own logits; early stop is per row), the canvas and blocks
 are the same when the prompt lengths are, and `RowView` drops the records in which a row had
 nothing left to do (its block already complete, or the row finished by early stop while others go
-on), which its solo run would never have made.
+on), which its solo run would never have made: the loop marks each record's rows `active`.
 
 What breaks the equality is never batched (`batch_key` is None): sampling or random remasking
-(one random stream per engine call), settings that read the request's iteration counter (smoothing,
+(one random stream per engine call: `Decoder.row_wise_for`), settings that read the request's iteration counter (smoothing,
 refresh_every, the vicinity cache's warm-up, unrolling's group size, which follows the row with
 the most masks), decoders that do not declare `Decoder.row_wise` (their rule may mix rows), and
 block-causal or uniform-state models (their prefix-store forwards and uniform steps are not
@@ -30,7 +30,6 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
-from ..cache import REFRESH
 from ..cache_modes import cache_mode
 from ..config import GenerationConfig
 from ..errors import EngineError
@@ -39,7 +38,8 @@ from ..run import GenerationOutput
 from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
 from ..stats import count_tokens
-from ..trace import REMASK, IterationRecord, Trace
+from ..kinds import kind_named
+from ..trace import IterationRecord, Trace
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 8
@@ -49,32 +49,27 @@ POLL_SECONDS = 0.1  # longest a waiting request blocks before it looks whether a
 def batch_key(config: GenerationConfig, engine_id: object) -> str | None:
     """Requests with equal keys may share a batch and each still get its solo tokens; None: alone.
     `engine_id`: what names the engine the request runs on (JSON-serialisable)."""
-    if config.temperature > 0 or (config.decoder == "fixed" and config.remasking == "random"):
+    if config.temperature > 0:
         return None
     mode = cache_mode(config.cache)
     if config.smoothing or config.refresh_every is not None or (mode is not None and mode.reads_request_counter) or config.unroll:
         return None
-    if not decoder_class(config.decoder).row_wise:
+    if not decoder_class(config.decoder).row_wise_for(config):
         return None
     return json.dumps([engine_id, config.to_dict()], sort_keys=True, default=str)
 
 
 class RowView:
-    """One row of a batched generate, as its solo run would have reported it."""
+    """One row of a batched generate, as its solo run would have reported it: the records in which
+    the loop marks the row active (`IterationRecord.active`), renumbered."""
 
     def __init__(self, header: Trace, row: int) -> None:
         self.row = row
-        self.canvas = list(header.initial[row])
-        self.mask_id, self.stop_ids = header.mask_id, set(header.eos_ids)
         self.prompt_length = header.prompt_lengths[row]
-        self.early_stop = bool(header.config.get("early_stop", True))
-        self.stop_block: int | None = None  # the block in which this row committed an end-of-text
+        self.stop_ids = set(header.eos_ids)
+        self.mask_id = header.mask_id
         self.kept = 0  # records of this row so far: its solo run's iteration index and NFE
-        self.after_refresh = False  # the row's last record was a refresh: the same step's next forward follows
-        # a revising decoder's block goes on with no masks left (post-edit steps) until an iteration
-        # changes nothing for the row: the block in which this row's solo run has ended so
-        self.settled_block: int | None = None
-        self.trace = replace(header, prompt_lengths=[self.prompt_length], initial=[list(self.canvas)], iterations=[])
+        self.trace = replace(header, prompt_lengths=[self.prompt_length], initial=[list(header.initial[row])], iterations=[])
         if header.expected is not None:
             self.trace.expected = [header.expected[row]]
 
@@ -83,32 +78,15 @@ class RowView:
 
     def record(self, rec: IterationRecord) -> IterationRecord | None:
         """This row's part of `rec`, renumbered; None where the row had nothing to do."""
-        s, e = rec.block_range
-        finished = self.early_stop and self.stop_block is not None and rec.block > self.stop_block
-        # A refresh is followed, in the same step, by another forward even when its decode
-        # completed the block (engine/kinds/masked.py: `step`): the solo run makes that one too.
-        follows_refresh, self.after_refresh = self.after_refresh, False
-        if rec.revisions is not None:  # the row's own decoder decides when its block ends
-            if finished or self.settled_block == rec.block:
-                return None
-        elif finished or (not follows_refresh and all(self.canvas[p] != self.mask_id for p in range(s, e))):
-            return None
-        self.after_refresh = rec.forward == REFRESH
         r = self.row
+        if not rec.active[r]:
+            return None
         mine = replace(
             rec, iteration=self.kept, committed=[rec.committed[r]], forced=[rec.forced[r]], top1=[rec.top1[r]],
             confidence=[rec.confidence[r]], candidates=None if rec.candidates is None else [rec.candidates[r]],
-            revisions=None if rec.revisions is None else [rec.revisions[r]],
+            revisions=None if rec.revisions is None else [rec.revisions[r]], active=[True], final_until=[rec.final_until[r]],
             extras={k: [v[r]] if isinstance(v, list) else v for k, v in rec.extras.items()},
         )
-        for p in rec.committed[r]:
-            self.canvas[p] = rec.top1[r][p - s]
-            if self.canvas[p] in self.stop_ids and p >= self.prompt_length and self.stop_block is None:
-                self.stop_block = rec.block
-        for revision in (rec.revisions or [[]] * (r + 1))[r]:  # as Trace.canvas_at replays them
-            self.canvas[revision["position"]] = self.mask_id if revision["kind"] == REMASK else revision["new"]
-        if rec.revisions is not None and not rec.committed[r] and not rec.revisions[r]:
-            self.settled_block = rec.block
         self.kept += 1
         self.trace.iterations.append(mine)
         return mine
@@ -250,7 +228,7 @@ class Batcher:
         except Exception as exc:
             self._fail(members, exc)
             return
-        alone = engine.model.block_causal or engine.model.diffusion_kind != "masked"
+        alone = engine.model.block_causal or not kind_named(engine.model.diffusion_kind).settings.shares_batches
         groups: dict[object, list[int]] = {}
         for i, ids in enumerate(encoded):
             groups.setdefault(i if alone else len(ids), []).append(i)

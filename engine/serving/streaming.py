@@ -1,12 +1,10 @@
 """A row's text as it becomes final, for server-sent events (docs/serving.md, "Streaming").
 
 What a stream sends is only ever final: the left-to-right prefix of the answer that no later
-iteration can change, so a client appends deltas and never has to take text back. A committed
-token is final at once when the decoder never revises (its records carry no `revisions`); for a
-decoder that revises committed tokens, the tokens of a block are final when the loop moves past
-the block (revisions stay inside the block being decoded: engine/trace.py, `Trace.from_dict` checks it);
-for a uniform-state run (DiffusionGemma), whose accepted proposals are judged again at every step,
-a canvas is final when it writes its output (docs/trace.md §2.2). The prefix also ends
+iteration can change, so a client appends deltas and never has to take text back. Which tokens
+are final is the loop's to say, per row, in each record's `final_until` (docs/trace.md §3: a
+committed token at once for a decoder that never revises, a block's when the loop leaves it for
+one that does, a uniform-state canvas's when it writes its output). The prefix also ends
 at the first end-of-text id, at `max_tokens` tokens, before a stop string (the text that could
 still become one is held back) and before an incomplete character.
 """
@@ -40,8 +38,6 @@ class RowText:
         self.start = header.prompt_lengths[0]
         self.mask_id, self.stop_ids = header.mask_id, set(header.eos_ids)
         self.decode, self.max_tokens, self.stops = decode, max_tokens, stops
-        self.final_until = self.start  # positions before this are final (blocks the loop has left)
-        self.blockwise = False  # a block's tokens are final only once it is done (a revising decoder, a uniform-state run)
         self.sent = ""
 
     def _answer(self, ids: list[int]) -> tuple[list[int], bool]:
@@ -53,19 +49,10 @@ class RowText:
 
     def update(self, rec: IterationRecord) -> str:
         """The text this record made final, beyond what was sent."""
-        s, e = rec.block_range
         for p, token in record_writes(rec, 0):
             self.canvas[p] = token
-        if rec.uniform is not None:
-            self.blockwise = True
-            if rec.uniform.get("output") is not None:  # the canvas is done: its output stays
-                self.final_until = max(self.final_until, e)
-        else:
-            self.final_until = max(self.final_until, s)
-            self.blockwise = self.blockwise or rec.revisions is not None
-        end = self.final_until if self.blockwise else len(self.canvas)
         committed = []
-        for token in self.canvas[self.start : end]:
+        for token in self.canvas[self.start : rec.final_until[0]]:
             if token == self.mask_id:
                 break
             committed.append(token)
