@@ -39,7 +39,7 @@ class DecodeResult:
     the committed positions whose token becomes `tokens`, `remask` those that return to [MASK]
     (never both at one position, never a masked one); `revision_score` `[B, W]` the number each
     was judged by, and `revision_rules` kind ("edit"/"remask") -> (the rule, its bound), as the
-    trace records them (docs/trace.md §2.1).
+    trace records them (docs/trace.md §3.1).
     """
 
     tokens: torch.Tensor

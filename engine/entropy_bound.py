@@ -1,4 +1,4 @@
-"""The entropy-bounded decoder (EB-Sampler, docs/algorithms.md "EB-Sampler"): its acceptance rule
+"""The entropy-bounded decoder (EB-Sampler, docs/algorithms.md §2.9): its acceptance rule
 is also the uniform-state loop's (engine/kinds/uniform.py), so it lives here, once."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
 class EntropyBoundDecoder(Decoder):
     """Commits the lowest-entropy masked positions while their summed entropy, less the largest, stays <= the bound.
 
-    EB-Sampler (entropy-bounded unmasking, arXiv 2505.24857; docs/algorithms.md "EB-Sampler"):
+    EB-Sampler (entropy-bounded unmasking, arXiv 2505.24857; docs/algorithms.md §2.9):
     sort the masked positions by the entropy of their distribution ([MASK] excluded) ascending and
     commit the first k while `sum(H_1..H_k) - H_k`, the sum of those before the k-th, is <= the
     bound; the lowest always passes, so every row with a mask commits at least one. Bound 0 gives

@@ -4,7 +4,7 @@
 
 They are revising decoders as engine/revising.py's `edit` is: the loop hands them the block's
 current tokens and the positions they may change, applies their remasks and records each with the
-rule's numbers (docs/trace.md §2.1). A remask stays inside the current block, whose K/V every
+rule's numbers (docs/trace.md §3.1). A remask stays inside the current block, whose K/V every
 cached forward computes fresh (engine/cache.py), so no cache mode serves a stale K/V for it.
 
 WINO needs more than the block's logits: one forward over the canvas with a *shadow block* appended

@@ -1,7 +1,7 @@
 """Decoders that revise what they committed (docs/algorithms.md §2.8): besides filling masks, they
 may edit a committed token or return it to [MASK]. The loop (engine/kinds/masked.py) hands them the
 block's current tokens and the positions they may change, applies the edits and remasks, records
-each with the rule's numbers (docs/trace.md §2.1), and asks them when a block ends.
+each with the rule's numbers (docs/trace.md §3.1), and asks them when a block ends.
 
 Edits and remasks stay inside the current block, whose K/V every cached forward computes fresh
 (engine/cache.py), so no cache mode serves a stale K/V for a revised position.

@@ -45,9 +45,9 @@ class IterationRecord:
     cost: dict[str, Any] | None = None  # absent from traces written before it existed
     candidates: list[list[list[list[float]]]] | None = None  # likewise; None for long blocks
     # per row, the committed positions this iteration changed (an edit or a remask), as `Revision`
-    # dicts (docs/trace.md §2.1); None for a decoder that never revises and in version-1 traces
+    # dicts (docs/trace.md §3.1); None for a decoder that never revises and in version-1 traces
     revisions: list[list[dict[str, Any]]] | None = None
-    # a uniform-state step's state (docs/trace.md §2.2); None for masked diffusion
+    # a uniform-state step's state (docs/trace.md §3.2); None for masked diffusion
     uniform: dict[str, Any] | None = None
     # per row: whether the row took part in this step (its solo run makes this record), and the
     # canvas position before which its tokens are final (no later record changes them): the loop's
@@ -92,7 +92,7 @@ class Trace:
     version: int = TRACE_VERSION
     model: str = ""
     # the diffusion kind that ran (MASKED or UNIFORM: the strategy in engine/kinds/) and what its
-    # decoder declares of itself (`revises`, `own_forward`; None where an upgraded trace cannot know)
+    # decoder declares of itself (`revises`, `shadow_block`; None where an upgraded trace cannot know)
     kind: str = MASKED
     capabilities: dict[str, bool | None] = field(default_factory=dict)
     mask_id: int = 0

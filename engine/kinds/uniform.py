@@ -1,4 +1,4 @@
-"""Uniform-state diffusion: DiffusionGemma's sampler as the engine runs it (docs/algorithms.md §7).
+"""Uniform-state diffusion: DiffusionGemma's sampler as the engine runs it (docs/algorithms.md §9).
 
 Every canvas position always holds a token. Canvases (blocks) of `block_length` tokens are made
 left to right; the prompt, then each finished canvas, is encoded once into the model's K/V cache.
@@ -20,7 +20,7 @@ step the proposals, then the noise), so with the same seed this loop replays
 `DiffusionGemmaForBlockDiffusion.generate` token for token (tests/test_diffusion_gemma.py).
 
 The sampler is the kind's decoder (`uniform`), whose options carry the settings; the kind reads
-no other generation setting and refuses them (engine/kinds/base.py: fit). Records: docs/trace.md §2.2.
+no other generation setting and refuses them (engine/kinds/base.py: fit). Records: docs/trace.md §3.2.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ class UniformRun(DiffusionRun):
         return ended
 
     def _record(self, st: _Step, seconds: float) -> IterationRecord:
-        """The step's record (docs/trace.md §2.2): `top1` the draft, `committed` the accepted
+        """The step's record (docs/trace.md §3.2): `top1` the draft, `committed` the accepted
         positions; `uniform` the proposal, the rule's numbers, the re-noising and the stop rule."""
         s, e = st.span
         result = st.result

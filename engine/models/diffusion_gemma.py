@@ -9,7 +9,7 @@ cache, once) and `denoise` (one decoder forward over a canvas that reads the cac
 
 Text only: the vision tower is built so that a real checkpoint's tensors load strictly, but a
 prompt holding an image/audio/video token is refused. Attention runs transformers' eager kernels.
-docs/algorithms.md "Uniform-state diffusion (DiffusionGemma)" lists the config fields read.
+docs/algorithms.md §9 lists the config fields read.
 """
 
 from __future__ import annotations
