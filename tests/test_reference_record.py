@@ -22,6 +22,7 @@ from engine.trace_diff import diff_traces
 from .gemma_models import CANVAS, STOP
 from .moe_models import tiny_llada2
 from .test_diffusers_parity import diffusers_tokens
+from .test_trace_schema import validate
 from .test_diffusion_gemma import checkpoint, hf_generate, reference, uniform_config  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,7 @@ def test_transformers_run_equals_its_generate_and_the_engine_step_by_step(checkp
     last = [rec for rec in recorded.iterations if rec.uniform["output"] is not None]
     assert any(NOT_EXPOSED in rec.uniform["proposal"][0] for rec in last)  # the unseen re-noise is marked, not invented
     assert Trace.from_json(recorded.to_json()).final == recorded.final
+    validate(json.loads(recorded.to_json()))
 
 
 @pytest.mark.parametrize("decoder, options, editing", [("edit", {"edit_threshold": 0.5}, 0.5), ("threshold", {}, None)])
@@ -70,6 +72,7 @@ def test_diffusers_run_equals_its_pipeline_and_the_engine(llada2, decoder, optio
     # editing off, diffusers still runs one forward after a block's last mask, the engine does not
     assert diff.steps_equal == (editing is not None)
     assert all(rec.candidates is not None for rec in recorded.iterations)
+    validate(json.loads(recorded.to_json()))
     if editing:
         assert recorded.iterations[0].revisions is not None
 

@@ -1,0 +1,86 @@
+"""engine/analysis.py and `python -m engine analyze` on runs whose answers are known."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import GenerationConfig, RunHooks, load_model, run_diffusion
+from engine.analysis import analyze, spearman
+from engine.trace import Trace
+
+from .conftest import tiny_llada
+from .gemma_models import CANVAS, STOP
+from .test_diffusion_gemma import checkpoint, uniform_config  # noqa: F401 (fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+from write_trace import step_record, trace_dict  # noqa: E402
+
+KEYS = {"finalized_fraction", "kl_to_final", "gate_confidence", "mean_confidence", "order_correlation", "converged"}
+
+
+def check_lists(result: dict, steps: int) -> None:
+    assert KEYS <= set(result)
+    for key in ("finalized_fraction", "kl_to_final", "gate_confidence", "mean_confidence", "commits"):
+        assert len(result[key]) == steps, key
+    for gate, mean in zip(result["gate_confidence"], result["mean_confidence"]):
+        assert gate is None or gate <= mean
+
+
+def test_blocks_of_one_are_perfectly_left_to_right():
+    trace = run_diffusion(tiny_llada(), [[3, 4, 5]], GenerationConfig(gen_length=8, block_length=1, early_stop=False), hooks=RunHooks(trace=True)).trace
+    result = analyze(trace)
+    check_lists(result, 8)
+    assert result["order_correlation"] == 1.0 and result["order_correlation_within_blocks"] == 1.0
+    assert result["finalized_fraction"][-1] == 1.0 and result["kl_to_final"][-1] == 0.0
+    assert result["commits"] == [1] * 8 and result["converged"] is True
+    assert result["finalized_fraction"] == sorted(result["finalized_fraction"])  # a non-revising run only gains
+
+
+def test_a_parallel_run_ends_final_and_converged():
+    trace = run_diffusion(tiny_llada(), [[3, 4, 5]], GenerationConfig(gen_length=16, block_length=8, threshold=0.3), hooks=RunHooks(trace=True)).trace
+    result = analyze(trace)
+    check_lists(result, len(trace.iterations))
+    assert result["finalized_fraction"][-1] == 1.0 and result["converged"] is True
+    assert sum(result["commits"]) <= 16
+
+
+def test_right_to_left_is_minus_one_and_known_kl():
+    """Hand-written with the example writer: three positions committed right to left."""
+    final = [1, 6, 7, 8]
+
+    def top1(i: int) -> list[int]:  # written or writing: the final token; still open: a wrong one
+        return [final[p] if p >= 3 - i else 2 for p in range(1, 4)]
+
+    steps = [step_record(i, 0, (1, 4), {3 - i: final[3 - i]}, top1(i), [0.5, 0.75, 0.9]) for i in range(3)]
+    trace = Trace.from_dict(trace_dict([1], 3, 3, 0, [9], steps, final))
+    result = analyze(trace)
+    assert result["order_correlation"] == -1.0 and result["order_correlation_within_blocks"] == -1.0
+    assert result["finalized_fraction"] == [0.3333, 0.6667, 1.0]
+    # step 0: position 3 written (0); positions 1 and 2 open, top-1 wrong at 0.5 and 0.75: p(final) <= 0.5, 0.25
+    assert abs(result["kl_to_final"][0] - (math.log(2) + math.log(4)) / 3) < 1e-3
+    assert result["gate_confidence"][0] == 0.5 and result["mean_confidence"][0] == round((0.5 + 0.75 + 0.9) / 3, 4) and result["commits"] == [1, 1, 1]
+    assert spearman([1, 2, 3], [5, 5, 5]) is None
+
+
+def test_a_uniform_run_ends_final(checkpoint):
+    config = uniform_config(0, max_denoising_steps=12, confidence_threshold=2.5)
+    trace = run_diffusion(load_model(checkpoint), [[12, 30, 45, 9, 17]], config, stop_ids=[STOP], hooks=RunHooks(trace=True)).trace
+    result = analyze(trace)
+    check_lists(result, len(trace.iterations))
+    assert result["finalized_fraction"][-1] == 1.0 and isinstance(result["converged"], bool)
+    assert len(result["order_correlation_per_block"]) == len({rec.block for rec in trace.iterations}) <= 3 * CANVAS
+
+
+def test_analyze_command(tmp_path):
+    sample = ROOT / "assets" / "traces" / "edit-none.json"
+    done = subprocess.run([sys.executable, "-m", "engine", "analyze", str(sample), "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    check_lists(result, len(Trace.from_json(sample.read_text()).iterations))
+    text = subprocess.run([sys.executable, "-m", "engine", "analyze", str(sample), "--row", "3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert text.returncode == 2 and "no row 3" in text.stderr and text.stderr.count("\n") == 1
