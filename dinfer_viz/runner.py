@@ -222,31 +222,46 @@ class Frame:
     run: str = ""  # the live run's id, which the page's reports name
     number: int = -1  # running frames: the number the page reports once it painted it
     since: int = -1  # running frames: records the page already holds (-1: none, send it all)
+    live: "LiveRun | None" = None  # the run's consumer: what the page's playback controls and Stop act on
 
 
 class Playback:
     """How many records a live view shows: all of them (`speed` 0), or `speed` more per second,
-    never more than have arrived (a slow engine is followed, not overtaken)."""
+    never more than have arrived (a slow engine is followed, not overtaken). The page's playback
+    controls act on it, apart from the engine (which runs on, or has finished, either way):
+    `pause` holds the view where it is, `resume` goes on from there, `skip` shows every record
+    that arrived and follows the engine at its own pace from then on."""
 
     def __init__(self, speed: float) -> None:
         self.speed = speed
         self.position = 0.0
         self.last: float | None = None
+        self.paused = False
 
     def shown(self, arrived: int, now: float) -> int:
         """Records to show at `now`, `arrived` of them having come from the engine."""
-        if self.speed <= 0:
+        if self.speed <= 0 and not self.paused:
+            self.position = float(arrived)
             return arrived
-        if self.last is not None:
+        if self.last is not None and not self.paused:
             self.position = min(float(arrived), self.position + (now - self.last) * self.speed)
         self.last = now
         return int(self.position)
 
     def wait(self, arrived: int) -> float:
-        """Seconds until one more record shows (inf: all that arrived show already)."""
-        if self.speed <= 0 or self.position >= arrived:
+        """Seconds until one more record shows (inf: all that arrived show already, or paused)."""
+        if self.paused or self.speed <= 0 or self.position >= arrived:
             return float("inf")
         return (int(self.position) + 1 - self.position) / self.speed
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def skip(self) -> None:
+        self.paused, self.speed = False, 0.0
 
 
 def run_live(
@@ -299,6 +314,30 @@ class LiveRun:
         self.shown = 0  # records shown by the last frame sent
         self.last_yield = time.perf_counter()
 
+    # ---- the page's playback controls (called from the web server's threads) -------------------
+    @property
+    def engine_done(self) -> bool:
+        """The engine has finished this run (its result is in): what is left is playback."""
+        return self.result is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.playback.paused
+
+    def pause(self) -> None:
+        """Hold the view at the records it shows; the engine runs on (and is freed when done)."""
+        self.playback.pause()
+        self.events.put(Painted())  # wake the consumer: its heartbeat now says nothing
+
+    def resume(self) -> None:
+        self.playback.resume()
+        self.events.put(Painted())
+
+    def skip(self) -> None:
+        """Show every record that arrived at once, then follow the engine at its pace."""
+        self.playback.skip()
+        self.events.put(Painted())
+
     def frames(self) -> Iterator[Frame]:
         while True:
             for event in self._arrived():
@@ -322,7 +361,7 @@ class LiveRun:
                     continue
             if time.perf_counter() - self.last_yield >= HEARTBEAT_SECONDS:
                 # nothing new (a long forward, a wait, a page still painting): yield so Gradio can close us
-                yield self._frame("busy", message=self.status if target <= self.shown else "")
+                yield self._frame("busy", message=self.status if target <= self.shown and not self.playback.paused else "")
 
     def _arrived(self) -> Iterator[object]:
         """The events come in: sleeps until one, or until the clock allows a frame when there is
@@ -371,7 +410,7 @@ class LiveRun:
 
     def _frame(self, stage: str, **fields: Any) -> Frame:
         self.last_yield = time.perf_counter()
-        return Frame(stage, self.last_yield - self.t0, run=self.id, **fields)
+        return Frame(stage, self.last_yield - self.t0, run=self.id, live=self, **fields)
 
 
 def timed_passes(host: EngineHost, spec: ModelSpec, prompt: str, config: GenerationConfig, passes: int) -> Iterator[dict | None]:

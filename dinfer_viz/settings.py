@@ -25,7 +25,6 @@ from engine.cache_modes import cache_mode
 from engine.config import setting_choices, setting_help
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options
 from engine.revising import apply_preset
-from engine.trace import UNIFORM
 
 from engine.cli import checked_device
 
@@ -332,25 +331,21 @@ def parse_settings(
     return build_spec(settings.get("model"), default, resolve), build_config(settings.get("config"))
 
 
-def fit_to_model(config: GenerationConfig, kind: str, canvas_length: int | None) -> GenerationConfig:
-    """`config` as a model of diffusion `kind` runs it. A uniform-state model (DiffusionGemma) runs
-    only its own sampler, on canvases of the length it was trained with (transformers' generate
-    knows no other): a masked decoder chosen on the page (the Run tab's, or Compare setting a
-    masked model against a uniform one) becomes the `uniform` decoder, keeping the options both
-    declare (entropy_bound's bound); the block length becomes the canvas, the generation length
-    whole canvases, the cache mode none (its loop caches the prompt and finished canvases itself).
-    The reverse, the `uniform` decoder left on the page for a masked model (after lesson 6, say),
-    becomes the engine's default masked decoder. The trace's header says what ran (the views read it)."""
-    if kind != UNIFORM:
-        if config.decoder != UNIFORM:
-            return config
-        return dataclasses.replace(config, decoder=GenerationConfig.decoder, decoder_options={})
-    if config.decoder != UNIFORM:
-        shared = {k: v for k, v in config.decoder_options.items() if k in decoder_class(UNIFORM).options}
-        config = dataclasses.replace(config, decoder=UNIFORM, decoder_options=shared)
-    width = canvas_length or config.block_length
-    length = max(width, -(-config.gen_length // width) * width)
-    return dataclasses.replace(config, block_length=width, gen_length=length, cache="none")
+def without_hidden(config: GenerationConfig) -> GenerationConfig:
+    """`config` with every setting whose control the page hides for its decoder, cache mode and
+    features (`visible_fields`) back at the engine's default: a hidden control's value never
+    reaches the engine (measure staleness ticked under cache dual, then cache none chosen: every
+    later run would otherwise still probe staleness and draw its heatmaps). The decoder's own
+    options it does not declare go too."""
+    shown = visible_fields(config.decoder, config.cache, config.smoothing, config.unroll)
+    defaults = GenerationConfig()
+    reset = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(GenerationConfig) if f.name in _controlled() and f.name not in shown}
+    options = {k: v for k, v in config.decoder_options.items() if OPTION_PREFIX + k in shown or OPTION_PREFIX + k not in _controlled()}
+    return dataclasses.replace(config, **reset, decoder_options=options) if reset or options != config.decoder_options else config
+
+
+def _controlled() -> set[str]:
+    return {c.field for c in all_controls()}
 
 
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:

@@ -60,16 +60,22 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
     # Gradio's cached copies of downloads and uploads: swept every 30 min, kept 2 h
     with gr.Blocks(title="dinfer-viz", delete_cache=(1800, 7200)) as demo:
         gr.Markdown("## dinfer-viz · watch a masked-diffusion LM decode, one iteration at a time")
-        gr.Markdown(handlers.model_status(), elem_id="model-status")
+        # names the model of the run on display (tabs/shown.py), else the default model
+        header = gr.Markdown(handlers.model_status(), elem_id="model-status")
         with gr.Tabs() as tabs:
-            run_tab = run_page.build(handlers, demo, model_section=lambda: model.build(handlers))
+            run_tab = run_page.build(handlers, demo, model_section=lambda: model.build(handlers), header=header)
             compare_tab = compare.build(handlers, run_tab)
             sweep_tab = sweep.build(handlers, run_tab, tabs)
         run_page.wire_structure(handlers, demo, run_tab, sweep_tab.parameter)
-        # One engine: each tab's Stop cancels whichever engine event is running, in any tab.
+        # One engine: each tab's Stop cancels whichever engine event is running, in any tab; a live
+        # Run stays on its page with what it produced (RunHandlers.stop), whichever Stop it was
         stoppable = [run_tab.engine, compare_tab, sweep_tab.engine]
-        for tab in stoppable:
-            tab.stop.click(handlers.stopped, None, tab.message, cancels=[t.event for t in stoppable], **PRIVATE)
+        everything = [t.event for t in stoppable]
+        run_stop = dict(fn=handlers.stop, inputs=[run_tab.state, run_tab.pinned], outputs=run_tab.view, **PRIVATE)
+        run_tab.engine.stop.click(cancels=everything, **run_stop)
+        for tab in stoppable[1:]:
+            tab.stop.click(handlers.stopped, None, tab.message, cancels=everything, **PRIVATE)
+            tab.stop.click(**{**run_stop, "fn": handlers.stop_quietly})
     # Comparisons, sweeps and loads queue one at a time (concurrency id "engine"), runs up to a batch
     # at once ("runs"); replay and loading traces are cheap and run side by side for several sessions.
     demo.queue(max_size=32, default_concurrency_limit=4)

@@ -1,12 +1,20 @@
 """The app with a uniform-state model: its kind read without loading, a masked decoder choice
-fitted to it (the canvas it was trained with), and a run through the Run tab's handler whose trace
-is the uniform sampler's."""
+fitted to it by the engine's own function (engine.kinds.fit, carrying over the page's settings:
+the canvas it was trained with, what the kind does not read back at its defaults), and a run
+through the Run tab's handler whose trace is the uniform sampler's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine import GenerationConfig
 from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.settings import fit_to_model
+from engine.kinds import fit
+
+
+def fit_to_model(config, kind, canvas_length):
+    """What the page calls (TabHandlers.fit_to): the engine's fit, carrying over."""
+    return fit(config, kind, canvas_length, carry_over=True)
 
 from .app_support import app_model
 from .gemma_models import CANVAS
@@ -31,10 +39,14 @@ def test_a_masked_decoder_on_a_uniform_model_becomes_its_sampler():
     assert (fitted.decoder, fitted.block_length, fitted.gen_length, fitted.decoder_options) == ("uniform", 8, 24, {})
     own = GenerationConfig(decoder="uniform", gen_length=16, block_length=32, decoder_options={"entropy_bound": 0.5})
     assert fit_to_model(own, "uniform", 8).decoder_options == {"entropy_bound": 0.5}  # its own settings stay
-    assert fit_to_model(chosen, "masked", None) is chosen
+    masked = GenerationConfig(decoder="threshold", threshold=0.7, gen_length=32, block_length=32)
+    assert fit_to_model(masked, "masked", None) == masked  # a masked model runs the page's settings as they are
+    # what the uniform kind does not read, chosen on the page for a masked model, goes back to its default
+    dual = fit_to_model(GenerationConfig(cache="dual", smoothing=True, temperature=0.7, threshold=0.5), "uniform", 8)
+    assert (dual.cache, dual.smoothing, dual.temperature, dual.threshold) == ("none", False, GenerationConfig.temperature, GenerationConfig.threshold)
     eb = GenerationConfig(decoder="entropy_bound", decoder_options={"entropy_bound": 0.7})
     assert fit_to_model(eb, "uniform", 8).decoder_options == {"entropy_bound": 0.7}  # the option both declare is kept
-    back = fit_to_model(own, "masked", None)  # the uniform sampler left on the page, a masked model chosen
+    back = fit_to_model(dataclasses.replace(own, block_length=16), "masked", None)  # the uniform sampler left on the page, a masked model chosen
     assert back.decoder == GenerationConfig.decoder and back.decoder_options == {}
 
 
@@ -51,3 +63,18 @@ def test_the_run_handler_runs_the_uniform_sampler(tmp_path_factory, tiny_gemma_f
     state = view["state"]
     assert state.timeline.uniform and state.timeline.trace.config["decoder"] == "uniform"
     assert state.timeline.trace.block_length == CANVAS
+
+
+def test_the_page_sends_no_hidden_setting_and_fits_with_the_engine(tmp_path_factory, tiny_gemma_folder):
+    """A control the page hides leaves the settings (measure staleness ticked under cache dual,
+    then cache none), and a uniform model's run is the engine's fit of what the page chose."""
+    from dinfer_viz.ui import Handlers
+
+    handlers = Handlers(EngineHost(ModelSpec(app_model(tmp_path_factory))))
+    _, config = handlers.parse({"config": {"cache": "none", "measure_staleness": True}})
+    assert config.measure_staleness is False
+    _, kept = handlers.parse({"config": {"cache": "dual", "measure_staleness": True}})
+    assert kept.measure_staleness is True and kept.cache == "dual"
+    settings = {"model": {"path": str(tiny_gemma_folder)}, "config": {"cache": "dual", "temperature": 0.7}}
+    _, fitted = handlers.parse(settings)
+    assert fitted == fit(GenerationConfig(), "uniform", CANVAS, carry_over=True)

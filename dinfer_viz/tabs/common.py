@@ -28,7 +28,9 @@ from ..batching import MAX_BATCH, RunBatcher
 from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
 from ..host import EngineHost, ModelSpec
 from ..runner import acknowledge
-from ..settings import Control, all_controls, fit_to_model, parse_settings
+from engine.kinds import fit
+
+from ..settings import Control, all_controls, parse_settings, without_hidden
 from ..system import offered_options
 
 log = logging.getLogger(__name__)
@@ -178,10 +180,19 @@ class TabHandlers:
         self.option_names = [o.name for o in offered_options()]
 
     def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
-        """A run's settings, validated, its model checked against the host's allow-list, the
-        config fitted to the model's kind of diffusion (settings.fit_to_model)."""
+        """A run's settings, validated, its model checked against the host's allow-list; the
+        settings whose controls are hidden back at their defaults (settings.without_hidden), then
+        the config fitted to the model's kind of diffusion by the engine's own function
+        (engine.kinds.fit, carrying over: the page's settings may have been chosen for a model of
+        another kind, so what this kind does not read goes back to its defaults, a decoder of
+        another kind becomes the kind's own)."""
         spec, config = parse_settings(settings, self.host.default, self.host.resolve)
-        return spec, fit_to_model(config, *self.host.model_kind(spec))
+        return spec, self.fit_to(spec, config)
+
+    def fit_to(self, spec: ModelSpec, config: GenerationConfig) -> GenerationConfig:
+        """`config` as `spec`'s model runs it (parse): hidden settings at their defaults, then
+        engine.kinds.fit carrying over from a model of another kind."""
+        return fit(without_hidden(config), *self.host.model_kind(spec), carry_over=True)
 
     def settings(self, *values: Any) -> dict[str, Any]:
         """Control values -> the settings JSON a run takes. Order: model path, device, dtype, the

@@ -3,7 +3,7 @@ settings (COMPARE_FIELDS); or, when "model B" names another model, the Run tab's
 on the Run tab's model (A) and on model B (the distilled model against the base, say), or with "B
 uses its own settings", B's side's changes on model B (the base model with threshold against the
 edit model with `edit`, issue #26). Each side's settings are fitted to its own model
-(settings.fit_to_model), so a masked model and a uniform-state one (DiffusionGemma) each run their
+(TabHandlers.fit_to: engine.kinds.fit), so a masked model and a uniform-state one (DiffusionGemma) each run their
 own kind of diffusion. Both stream into their panels, then a chart sets them against each other and
 one slider steps through both (the shorter run holding its last frame).
 Each side runs `passes` times (the first one shown live): its TPS, forwards/s and engine seconds are
@@ -26,7 +26,7 @@ from ..grid import EMPTY_GRID, grid_value, inert
 from ..host import ModelSpec
 from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
-from ..settings import OPTION_PREFIX, all_controls, control_value, decoder_fields, fit_to_model, parse_settings, sweep_setting
+from ..settings import OPTION_PREFIX, all_controls, control_value, decoder_fields, parse_settings, sweep_setting
 from ..timeline import Timeline
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 from .live import LiveView
@@ -146,7 +146,7 @@ class CompareHandlers(TabHandlers):
         runs on that model (with A's device, dtype and options) and its generation settings are
         `settings_a`'s (the two models under the same settings; `settings_b` is not read), or,
         with `b_own_settings`, `settings_b`'s "config" (its "model" does not choose B's). Either way
-        each side's settings are fitted to its own model (settings.fit_to_model): a masked decoder
+        each side's settings are fitted to its own model (TabHandlers.fit_to: engine.kinds.fit): a masked decoder
         on a uniform-state model (DiffusionGemma) runs as its `uniform` sampler on its canvas, so
         a masked model and a uniform-state one can share one run's settings. `passes`: runs of
         each side; the readouts' timings are their median. `expected`: the Run tab's expected
@@ -159,7 +159,7 @@ class CompareHandlers(TabHandlers):
                 runs.append(self.parse(settings_b))
             else:  # B's settings as they were chosen, then fitted to model B (not to A's model)
                 chosen = parse_settings(settings_b if b_own_settings else settings_a, self.host.default)[1]
-                runs.append((other, fit_to_model(chosen, *self.host.model_kind(other))))
+                runs.append((other, self.fit_to(other, chosen)))
             for _, config in runs:
                 self.check_request(prompt, config)
         except EngineError as exc:

@@ -27,8 +27,9 @@ from ..details import position_details
 from ..explain import explain
 from ..export import run_gif, run_mp4
 from ..figures import confidence_raster, extras_figure, iteration_chart
-from ..grid import grid_value, inert
-from ..host import ModelSpec
+from ..figures import message_figure
+from ..grid import EMPTY_GRID, grid_value, inert
+from ..host import ModelSpec, model_title
 from ..lessons import lesson_named
 from ..readouts import message_readout, plural, readout
 from ..runner import Frame, run_live
@@ -38,14 +39,19 @@ from ..system import progress_line, startup_note
 from ..timeline import Timeline, iteration_number
 from .common import TabHandlers, error_text, guarded, outputs
 from .live import LiveView
+from .shown import FAILED, FINISHED, LIVE, LOADED, STOPPED, RunState, frozen, trace_prompt
 
 log = logging.getLogger(__name__)
 
 EXPORT_VIEW = ("file", "message")  # the GIF / MP4 exports: the file, and the Run tab's message
-# details and cache_states come last: API clients reading the earlier outputs by place keep working
+# details, cache_states and header come last: API clients reading the earlier outputs by place keep working
 RUN_VIEW = (
-    "grid", "readout", "text", "raster", "iterations", "cost", "extras", "scrub", "download", "message", "state", "explain", "details", "cache_states",
+    "grid", "readout", "text", "raster", "iterations", "cost", "extras", "scrub", "download", "message", "state", "explain", "details", "cache_states", "header",
 )
+# Loading a trace: the view, then the boxes it fills with what the trace was made with (the
+# prompt, the model, every control in all_controls() order; the family note follows the prompt)
+LOAD_VIEW = (*RUN_VIEW, "prompt", "model_box", *(f"cfg:{c.field}" for c in all_controls()))
+SKIP_VIEW = (*RUN_VIEW, "timer")  # "skip to the end" of a replay: the view at its end, the timer off
 PICK_VIEW = (*RUN_VIEW, "pinned")  # a click on the grid or the raster: the view, and the position pinned
 PICK_HINT = "Click a cell of the grid or a point of the raster: everything about that position at the iteration shown appears here, and stays pinned while you scrub."
 # Canvas lengths of the forward-cost chart (those above the model's limit are left out)
@@ -63,17 +69,9 @@ LIVE_SPEEDS = [("as fast as the engine", 0), *((f"{n} iteration{'s' * (n > 1)} /
 DEFAULT_PROMPT = FAMILY_EXAMPLES["pairsum"][0]
 
 
-@dataclass
-class RunState:
-    """A session's finished (or loaded) run: what the scrubber and replay read."""
-
-    timeline: Timeline
-    expected: list[int] | None = None
-
-
-def details_view(timeline: Timeline, pinned: int | None, iteration: int, expected: list[int] | None) -> str:
+def details_view(timeline: Timeline | None, pinned: int | None, iteration: int, expected: list[int] | None) -> str:
     """The details panel: the pinned position at record `iteration`, or how to pin one."""
-    if pinned is None:
+    if pinned is None or timeline is None:
         return f'<div class="pos-details">{inert(PICK_HINT)}</div>'
     return position_details(timeline, pinned, iteration, expected)
 
@@ -131,12 +129,35 @@ def scrub_to(timeline: Timeline, value: int) -> Any:
 
 
 def stored_view(
-    timeline: Timeline, at: int, expected: list[int] | None, *, note: str, message: str, highlight: bool = False, pinned: int | None = None
+    timeline: Timeline, at: int, expected: list[int] | None, *, note: str, message: str, highlight: bool = False, pinned: int | None = None,
+    source: str = "a sweep's wrong answer",
 ) -> dict[str, Any]:
     """A finished run (a loaded trace, a sweep's wrong answer) opened for replay at iteration `at`:
     its view, readout, scrubber, state and the explanation of the settings it ran with."""
-    out = timeline_view(timeline, at, expected, highlight=highlight, pinned=pinned)
-    out.update(readout=readout(timeline, None, note=note), scrub=scrub_to(timeline, at), state=RunState(timeline, expected), message=message, explain=ran_explanation(timeline))
+    shown = RunState(timeline, expected, LOADED, model_title(timeline.trace.model) if timeline.trace.model else "", trace_prompt(timeline), source=source)
+    return shown_view(shown, at, message, pinned, note=note, highlight=highlight)
+
+
+def shown_view(
+    shown: RunState, at: int, message: str, pinned: int | None = None, *, note: str = "", wall: float | None = None, highlight: bool = False
+) -> dict[str, Any]:
+    """Every slot of the page drawn from the run on display `shown` at record `at`: the grid, the
+    figures, the output box (the engine's text of a finished run, else the canvas at `at`), the
+    readout marked with the run's status, the scrubber over its iterations, the header naming
+    its model, the state itself, and the explanation of the settings it ran with."""
+    tl = shown.timeline
+    out = timeline_view(tl, at, shown.expected, highlight=highlight, pinned=pinned)
+    last = tl.clamp(at) == tl.iterations - 1
+    out.update(
+        readout=shown.marked(readout(tl, wall, note=note)),
+        text=shown.text if shown.text and last else out["text"],
+        scrub=scrub_to(tl, at),
+        state=shown,
+        message=message,
+        header=shown.header(),
+    )
+    if shown.status == LOADED or tl.uniform:  # a uniform model ran its own sampler, not the decoder the controls explain
+        out["explain"] = ran_explanation(tl)
     return out
 
 
@@ -198,8 +219,8 @@ class RunHandlers(TabHandlers):
             spec, config = self.parse(settings)
             self.check_request(prompt, config)
             speed = live_speed(speed)
-        except EngineError as exc:
-            yield outputs(RUN_VIEW, {"message": error_text(str(exc))})
+        except EngineError as exc:  # no run to show: the message over an empty page, never the previous run
+            yield outputs(RUN_VIEW, self.no_run_view(error_text(str(exc))))
             return
         unknown = ""  # characters the tokenizer cannot encode, said with the result
         live = LiveView()
@@ -208,13 +229,16 @@ class RunHandlers(TabHandlers):
         # heartbeats, then with the heartbeats of a slow forward (a bucket compiling)
         notes = {"loading": startup_note(dict(spec.options), spec.device, loaded=False), "running": startup_note(dict(spec.options), spec.device, loaded=True)}
         phase = "running" if self.host.is_loaded(spec) else "loading"  # the stage a heartbeat ("busy") belongs to
-        if phase == "loading":  # said at once, before waiting for the engine or loading it
-            yield outputs(RUN_VIEW, {"message": progress_line(f"loading {spec.describe()}", notes["loading"])})
+        model = self.host.name_of(spec)
+        # said at once, before waiting for the engine or loading it; and the previous run leaves the
+        # page at once: the slider, the grid and the header follow this one from now on
+        starting = progress_line(f"loading {spec.describe()}", notes["loading"]) if phase == "loading" else f"starting a run on {inert(model)}…"
+        yield outputs(RUN_VIEW, self.no_run_view(starting, header=f"run shown: `{inert(model)}` · starting"))
         for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher, expected=expected):
             if frame.stage == "running" and live.live is None:  # the first frame: the engine is loaded
                 unknown = self._unencodable(spec, prompt, config)
             phase = phase if frame.stage == "busy" else frame.stage
-            view = self._frame_view(frame, spec.describe(), live, prompt, notes.get(phase, ""), pinned)
+            view = self._frame_view(frame, spec.describe(), live, prompt, notes.get(phase, ""), pinned, model)
             if frame.stage == "done" and unknown:
                 view["message"] += unknown
             yield outputs(RUN_VIEW, view)
@@ -226,37 +250,74 @@ class RunHandlers(TabHandlers):
         return f"; ⚠ the tokenizer has no token for {''.join(missing)!r}" if missing else ""
 
     def _frame_view(
-        self, frame: Frame, model: str, live: LiveView, prompt: str = "", note: str = "", pinned: int | None = None
+        self, frame: Frame, described: str, live: LiveView, prompt: str = "", note: str = "", pinned: int | None = None, model: str = ""
     ) -> dict[str, Any]:
-        """One frame's slots; `note`: what the engine's system options spend at this stage (run)."""
+        """One frame's slots; `described`: the spec as the readout names it; `note`: what the
+        engine's system options spend at this stage (run); `model`: the model's name (header)."""
         if frame.stage in ("waiting", "loading"):
             message = progress_line(frame.message, note) if note else frame.message
             return {"readout": message_readout(frame.message), "message": message}
         if frame.stage == "busy":  # a heartbeat: says what is slow, or nothing (the page is still painting)
             return {"message": progress_line(f"{frame.message} ({frame.wall:.0f} s)", note)} if frame.message else {}
-        if frame.timeline is None:  # failed before the engine started
-            return {"message": error_text(frame.message)}
+        if frame.timeline is None:  # failed before the engine started: no run to show
+            return self.no_run_view(error_text(frame.message))
         tl, last, expected = frame.timeline, frame.shown - 1, frame.timeline.expected
-        if frame.stage == "error":
-            return {"message": error_text(frame.message), **timeline_view(tl, last, expected, pinned=pinned)}
+        if frame.stage == "error":  # the records it made stay, marked failed
+            failed = RunState(frozen(tl), expected, FAILED, model, prompt)
+            return shown_view(failed, last, error_text(frame.message), pinned, note=described, wall=frame.wall)
         if frame.stage == "running":
             out = live.running(frame, message=f"{frame.message}…")
+            if "readout" in out:  # the first frame: this run is the one on display from now on
+                shown = RunState(tl, expected, LIVE, model, prompt, live=frame.live)
+                out.update(state=shown, header=shown.header(), download=None, details=details_view(tl, pinned, -1, expected))
+            # the slider follows the live run: its length so far, at the iteration shown
+            out["scrub"] = gr.update(minimum=0, maximum=max(frame.shown, 1), value=frame.shown, interactive=False)
             if frame.plots:
                 out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last), cost=cost_figure(tl, upto=last))
             return out
-        out = timeline_view(tl, last, expected, pinned=pinned)
+        done = RunState(tl, expected, FINISHED, model, prompt, frame.text)
         judged = answers.verdict(prompt, frame.text or "")
-        out.update(
-            readout=readout(tl, frame.wall, note=model),
-            message=f"{frame.message}: {plural(tl.iterations, 'iteration')}" + (f"; {judged}" if judged else ""),
-            text=frame.text,
-            scrub=scrub_to(tl, tl.iterations - 1),
-            download=self._write_trace(tl.trace),
-            state=RunState(tl, expected),
-        )
-        if tl.uniform:  # it ran its own sampler, not the decoder the controls explain
-            out["explain"] = ran_explanation(tl)
+        message = f"{frame.message}: {plural(tl.iterations, 'iteration')}" + (f"; {judged}" if judged else "")
+        out = shown_view(done, tl.iterations - 1, message, pinned, note=described, wall=frame.wall)
+        out["download"] = self._write_trace(tl.trace)
         return out
+
+    def no_run_view(self, message: str, header: str | None = None) -> dict[str, Any]:
+        """The page with no run on display (a Run refused, or failed before its first record, or
+        one just starting): `message` over an empty grid and figures, the slider off, no state."""
+        return {
+            "grid": EMPTY_GRID, "readout": message_readout("no run shown"), "text": "",
+            "raster": message_figure("no run shown", 360), "iterations": message_figure("", 380), "cost": message_figure("", 340), "extras": message_figure("", 220),
+            "scrub": gr.update(minimum=0, maximum=1, value=0, interactive=False), "download": None, "message": message, "state": None,
+            "details": details_view(None, None, -1, None), "cache_states": gr.update(visible=False), "header": header or self.model_status(),
+        }
+
+    def stop_quietly(self, state: RunState | None, pinned: int | None = None) -> tuple:
+        """Another tab's Stop: a live Run stays as Stop leaves it; otherwise the Run tab is untouched."""
+        if state is None or state.status != LIVE:
+            return outputs(RUN_VIEW, {})
+        return self.stop(state, pinned)
+
+    @guarded(RUN_VIEW)
+    def stop(self, state: RunState | None, pinned: int | None = None) -> tuple:
+        """Stop: the engine is cancelled (the click's `cancels`) and the run stays on the page with
+        whatever it produced: every record the engine made, readable and scrubbable, marked
+        "stopped at iteration k"; a run the engine had finished (only its playback was left) stays
+        whole, as finished."""
+        if state is None or state.status != LIVE:
+            return outputs(RUN_VIEW, {"message": self.stopped()})
+        live = state.live
+        if live is not None and live.engine_done:
+            tl = Timeline(live.result.output.trace)
+            shown = RunState(tl, state.expected, FINISHED, state.model, state.prompt, live.result.text)
+            message = f"stopped the playback: the engine had finished, and its whole run ({plural(tl.iterations, 'iteration')}) stays here to scrub"
+        else:
+            tl = frozen(state.timeline)
+            shown = RunState(tl, state.expected, STOPPED, state.model, state.prompt)
+            message = f"stopped at iteration {tl.iterations}: the engine ends its current iteration and is free for the next run; the iterations it ran stay here to scrub"
+        out = shown_view(shown, tl.iterations - 1, message, pinned)
+        out["download"] = self._write_trace(tl.trace)
+        return outputs(RUN_VIEW, out)
 
     def _write_trace(self, trace: Trace) -> str:
         """The trace as a JSON file for the download button."""
@@ -339,37 +400,89 @@ class RunHandlers(TabHandlers):
         return forward_cost_figure(rows), f"measured on {inert(spec.describe())}: median of {plural(rows[0]['repeats'] if rows else 0, 'forward')} per kind and length"
 
     def play(self, iteration: float, state: RunState | None) -> tuple:
-        """Start playback (from the beginning when at the end)."""
+        """Start playback (from the beginning when at the end); a live run's paused playback
+        resumes where it was."""
         if state is None:
+            return gr.skip(), gr.Timer(active=False)
+        if state.status == LIVE:
+            if state.live is not None:
+                state.live.resume()
             return gr.skip(), gr.Timer(active=False)
         at_end = int(iteration) - 1 >= state.timeline.iterations - 1
         return (0 if at_end else gr.skip()), gr.Timer(active=True)
 
-    @guarded(RUN_VIEW)
-    def load_trace(self, file: Any) -> tuple:
-        """Load a downloaded trace JSON for replay; needs no model."""
+    def pause(self, state: RunState | None) -> tuple:
+        """Pause playback: a live run's view holds at the iteration it shows (the engine runs on,
+        or has finished and is free already), a replay's timer stops. (message, timer)."""
+        if state is not None and state.status == LIVE and state.live is not None:
+            live = state.live
+            live.pause()
+            engine = "the engine has finished and is free" if live.engine_done else "the engine runs on"
+            return f"paused at iteration {live.shown} ({engine}): ▶ Play resumes, ⏭ End skips to the end, Stop keeps what the run produced", gr.Timer(active=False)
+        return gr.skip(), gr.Timer(active=False)
+
+    @guarded(SKIP_VIEW)
+    def skip_to_end(self, state: RunState | None, pinned: int | None = None) -> tuple:
+        """⏭ End: a live run's view shows every record that arrived and follows the engine from
+        there (the final view comes when it ends); a replay jumps to its last iteration."""
+        if state is None:
+            return outputs(SKIP_VIEW, {"message": "nothing to skip: run something or load a trace"})
+        if state.status == LIVE:
+            if state.live is not None:
+                state.live.skip()
+            return outputs(SKIP_VIEW, {"message": "skipping to the end…"})
+        tl = state.timeline
+        view = timeline_view(tl, tl.iterations - 1, state.expected, highlight=True, pinned=pinned, scrub=iteration_number(tl.iterations - 1), timer=gr.Timer(active=False))
+        if state.text:
+            view["text"] = state.text
+        return outputs(SKIP_VIEW, unpinned_kept(view, pinned))
+
+    def loaded_boxes(self, shown: RunState) -> dict[str, Any]:
+        """The boxes a loaded trace fills (LOAD_VIEW's after RUN_VIEW): the prompt, the model and
+        every setting it was made with; a setting the trace does not name, or a config this
+        engine no longer reads, leaves the controls as they are."""
+        trace = shown.timeline.trace
+        out: dict[str, Any] = {"prompt": shown.prompt} if shown.prompt else {}
+        if trace.model:
+            out["model_box"] = trace.model
+        try:
+            config = GenerationConfig.from_dict(dict(trace.config or {}))
+        except (EngineError, TypeError, ValueError):
+            return out
+        named = set(trace.config or {})
+        for c in all_controls():
+            key = c.field.split(".", 1)[0]
+            if key in named:
+                out[f"cfg:{c.field}"] = control_value(c, config)
+        return out
+
+    @guarded(LOAD_VIEW)
+    def load_trace(self, file: Any, source: str = "a trace file") -> tuple:
+        """Load a downloaded trace JSON for replay (needs no model): the run on display, and the
+        prompt, model and settings boxes filled with what it was made with (LOAD_VIEW)."""
         path = getattr(file, "name", file)
         if not path:
-            return outputs(RUN_VIEW, {"message": "no file"})
+            return outputs(LOAD_VIEW, {"message": "no file"})
         try:
             trace = Trace.from_json(Path(path).read_text(encoding="utf-8"))
             tl = Timeline(trace)
         except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
-            return outputs(RUN_VIEW, {"message": error_text(f"cannot load this trace: {exc}")})
+            return outputs(LOAD_VIEW, {"message": error_text(f"cannot load this trace: {exc}")})
         except Exception as exc:  # a trace the checks let through but the views cannot show
             log.exception("trace could not be shown")
-            return outputs(RUN_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
+            return outputs(LOAD_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
         note = f"loaded trace of {trace.model or 'an unnamed model'}"
         message = f"loaded a trace: {trace.model}, {plural(tl.iterations, 'iteration')}"
-        return outputs(RUN_VIEW, stored_view(tl, tl.iterations - 1, None, note=note, message=message))
+        view = stored_view(tl, tl.iterations - 1, None, note=note, message=message, source=source)
+        return outputs(LOAD_VIEW, {**view, **self.loaded_boxes(view["state"])})
 
-    @guarded(RUN_VIEW)
+    @guarded(LOAD_VIEW)
     def load_sample(self, name: str | None) -> tuple:
         """Load one of the shipped sample traces (assets/traces), by file name, for replay."""
         path = self.samples.get(name or "")
         if path is None:
-            return outputs(RUN_VIEW, {"message": error_text(f"no sample trace named {inert(repr(name))}")})
-        return self.load_trace(path)
+            return outputs(LOAD_VIEW, {"message": error_text(f"no sample trace named {inert(repr(name))}")})
+        return self.load_trace(path, source="a sample trace")
 
     @property
     def samples(self) -> dict[str, str]:

@@ -44,13 +44,15 @@ class RunTab:
     engine: Stoppable
     system: list[gr.components.Component]  # the Model and system section's system options
     pinned: gr.State  # the position the details panel shows
+    state: gr.State  # the run on display (tabs/shown.py: RunState)
 
 
-def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]]) -> RunTab:
+def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]], header: gr.Markdown) -> RunTab:
     """The Run tab and its events. `model_section` builds the Model and system controls where they
-    sit, in the settings column, and returns them in TabHandlers.settings' order."""
+    sit, in the settings column, and returns them in TabHandlers.settings' order; `header`: the
+    page's line naming the model of the run on display."""
     defaults = GenerationConfig()
-    parts: Parts = {}
+    parts: Parts = {"header": header}
     with gr.Tab("Run", id="run"):
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=300):
@@ -76,11 +78,12 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     _wire_replay(h, parts, view)
     _wire_lessons(h, parts, controls, model_inputs[0])
     _wire_presets(parts, controls)
-    _wire_files(h, parts, settings_inputs, view)
+    _wire_files(h, parts, [*view, parts["prompt"], model_inputs[0], *(controls[c.field] for c in all_controls())])
+    _wire_costs(h, parts, settings_inputs)
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
     return RunTab(
         parts["prompt"], parts["expected"], settings_inputs, parts["settings_json"], view, controls, parts["explain"],
-        Stoppable(run_event, parts["stop_btn"], parts["message"]), system, parts["pinned"],
+        Stoppable(run_event, parts["stop_btn"], parts["message"]), system, parts["pinned"], parts["state"],
     )
 
 
@@ -161,6 +164,7 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
             with gr.Row(equal_height=True):
                 parts["play_btn"] = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=100)
                 parts["pause_btn"] = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=80)
+                parts["skip_btn"] = gr.Button("⏭ End", elem_id="skip-btn", scale=0, min_width=80)
                 parts["speed"] = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1, min_width=160)
         with gr.Column(scale=1, min_width=220):
             # above the explanation: a click on the grid shows its answer beside the grid
@@ -223,8 +227,11 @@ def _wire_replay(h: RunHandlers, p: Parts, view: list[Any]) -> None:
     scrub.release(h.replay, [scrub, state, pinned], view, api_name="replay", show_progress="hidden")
     scrub.input(h.glance, [scrub, state, pinned], [p["grid"], p["text"], p["details"]], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
     p["grid"].select(h.pick, [scrub, state], [*view, pinned], show_progress="hidden", api_visibility="private")
+    # playback, apart from the engine: a live run's view pauses, resumes (Play) and skips to the end
+    # while the engine runs on or is already free; a replay's timer likewise
     p["play_btn"].click(h.play, [scrub, state], [scrub, timer], **PRIVATE)
-    p["pause_btn"].click(lambda: gr.Timer(active=False), None, timer, **PRIVATE)
+    p["pause_btn"].click(h.pause, state, [p["message"], timer], **PRIVATE)
+    p["skip_btn"].click(h.skip_to_end, [state, pinned], [*view, timer], **PRIVATE)
     p["speed"].change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), p["speed"], timer, **PRIVATE)
     timer.tick(h.step, [scrub, state, pinned], [scrub, p["grid"], p["text"], p["details"], timer], api_visibility="private")
 
@@ -256,14 +263,19 @@ def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> Non
     preset.input(fill, [decoder, preset], [controls[c.field] for c in all_controls()], **PRIVATE)
 
 
-def _wire_files(h: RunHandlers, p: Parts, settings_inputs: list[Any], view: list[Any]) -> None:
-    """Loading a trace or a sample, the exports, and the forward-cost measurement."""
+def _wire_costs(h: RunHandlers, p: Parts, settings_inputs: list[Any]) -> None:
+    """The forward-cost measurement."""
     p["costs_btn"].click(
         h.forward_costs, settings_inputs, [p["costs_plot"], p["costs_msg"]], show_progress="minimal", show_progress_on=p["costs_msg"], api_visibility="private", **ENGINE_QUEUE
     )
-    p["upload"].upload(h.load_trace, p["upload"], view, api_name="load_trace")
-    p["sample"].input(h.load_sample, p["sample"], view, api_name="load_sample")
-    server_trace.wire(h, p, view)
+
+
+def _wire_files(h: RunHandlers, p: Parts, loaded: list[Any]) -> None:
+    """Loading a trace or a sample (`loaded`: LOAD_VIEW's components: the view, then the boxes a
+    trace fills), and the exports."""
+    p["upload"].upload(lambda file: h.load_trace(file), p["upload"], loaded, api_name="load_trace")
+    p["sample"].input(h.load_sample, p["sample"], loaded, api_name="load_sample")
+    server_trace.wire(h, p, loaded)
     # The file box shows once it holds a file (an API client gets the plain path: no update dict)
     export_file, message = p["export_file"], p["message"]
     reveal = dict(fn=lambda f: gr.update(visible=f is not None), inputs=export_file, outputs=export_file, **PRIVATE)
