@@ -17,8 +17,7 @@ def fit_request(model: DiffusionLM, prompts: list[list[int]], config: Generation
     """The config as `model` runs it (engine/kinds/base.py: `fit`), after every check a request gets
     before any forward: the config's rules, the kind's settings, the prompt, the canvas's length.
     Reads only the model's config, so a model skeleton (no weights) can answer it."""
-    config.validate()
-    fitted = fit(config, model.diffusion_kind, getattr(model, "canvas_length", None))
+    fitted = fit(config, model.diffusion_kind, getattr(model, "canvas_length", None))  # validates the fitted config
     check_canvas(model, prompts, fitted, max_tokens)
     return fitted
 

@@ -58,10 +58,13 @@ def _uniform_finality(trace: Any) -> None:
 
 
 def _masked_finality(trace: Any, revises: bool) -> None:
-    """Per row, replaying the canvas: a row takes part in a record while its block has a mask (or
-    the record follows a refresh the row took part in, in the same step), and, for a revising
+    """Per row, replaying the canvas. A one-row run's records are all its row's. With several rows,
+    the rule version 2's batcher applied: a row takes part in a record while its block has a mask
+    (or the record follows a refresh the row took part in, in the same step), and, for a revising
     decoder, until an iteration of the block changes nothing for it; a row that committed an
-    end-of-text stops after its block when the run stops early. Finality: a non-revising decoder's
+    end-of-text stops after its block when the run stops early. For a revising decoder that rule is
+    an approximation (it knows no decoder's own limits, and an edit may take an end-of-text back);
+    the loop records the exact state since version 3. Finality: a non-revising decoder's
     commits are final at once (the prefix up to the first mask); a revising decoder's when the
     loop leaves their block."""
     rows = len(trace.initial)
@@ -76,7 +79,9 @@ def _masked_finality(trace: Any, revises: bool) -> None:
         active = []
         for r in range(rows):
             finished = early_stop and stop_block[r] is not None and rec.block > stop_block[r]
-            if revises:
+            if rows == 1:  # every record of a one-row run is its row's (the run goes on only for it)
+                took_part = True
+            elif revises:  # the batcher's rule of version 2 (it missed a decoder's own limits, as edit's post-edit steps)
                 took_part = not finished and settled_block[r] != rec.block
             else:
                 took_part = not finished and (after_refresh[r] or any(canvas[r][p] == mask for p in range(s, e)))
@@ -91,7 +96,9 @@ def _masked_finality(trace: Any, revises: bool) -> None:
             if revises and took_part and not rec.committed[r] and not rec.revisions[r]:
                 settled_block[r] = rec.block
         rec.active = active
-        rec.final_until = [s if revises else _first_mask(canvas[r], trace.prompt_lengths[r], mask) for r in range(rows)]
+        # a row that early stop ended was filled with end-of-text after its block (no record wrote it)
+        ended = [early_stop and stop_block[r] is not None and rec.block > stop_block[r] for r in range(rows)]
+        rec.final_until = [s if revises else len(canvas[r]) if ended[r] else _first_mask(canvas[r], trace.prompt_lengths[r], mask) for r in range(rows)]
 
 
 def _first_mask(row: list[int], start: int, mask: int) -> int:

@@ -262,3 +262,18 @@ def test_captured_moe_logits_match_the_routed_forward_in_bf16(build):
     want = model(input_ids=x).logits.float()
     got = CompiledLM(model, compile=False, cuda_graphs=True)(input_ids=x).logits.float()
     assert float((got - want).norm() / want.norm()) < 5e-2  # bf16 rounding of differently grouped matmuls (gpu_check.TOLERANCE)
+
+
+def test_a_compiled_uniform_state_model_answers_as_the_eager_one():
+    """The compiled wrapper carries the kind: a DiffusionGemma runs its own loop with its denoising
+    forward compiled (engine/runtime/compiled.py: CompiledDenoiser), token for token the eager run."""
+    from pathlib import Path
+
+    gemma = Path(__file__).resolve().parent.parent / "assets" / "tiny-gemma"
+    config = GenerationConfig(decoder_options={"max_denoising_steps": 6})
+    compiled = Engine(gemma, compile=True).generate("Q: 7+58=? A:", config, RunHooks(trace=True))
+    eager = Engine(gemma).generate("Q: 7+58=? A:", config)
+    assert compiled.output.token_ids == eager.output.token_ids and compiled.output.trace.kind == "uniform"
+    assert compiled.output.stats.compiles >= 1
+    with pytest.raises(EngineError, match="uniform diffusion does not run with cuda_graphs"):
+        Engine(gemma, cuda_graphs=True)
