@@ -207,7 +207,7 @@ def record_transformers(
         {k: (v.entropy_bound if k == "sampler_config" else v) for k, v in settings.items()} | {"eos_token_id": eos, "pad_token_id": pad},
     )
     data = {
-        "version": 3, "model": name or f"transformers:{type(model).__name__}", "kind": "uniform", "capabilities": {"revises": None, "own_forward": None},
+        "version": 3, "model": name or f"transformers:{type(model).__name__}", "kind": "uniform", "capabilities": {"revises": None, "shadow_block": None},
         "mask_id": pad, "eos_ids": eos, "prompt_lengths": [p], "canvas_length": n, "block_length": canvas_length,
         "config": {**config.to_dict(), "reference": note}, "initial": [initial], "tokens": {}, "expected": None, "iterations": records,
         "final": [final], "stats": {"nfe": len(records), "seconds": seconds, "tpf": round(float(out.tokens_per_forward[0]), 4)}, "trace_seconds": 0.0,
@@ -355,7 +355,7 @@ def record_diffusers(model, prompt: list[int], config: GenerationConfig, *, stop
         {k: v for k, v in settings.items()},
     )
     data = {
-        "version": 3, "model": name or "diffusers:LLaDA2Pipeline", "kind": "masked", "capabilities": {"revises": editing is not None, "own_forward": None},
+        "version": 3, "model": name or "diffusers:LLaDA2Pipeline", "kind": "masked", "capabilities": {"revises": editing is not None, "shadow_block": None},
         "mask_id": mask, "eos_ids": eos, "prompt_lengths": [p], "canvas_length": n, "block_length": bl,
         "config": {**config.to_dict(), "reference": note}, "initial": [initial], "tokens": {}, "expected": None, "iterations": records,
         "final": [final], "stats": {"nfe": len(records), "seconds": clock[-1] - clock[0]}, "trace_seconds": 0.0,
