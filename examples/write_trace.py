@@ -31,7 +31,7 @@ def trace_dict(prompt: list[int], gen_length: int, block_length: int, mask_id: i
     """The whole trace (one row): `steps` from `step_record`, `final` the canvas at the end."""
     n = len(prompt) + gen_length
     return {
-        "version": 3, "model": model, "kind": "masked", "capabilities": {"revises": False, "own_forward": None},
+        "version": 3, "model": model, "kind": "masked", "capabilities": {"revises": False, "shadow_block": False},
         "mask_id": mask_id, "eos_ids": list(eos_ids), "prompt_lengths": [len(prompt)], "canvas_length": n, "block_length": block_length,
         "config": dict(config or {}), "initial": [list(prompt) + [mask_id] * gen_length], "tokens": {str(k): v for k, v in (tokens or {}).items()},
         "expected": None, "iterations": steps, "final": [list(final)], "stats": {"nfe": len(steps)}, "trace_seconds": 0.0,
