@@ -188,6 +188,9 @@ class WinoDecoder(Decoder):
     revises = True
     row_wise = True
     shadow_block = True  # the cache manager runs the canvas with the shadow block (engine/shadow.py)
+    options: ClassVar[dict[str, DecoderOption]] = {
+        "wino_threshold_out": DecoderOption(0.9, "wino: remask a committed token whose leave-one-out probability is below this", least=0.0, most=1.0),
+    }
     explanation = (
         "**WINO (wide-in, narrow-out; Hong et al. 2025, arXiv 2507.18578).** Every forward also runs a "
         "*shadow* copy of the block, all [MASK], in which each position sees the whole canvas except its own "
@@ -196,9 +199,6 @@ class WinoDecoder(Decoder):
         "leave-one-out probability falls below τ_out is returned to [MASK], fewer than were just committed, "
         "so the block still fills. A low τ commits boldly and lets the check take the doubtful tokens back."
     )
-    options: ClassVar[dict[str, DecoderOption]] = {
-        "wino_threshold_out": DecoderOption(0.9, "wino: remask a committed token whose leave-one-out probability is below this", least=0.0, most=1.0),
-    }
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
