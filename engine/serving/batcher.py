@@ -14,8 +14,8 @@ What breaks the equality is never batched (`batch_key` is None): sampling or ran
 (one random stream per engine call: `Decoder.row_wise_for`), settings that read the request's iteration counter (smoothing,
 refresh_every, the vicinity cache's warm-up, unrolling's group size, which follows the row with
 the most masks), decoders that do not declare `Decoder.row_wise` (their rule may mix rows), and
-block-causal or uniform-state models (their prefix-store forwards and uniform steps are not
-per-row records). A request that is cancelled leaves the batch at once; the batch is cancelled
+block-causal models (their prefix-store forwards are not per-row records) and kinds that do not
+share batches (`KindSettings.shares_batches`). A request that is cancelled leaves the batch at once; the batch is cancelled
 when every member has.
 
 The app (dinfer_viz/batching.py) and the HTTP server (engine/serving/app.py) adapt this to their
