@@ -46,7 +46,7 @@ from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
 from .figure_base import FORWARD_COLOURS, _finish, _upto
-from .figures import message_figure
+from .figure_base import message_figure
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 
 # state code -> (colour, legend label, one-line meaning for the details panel); codes order the

@@ -17,8 +17,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .figure_base import _finish, _upto, shown_iteration_shapes
-from .figures import message_figure
+from .figure_base import message_figure
 from .timeline import Timeline, iteration_number
+from .views import view_for
 
 # (name, colour): the order bars stack in, bottom first
 CATEGORIES = (("compute", "#2563eb"), ("communication", "#dc2626"), ("compile", "#7c3aed"), ("host", "#9ca3af"))
@@ -63,13 +64,15 @@ def _shares(ms: np.ndarray) -> str:
 def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | None = None) -> go.Figure:
     """Per-iteration stacked bars of compute / communication / compile / host milliseconds, one
     bar per rank, iterations numbered 1..N as the page does (`upto`, `highlight`: record indices); compiles + captures per iteration as a line (right axis); graph replays marked.
-    A trace without cost (an older one) gets a one-line message."""
+    A trace without cost gets a one-line message (an older one), or, for a kind whose records
+    carry none (its view's `records_cost`), its forwards' times (`forward_times_figure`)."""
     if timeline.iterations == 0:
         return message_figure("no iterations yet", HEIGHT)
     upto = _upto(timeline, upto)
     records = timeline.records[: upto + 1]
     if not any(r.cost for r in records):
-        return message_figure(NO_COST, HEIGHT)
+        view = view_for(timeline)
+        return message_figure(NO_COST, HEIGHT) if view.records_cost else forward_times_figure(timeline, upto, highlight, *view.forward_costs(timeline))
     ms = cost_ms(timeline, upto)
     ranks = ms.shape[1]
     its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
@@ -149,6 +152,34 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
             overlaying="y", side="right", range=[0, max(1.0, float(np.nanmax(graphs, initial=0.0))) * 1.2], dtick=1, showgrid=False,
             title=dict(text="graphs compiled"),
         ),
+        margin=dict(t=70, b=90, r=60),
+        legend=dict(y=-0.3, yanchor="top"),
+    )
+    return _finish(fig, HEIGHT, "cost")
+
+
+def forward_times_figure(timeline: Timeline, upto: int, highlight: int | None, title: str, names: dict[str, str]) -> go.Figure:
+    """The cost panel of a kind whose records carry no `cost` split (a uniform-state run): each
+    record's engine-measured time as a bar, one colour per forward kind named as its view names it
+    (`names`), under `title` (the kind's forwards counted)."""
+    records = timeline.records[: upto + 1]
+    its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
+    fig = go.Figure()
+    for k, kind in enumerate(dict.fromkeys(r.forward for r in records)):
+        idx = [i for i, r in enumerate(records) if r.forward == kind]
+        name = names.get(kind, kind)
+        fig.add_trace(
+            go.Bar(
+                x=its[idx], y=np.array([records[i].seconds * 1000 for i in idx], dtype=np.float32), name=name,
+                marker=dict(color=CATEGORIES[k % len(CATEGORIES)][1]), hovertemplate=f"iteration %{{x}}<br>{name} %{{y:.2f}} ms<extra></extra>", uid=f"forward-{kind}",
+            )
+        )
+    fig.update_layout(
+        bargap=0.15,
+        shapes=shown_iteration_shapes(highlight, upto),
+        title=dict(text=title, font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
+        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration")),
+        yaxis=dict(rangemode="tozero", title=dict(text="ms (step wall time)")),
         margin=dict(t=70, b=90, r=60),
         legend=dict(y=-0.3, yanchor="top"),
     )

@@ -1,6 +1,7 @@
 """The teaching text shown next to the views: the chosen decoder's, cache mode's and system
 options' paragraphs, as the engine's declarations carry them (engine/decoders.py,
-engine/cache_modes.py, engine/system_options.py), and the iteration features' and the views' own.
+engine/cache_modes.py, engine/system_options.py), composed with the iteration features' and the
+views' own by the view of the decoder's kind (dinfer_viz/views/).
 
 A decoder or cache mode registered without a paragraph still runs, and the text says that it has
 no explanation yet (docs/app.md).
@@ -10,64 +11,31 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from engine.cache_modes import cache_mode
 from engine.errors import EngineError
 from engine.registry import decoder_class
 from engine.system_options import SYSTEM_OPTIONS, system_options
-from engine.trace import UNIFORM
+from engine.trace import MASKED
 
-from .cache_figure import cache_rule_markdown
 from .settings import decoder_presets
-
-SMOOTHING = (
-    "**Iteration smoothing** feeds still-masked positions the [MASK] embedding plus a weighted "
-    "expectation of the last prediction's embeddings, so information carries across iterations; the "
-    "threshold starts at 1 and decays to τ (the threshold line in the per-iteration chart)."
-)
-UNROLLING = (
-    "**Loop unrolling** queues several iterations between host checks of \"any mask left?\", removing "
-    "device syncs; iterations queued after a block completes are no-ops but count as forwards."
-)
-READING = (
-    "*Reading the views:* the grid shows the canvas after the selected iteration (hover a cell for its "
-    "token, confidence and commit iteration; the yellow bar is the model's current confidence); the "
-    "raster is iteration × position confidence of positions still masked, with the commits marked."
-)
-# A uniform-state run (engine/kinds/uniform.py) reads none of the masked-diffusion settings, and its views show its own rule
-UNIFORM_SETTINGS = (
-    "The uniform-state loop caches the prompt and each finished canvas itself (the decoder reads that cache); "
-    "the cache modes, smoothing and unrolling are masked-diffusion settings it does not read."
-)
-UNIFORM_READING = (
-    "*Reading the views:* the grid shows the canvas after the selected step (accepted proposals, dimmed noise, "
-    "finished canvases' output); the raster is step × position entropy (bright: low), the accepted positions "
-    "circled and the bound in the legend; the per-iteration chart counts accepted and re-noised positions per step, "
-    "with the temperature. Click a cell for the rule's numbers there."
-)
+from .views import view_of_kind
 
 
 def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = False, system: Mapping[str, Any] | None = None) -> str:
     """Markdown for the chosen decoder, cache mode and features, and the system options that are
-    on (`system`: Engine keyword -> value, as the Model and system controls hold them). The
-    uniform-state sampler reads no cache mode or iteration feature, so its text names none."""
+    on (`system`: Engine keyword -> value, as the Model and system controls hold them), composed by
+    the view of the decoder's kind (a uniform-state sampler reads no cache mode or iteration
+    feature, so its text names none)."""
     chosen = system or {}
     options = [SYSTEM_OPTIONS[name].explanation for name, value in chosen.items() if name in SYSTEM_OPTIONS and SYSTEM_OPTIONS[name].is_set(value)]
-    if decoder == UNIFORM:
-        return "\n\n".join([decoder_explanation(decoder), UNIFORM_SETTINGS, *options, UNIFORM_READING])
-    mode = cache_mode(cache)
-    parts = [
-        decoder_explanation(decoder),
-        mode.explanation if mode is not None else f"**{cache} cache.** No explanation written for this cache mode yet.",
-    ]
-    if mode is None or not mode.exact:  # what a cache costs in forwards, and why a short canvas hides its saving
-        parts.append(cache_rule_markdown(cache))
-    if smoothing:
-        parts.append(SMOOTHING)
-    if unroll:
-        parts.append(UNROLLING)
-    parts.extend(options)
-    parts.append(READING)
-    return "\n\n".join(parts)
+    return view_of_kind(decoder_kind(decoder)).explanation(decoder_explanation(decoder), cache, smoothing, unroll, options)
+
+
+def decoder_kind(decoder: str) -> str:
+    """The diffusion kind a decoder decodes (its declared `kind`; masked for a name this app does not know)."""
+    try:
+        return str(getattr(decoder_class(decoder), "kind", MASKED))
+    except EngineError:
+        return MASKED
 
 
 def decoder_explanation(decoder: str) -> str:

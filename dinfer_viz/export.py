@@ -32,9 +32,10 @@ from PIL import Image, ImageColor, ImageDraw, ImageFont
 
 from engine import EngineError
 
-from .cells import CELL_COLOURS, REVISION_STATES, UNIFORM_STATES, cell_text, first_shown
-from .grid import caption, cell_state, revised_summary
+from .cells import CELL_COLOURS, cell_text, first_shown
+from .grid import cell_state
 from .timeline import Timeline, iteration_number
+from .views import view_for
 
 MAX_FRAMES = 120  # a 448-iteration run still fits a slide deck (and a GIF stays a few hundred KB)
 MAX_CELLS = 256  # positions drawn; a longer canvas is cut after them, and the caption says so
@@ -141,31 +142,19 @@ def _settings_line(timeline: Timeline) -> str:
 
 def frame_title(timeline: Timeline, index: int) -> str:
     """A frame's first line: the iteration as the page numbers it (0: before the first forward)
-    and what record `index` did."""
-    total = timeline.iterations
+    and what record `index` did, in the words of the run's kind view."""
     if index < 0:
-        return f"iteration 0/{total} · before the first forward"
-    if timeline.uniform:
-        return caption(timeline, index)  # the step's rule and counts, as the page's grid says them
-    rec = timeline.records[index]
-    s, e = rec.block_range
-    committed, forced = len(rec.committed[timeline.row]), len(rec.forced[timeline.row])
-    return (
-        f"iteration {iteration_number(index)}/{total} · block {rec.block} [{s}, {e}) · {rec.forward} forward · committed {committed}"
-        + (f" ({forced} forced)" if forced else "") + revised_summary(timeline, index)
-    )
+        return f"iteration 0/{timeline.iterations} · before the first forward"
+    return view_for(timeline).frame_title(timeline, index)
 
 
-LEGEND_STATES = ("prompt", "masked", "old", "new", "forced")
 LEGEND_ROW = 20
 
 
 def legend_states(timeline: Timeline) -> tuple[str, ...]:
-    """The states a frame's legend names: a revising decoder's runs add edited and remasked; a
-    uniform-state run has its own (cells.UNIFORM_STATES)."""
-    if timeline.uniform:
-        return ("prompt", *UNIFORM_STATES)
-    return LEGEND_STATES + (REVISION_STATES if timeline.revises else ())
+    """The states a frame's legend names: the run's kind's (a revising decoder's runs add edited
+    and remasked)."""
+    return view_for(timeline).frame_legend_states(timeline)
 
 
 def _edit_texts(timeline: Timeline, revision) -> tuple[str, str]:

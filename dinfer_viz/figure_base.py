@@ -1,16 +1,18 @@
 """What every figure shares: the Figure class (its download button), the template, the line that
 marks the iteration shown, the iteration range drawn, the matrix of per-position values a raster
-draws, block starts and the forward-time panel, and the escaping of text. The masked-run figures
-(dinfer_viz/figures.py) and the uniform-state ones (dinfer_viz/uniform_figures.py) build on these.
+draws, block starts and the forward-time panel, and the escaping of text. Every kind's figures
+(dinfer_viz/views/) build on these.
 
 Every figure keeps a fixed height, explicit axis ranges, a constant `uirevision` (zoom survives
 live redraws) and a tiny template, and carries numbers as numpy float32 so plotly ships them as
 base64 typed arrays: gr.Plot resends the whole figure on every update, so size is frame rate.
+Each kind's raster and chart are its view's (dinfer_viz/views/).
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any, Callable
 
 import numpy as np
@@ -132,9 +134,10 @@ def block_and_shown_shapes(timeline: Timeline, first: int, upto: int, highlight:
     return shapes, drawn
 
 
-def add_forward_times(fig: go.Figure, records: list[IterationRecord]) -> None:
+def add_forward_times(fig: go.Figure, records: list[IterationRecord], names: dict[str, str] | None = None) -> None:
     """The engine-measured time of each record, one marker series per forward kind, on `yaxis3`
-    (the lower panel of an iteration chart)."""
+    (the lower panel of an iteration chart); `names`: a kind's words for a record's `forward`
+    (default: the forward kind itself)."""
     order = list(FORWARD_COLOURS)
     kinds = sorted({r.forward for r in records}, key=lambda k: (order.index(k) if k in order else len(order), k))
     for kind in kinds:
@@ -145,7 +148,7 @@ def add_forward_times(fig: go.Figure, records: list[IterationRecord]) -> None:
                 y=np.array([records[i].seconds * 1000 for i in idx], dtype=np.float32),
                 yaxis="y3",
                 mode="markers",
-                name=f"{kind} (ms)",
+                name=f"{(names or {}).get(kind, kind)} (ms)",
                 marker=dict(color=FORWARD_COLOURS.get(kind, "#111827"), size=6),
                 uid=f"ms-{kind}",
             )
@@ -174,3 +177,18 @@ def _plain(text: str) -> str:
     """`text` (a model's name or path, a token string) as Plotly text that shows it literally:
     Plotly reads a few HTML tags and entities in trace names and hover text."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# Characters a line of a figure's message holds: the narrowest plot (the extras chart in a
+# projector's 1024 px column, about 600 px) shows about 80 at the message's size; longer lines were
+# cut off at both edges.
+MESSAGE_LINE_CHARS = 72
+
+
+def message_figure(text: str, height: int = 220) -> go.Figure:
+    """A blank figure that says why it is blank, in lines that fit the narrowest plot."""
+    fig = go.Figure()
+    fig.add_annotation(text="<br>".join(textwrap.wrap(text, MESSAGE_LINE_CHARS)), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=13, color="#6b7280"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _finish(fig, height, "message")

@@ -20,131 +20,24 @@ shared by the CSS, the legend and the figures (never hex strings used as labels)
 
 from __future__ import annotations
 
-from engine.trace import EDIT, REMASK
-
+from .cells import CELL_COLOURS, CELL_MARKS, cell_text, expected_at, first_shown, inert, revision_line, summary_tip
 from .readouts import plural
-from .timeline import EXACT_FORWARDS, Revised, Timeline, iteration_number
-from .cells import CELL_COLOURS, CELL_MARKS, cell_text, first_shown, inert, legend_html, summary_tip
-from .uniform_grid import uniform_caption, uniform_cells, uniform_state
+from .timeline import Timeline, iteration_number
+from .views import view_for
 
-FILL_RUN_COLLAPSE = 3  # this many early-stop fill cells in a row or more show as one
+__all__ = ["CELL_COLOURS", "EMPTY_GRID", "GRID_CSS", "GRID_JS", "GRID_TEMPLATE", "LiveGrid", "RASTER_PICK_JS", "caption", "cell_state", "expected_at", "grid_value", "inert", "legend_html", "revision_line"]
 
 
 def grid_value(timeline: Timeline, iteration: int, expected: list[int] | None = None) -> dict:
-    """Cells and a caption for `timeline` after record `iteration` (-1: before the first forward).
+    """Cells and a caption for `timeline` after record `iteration` (-1: before the first forward),
+    as the run's kind view draws them (dinfer_viz/views/).
 
     `expected`: token ids the generation should produce (from the prompt's end), to mark the
     committed tokens that differ from it.
     """
     iteration = timeline.clamp(iteration)
-    if timeline.uniform:
-        return _uniform_grid_value(timeline, iteration, expected)
-    canvas = timeline.canvas_at(iteration)
-    rec = timeline.records[iteration] if iteration >= 0 else None
-    block = range(*rec.block_range) if rec else range(0)
-    confidence = rec.confidence[timeline.row] if rec else []
-    recomputed = [range(a, b) for a, b in rec.recomputed] if rec and rec.forward not in EXACT_FORWARDS else []
-    extras = timeline.extras_at(iteration) if rec else {}
-    anchors = extras.get("anchors")
-    first = first_shown(timeline)
-    cells = []
-    if first > 0:
-        cells.append({"t": f"…{first}", "k": "prompt", "tip": summary_tip(first), "c": 0, "p": -1})
-    for p in range(first, timeline.canvas_length):
-        token = canvas[p]
-        commit = timeline.commit_at(p, iteration)
-        in_block = p in block
-        kind = cell_state(timeline, canvas, p, iteration)
-        if kind in ("prompt", "masked", "fill"):
-            tip = [f"pos {p} · {STATE_TIPS[kind]}"]
-        elif kind == "remasked":
-            tip = [f"pos {p} · back to [MASK] at iteration {iteration_number(iteration)}"]
-        else:
-            how = "forced top-1 (below threshold)" if commit.forced else "above threshold"
-            tip = [f"pos {p} · committed at iteration {iteration_number(commit.iteration)} ({how}) · confidence then {commit.confidence:.3f}"]
-        tip += [revision_line(timeline, r) for r in timeline.revisions.get(p, []) if r.iteration <= iteration]
-        classes = [kind]
-        c = 0.0
-        if in_block:
-            classes.append("blk")
-            c = confidence[p - block.start]
-            candidate = rec.top1[timeline.row][p - block.start]
-            tip.append(f"now: top-1 {timeline.text_of(candidate)!r} (id {candidate}) confidence {c:.3f}")
-            for name, values in extras.items():
-                if isinstance(values, list) and len(values) == len(block) and name != "anchors":
-                    tip.append(f"{name} {_short(values[p - block.start])}")
-            if anchors and len(anchors) == len(block) and anchors[p - block.start]:
-                classes.append("anchor")
-        if any(p in r for r in recomputed):
-            classes.append("win")
-        if token != timeline.mask_id:
-            tip.insert(1, f"token {timeline.text_of(token)!r} (id {token})")
-        want = expected_at(timeline, expected, p)
-        if kind in COMMITTED_STATES and want is not None and want != token:
-            classes.append("wrong")
-            tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
-        text = inert(cell_text(timeline, token))
-        if kind == "edited":  # the replaced token struck through, the new one beside it
-            text = f'<s class="was">{inert(cell_text(timeline, timeline.revision_at(p, iteration).old))}</s>{text}'
-        cells.append({"t": text, "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
-    return {"cells": _collapse_fill(cells), "caption": inert(caption(timeline, iteration)), "legend": legend_html(timeline)}
-
-
-def _uniform_grid_value(timeline: Timeline, iteration: int, expected: list[int] | None) -> dict:
-    """grid_value for a uniform-state run (dinfer_viz/uniform_grid.py): the bar is the proposal's
-    probability in the canvas being denoised; an output token that differs from `expected` is marked."""
-    rec = timeline.records[iteration] if iteration >= 0 else None
-    first = first_shown(timeline)
-    canvas = timeline.canvas_at(iteration)
-    cells = [{"t": f"…{first}", "k": "prompt", "tip": summary_tip(first), "c": 0, "p": -1}] if first > 0 else []
-    for p, text, classes, tip in uniform_cells(timeline, iteration, first):
-        c = rec.confidence[timeline.row][p - rec.block_range[0]] if "blk" in classes else 0.0
-        want = expected_at(timeline, expected, p)
-        if classes[0] == "output" and want is not None and want != canvas[p]:
-            classes.append("wrong")
-            tip.append(f"expected {timeline.text_of(want)!r} (id {want})")
-        cells.append({"t": inert(text), "k": " ".join(classes), "tip": inert("\n".join(tip)), "c": round(float(c), 3), "p": p})
-    return {"cells": _collapse_fill(cells, "after the row's end"), "caption": inert(caption(timeline, iteration)), "legend": legend_html(timeline)}
-
-
-# states whose token a decoder chose (compared with the expected answer)
-COMMITTED_STATES = ("old", "new", "forced", "edited")
-
-
-def revision_line(timeline: Timeline, revision: Revised) -> str:
-    """A revision as a hover or details line: "iteration 7: edited '4' -> '7' (p(new) 0.930 >
-    edit threshold 0.9)"."""
-    return f"iteration {iteration_number(revision.iteration)}: {timeline.describe_revision(revision)}"
-
-
-def expected_at(timeline: Timeline, expected: list[int] | None, p: int) -> int | None:
-    """The token `expected` (ids from the prompt's end) wants at position `p`, if any."""
-    offset = p - timeline.prompt_length
-    return expected[offset] if expected is not None and 0 <= offset < len(expected) else None
-
-
-def _collapse_fill(cells: list[dict], what: str = "filled with end-of-text by early stop") -> list[dict]:
-    """Runs of early-stop fill (often most of a long canvas) become one cell, which keeps the first
-    position of its run as `p` (a click on it opens that position's details)."""
-    out: list[dict] = []
-    run: list[dict] = []
-
-    def flush() -> None:
-        if len(run) >= FILL_RUN_COLLAPSE:
-            a, b = run[0]["p"], run[-1]["p"]
-            out.append({"t": f"∎×{len(run)}", "k": "fill", "tip": f"pos {a}–{b}: {what}", "c": 0.0, "p": a})
-        else:
-            out.extend(run)
-        run.clear()
-
-    for cell in cells:
-        if cell["k"].split()[0] == "fill":  # a recomputed-window mark on fill is not worth a cell each
-            run.append(cell)
-            continue
-        flush()
-        out.append(cell)
-    flush()
-    return out
+    out = view_for(timeline).grid_value(timeline, iteration, expected)
+    return {"cells": out["cells"], "caption": inert(caption(timeline, iteration)), "legend": legend_html(timeline)}
 
 
 def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
@@ -153,25 +46,19 @@ def caption(timeline: Timeline, iteration: int, of: int | None = None) -> str:
     total = timeline.iterations if of is None else of
     if iteration < 0:
         return f"iteration 0/{total} · before the first forward · {plural(timeline.canvas_length - timeline.prompt_length, 'position')} to generate"
-    if timeline.uniform:
-        return uniform_caption(timeline, iteration, total)
-    rec = timeline.records[iteration]
-    s, e = rec.block_range
-    where = ", ".join(f"[{a}, {b})" for a, b in rec.recomputed)
-    threshold = "" if rec.threshold is None else f" · threshold {rec.threshold:.2f}"
-    return (
-        f"iteration {iteration_number(iteration)}/{total} · block {rec.block} [{s}, {e}) · "
-        f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}{revised_summary(timeline, iteration)}"
-    )
+    return view_for(timeline).caption(timeline, iteration, total)
 
 
-def revised_summary(timeline: Timeline, iteration: int) -> str:
-    """" · edited 2 · remasked 1" for what record `iteration` revised ("" for a decoder that never
-    revises); the captions of the grid and of the exported frames."""
-    if timeline.records[iteration].revisions is None:
-        return ""
-    kinds = [r.kind for r in timeline.record_revisions[iteration]]
-    return f" · edited {kinds.count(EDIT)} · remasked {kinds.count(REMASK)}"
+def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
+    """Position `p`'s state after record `iteration` (-1: before the first forward), as the grid
+    colours it (a cells.CELL_COLOURS key: the run's kind view decides)."""
+    return view_for(timeline).cell_state(timeline, canvas, p, iteration)
+
+
+def legend_html(timeline: Timeline | None) -> str:
+    """The legend above a grid: the states `timeline`'s kind of run can have (a masked run's
+    revision states only for a decoder that revises) and its marks (None: before any run)."""
+    return view_for(timeline).legend_html(timeline)
 
 
 class LiveGrid:
@@ -180,22 +67,25 @@ class LiveGrid:
 
     - `run`, `frame`: the run's id and the frame's number, which the renderer reports back once it
       painted the frame (runner.acknowledge: the server's pacing);
-    - `canvas` (only for a page that holds nothing of the run yet): the cells before the first
-      forward, `[position, text, kind, tip]` (position -1: the summary cell of a long prompt's head);
+    - `canvas` (for a page that holds nothing of the run yet, and every frame of a kind whose step
+      may change every position): the cells, `[position, text, kind, tip]` (position -1: the
+      summary cell of a long prompt's head);
     - `commits`: the commits since the records the page holds, `[position, text, iteration,
       forced, confidence, wrong]` (all of them for a page that holds nothing);
     - `revisions`: likewise a revising decoder's edits and remasks, `[position, text, iteration,
       kind, old text, hover line, wrong]`, applied after the same iteration's commits;
     - `at`, `caption`, `stats`: the iteration shown (-1: none yet), its caption, the speed line;
-    - `block`, `top1`, `conf`: the current block and its top-1 tokens and confidences now;
+    - `block`, `top1`, `conf`: the current block and its tokens and bar values now;
     - `win`: what a partial forward recomputed (nothing for forwards over the whole canvas).
 
-    A frame is complete relative to a state the page reported it holds, so a renderer that skipped
-    frames (the browser applied two at once) still applies everything. Strings are plain text
-    (never HTML): the renderer sets them as text."""
+    The run's kind view fills the kind's fields (`KindView.live_fields`). A frame is complete
+    relative to a state the page reported it holds, so a renderer that skipped frames (the browser
+    applied two at once) still applies everything. Strings are plain text (never HTML): the
+    renderer sets them as text."""
 
     def __init__(self, timeline: Timeline, run: str, expected: list[int] | None = None) -> None:
         self.timeline, self.run, self.expected = timeline, run, expected
+        self.view = view_for(timeline)
         first = first_shown(timeline)
         self.canvas: list[list] = [[-1, f"…{first}", "prompt", summary_tip(first)]] if first > 0 else []
         for p in range(first, timeline.canvas_length):
@@ -208,70 +98,12 @@ class LiveGrid:
     def value(self, shown: int, frame: int, since: int, stats: str) -> dict:
         """The frame showing the timeline's first `shown` records to a page that holds the first
         `since` (-1: nothing, not even the canvas)."""
-        tl, row = self.timeline, self.timeline.row
-        commits = []
-        for i in range(max(since, 0), shown):
-            rec = tl.records[i]
-            start, forced = rec.block_range[0], set(rec.forced[row])
-            for p in rec.committed[row]:
-                token = rec.top1[row][p - start]
-                want = expected_at(tl, self.expected, p)
-                commits.append([p, cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token)])
-        revisions = []
-        for i in range(max(since, 0), shown):
-            for r in tl.record_revisions[i]:
-                want = expected_at(tl, self.expected, r.position)
-                revisions.append([r.position, cell_text(tl, r.new), i, r.kind, cell_text(tl, r.old), revision_line(tl, r), int(r.kind == EDIT and want is not None and want != r.new)])
+        tl = self.timeline
         at = shown - 1
-        live: dict = {"run": self.run, "frame": frame, "commits": commits, "revisions": revisions, "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
-        if tl.uniform:
-            # a step may change every position of its canvas (re-noising): each frame brings them all
-            live.update(commits=[], revisions=[], canvas=self._uniform_canvas(at))
-        elif since < 0:
-            live["canvas"] = self.canvas
-        if at >= 0:
-            rec = tl.records[at]
-            live["block"] = list(rec.block_range)
-            live["top1"] = [tl.text_of(t) for t in rec.top1[row]]
-            live["conf"] = [round(float(c), 2) for c in rec.confidence[row]]
-            live["win"] = [list(r) for r in rec.recomputed] if rec.forward not in EXACT_FORWARDS and not tl.uniform else []
-        else:
-            live.update(block=[0, 0], top1=[], conf=[], win=[])
+        live: dict = {"run": self.run, "frame": frame, "commits": [], "revisions": [], "at": at, "caption": caption(tl, at, of=shown), "stats": stats}
+        live.update(block=[0, 0], top1=[], conf=[], win=[])
+        live.update(self.view.live_fields(tl, shown, since, self.expected, self.canvas))
         return {"live": live, "legend": legend_html(tl)}
-
-    def _uniform_canvas(self, at: int) -> list[list]:
-        """A uniform-state run's cells after record `at`, in the `canvas` form (plain strings)."""
-        head = self.canvas[:1] if self.canvas and self.canvas[0][0] == -1 else []
-        cells = uniform_cells(self.timeline, at, first_shown(self.timeline))
-        return head + [[p, text, " ".join(classes), "\n".join(tip)] for p, text, classes, tip in cells]
-
-
-STATE_TIPS = {"prompt": "prompt", "masked": "masked", "fill": "filled with end-of-text by early stop"}
-
-
-def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
-    """Position `p`'s state after record `iteration` (-1: before the first forward), as the grid
-    colours it: prompt, masked, fill (early stop's end-of-text), committed new / forced (by this
-    record) / old (earlier), or edited / remasked (by this record, a revising decoder)."""
-    if timeline.uniform:
-        return uniform_state(timeline, canvas, p, iteration)
-    revision = timeline.revision_at(p, iteration) if iteration >= 0 else None
-    if revision is not None:
-        return "edited" if revision.kind == EDIT else "remasked"
-    commit = timeline.commit_at(p, iteration)
-    if p < timeline.prompt_length and commit is None:
-        return "prompt"
-    if canvas[p] == timeline.mask_id:
-        return "masked"
-    if commit is None:
-        return "fill"
-    if commit.iteration == iteration:
-        return "forced" if commit.forced else "new"
-    return "old"
-
-
-def _short(value) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def _css() -> str:
@@ -297,7 +129,7 @@ def _css() -> str:
 
 GRID_CSS = _css()
 GRID_TEMPLATE = (
-    "{{{value.legend}}}"  # the run's kind's legend (cells.legend_html: our labels, no visitor's string)
+    "{{{value.legend}}}"  # the run's kind's legend (legend_html: our labels, no visitor's string)
     + "{{#if value.live}}<div class=\"live\"></div>{{else}}"  # a live frame: GRID_JS fills the box
     + '<div class="caption">{{{value.caption}}}</div>'
     + '<div class="cells">{{#each value.cells}}<span class="cell {{k}}" data-p="{{p}}" title="{{{tip}}}" style="--c:{{c}}">{{{t}}}</span>{{/each}}</div>'

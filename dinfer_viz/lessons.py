@@ -18,6 +18,7 @@ from typing import Any
 from engine import EngineError, GenerationConfig
 from engine.trace import UNIFORM
 
+from .explain import decoder_kind
 from .settings import build_config
 
 
@@ -254,14 +255,14 @@ def lesson_named(name: str | None) -> Lesson:
 def check_lessons(lessons: tuple[Lesson, ...] = LESSONS) -> None:
     """EngineError unless every step builds a valid GenerationConfig and changes exactly one
     setting (or the model) from the step before (the first step: from the lesson's base); a model
-    change that moves into or out of the uniform decoder counts as one (the module's docstring)."""
+    change that moves to a decoder of another diffusion kind counts as one (the module's docstring)."""
     for lesson in lessons:
         before = {**GenerationConfig().to_dict(), **lesson.base}
         for i, step in enumerate(lesson.steps):
             lesson.config(i)
             now = lesson._merged(i)  # the model counts as a setting
             changed = sorted(k for k in now if now[k] != before.get(k))
-            if changed == sorted([MODEL, "decoder"]) and UNIFORM in (now["decoder"], before.get("decoder")):
+            if changed == sorted([MODEL, "decoder"]) and decoder_kind(now["decoder"]) != decoder_kind(str(before.get("decoder"))):
                 changed = [MODEL]  # the kind of diffusion changed, and the model decides the sampler
             if i > 0 and len(changed) != 1:
                 raise EngineError(f"lesson {lesson.name!r} step {i + 1} changes {changed or 'nothing'}, not one setting")

@@ -1,12 +1,11 @@
-"""The details panel's HTML pieces, shared by a masked run's panel (dinfer_viz/details.py) and a
-uniform-state run's (dinfer_viz/uniform_details.py): its styles, how a number and a token are
+"""The details panel's HTML pieces, shared by every kind's panel (dinfer_viz/views/): its styles, how a number and a token are
 written, the iteration-by-iteration table and the panel around the rows. Every string that reaches
 the HTML goes through `grid.inert` (token strings come from tokenizers and trace files, i.e. anyone).
 """
 
 from __future__ import annotations
 
-from .cells import inert
+from .cells import expected_at, inert
 from .timeline import Timeline
 
 BASE_FONT = 20  # px: read from the back of a room
@@ -36,12 +35,22 @@ def number(value: float, against: float | None = None) -> str:
     return text
 
 
-def token_name(timeline: Timeline, token: int) -> str:
+def token_name(timeline: Timeline, token: int, mask_word: str = "[MASK]") -> str:
     """A token as the page names it: its text (quoted, so spaces show) and id; the header's
-    `mask_id` is [MASK] in a masked run and the pad in a uniform-state one."""
+    `mask_id` as `mask_word` (a kind's view says what it is: [MASK], or a uniform-state run's pad)."""
     if token == timeline.mask_id:
-        return f"{'pad' if timeline.uniform else '[MASK]'} (id {token})"
+        return f"{mask_word} (id {token})"
     return f"{timeline.text_of(token)!r} (id {token})"
+
+
+def expected_words(timeline: Timeline, expected: list[int] | None, position: int, token: int, pending: str | None, mask_word: str = "[MASK]") -> str | None:
+    """The panel's "expected" row: the token the answer wants at `position` and whether `token`
+    (the one there) matches it, or `pending` when nothing is chosen there yet; None without an answer."""
+    want = expected_at(timeline, expected, position)
+    if want is None:
+        return None
+    verdict = pending if pending is not None else "matches" if want == token else "differs from the token here"
+    return f"{token_name(timeline, want, mask_word)}: {verdict}"
 
 
 def history_table(head: tuple[str, ...], rows: list[tuple[tuple[str, ...], bool]]) -> str:

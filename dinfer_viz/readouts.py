@@ -14,6 +14,10 @@ from typing import Any, Sequence
 from engine import EngineError
 
 from .timeline import Timeline
+from .views import view_for
+from .words import plural
+
+__all__ = ["plural", "percent", "passes_count", "median_stats", "readout", "live_line", "message_readout", "MAX_PASSES"]
 
 MAX_PASSES = 5  # most passes of one configuration a comparison or a sweep times
 
@@ -30,12 +34,6 @@ FIXED_NOTE = (
     "end-of-text positions after the answer, and those are not counted as tokens; so TPF is the answer's "
     "length over the positions decoded, far below 1."
 )
-
-
-def plural(n: int, word: str) -> str:
-    """`n` and `word`, with an s unless n is 1 ("1 iteration", "2 iterations"): every count the
-    page writes goes through here."""
-    return f"{n} {word}{'s' * (n != 1)}"
 
 
 def percent(fraction: float) -> str:
@@ -72,14 +70,6 @@ def median_stats(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# what a uniform-state run's figures mean, and why the page's decoder settings did not apply to it
-UNIFORM_NOTE = (
-    "uniform-state model (DiffusionGemma): it runs its own sampler (decoder `uniform`, canvases of the length it was trained with), "
-    "whatever masked decoder is chosen above · tokens: the final canvas's (most accepted proposals are replaced later) · "
-    "NFE: one encoder forward per canvas plus one decoder forward per step (docs/counting.md)"
-)
-
-
 def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "", stats: dict[str, Any] | None = None) -> str:
     """Markdown table of the run's speed; `note` is a line under it (stage, model). `stats`: the
     finished run's figures when they are not the trace's own (`median_stats` of several passes)."""
@@ -104,8 +94,7 @@ def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "
     tpf = (stats or timeline.trace.stats)["tpf"] if timeline.finished else _so_far(timeline, timeline.iterations)[1]
     if (timeline.trace.config or {}).get("decoder") == "fixed" and tpf < LOW_TPF:
         lines.append(f"<small>{FIXED_NOTE}</small>")
-    if timeline.uniform:
-        lines.append(f"<small>{UNIFORM_NOTE}</small>")
+    lines += [f"<small>{note}</small>" for note in view_for(timeline).readout_notes(timeline)]
     return "\n\n".join(lines)
 
 
@@ -114,7 +103,7 @@ def _so_far(timeline: Timeline, shown: int) -> tuple[float, float, int, float, f
     engine's per-iteration timings (end-of-text commits are not tokens)."""
     records = timeline.records[:shown]
     seconds = sum(rec.seconds for rec in records)
-    tokens, nfe = timeline.committed_tokens(shown), len(records)
+    tokens, nfe = view_for(timeline).settled_tokens(timeline, shown), len(records)
     return (tokens / seconds if seconds > 0 else 0.0), (tokens / nfe if nfe else 0.0), nfe, (nfe / seconds if seconds > 0 else 0.0), seconds, tokens
 
 

@@ -12,7 +12,6 @@ import bisect
 from dataclasses import dataclass
 
 from engine import IterationRecord, Trace
-from engine.trace import UNIFORM
 from engine.trace import EDIT, REMASK, record_writes
 
 from .tokens import is_special, readable
@@ -76,13 +75,10 @@ class Timeline:
         self.revision_counts: dict[str, int] = {EDIT: 0, REMASK: 0}
         # per position, (record index, token) of every write in replay order: commits, then revisions
         self._writes: dict[int, list[tuple[int, int]]] = {}
-        self._tokens: list[int] = []  # tokens that count, after each record (`committed_tokens`)
-        # a uniform-state run (DiffusionGemma, docs/trace.md §2.2): every position holds a token at
-        # every step; `committed` is what the step accepted, and the other canvas positions were
-        # re-noised. Known from the header, so a live timeline knows it before its first record.
-        self.uniform = (trace.config or {}).get("decoder") == UNIFORM
-        self._canvas = list(self.initial)  # the canvas after the latest record
-        self._finished_until = self.prompt_length  # uniform: end of the last canvas that wrote its output
+        # the diffusion kind that ran and its decoder's declared capabilities, from the header (so a
+        # live timeline knows them before its first record): dinfer_viz/views/ picks the run's view by it
+        self.kind = trace.kind
+        self.capabilities = dict(trace.capabilities or {})
         for rec in trace.iterations:
             self.add(rec)
 
@@ -102,34 +98,8 @@ class Timeline:
             self.revision_counts[revision.kind] = self.revision_counts.get(revision.kind, 0) + 1
         for p, token in record_writes(rec, self.row):
             self._writes.setdefault(p, []).append((index, token))
-            self._canvas[p] = token
         self.record_revisions.append(revised)
-        self._tokens.append(self._uniform_tokens(rec) if self.uniform else self._masked_tokens(rec))
         self.records.append(rec)
-
-    def _masked_tokens(self, rec: IterationRecord) -> int:
-        """Commits so far that are not an end-of-text id (a revision changes no count: docs/counting.md §10)."""
-        start = rec.block_range[0]
-        before = self._tokens[-1] if self._tokens else 0
-        return before + sum(rec.top1[self.row][p - start] not in self.trace.eos_ids for p in rec.committed[self.row])
-
-    def _uniform_tokens(self, rec: IterationRecord) -> int:
-        """The tokens a reader would see settled after this step: finished canvases' output, plus
-        the current canvas's accepted proposals (end-of-text and pad excluded, as the engine counts
-        the final canvas: docs/counting.md)."""
-        s, e = rec.block_range
-        if (rec.uniform or {}).get("output") is not None:
-            self._finished_until = max(self._finished_until, e)
-        settled = [self._canvas[p] for p in range(self.prompt_length, self._finished_until)]
-        if self._finished_until < e:
-            settled += [rec.top1[self.row][p - s] for p in rec.committed[self.row]]
-        return sum(not self.is_end(t) and t != self.mask_id for t in settled)
-
-    def committed_tokens(self, records: int | None = None) -> int:
-        """Tokens (end-of-text excluded) committed by the first `records` records (default: all);
-        for a uniform-state run, the tokens settled after them (`_uniform_tokens`)."""
-        n = self.iterations if records is None else min(records, self.iterations)
-        return self._tokens[n - 1] if n > 0 else 0
 
     # ---- shape -------------------------------------------------------------------------------
     @property
@@ -199,6 +169,12 @@ class Timeline:
     def revision_at(self, position: int, iteration: int) -> Revised | None:
         """The revision record `iteration` made at `position`, if it made one."""
         return next((r for r in self.revisions.get(position, []) if r.iteration == iteration), None)
+
+    @property
+    def uniform(self) -> bool:
+        """TRANSITIONAL, for dinfer_viz/tabs/run.py's one reader until it asks
+        `views.view_for(timeline).runs_own_sampler`; then this property goes (no view reads it)."""
+        return self.kind != "masked"
 
     @property
     def revises(self) -> bool:

@@ -90,6 +90,7 @@ def handmade_trace() -> Trace:
     EOS 0. Four records: a refresh and a window forward per block; positions 4 and 7 are forced,
     the last record commits three EOS; credit and cont_weight extras on every record."""
     mask = 1
+    FINAL_UNTIL = (4, 7, 8, 11)  # the first mask after the prompt after each record (trace v3)
     tokens = {"0": "<|endoftext|>", "1": "<|mdm_mask|>", "10": "A", "11": "B", "12": "C", "20": "x", "21": "Ġy", "22": "z"}
 
     def rec(i, block, rng, forward, recomputed, committed, forced, top1, conf, credit):
@@ -97,6 +98,7 @@ def handmade_trace() -> Trace:
             iteration=i, block=block, block_range=list(rng), forward=forward, recomputed=recomputed,
             threshold=0.9, committed=[committed], forced=[forced], top1=[top1], confidence=[conf],
             seconds=0.01 * (i + 1), extras={"credit": [credit], "cont_weight": 0.1 * i},
+            active=[True], final_until=[FINAL_UNTIL[i]],
         )
 
     records = [

@@ -12,8 +12,10 @@ import pytest
 from dinfer_viz.explain import explain
 from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras
 from dinfer_viz.sweep_chart import sweep_figure
-from dinfer_viz.cells import REVISION_STATES, UNIFORM_STATES, legend_html
-from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value
+from dinfer_viz.cells import REVISION_STATES
+from dinfer_viz.views import view_for
+from dinfer_viz.views.uniform import UNIFORM_STATES
+from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value, legend_html
 from dinfer_viz.readouts import live_line, readout
 from dinfer_viz.settings import OPTION_PREFIX, all_controls, build_config, parse_settings, sections, visible_fields
 from dinfer_viz.host import ModelSpec
@@ -41,7 +43,8 @@ def test_timeline_matches_trace_canvas(timeline):
         assert timeline.canvas_at(i) == trace.canvas_at(i)[0]
     assert timeline.canvas_at(3) == trace.final[0]
     assert timeline.commits[4].forced and timeline.commits[4].iteration == 1 and timeline.commits[4].confidence == 0.6
-    assert timeline.committed_tokens() == 5 and timeline.committed_tokens(2) == 4  # the three EOS do not count
+    view = view_for(timeline)
+    assert view.settled_tokens(timeline, timeline.iterations) == 5 and view.settled_tokens(timeline, 2) == 4  # the three EOS do not count
     assert timeline.text_at(0) == "x░z░░░░░"  # no end of text yet: masks as ░ up to the canvas end
     assert timeline.text_at(3) == "x yzzx"  # 'Ġy' reads ' y'; stops at the first EOS
 
@@ -94,9 +97,9 @@ def test_grid_template_has_an_explicit_colour_for_every_state():
     """Every state has its colour, and the legend of the kind of run that has it names it: the
     revision states only for a revising decoder, the uniform-state ones only for a uniform run."""
     kinds = {
-        "masked": SimpleNamespace(uniform=False, revises=False, trace=SimpleNamespace(config={"decoder": "threshold"})),
-        "revising": SimpleNamespace(uniform=False, revises=True, trace=SimpleNamespace(config={"decoder": "edit"})),
-        "uniform": SimpleNamespace(uniform=True, revises=False, trace=SimpleNamespace(config={"decoder": "uniform"})),
+        "masked": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False),
+        "revising": SimpleNamespace(kind="masked", capabilities={"revises": True}, revises=False),  # the header says, before any revision
+        "uniform": SimpleNamespace(kind="uniform", capabilities={"revises": False}, revises=False),
     }
     legends = {name: legend_html(kind) for name, kind in kinds.items()}
     assert legend_html(None) == legends["masked"]

@@ -18,6 +18,7 @@ from dinfer_viz.host import EngineHost, ModelSpec, model_title
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_FIELDS, COMPARE_VIEW, SCRUB_LABEL
 from dinfer_viz.ui import Handlers
+from dinfer_viz.views import view_for
 from engine import Engine, GenerationConfig, RunHooks
 
 from .app_support import app_model, random_char_model
@@ -63,7 +64,7 @@ def test_a_masked_model_against_a_uniform_one_each_runs_its_own_kind_on_one_slid
     assert (a["decoder"], a["block_length"]) == ("threshold", 16)  # A's settings as chosen
     # B: the same settings fitted to the uniform-state model: its sampler, on canvases of its length
     assert (b["decoder"], b["block_length"], b["gen_length"]) == ("uniform", CANVAS, 16)
-    assert not state.a.uniform and state.b.uniform
+    assert state.a.kind == "masked" and state.b.kind == "uniform"
     assert state.a.trace.final == solo(models["tiny-llada"], a) and state.b.trace.final == solo(models["tiny-gemma"], b)
     assert "masked diffusion (threshold)" in view["title_a"] and "uniform-state diffusion (uniform)" in view["title_b"]
     assert state.labels == ("A: tiny-llada · threshold, τ=0.9, cache none, block 16", f"B: {model_title('tiny-gemma')} · uniform, entropy bound 0.1, canvas {CANVAS}")
@@ -77,9 +78,9 @@ def test_a_masked_model_against_a_uniform_one_each_runs_its_own_kind_on_one_slid
         shown = dict(zip(COMPARE_VIEW, handlers.compare_replay(number, state)))
         for side, tl in (("a", state.a), ("b", state.b)):
             assert shown[f"grid_{side}"] == grid_value(tl, min(number - 1, tl.iterations - 1), tl.expected)
-    # the chart counts a uniform run's settled tokens (Timeline.committed_tokens), not its noise
+    # the chart counts a uniform run's settled tokens (its view's settled_tokens), not its noise
     curves = {t.name: list(t.y) for t in view["chart"].data if t.uid in ("i-0", "i-1")}
-    assert curves[state.labels[1]][-1] == state.b.committed_tokens() and curves[state.labels[0]][-1] == state.a.committed_tokens()
+    assert curves[state.labels[1]][-1] == view_for(state.b).settled_tokens(state.b, state.b.iterations) and curves[state.labels[0]][-1] == view_for(state.a).settled_tokens(state.a, state.a.iterations)
 
 
 def test_a_uniform_model_against_a_masked_one_gives_the_masked_side_the_settings_as_chosen(handlers, models):

@@ -20,7 +20,8 @@ from dinfer_viz.cache_figure import (
     forward_cost_figure,
     measure_forward_costs,
 )
-from dinfer_viz.details import position_details, rule_text
+from dinfer_viz.details import position_details
+from dinfer_viz.views.masked.details import rule_text
 from dinfer_viz.timeline import Timeline
 from engine import Engine, EngineError, GenerationConfig, RunHooks
 

@@ -17,7 +17,8 @@ import pytest
 from PIL import Image, ImageColor
 
 from dinfer_viz.export import MAX_CELLS, MAX_FRAMES, MP4_MISSING, WIDTH, ExportUnavailable, compare_csv, frame_plan, frame_title, mp4_unavailable, render_frames, run_gif, run_mp4
-from dinfer_viz.figures import RASTER_MARKS, confidence_raster, extras_figure, iteration_chart
+from dinfer_viz.figure_base import RASTER_MARKS
+from dinfer_viz.figures import confidence_raster, extras_figure, iteration_chart
 from dinfer_viz.grid import CELL_COLOURS, caption, grid_value
 from dinfer_viz.sample_traces import TRACES
 from dinfer_viz.timeline import Timeline, iteration_number

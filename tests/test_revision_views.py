@@ -51,6 +51,7 @@ def revising_trace() -> Trace:
         return IterationRecord(
             iteration=i, block=0, block_range=[3, 7], forward="full", recomputed=[[0, 7]], threshold=0.3,
             committed=[committed], forced=[[]], top1=[top1], confidence=[conf], seconds=0.01, revisions=[revisions],
+            active=[True], final_until=[3],  # a revising decoder's commits are final when the loop leaves their block
         )
 
     records = [
@@ -62,7 +63,7 @@ def revising_trace() -> Trace:
         rec(2, [5], [21, 21, 23, 0], [0.95, 0.97, 0.6, 0.9], [_revision(4, 22, 21, EDIT, HOSTILE_RULE, 0.97, 0.9)]),
     ]
     return Trace(
-        model="handmade-edit", mask_id=MASK, eos_ids=[0], prompt_lengths=[3], canvas_length=7, block_length=4,
+        model="handmade-edit", kind="masked", capabilities={"revises": True, "shadow_block": False}, mask_id=MASK, eos_ids=[0], prompt_lengths=[3], canvas_length=7, block_length=4,
         config={"decoder": "edit", "cache": "none", "threshold": 0.3, "decoder_options": {"edit_threshold": 0.9}},
         initial=[[10, 11, 12, MASK, MASK, MASK, MASK]], tokens=tokens, iterations=records, final=[[10, 11, 12, 21, 21, 23, 0]],
         stats={"nfe": 3, "tokens": 3, "seconds": 0.03, "batch": 1, "trace_seconds": 0.001, "tps": 100.0, "tpf": 1.0, "forwards_per_second": 100.0},
@@ -313,7 +314,7 @@ def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_o
 
 
 def test_the_details_state_wino_and_remdm_commit_rules(timeline):
-    from dinfer_viz.details import rule_text
+    from dinfer_viz.views.masked.details import rule_text
 
     trace = revising_trace()
     trace.config["decoder"] = "wino"

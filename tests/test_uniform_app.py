@@ -61,7 +61,7 @@ def test_the_run_handler_runs_the_uniform_sampler(tmp_path_factory, tiny_gemma_f
     view = final(handlers.run("Q: 7+5=? A:", settings))
     assert "uniform-state model" in view["readout"] and "entropy bound" in view["grid"]["caption"]
     state = view["state"]
-    assert state.timeline.uniform and state.timeline.trace.config["decoder"] == "uniform"
+    assert state.timeline.kind == "uniform" and state.timeline.trace.config["decoder"] == "uniform"
     assert state.timeline.trace.block_length == CANVAS
 
 

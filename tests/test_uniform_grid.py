@@ -1,6 +1,6 @@
 """The grid, its live frames and the exported frames of a uniform-state run (DiffusionGemma), from a
 real run of the tiny random checkpoint: every cell's state, text, mark and hover are what the
-records say (docs/trace.md §2.2), and every string from the tokenizer stays text."""
+records say (docs/trace.md §3.2), and every string from the tokenizer stays text."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from engine.trace import Trace
 from dinfer_viz.export import frame_title, legend_states, render_frames
 from dinfer_viz.grid import LiveGrid, cell_state, grid_value
 from dinfer_viz.timeline import Timeline
-from dinfer_viz.uniform_grid import finished_until
+from dinfer_viz.views.uniform.grid import finished_until
 
 from .gemma_models import CANVAS
 
@@ -38,7 +38,7 @@ def _cells(timeline: Timeline, iteration: int) -> dict[int, dict]:
 
 
 def test_each_cell_is_what_its_record_did(timeline):
-    assert timeline.uniform and timeline.iterations > 2
+    assert timeline.kind == "uniform" and timeline.iterations > 2
     for i, rec in enumerate(timeline.records):
         cells = _cells(timeline, i)
         s, e = rec.block_range
@@ -49,7 +49,7 @@ def test_each_cell_is_what_its_record_did(timeline):
             kinds = cells[p]["k"].split()
             if done:
                 assert kinds[0] in ("output", "fill")
-            elif u["active"][0]:
+            elif rec.active[0]:
                 # accepted iff the record accepted it; every other canvas position was re-noised
                 assert (kinds[0] == "accepted") == (p in rec.committed[0]) and (kinds[0] == "noise") == (p in u["renoised"][0])
             assert ("chg" in kinds) == (canvas[p] != before[p])

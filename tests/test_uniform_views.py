@@ -1,6 +1,6 @@
 """The Run tab's raster, per-iteration chart, details panel and explanation for a uniform-state run
 (DiffusionGemma), from real runs of the tiny random checkpoint: every number drawn or written is
-the one the records hold (docs/trace.md §2.2), and every string from the tokenizer stays text.
+the one the records hold (docs/trace.md §3.2), and every string from the tokenizer stays text.
 Masked runs' views are checked unchanged by tests/test_app_views.py, test_details.py and
 test_figures_teaching.py."""
 
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from dinfer_viz.details import position_details
-from dinfer_viz.explain import UNIFORM_READING, UNIFORM_SETTINGS, explain
+from dinfer_viz.explain import explain
 from dinfer_viz.figures import confidence_raster, iteration_chart
 from dinfer_viz.timeline import Timeline, iteration_number
+from dinfer_viz.views.uniform import UNIFORM_READING, UNIFORM_SETTINGS
 from engine import Engine, GenerationConfig, RunHooks, Trace
 from engine.cache_modes import cache_mode
 from engine.kinds.uniform import UniformSampler
@@ -55,13 +56,13 @@ def by_uid(fig) -> dict:
 
 
 def _active(tl: Timeline, i: int) -> bool:
-    return tl.records[i].uniform["active"][tl.row]
+    return tl.records[i].active[tl.row]
 
 
 def test_the_runs_exercise_accepting_several_and_a_frozen_row(single, batch):
     assert all(rec.uniform is not None for rec in single.iterations + batch.iterations)
     assert max(len(rec.committed[0]) for rec in single.iterations) >= 3
-    assert any(rec.uniform["active"] == [True, False] for rec in batch.iterations)  # row 1 stopped first
+    assert any(rec.active == [True, False] for rec in batch.iterations)  # row 1 stopped first
     assert all(any(rec.uniform["output"] is not None for rec in t.iterations) for t in (single, batch))
 
 
@@ -177,11 +178,11 @@ def test_details_list_each_step_as_the_records_say(single, batch):
                     if not _active(tl, i):
                         assert cells[6] == "row stopped: frozen"
                         continue
-                    assert cells[3] == _name(tl, rec.top1[tl.row][p - s]) and cells[4] == f"{u['entropy'][tl.row][p - s]:.3f}"
+                    assert cells[3] == _name(tl, u['proposal'][tl.row][p - s]) and cells[4] == f"{u['entropy'][tl.row][p - s]:.3f}"
                     assert cells[7] == _name(tl, u["draft"][tl.row][p - s])
                     if p in rec.committed[tl.row]:
                         assert cells[6] == "accepted" and " ≤ " in cells[5]
-                        assert tl.canvas_at(i)[p] == rec.top1[tl.row][p - s] or u["output"] is not None  # the proposal was written
+                        assert tl.canvas_at(i)[p] == u['proposal'][tl.row][p - s] or u["output"] is not None  # the proposal was written
                     else:
                         noise = dict(zip(u["renoised"][tl.row], u["noise"][tl.row]))[p]
                         assert cells[6] == f"re-noised → {_name(tl, noise)}" and " > " in cells[5]
@@ -210,7 +211,7 @@ def test_details_state_the_rule_the_temperature_and_the_stop_at_the_step_shown(s
                 noise = dict(zip(u["renoised"][tl.row], u["noise"][tl.row]))[p]
                 assert rows["decision"].startswith("not accepted:") and f"> bound {u['bound']:g}" in rows["decision"]
                 assert f"random token {_name(tl, noise)}" in rows["decision"]
-            assert rows["proposal"].startswith(_name(tl, rec.top1[tl.row][p - s])) and rows["draft"].startswith(_name(tl, u["draft"][tl.row][p - s]))
+            assert rows["proposal"].startswith(_name(tl, u['proposal'][tl.row][p - s])) and rows["draft"].startswith(_name(tl, u["draft"][tl.row][p - s]))
 
 
 def test_details_before_the_first_step_and_outside_the_canvas(single):

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import gradio as gr
 
 from engine import EngineError, GenerationConfig
-from engine.trace import UNIFORM
 
+from ..explain import decoder_kind
 from ..export import compare_csv
 from ..figures import compare_figure
 from ..grid import EMPTY_GRID, grid_value, inert
@@ -28,6 +28,7 @@ from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, 
 from ..runner import run_live, timed_passes
 from ..settings import OPTION_PREFIX, all_controls, control_value, decoder_fields, parse_settings, sweep_setting
 from ..timeline import Timeline
+from ..views import view_of_kind
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 from .live import LiveView
 from .run_page import RunTab
@@ -66,8 +67,8 @@ def side_fields(decoder: str) -> set[str]:
 
 
 def diffusion_kind(config: GenerationConfig) -> str:
-    """What kind of diffusion a run's settings ran: the uniform decoder is DiffusionGemma's sampler."""
-    return "uniform-state" if config.decoder == UNIFORM else "masked"
+    """What kind of diffusion a run's settings ran, in its view's words (the kind its decoder decodes)."""
+    return view_of_kind(decoder_kind(config.decoder)).label
 
 
 def _label(config: GenerationConfig) -> str:
@@ -80,10 +81,7 @@ def _label(config: GenerationConfig) -> str:
     value = control_value(control, config) if control is not None else None
     if value:  # 0: the fixed decoder's one token per step
         parts.append(f"τ={value}" if swept == "threshold" else f"{swept.removeprefix(OPTION_PREFIX).replace('_', ' ')} {value}")
-    if config.decoder == UNIFORM:
-        parts.append(f"canvas {config.block_length}")
-    else:
-        parts += [f"cache {config.cache}", f"block {config.block_length}"]
+    parts += view_of_kind(decoder_kind(config.decoder)).settings_words(config)
     if config.smoothing:
         parts.append("smoothing")
     if config.unroll:

@@ -1,8 +1,8 @@
-"""The details panel: everything the trace knows about one canvas position at one iteration, as
+"""The details panel of a masked-diffusion run: everything the trace knows about one canvas position at one iteration, as
 HTML large enough for a projector (what it shows: docs/app.md §2, "Details panel"), all from the
 trace (docs/trace.md), each commit rule stated as engine/decoders.py applies it.
 
-Every string that reaches the HTML goes through `grid.inert` (html.escape plus the characters a
+Every string that reaches the HTML goes through `cells.inert` (html.escape plus the characters a
 template step could evaluate): token strings come from tokenizers and trace files, i.e. anyone.
 `iteration` is a record index as everywhere in Timeline (-1: before the first forward); the page's
 numbers are `iteration_number`'s (1..N, 0 before the first forward).
@@ -16,11 +16,10 @@ from typing import Any, Callable
 from engine import IterationRecord
 from engine.trace import CANDIDATES_MAX_BLOCK
 
-from .cache_figure import STATES, cache_states, state_explanation
-from .grid import expected_at, inert, revision_line
-from .panel import history_table, message_line, number, panel, token_name
-from .timeline import Timeline, iteration_number
-from .uniform_details import uniform_position_details
+from ...cache_figure import STATES, cache_states, state_explanation
+from ...cells import inert, revision_line
+from ...panel import expected_words, history_table, number, panel, token_name
+from ...timeline import Timeline, iteration_number
 
 REVISION_ROWS = 12  # a position edited back and forth lists its latest revisions
 
@@ -303,15 +302,8 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
 
 def position_details(timeline: Timeline, position: int, iteration: int, expected: list[int] | None = None) -> str:
     """HTML panel for canvas `position` after record `iteration` (-1: before the first forward) of
-    `timeline`; `expected`: token ids the generation should produce, from the prompt's end. A
-    position or iteration the run does not have gives a one-line message. A uniform-state run's
-    panel is dinfer_viz/uniform_details.py's (every position holds a token at every step)."""
-    if not isinstance(position, int) or not 0 <= position < timeline.canvas_length:
-        return message_line(f"position {position} is outside the canvas (0 to {timeline.canvas_length - 1})")
-    if not isinstance(iteration, int) or not -1 <= iteration < timeline.iterations:
-        return message_line(f"iteration {iteration_number(iteration) if isinstance(iteration, int) else iteration} is outside this run (0 to {timeline.iterations})")
-    if timeline.uniform:
-        return uniform_position_details(timeline, position, iteration, expected)
+    a masked-diffusion `timeline` (dinfer_viz/details.py has checked both are in the run);
+    `expected`: token ids the generation should produce, from the prompt's end."""
     rows: list[tuple[str, str]] = []  # (label, value as escaped HTML)
 
     def add(label: str, text: str) -> None:
@@ -348,10 +340,9 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         add("revised", revision_line(timeline, revision) + (" (this iteration)" if revision.iteration == iteration else ""))
     if len(done) < len(revisions):
         add("revised later", f"{len(revisions) - len(done)} more revision(s) after the iteration shown, the next at iteration {iteration_number(revisions[len(done)].iteration)}")
-    want = expected_at(timeline, expected, position)
-    if want is not None:
-        verdict = "not committed yet" if token == timeline.mask_id else "matches" if want == token else "differs from the token here"
-        add("expected", f"{token_name(timeline, want)}: {verdict}")
+    wanted = expected_words(timeline, expected, position, token, "not committed yet" if token == timeline.mask_id else None)
+    if wanted is not None:
+        add("expected", wanted)
     if iteration < 0:
         add("this iteration", "before the first forward: nothing computed, nothing in the cache")
     else:

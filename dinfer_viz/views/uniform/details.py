@@ -4,8 +4,8 @@ token at every step, so the panel says what the step did there: the token the mo
 proposal sampled at the temperature in force, its entropy, and the entropy-bound rule's verdict with
 its numbers (accepted iff the entropies of the lower-entropy positions sum to at most the bound; the
 others re-noised, with the random token drawn), the draft, and the stop rule's state; then the
-position's canvas step by step. dinfer_viz/details.py calls `uniform_position_details` for a
-timeline with `uniform` set, after checking the position and iteration are in the run.
+position's canvas step by step. The uniform view draws it for dinfer_viz/details.py, which has
+checked the position and iteration are in the run.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 from engine import IterationRecord
 from engine.kinds.uniform import UniformSampler
 
-from .cells import inert
-from .grid import expected_at
-from .panel import history_table, number, panel, token_name
-from .timeline import Timeline, iteration_number
-from .uniform_grid import deciding_record, uniform_state
+from ...cells import inert
+from ...panel import expected_words, history_table, number, panel
+from ...panel import token_name as _token_name
+from ...timeline import Timeline, iteration_number
+from .grid import deciding_record, uniform_state
 
 # what the token at a position is, by its state after the step shown (uniform_grid.uniform_state)
 STATE_WORDS = {
@@ -30,6 +30,11 @@ STATE_WORDS = {
     "output": "its canvas's output: the last draft",
     "fill": "pad after the row's end (an earlier output held an end-of-text id)",
 }
+
+
+def token_name(timeline: Timeline, token: int) -> str:
+    """A token as the panel names it; the header's `mask_id` is the pad here."""
+    return _token_name(timeline, token, "pad")
 
 
 def _option(timeline: Timeline, name: str) -> Any:
@@ -62,7 +67,7 @@ def verdict_text(timeline: Timeline, rec: IterationRecord, p: int) -> str:
     total, bound = float(u["entropy_sum"][row][p - s]), float(u["bound"])
     rule = f"sorted by entropy, lowest first, the entropies before it sum to {number(total, bound)}"
     if p in rec.committed[row]:
-        return f"accepted: {rule} ≤ bound {bound:g} (the lowest always passes), so its proposal {token_name(timeline, rec.top1[row][p - s])} was written"
+        return f"accepted: {rule} ≤ bound {bound:g} (the lowest always passes), so its proposal {token_name(timeline, u['proposal'][row][p - s])} was written"
     noise = dict(zip(u["renoised"][row], u["noise"][row])).get(p)
     drawn = f"; re-noised with the random token {token_name(timeline, noise)} (uniform over the vocabulary)" if noise is not None else ""
     return f"not accepted: {rule} > bound {bound:g}{drawn}"
@@ -105,7 +110,7 @@ def _step_rows(timeline: Timeline, rec: IterationRecord, index: int, position: i
     rank = sorted(range(len(entropy)), key=lambda q: (entropy[q], q)).index(offset) + 1
     out += [
         ("token read", f"{token_name(timeline, token_read(timeline, rec, index, position))}: what the model saw here at this step" + (" (its canvas's random start)" if u.get("start") is not None else "")),
-        ("proposal", f"{token_name(timeline, rec.top1[row][offset])}, sampled with probability {number(float(rec.confidence[row][offset]))}"),
+        ("proposal", f"{token_name(timeline, u['proposal'][row][offset])}, sampled with probability {number(float(u['proposal_probability'][row][offset]))}"),
         ("entropy", f"{entropy[offset]:.4g}: rank {rank} of the canvas's {len(entropy)} positions, lowest first"),
         ("decision", verdict_text(timeline, rec, position)),
         ("draft", f"{token_name(timeline, u['draft'][row][offset])}: the argmax, what the stop rule compares and the canvas outputs"),
@@ -133,7 +138,7 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
             noise = dict(zip(u["renoised"][row], u["noise"][row])).get(position)
             verdict = "accepted" if accepted else "re-noised" + (f" → {token_name(timeline, noise)}" if noise is not None else "")
             cells = (
-                str(iteration_number(i)), step, token_name(timeline, token_read(timeline, rec, i, position)), token_name(timeline, rec.top1[row][offset]),
+                str(iteration_number(i)), step, token_name(timeline, token_read(timeline, rec, i, position)), token_name(timeline, u["proposal"][row][offset]),
                 f"{float(u['entropy'][row][offset]):.3f}", f"{number(total, bound)} {'≤' if accepted else '>'} {bound:g}", verdict, token_name(timeline, u["draft"][row][offset]),
             )
         rows.append((cells, i == shown))
@@ -167,9 +172,9 @@ def uniform_position_details(timeline: Timeline, position: int, iteration: int, 
     if ends:
         when = " (this iteration)" if ends[0] == iteration else " (later than the iteration shown)" if ends[0] > iteration else ""
         add("output", f"{token_name(timeline, timeline.canvas_at(ends[0])[position])}, written when its canvas ended at iteration {iteration_number(ends[0])}{when}")
-    want = expected_at(timeline, expected, position)
-    if want is not None:
-        add("expected", f"{token_name(timeline, want)}: " + ("not generated yet" if state == "masked" else "matches" if want == token else "differs from the token here"))
+    wanted = expected_words(timeline, expected, position, token, "not generated yet" if state == "masked" else None, "pad")
+    if wanted is not None:
+        add("expected", wanted)
     if iteration < 0:
         add("this iteration", "before the first step: the canvases start as random tokens at their first step")
     else:

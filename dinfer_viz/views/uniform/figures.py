@@ -1,7 +1,6 @@
 """The raster and the per-iteration chart of a uniform-state run (DiffusionGemma; docs/trace.md
 §2.2), drawn from the records' `uniform` dict: what each step's entropy-bound rule saw and did.
-dinfer_viz/figures.py calls these for a timeline with `uniform` set, so the page's views, live and
-replayed, ask figures.py alone.
+The uniform view (dinfer_viz/views/uniform/__init__.py) draws them for dinfer_viz/figures.py.
 
 In a uniform run every canvas position holds a token at every step. The raster shows the entropy of
 each position's scaled distribution per step (low: the model is sure), and marks the positions the
@@ -19,18 +18,17 @@ import plotly.graph_objects as go
 
 from engine import IterationRecord
 
-from .cells import CELL_COLOURS
-from .figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
-from .grid import expected_at
-from .timeline import Timeline, iteration_number
-from .uniform_grid import step_verdict
+from ...cells import CELL_COLOURS, expected_at
+from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
+from ...timeline import Timeline, iteration_number
+from .grid import step_verdict
 
 NOISE_BAR = "#a8a29e"  # re-noised counts: the grid dims noise to this (a near-white cell would vanish as a bar)
 OUTPUT_MARK = dict(symbol="star", size=11, color="#2563eb", line=dict(width=1, color="#111827"))
 
 
 def _active(timeline: Timeline, rec: IterationRecord) -> bool:
-    return bool(rec.uniform["active"][timeline.row])
+    return bool(rec.active[timeline.row])
 
 
 def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> go.Figure:
@@ -105,9 +103,9 @@ def _accepted_text(timeline: Timeline, i: int, p: int, expected: list[int] | Non
     """An accepted proposal's hover: the rule's numbers, and the expected token when it differs."""
     rec = timeline.records[i]
     offset = p - rec.block_range[0]
-    lines = [step_verdict(timeline, rec, p) + f" (p {rec.confidence[timeline.row][offset]:.3f})"]
+    lines = [step_verdict(timeline, rec, p) + f" (p {rec.uniform['proposal_probability'][timeline.row][offset]:.3f})"]
     want = expected_at(timeline, expected, p)
-    if want is not None and want != rec.top1[timeline.row][offset]:
+    if want is not None and want != rec.uniform["proposal"][timeline.row][offset]:
         lines.append(f"expected {timeline.text_of(want)!r}")
     return "<br>".join(_plain(line) for line in lines)
 
@@ -120,10 +118,11 @@ def _stop_text(timeline: Timeline, rec: IterationRecord) -> str:
     return f"the steps ran out (mean entropy {stop['mean_entropy'][timeline.row]:.4g}, confidence threshold {stop['confidence_threshold']:g})"
 
 
-def uniform_iteration_chart(timeline: Timeline, upto: int | None, highlight: int | None) -> go.Figure:
+def uniform_iteration_chart(timeline: Timeline, upto: int | None, highlight: int | None, step_forward: str, encoder_forward: str) -> go.Figure:
     """Per step (numbered 1..N): positions accepted and re-noised (stacked; a stopped row's steps
     are empty), with the temperature in force on the right axis and a star where a canvas wrote its
-    output; below, the engine-measured time of each step. Arguments as figures.iteration_chart's."""
+    output; below, the engine-measured time of each step, named `step_forward`, and a legend entry
+    `encoder_forward` for the forwards no record times. Arguments as figures.iteration_chart's."""
     upto = _upto(timeline, upto)
     records = timeline.records[: upto + 1]
     row = timeline.row
@@ -143,7 +142,8 @@ def uniform_iteration_chart(timeline: Timeline, upto: int | None, highlight: int
                 text=[_plain(_stop_text(timeline, records[i])) for i in done], hovertemplate="iteration %{x}<br>%{text}<extra></extra>", uid="canvas-done",
             )
         )
-    add_forward_times(fig, records)
+    add_forward_times(fig, records, {rec.forward: step_forward for rec in records})
+    fig.add_trace(go.Scatter(x=[None], y=[None], yaxis="y3", mode="markers", name=encoder_forward, marker=dict(color="#9ca3af", size=6, symbol="square-open"), hoverinfo="skip", uid="ms-encoder"))
     right: dict[str, Any] = dict(
         overlaying="y", side="right", range=[0, max(1.05, float(temperature.max()) * 1.05)], showgrid=False, automargin=True, title=dict(text="temperature", standoff=8)
     )

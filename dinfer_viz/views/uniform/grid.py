@@ -4,22 +4,22 @@ denoised a cell is *accepted* (its proposal passed the entropy-bound rule) or *n
 re-noised with a random token, drawn on the record); a finished canvas shows its *output*; later
 canvases are not generated yet. A cell whose token differs from the step before gets the `chg`
 mark. Tips and the caption carry the rule's numbers (entropy, running sum, bound, temperature,
-the stop rule's state). dinfer_viz/grid.py calls these for a timeline with `uniform` set."""
+the stop rule's state). The uniform view (dinfer_viz/views/uniform/__init__.py) draws the grid
+with these."""
 
 from __future__ import annotations
 
 from engine import IterationRecord
 
-from .cells import cell_text
-from .readouts import plural
-from .timeline import Timeline, iteration_number
+from ...cells import cell_text
+from ...timeline import Timeline, iteration_number
+from ...words import plural
 
 
 def finished_until(timeline: Timeline, iteration: int) -> int:
     """End of the last canvas whose output was written by record `iteration` or before (the prompt's
-    end if none)."""
-    ends = [rec.block_range[1] for rec in timeline.records[: iteration + 1] if (rec.uniform or {}).get("output") is not None]
-    return max([timeline.prompt_length, *ends])
+    end if none): the record's own `final_until` (docs/trace.md §3)."""
+    return max(timeline.prompt_length, timeline.records[iteration].final_until[timeline.row])
 
 
 def deciding_record(timeline: Timeline, iteration: int) -> int:
@@ -31,7 +31,7 @@ def deciding_record(timeline: Timeline, iteration: int) -> int:
         rec = timeline.records[i]
         if rec.block != block:
             return -1
-        if rec.uniform["active"][row]:
+        if rec.active[row]:
             return i
     return -1
 
@@ -62,7 +62,7 @@ def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
     u = rec.uniform
     total, bound = u["entropy_sum"][row][p - s], u["bound"]
     if p in rec.committed[row]:
-        return f"accepted {timeline.text_of(rec.top1[row][p - s])!r}: the lower entropies sum to {total:.4g} ≤ bound {bound:g}"
+        return f"accepted {timeline.text_of(u['proposal'][row][p - s])!r}: the lower entropies sum to {total:.4g} ≤ bound {bound:g}"
     noise = dict(zip(u["renoised"][row], u["noise"][row])).get(p)
     drawn = f" → random {timeline.text_of(noise)!r}" if noise is not None else ""
     return f"re-noised{drawn}: the lower entropies sum to {total:.4g} > bound {bound:g}"
@@ -71,8 +71,8 @@ def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
 def _rule(timeline: Timeline, rec: IterationRecord, p: int) -> str:
     """The hover's line for `p` in `rec`: its proposal and entropy, then the rule's verdict."""
     row, s = timeline.row, rec.block_range[0]
-    proposal = rec.top1[row][p - s]
-    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.confidence[row][p - s]:.3f}) · entropy {rec.uniform['entropy'][row][p - s]:.3f} · {step_verdict(timeline, rec, p)}"
+    proposal = rec.uniform["proposal"][row][p - s]
+    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.uniform['proposal_probability'][row][p - s]:.3f}) · entropy {rec.uniform['entropy'][row][p - s]:.3f} · {step_verdict(timeline, rec, p)}"
 
 
 # what a cell's hover says its state is
@@ -130,7 +130,7 @@ def uniform_caption(timeline: Timeline, iteration: int, total: int) -> str:
     s, e = rec.block_range
     stop = u["stopping"]
     head = f"iteration {iteration_number(iteration)}/{total} · canvas {rec.block} [{s}, {e}) step {u['step'] + 1} · temperature {u['temperature']:.2f}"
-    if not u["active"][row]:
+    if not rec.active[row]:
         return f"{head} · this row has stopped: its canvas is frozen"
     parts = [
         f"accepted {len(rec.committed[row])} (entropy bound {u['bound']:g})",
