@@ -5,17 +5,22 @@
     python app.py --model GSAI-ML/LLaDA-8B-Instruct --device cuda
     python app.py --no-model                               # replay downloaded traces only
 
-A model that cannot be loaded ends the program with one line on stderr and exit status 2.
+A model that cannot be loaded, or an address that cannot be listened on, ends the program with
+one line on stderr and exit status 2. The files it writes for downloads are removed when it stops
+(Ctrl+C or SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
+from engine.errors import EngineError
+from engine.system_options import system_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=8, help="most sessions' runs decoded as one engine batch (1: each run alone)")
     p.add_argument("--public", action="store_true", help="serve visitors: only allow-listed models, no paths shown (on by default when --host is not loopback)")
     p.add_argument("--allow-model", action="append", default=[], metavar="NAME=PATH", help="public mode: a model visitors may load, besides the default (repeatable)")
+    p.add_argument(
+        "--allow-system", action="append", default=[], choices=[o.name for o in system_options()], metavar="OPTION",
+        help="public mode: a system option visitors may use (worker processes, compilation), none by default (repeatable)",
+    )
     p.add_argument("--auth", default=os.environ.get("DINFER_VIZ_AUTH"), metavar="USER:PASSWORD", help="ask for this login (default: $DINFER_VIZ_AUTH)")
     p.add_argument("--no-model", action="store_true", help="start without loading a model (trace replay, or load one in the page)")
     return p
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from dinfer_viz.host import EngineHost, ModelSpec, embedded_models
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
+    from engine.serving.command import listen as listening
 
     model = embedded_models().get(args.model, args.model)  # a model shipped under assets/, by name
     listen = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
@@ -83,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Gradio tries ports for seconds each and then retries others: an address this machine cannot
+    # bind (or a port given and in use) is said at once, before the model loads
+    port = args.port if args.port is not None else int(os.environ.get("GRADIO_SERVER_PORT") or 0)  # Gradio's import checked it
+    try:
+        listening(listen, port).close()
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not is_loopback(listen) and auth is None:
         print(f"warning: serving {listen} to the network with no login; anyone who reaches it can run the model (set --auth USER:PASSWORD)", file=sys.stderr)
     host = EngineHost(ModelSpec(model, args.device, args.dtype), allowed=allowed, threads=args.threads)
@@ -91,8 +109,18 @@ def main(argv: list[str] | None = None) -> int:
         if host.default_error:
             print(f"error: {host.default_error} (use --no-model to start without one)", file=sys.stderr)
             return 2
-    demo = build_demo(Handlers(host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length, max_batch=args.max_batch, no_model=args.no_model))
-    demo.launch(server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs())
+    handlers = Handlers(
+        host, fps=args.fps, plot_hz=args.plot_hz, max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length,
+        max_batch=args.max_batch, no_model=args.no_model, allow_system=args.allow_system,
+    )  # fmt: skip
+    demo = build_demo(handlers)
+    # SIGTERM (a container's stop) as an exit, so the download folder goes in the finally below
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs())
+    finally:
+        handlers.remove_files()
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -33,6 +33,16 @@ from .runner import POLL_SECONDS, Failed, Finished, Job, Loading, Waiting, start
 from .timeline import Timeline
 
 MAX_KEPT_FAILURES = 50  # traces of wrong answers kept for inspection
+# Every sweep is bounded before it queues for the engine (one sweep holds it, and the tabs' queue,
+# until it ends or is stopped): a family's sampler searches for distinct prompts, so asking for more
+# than a family holds would never return; 300 is what every family has (tinymodel/tasks.py's default).
+MAX_PER_SET = 300
+MAX_VALUES = 32
+MAX_OWN_PROMPTS = 300
+# engine runs in one sweep (values x prompts x passes x models): an hour or so of the embedded model
+# on a CPU for the app's own user; a tenth of it for a public server's visitors, who share the engine
+MAX_SWEEP_RUNS = 30_000
+PUBLIC_MAX_SWEEP_RUNS = 3_000
 
 
 @dataclass
@@ -117,6 +127,8 @@ def parse_values(text: str) -> list[float]:
     items = [t for t in text.replace(",", " ").split() if t]
     if not items:
         raise EngineError("give at least one value to sweep, e.g. 0.5, 0.7, 0.9")
+    if len(items) > MAX_VALUES:
+        raise EngineError(f"{len(items)} values to sweep; a sweep takes at most {MAX_VALUES}")
     try:
         return [float(t) for t in items]
     except ValueError:
@@ -145,8 +157,11 @@ def prompt_sets() -> list[str]:
 
 def own_examples(text: str) -> list[Example]:
     """The user's prompts, one a line; each must belong to a family (its verifier scores it)."""
+    lines = text.splitlines()
+    if len(lines) > MAX_OWN_PROMPTS:
+        raise EngineError(f"{len(lines)} lines of your own prompts; a sweep takes at most {MAX_OWN_PROMPTS}")
     out = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if line.strip():
             example = parse_prompt(line)
             if example is None:
@@ -157,8 +172,8 @@ def own_examples(text: str) -> list[Example]:
 
 def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: str = "") -> list[Example]:
     """`per_task` seeded prompts of each chosen set, then the user's own prompts."""
-    if per_task < 1:
-        raise EngineError(f"prompts per task must be at least 1, got {per_task}")
+    if not 1 <= per_task <= MAX_PER_SET:
+        raise EngineError(f"prompts per set must be from 1 to {MAX_PER_SET}, got {per_task}")
     examples: list[Example] = []
     for name in sets:
         if name.endswith(OUT_OF_RANGE_SUFFIX):
@@ -198,12 +213,18 @@ def run_sweep(
 ) -> Iterator[SweepState]:
     """Yield the growing SweepState at most every `interval` seconds, and when done. `also`: a
     second model swept the same way once the first is done (EngineHost.second_model); `passes`:
-    runs of each prompt timed (module docstring)."""
+    runs of each prompt timed (module docstring). EngineError, on the first step, for a sweep
+    over the host's bound on engine runs (MAX_SWEEP_RUNS; PUBLIC_MAX_SWEEP_RUNS for visitors)."""
     configs = sweep_configs(config, parameter, values)
     specs = [spec] if also is None else [spec, also]
+    total = len(values) * len(examples) * len(specs)
+    most = PUBLIC_MAX_SWEEP_RUNS if host.public else MAX_SWEEP_RUNS
+    if total * passes > most:
+        raise EngineError(
+            f"this sweep would run the engine {total * passes:,} times ({len(values)} values x {len(examples)} prompts x {passes} passes x {len(specs)} models); this server runs at most {most:,}"
+        )
     state = SweepState(parameter)
     cancel = threading.Event()
-    total = len(values) * len(examples) * len(specs)
 
     def job_on(model: str, model_box: str) -> Job:
         def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
@@ -240,6 +261,11 @@ def run_sweep(
                 try:
                     event = events.get(timeout=POLL_SECONDS)
                 except queue.Empty:
+                    # a frame now and then while a prompt runs: Stop closes this generator, which
+                    # Gradio can do only between its steps, and the close sets `cancel`
+                    if time.perf_counter() - last >= interval:
+                        last = time.perf_counter()
+                        yield state
                     continue
                 if isinstance(event, Outcome):
                     state.outcomes.append(event)

@@ -2,18 +2,20 @@
 
 The app offers a system setting only where both hold: the engine's public `Engine` takes the
 option (read from its signature, so an option added to the engine shows up here) and the machine
-can use it. Otherwise the control is shown disabled with the reason.
+can use it; a public server offers its visitors only the options its host allows (app.py
+--allow-system: worker processes and compilation spend the host's cores and memory). Otherwise the
+control is shown disabled with the reason, and a run asking for it is refused with it.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 import torch
 
-from engine import Engine
+from engine import Engine, EngineError
 from engine.system_options import SystemOption, system_options
 
 from .readouts import plural
@@ -53,15 +55,18 @@ def engine_parameters() -> set[str]:
     return set(inspect.signature(Engine.__init__).parameters) - {"self", "path", "device", "dtype"}
 
 
-def offered_options(device: str = "cpu") -> list[OfferedOption]:
+def offered_options(device: str = "cpu", allowed: Collection[str] | None = None) -> list[OfferedOption]:
     """Each declared option for a model on `device`: offered, or why not. A degree of N runs N
-    worker processes: on the CPU they share its cores, on CUDA each takes a device."""
+    worker processes: on the CPU they share its cores, on CUDA each takes a device. `allowed`: the
+    options a public server's host lets visitors use; None: a private app, every one."""
     params, gpus, on_cpu = engine_parameters(), cuda_count(), torch.device(device).type == "cpu"
     out = []
     for option in system_options():
         needed = option.cuda_devices
         if option.name not in params:
             reason = f"this engine build has no `{option.name}` option"
+        elif allowed is not None and option.name not in allowed:
+            reason = f"this public server does not offer it to visitors (its host can, with --allow-system {option.name})"
         elif on_cpu and not option.runs_on_cpu:
             reason = "CUDA only; the model is on the CPU"
         elif not on_cpu and gpus < needed:
@@ -71,6 +76,15 @@ def offered_options(device: str = "cpu") -> list[OfferedOption]:
             reason = ""
         out.append(OfferedOption(option, not reason, reason))
     return out
+
+
+def check_offered(options: Iterable[tuple[str, Any]], device: str, allowed: Collection[str] | None) -> None:
+    """EngineError, in one line, for the first of a model spec's options (each set) that is not
+    offered on `device` to whom `allowed` says (`offered_options`)."""
+    offered = {o.name: o for o in offered_options(device, allowed)}
+    for name, _ in options:
+        if not offered[name].available:
+            raise EngineError(f"{offered[name].label} is unavailable: {offered[name].reason}")
 
 
 def describe_machine() -> str:

@@ -13,11 +13,12 @@ import inspect
 import json
 import logging
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import gradio as gr
 from gradio.events import Dependency
@@ -31,7 +32,7 @@ from ..runner import acknowledge
 from engine.kinds import fit
 
 from ..settings import Control, all_controls, parse_settings, without_hidden
-from ..system import offered_options
+from ..system import check_offered, offered_options
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> g
 class TabHandlers:
     """What every tab's handlers use: the EngineHost, the live frame rates, the bounds of one
     request, the settings mapping and the folder of files for download buttons; `no_model`: the
-    app started without loading a model (trace replay first)."""
+    app started without loading a model (trace replay first); `allow_system`: the system options a
+    public server's visitors may use (app.py --allow-system; a private app offers every one)."""
 
     def __init__(
         self,
@@ -165,8 +167,10 @@ class TabHandlers:
         max_gen_length: int = 1024,
         max_batch: int = MAX_BATCH,
         no_model: bool = False,
+        allow_system: Collection[str] = (),
     ) -> None:
         self.host = host
+        self.allowed_system = frozenset(allow_system) if host.public else None
         self.no_model = no_model  # started with no model (app.py --no-model): the page leads with the sample traces
         # Runs of different sessions that wait for the engine join one batch (README, "Concurrency
         # rule"); max_batch 1: each run alone, in arrival order.
@@ -187,6 +191,7 @@ class TabHandlers:
         another kind, so what this kind does not read goes back to its defaults, a decoder of
         another kind becomes the kind's own)."""
         spec, config = parse_settings(settings, self.host.default, self.host.resolve)
+        check_offered(spec.options, spec.device, self.allowed_system)  # public mode's system options
         return spec, self.fit_to(spec, config)
 
     def fit_to(self, spec: ModelSpec, config: GenerationConfig) -> GenerationConfig:
@@ -242,6 +247,12 @@ class TabHandlers:
         else:
             path.write_text(content)
         return str(path)
+
+    def remove_files(self) -> None:
+        """Remove this instance's download folder (app.py, at exit)."""
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
+            self._files = None
 
     def stopped(self) -> str:
         return "stopped: the engine ends its current iteration and is free for the next run"

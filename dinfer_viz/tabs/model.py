@@ -65,7 +65,7 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
         device = gr.Dropdown(devices(), value=host.default.device, label="device", allow_custom_value=True)
         dtype = gr.Dropdown(list(DTYPES), value=host.default.dtype, label="dtype", info="auto: float32 on CPU, bfloat16 on GPUs")
         options = []
-        for opt in offered_options(host.default.device):
+        for opt in offered_options(host.default.device, h.allowed_system):
             if opt.kind is bool:
                 options.append(gr.Checkbox(label=opt.label, value=opt.declared.off, **_option_update(opt)))
             else:
@@ -81,7 +81,7 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
         """What each system option can do on the chosen device (CUDA graphs need CUDA, a degree
         of N on CUDA needs N GPUs); an unknown device leaves the controls as they are."""
         try:
-            return [gr.update(**_option_update(opt)) for opt in offered_options(chosen)]
+            return [gr.update(**_option_update(opt)) for opt in offered_options(chosen, h.allowed_system)]
         except RuntimeError:  # not a device name: the run's validation says so
             return [gr.update() for _ in options]
 

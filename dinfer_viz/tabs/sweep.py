@@ -18,7 +18,7 @@ from ..sweep_chart import sweep_figure
 from ..grid import inert
 from ..readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
-from ..sweep import SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
+from ..sweep import MAX_PER_SET, SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
 from ..timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, stored_view
@@ -39,6 +39,15 @@ SWEEP_DEFAULT_PER_SET = 34
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
     yield first
     yield from rest
+
+
+def _per_set(value: Any) -> int:
+    """The prompts-per-set box's value (an API client may send anything) as a count, which
+    sweep_examples bounds."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        raise EngineError(f"prompts per set must be a whole number, got {value!r}") from None
 
 
 def _sweep_rows(state: SweepState) -> list[list[Any]]:
@@ -77,7 +86,7 @@ class SweepHandlers(TabHandlers):
             passes = passes_count(passes)
             spec, config = self.parse(settings)
             also = self.host.second_model(spec, also_model)
-            examples = sweep_examples(list(tasks or []), int(per_task or 0), seed=config.seed, own_prompts=own_prompts)
+            examples = sweep_examples(list(tasks or []), _per_set(per_task), seed=config.seed, own_prompts=own_prompts)
             for example in examples:
                 self.check_request(example.prompt, config)
             numbers = parse_values(values)
@@ -146,7 +155,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
         )
         with gr.Row():
             tasks = gr.CheckboxGroup(prompt_sets(), value=list(SWEEP_DEFAULT_SETS), label="prompt sets (held-out prompts of each family; arithmetic out of range)")
-            per_task = gr.Number(SWEEP_DEFAULT_PER_SET, precision=0, minimum=1, label="prompts per set")
+            per_task = gr.Number(SWEEP_DEFAULT_PER_SET, precision=0, minimum=1, maximum=MAX_PER_SET, label="prompts per set")
             parameter = gr.Dropdown(numeric_fields(), value=sweep_setting(GenerationConfig().decoder), label="setting to sweep", info="set by the decoder's declaration; any numeric setting")
             values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
             passes = gr.Slider(1, MAX_PASSES, value=1, step=1, label="passes", info="runs of each prompt; TPS: the median of the passes", elem_id="sweep-passes")

@@ -290,7 +290,8 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI app serving `engine` (module docstring). `on_shutdown`: called when the server
     stops (uvicorn re-raises a SIGTERM once it has shut down, so code after its run never runs)."""
-    server = Server(engine, limits, max_batch, max_pending, traces or TraceStore())
+    # `is None`, not `or`: an empty store is falsy (its __len__), and it is the caller's bounds
+    server = Server(engine, limits, max_batch, max_pending, TraceStore() if traces is None else traces)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -28,6 +28,16 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(run=serve_command)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port` (0: any free port), or EngineError in one line for an
+    address this machine cannot bind, a name that does not resolve, or a port in use; checked
+    before any slow start-up (the model load), so the failure is said at once, never retried."""
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=128)
+    except OSError as exc:  # socket.gaierror included
+        raise EngineError(f"cannot listen on {host}{f':{port}' if port else ''}: {exc.strerror or exc}") from None
+
+
 def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -40,10 +50,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if bad or (args.threads is not None and args.threads < 1):
         raise EngineError(f"these must be >= 1: {', '.join(bad) or f'--threads {args.threads}'}")
     system = system_kwargs(args)
-    try:  # before the (slow) model load: a port in use is one line at once
-        listener = socket.create_server((args.host, args.port), family=socket.AF_INET6 if ":" in args.host else socket.AF_INET, backlog=128)
-    except OSError as exc:
-        raise EngineError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    listener = listen(args.host, args.port)
     limits = RequestLimits(max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length)
     traces = TraceStore(args.max_traces, args.max_trace_mb << 20)
     # before the engine: --tp/--ep worker processes share this process's threads (engine/runtime/workers.py)
