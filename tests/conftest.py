@@ -8,8 +8,8 @@ import torch
 
 from engine.models.llada import LLaDAModelLM
 
-# The slow lanes: tests that start worker processes or torchrun jobs, compile, drive chromium or
-# train. Each lane is a marker (pyproject.toml) and implies `slow`, so `pytest -m "not slow"` runs the
+# The slow lanes: tests that start worker processes, torchrun jobs or a fresh Python with torch
+# (the CLI, the server, the app as programs), compile, drive chromium or train. Each lane is a marker (pyproject.toml) and implies `slow`, so `pytest -m "not slow"` runs the
 # engine and app unit tests and `pytest -m workers` one lane. A lane holds whole test files, or one
 # test (all its parameter sets) or one parameter set of it, by name in tests/; a test's own
 # `@pytest.mark.<lane>` counts too. tests/test_lanes.py checks that every entry names a test.
@@ -21,6 +21,16 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_compiled.py::test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_all_reduces",
     ),
     "torchrun": ("test_torchrun.py",),
+    "processes": (  # each imports torch (or gradio) afresh: seconds apiece before it does anything
+        "test_cli.py::test_generate_json_in_a_real_process",
+        "test_kinds.py::test_the_cli_refuses_in_one_line_with_exit_2",
+        "test_analysis.py::test_analyze_command",
+        "test_trace_diff.py::test_diff_command",
+        "test_reference_record.py::test_record_command_on_the_embedded_gemma_equals_transformers_generate",
+        "test_reference_record.py::test_record_command_refuses_in_one_line",
+        "test_app_cli.py::test_the_server_listens_where_the_environment_says",
+        "test_security.py::test_app_with_an_address_it_cannot_bind_says_so_in_one_line_and_exits",
+    ),
     "compile": (
         "test_compiled.py",
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[compile]",
