@@ -77,6 +77,8 @@ def test_a_running_sweep_stops_when_closed_and_frees_the_engine(handlers):
     for frame in frames:
         if "prompts run" in dict(zip(SWEEP_VIEW, frame))["message"]:
             break  # the sweep is under way, holding the engine
+    else:
+        pytest.fail("the sweep ended before it was stopped")
     frames.close()
     assert handlers.host.lock.acquire(timeout=HANG_GUARD)
     handlers.host.lock.release()
