@@ -1,7 +1,7 @@
 """The boundary that model-written code runs behind: bubblewrap namespaces, a process filter and
 resource limits, all enforced by the kernel rather than by the interpreter that runs the code.
 
-Each program runs in its own `bwrap` sandbox (docs/serving.md, "The code scorer's sandbox"):
+Each program runs in its own `bwrap` sandbox (docs/performance.md §5.1):
 - its own user, PID, mount, network, IPC, UTS and cgroup namespaces: it sees no host process, has
   no network (only a loopback that is down) and no abstract Unix socket of the host;
 - a filesystem of its own: an empty root with `/usr` and the interpreter's prefix bound read-only,
@@ -70,24 +70,24 @@ def process_filter() -> bytes | None:
     if arch is None:
         return None
     audit_arch, refused, clone = arch
-    # The four returns close the program; a jump names its target by index, resolved below.
-    allow, enosys, kill = "allow", "enosys", "kill"
-    code: list[tuple[int, object, object, int]] = [
-        (_LD, 0, 0, 4),
-        (_JEQ, None, kill, audit_arch),  # another ABI (i386 on x86_64) has other numbers
-        (_LD, 0, 0, 0),
-        (_JGE, kill, None, 0x40000000),  # x32 calls on x86_64
-        *((_JEQ, enosys if name == "clone3" else kill, None, nr) for name, nr in refused.items()),
-        (_JEQ, None, allow, clone),
-        (_LD, 0, 0, 16),
-        (_JSET, allow, kill, _CLONE_THREAD),
+    # Each instruction: (op, where to go when true, when false, k); None goes on to the next one,
+    # a name to one of the returns that close the program.
+    returns = {"allow": _ALLOW, "enosys": _ENOSYS, "kill": _KILL}
+    code: list[tuple[int, str | None, str | None, int]] = [
+        (_LD, None, None, 4),
+        (_JEQ, None, "kill", audit_arch),  # another ABI (i386 on x86_64) has other numbers
+        (_LD, None, None, 0),
+        (_JGE, "kill", None, 0x40000000),  # x32 calls on x86_64
+        *((_JEQ, "enosys" if name == "clone3" else "kill", None, nr) for name, nr in refused.items()),
+        (_JEQ, None, "allow", clone),
+        (_LD, None, None, 16),
+        (_JSET, "allow", "kill", _CLONE_THREAD),
     ]
-    returns = {allow: _ALLOW, enosys: _ENOSYS, kill: _KILL}
     where = {label: len(code) + i for i, label in enumerate(returns)}
     out = bytearray()
-    for i, (op, jt, jf, k) in enumerate(code):
-        hop = lambda label: 0 if label in (None, 0) else where[label] - i - 1  # noqa: E731
-        out += struct.pack("<HBBI", op, hop(jt), hop(jf), k)
+    for i, (op, true, false, k) in enumerate(code):
+        hops = [0 if to is None else where[to] - i - 1 for to in (true, false)]  # BPF jumps are relative
+        out += struct.pack("<HBBI", op, *hops, k)
     for value in returns.values():
         out += struct.pack("<HBBI", _RET, 0, 0, value)
     return bytes(out)
@@ -104,20 +104,26 @@ def _read_only_roots() -> list[str]:
     return roots
 
 
+def _limits() -> list[str]:
+    """The `prlimit` prefix that sets the resource limits for the command after it ([] without prlimit)."""
+    prlimit = shutil.which("prlimit")
+    return [prlimit, f"--as={MEMORY_LIMIT}", f"--fsize={FILE_LIMIT}", f"--nofile={OPEN_FILES}", "--core=0", "--"] if prlimit else []
+
+
 def _command(filter_fd: int, program_fd: int, info_fd: int) -> list[str]:
-    prlimit, bwrap = shutil.which("prlimit"), shutil.which("bwrap")
-    assert prlimit is not None and bwrap is not None  # checked by unavailable()
-    limits = [prlimit, f"--as={MEMORY_LIMIT}", f"--fsize={FILE_LIMIT}", f"--nofile={OPEN_FILES}", "--core=0", "--"]
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None  # checked by unavailable()
     mounts: list[str] = []
+    # the writable folders first, so that an interpreter installed below /tmp is bound over them
+    for folder in (WORK, "/tmp", "/dev/shm"):
+        mounts += ["--size", str(FOLDER_LIMIT), "--tmpfs", folder]
     for root in _read_only_roots():
         mounts += ["--ro-bind", root, root]
     for link in ("bin", "lib", "lib64", "sbin"):  # merged /usr: /bin -> usr/bin
         if os.path.islink(f"/{link}"):
             mounts += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
-    for folder in (WORK, "/tmp", "/dev/shm"):
-        mounts += ["--size", str(FOLDER_LIMIT), "--tmpfs", folder]
     return [
-        *limits, bwrap,
+        *_limits(), bwrap,
         "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
         "--proc", "/proc", "--dev", "/dev", *mounts, "--remount-ro", "/dev",
@@ -140,19 +146,21 @@ def _memfd(data: bytes) -> int:
 
 def _run_boxed(program: str, timeout: float, stderr: IO[bytes] | int = subprocess.DEVNULL) -> int | None:
     """The exit status of `program` in the sandbox, or None when it ran past `timeout`."""
-    filter_fd, program_fd = _memfd(process_filter() or b""), _memfd(program.encode())
+    seccomp = process_filter()
+    assert seccomp is not None  # checked by unavailable()
+    filter_fd, program_fd = _memfd(seccomp), _memfd(program.encode())
     info_read, info_write = os.pipe()
-    try:
-        process = subprocess.Popen(
-            _command(filter_fd, program_fd, info_write),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-            pass_fds=(filter_fd, program_fd, info_write), start_new_session=True,
-        )  # fmt: skip
-    finally:
-        for fd in (filter_fd, program_fd, info_write):
-            os.close(fd)
-    # bwrap writes the sandbox's PID 1 once the namespaces exist, then closes the pipe (or dies).
     with os.fdopen(info_read, "rb") as info:
+        try:
+            process = subprocess.Popen(
+                _command(filter_fd, program_fd, info_write),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                pass_fds=(filter_fd, program_fd, info_write), start_new_session=True,
+            )  # fmt: skip
+        finally:
+            for fd in (filter_fd, program_fd, info_write):
+                os.close(fd)
+        # bwrap writes the sandbox's PID 1 once the namespaces exist, then closes the pipe (or dies)
         ready = select.select([info], [], [], timeout)[0]
         text = info.read() if ready else b""
     try:
@@ -172,13 +180,11 @@ def _run_boxed(program: str, timeout: float, stderr: IO[bytes] | int = subproces
 def _run_unboxed(program: str, timeout: float) -> int | None:
     """What `_run_boxed` does without a boundary, for a caller who opted in: a temporary folder,
     the resource limits where prlimit exists, its own process group killed at the timeout."""
-    prlimit = shutil.which("prlimit")
-    limits = [prlimit, f"--as={MEMORY_LIMIT}", f"--fsize={FILE_LIMIT}", "--core=0", "--"] if prlimit else []
     with tempfile.TemporaryDirectory(prefix="dinfer-viz-score-") as folder:
         path = Path(folder) / "program.py"
         path.write_text(program)
         process = subprocess.Popen(
-            [*limits, sys.executable, "-I", str(path)], cwd=folder,
+            [*_limits(), sys.executable, "-I", str(path)], cwd=folder,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:

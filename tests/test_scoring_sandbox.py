@@ -210,3 +210,14 @@ def test_without_a_sandbox_the_scorer_refuses_in_one_line(monkeypatch):
     monkeypatch.setenv(sandbox.UNSANDBOXED_ENV, "1")  # the explicit opt-in runs it unsandboxed
     assert scoring.run_python("pass", timeout=TIMEOUT) is True
     assert scoring.run_python("while True:\n    pass", timeout=1.0) is False
+
+
+def test_a_machine_whose_kernel_refuses_the_namespaces_is_found_out(tmp_path, monkeypatch):
+    """The probe runs one empty program: a bwrap that cannot start (here a stand-in saying what a
+    kernel without unprivileged user namespaces says) gives the reason in one line."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    reason = sandbox.unavailable.__wrapped__()
+    assert reason == "bwrap cannot start a sandbox here (bwrap: No permissions to create new namespace)"
