@@ -58,6 +58,7 @@ ESCAPES = {
     "writes /usr": "open('/usr/escaped', 'w')",
     "writes the sandbox's root": "open('/escaped', 'w')",
     "reads this repository": f"open({str(Path(__file__).resolve())!r}).read()",
+    "reads the host's root through /proc/1/root": "open('/proc/1/root/etc/passwd').read()",
     "lists the host's processes": f"import os\nassert os.path.exists('/proc/{os.getpid()}')",
     "reads /sys": "import os\nassert os.listdir('/sys')",
     "connects to the loopback": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)",
