@@ -346,3 +346,28 @@ def test_a_decoder_swept_by_its_own_option_gets_one_point_per_value():
     assert [(knob, value) for knob, value, _ in points] == [("entropy_bound", 0.05), ("entropy_bound", 1.5)]
     assert [c.decoder_options for _, _, c in points] == [{"entropy_bound": 0.05}, {"entropy_bound": 1.5}]
     assert all(c.decoder == "entropy_bound" for _, _, c in points)
+
+
+def test_peers_table_at_identical_tokens(tmp_path, capsys):
+    """benchmarks/peers.py in a tiny configuration: every row of the table, the peers' own code
+    (transformers' DiffusionGemma generate, diffusers' LLaDA2Pipeline) at the engine's tokens on
+    every prompt, the profile's forwards counted alike on both sides. Never the timings."""
+    pytest.importorskip("diffusers")
+    from benchmarks import peers
+
+    argv = ["--gemma-prompts", "2", "--llada2-prompts", "1", "--llada2-prompt-length", "8", "--llada2-gen-length", "16",
+            "--repeats", "1", "--warmup", "1", "--profile", "--json", str(tmp_path / "peers.json")]
+    assert peers.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("| row | peer | settings | tokens identical |")
+    rows = [line for line in lines[2:] if line.startswith("| ") and "side" not in line][:4]
+    assert [r.split(" | ")[0][2:] for r in rows] == ["DiffusionGemma uniform", "LLaDA2 threshold, prefix cache", "LLaDA2 threshold, no cache", "LLaDA2 edit"]
+    assert all(" | yes (" in r and r.rstrip().endswith(") |") and "x (" in r for r in rows)
+    doc = json.loads((tmp_path / "peers.json").read_text())
+    assert [(s["prompts"], s["identical"]) for s in doc["rows"]] == [(2, 2), (1, 1), (1, 1), (1, 1)]
+    assert all(s["tokens"] > 0 and len(s["engine_passes"]) == len(s["peer_passes"]) == 1 for s in doc["rows"])
+    sides = {(p["row"], p["side"]): p for p in doc["profile"]}
+    assert len(sides) == 8 and all(p["forwards"] > 0 and 0 <= p["network_s"] <= p["seconds"] for p in sides.values())
+    # the same prompts make the same forwards on both sides where both run one forward per step
+    assert sides["DiffusionGemma uniform", "engine"]["forwards"] == sides["DiffusionGemma uniform", "peer"]["forwards"]
+    assert peers.main(["--peers", "vllm"]) == 2
