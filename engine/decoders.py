@@ -195,6 +195,9 @@ class Decoder:
     # True for a decoder that needs WINO's shadow block (engine/shadow.py): the cache manager
     # runs that forward and `Block.shadow_logits` carries the shadow's logits.
     shadow_block: ClassVar[bool] = False
+    # The reference implementations whose own loop runs this rule (engine/reference.py records
+    # their runs into a trace): "transformers", "diffusers".
+    references: ClassVar[tuple[str, ...]] = ()
     # Forwards a block may take beyond one per position (the loop's guard against no progress).
     extra_forwards: int = 0
 
@@ -311,6 +314,7 @@ class ThresholdDecoder(Decoder):
     """
 
     name = "threshold"
+    references = ("diffusers",)  # LLaDA2Pipeline without an editing threshold
     explanation = (
         "**Threshold (Fast-dLLM, dInfer).** Every masked position of the current block whose top-1 "
         "probability reaches τ is committed in the same iteration; if none does, the single most "

@@ -29,7 +29,8 @@ import torch
 from .cache import block_causal_mask
 from .config import GenerationConfig
 from .errors import EngineError
-from .registry import decoder_class
+from .kinds import KINDS
+from .registry import builtin_decoder_names, decoder_class
 from .trace import TRACE_VERSION, Trace
 
 REFERENCES = ("transformers", "diffusers")
@@ -41,7 +42,11 @@ _READS = {
     "transformers": {"gen_length", "block_length", "decoder", "seed", "use_chat_template", "decoder_options"},
     "diffusers": {"gen_length", "block_length", "decoder", "threshold", "temperature", "seed", "early_stop", "use_chat_template", "decoder_options"},
 }
-_DECODERS = {"transformers": ("uniform",), "diffusers": ("threshold", "edit")}
+
+
+def reference_decoders(reference: str) -> list[str]:
+    """The built-in decoders whose rule `reference`'s own loop runs (each decoder's `references`)."""
+    return [name for kind in KINDS for name in builtin_decoder_names(kind) if reference in decoder_class(name).references]
 
 
 def check_settings(reference: str, config: GenerationConfig) -> None:
@@ -49,8 +54,9 @@ def check_settings(reference: str, config: GenerationConfig) -> None:
     setting it has no counterpart for."""
     if reference not in REFERENCES:
         raise EngineError(f"unknown reference '{reference}'; choose from {', '.join(REFERENCES)}")
-    if config.decoder not in _DECODERS[reference]:
-        raise EngineError(f"the {reference} reference runs {' or '.join(_DECODERS[reference])}, not decoder '{config.decoder}'")
+    decoders = reference_decoders(reference)
+    if config.decoder not in decoders:
+        raise EngineError(f"the {reference} reference runs {' or '.join(decoders)}, not decoder '{config.decoder}'")
     default = GenerationConfig()
     changed = [f for f in config.to_dict() if f not in _READS[reference] and getattr(config, f) != getattr(default, f)]
     if changed:

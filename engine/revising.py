@@ -49,6 +49,7 @@ class EditDecoder(Decoder):
     """
 
     name = "edit"
+    references = ("diffusers",)  # LLaDA2Pipeline with an editing threshold
     revises = True
     row_wise = True
     explanation = (

@@ -259,6 +259,8 @@ class RunHandlers(TabHandlers):
             return {"readout": message_readout(frame.message), "message": message}
         if frame.stage == "busy":  # a heartbeat: says what is slow, or nothing (the page is still painting)
             return {"message": progress_line(f"{frame.message} ({frame.wall:.0f} s)", note)} if frame.message else {}
+        if frame.stage == "stopped":
+            return self._stopped_view(frame, described, prompt, pinned, model)
         if frame.timeline is None:  # failed before the engine started: no run to show
             return self.no_run_view(error_text(frame.message))
         tl, last, expected = frame.timeline, frame.shown - 1, frame.timeline.expected
@@ -298,26 +300,35 @@ class RunHandlers(TabHandlers):
             return outputs(RUN_VIEW, {})
         return self.stop(state, pinned)
 
-    @guarded(RUN_VIEW)
     def stop(self, state: RunState | None, pinned: int | None = None) -> tuple:
-        """Stop: the engine is cancelled (the click's `cancels`) and the run stays on the page with
-        whatever it produced: every record the engine made, readable and scrubbable, marked
-        "stopped at iteration k"; a run the engine had finished (only its playback was left) stays
-        whole, as finished."""
-        if state is None or state.status != LIVE:
+        """Stop: a live run's stream is halted (runner.LiveRun.halt: the engine is cancelled, and
+        the stream's last frame is the stopped run, `_stopped_view`); this waits for that frame to
+        go, so the click's follow-up cancel (of a run still queued, of Compare or Sweep) never cuts
+        it off. Nothing live: the message says the engine is free."""
+        if state is None or state.status != LIVE or state.live is None:
             return outputs(RUN_VIEW, {"message": self.stopped()})
-        live = state.live
+        state.live.halt()
+        return outputs(RUN_VIEW, {})
+
+    def _stopped_view(self, frame: Frame, described: str, prompt: str, pinned: int | None, model: str) -> dict[str, Any]:
+        """The stream's last frame after Stop: the run stays on the page with whatever it produced:
+        every record the engine made, readable and scrubbable, marked "stopped at iteration k"; a
+        run the engine had finished (only its playback was left) stays whole, as finished."""
+        live, tl = frame.live, frame.timeline
+        if tl is None:
+            return self.no_run_view("stopped before the engine started: the engine is free for the next run")
+        expected = tl.expected
         if live is not None and live.engine_done:
             tl = Timeline(live.result.output.trace)
-            shown = RunState(tl, state.expected, FINISHED, state.model, state.prompt, live.result.text)
+            shown = RunState(tl, expected, FINISHED, model, prompt, live.result.text)
             message = f"stopped the playback: the engine had finished, and its whole run ({plural(tl.iterations, 'iteration')}) stays here to scrub"
         else:
-            tl = frozen(state.timeline)
-            shown = RunState(tl, state.expected, STOPPED, state.model, state.prompt)
+            tl = frozen(tl)
+            shown = RunState(tl, expected, STOPPED, model, prompt)
             message = f"stopped at iteration {tl.iterations}: the engine ends its current iteration and is free for the next run; the iterations it ran stay here to scrub"
-        out = shown_view(shown, tl.iterations - 1, message, pinned)
+        out = shown_view(shown, tl.iterations - 1, message, pinned, note=described, wall=frame.wall)
         out["download"] = self._write_trace(tl.trace)
-        return outputs(RUN_VIEW, out)
+        return out
 
     def _write_trace(self, trace: Trace) -> str:
         """The trace as a JSON file for the download button."""
@@ -450,9 +461,8 @@ class RunHandlers(TabHandlers):
         except (EngineError, TypeError, ValueError):
             return out
         named = set(trace.config or {})
-        for c in all_controls():
-            key = c.field.split(".", 1)[0]
-            if key in named:
+        for c in all_controls():  # a plug-in registered after the page was built has no box here
+            if c.field.split(".", 1)[0] in named and f"cfg:{c.field}" in LOAD_VIEW:
                 out[f"cfg:{c.field}"] = control_value(c, config)
         return out
 

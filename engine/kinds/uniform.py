@@ -64,6 +64,7 @@ class UniformSampler(Decoder):
 
     name = UNIFORM
     kind = UNIFORM
+    references = ("transformers",)  # DiffusionGemma's generate
     explanation = (
         "**Uniform-state diffusion (DiffusionGemma).** Every position always holds a token: a canvas "
         "starts as uniformly random tokens (dimmed). Each step the model proposes a token for every "
