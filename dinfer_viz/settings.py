@@ -310,6 +310,7 @@ def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callab
     for key, value in sorted((k, v) for k, v in model.items() if k not in ("path", "device", "dtype")):
         if key not in offered:
             raise EngineError(f"unknown model setting '{key}'; known: path, device, dtype, {', '.join(offered)}")
+        offered[key].declared.check(value)  # tp_size -1 is refused, not taken for "off"
         if offered[key].declared.is_set(value):
             if not offered[key].available:
                 raise EngineError(f"{offered[key].label} is unavailable: {offered[key].reason}")

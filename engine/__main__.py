@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from .cache_modes import cache_modes
-from .cli import DEFAULT_MODEL, OneLineParser, checked_device, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from .cli import DEFAULT_MODEL, OneLineParser, check_threads, checked_device, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from .config import GenerationConfig, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
@@ -78,10 +78,23 @@ def config_from_args(args: argparse.Namespace) -> GenerationConfig:
 
 
 def check_writable(path: Path) -> None:
-    """Refuse an unwritable --trace path before generating (not after the whole generation)."""
+    """Refuse an unwritable --trace path before generating (not after the whole generation); an
+    existing path must be a regular file (a FIFO would block the write, a device swallow it)."""
     folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise EngineError(f"cannot write the trace to {path}: not a writable file in an existing folder")
+    try:
+        bad = path.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or (path.exists() and not (path.is_file() and os.access(path, os.W_OK)))
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+        raise EngineError(f"cannot write the trace to {str(path)[:200]}: {getattr(exc, 'strerror', None) or exc}") from None
+    if bad:
+        raise EngineError(f"cannot write the trace to {str(path)[:200]}: not a writable regular file in an existing folder")
+
+
+def write_trace(path: Path, text: str) -> None:
+    """The trace written, or one line saying why not (a full disk, a quota)."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise EngineError(f"cannot write the trace to {str(path)[:200]}: {exc.strerror or exc}") from None
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -94,8 +107,7 @@ def _generate(args: argparse.Namespace) -> int:
     system = system_kwargs(args)
     if args.trace:
         check_writable(Path(args.trace))
-    if args.threads is not None and args.threads < 1:
-        raise EngineError(f"threads must be >= 1, got {args.threads}")
+    check_threads(args.threads)
     runtime = apply_runtime(args)
     # before the engine: --tp/--ep worker processes share this process's threads (engine/runtime/workers.py)
     set_cpu_threads(model_skeleton(args.model), args.threads)
@@ -108,7 +120,7 @@ def _generate(args: argparse.Namespace) -> int:
     if engine.rank != 0:  # a launched job's other ranks hold the same output: rank 0 speaks for the job
         return 0
     if args.trace:
-        Path(args.trace).write_text(out.trace.to_json())
+        write_trace(Path(args.trace), out.trace.to_json())
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": out.token_ids[0], **out.stats.to_dict()}))
     else:
@@ -126,7 +138,7 @@ def _record(args: argparse.Namespace) -> int:
     check_settings(args.reference, config)  # before the (slow) model load
     check_writable(Path(args.trace))
     trace = record_reference(args.reference, args.model, args.prompt, config, device=args.device)
-    Path(args.trace).write_text(trace.to_json())
+    write_trace(Path(args.trace), trace.to_json())
     print(f"[{args.reference}: {len(trace.iterations)} steps, trace written to {args.trace}]", file=sys.stderr)
     return 0
 
@@ -221,9 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except EngineError as exc:
-        if first_on_its_node():
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    # what the operating system or Python's number and text handling refuse, past every check
+    except (OSError, UnicodeError, OverflowError, MemoryError) as exc:
+        message = f"{type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        message = "interrupted"
+    if first_on_its_node():
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)  # one line, whatever the message held
+    return 2
 
 
 if __name__ == "__main__":

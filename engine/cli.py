@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import typing
 from pathlib import Path
 
@@ -32,6 +33,14 @@ def set_cpu_threads(model: torch.nn.Module, requested: int | None) -> int:
     threads = requested or cpu_threads_for(sum(p.numel() for p in model.parameters()))
     torch.set_num_threads(threads)
     return threads
+
+
+def check_threads(requested: int | None) -> None:
+    """--threads: at least 1 and at most this machine's CPUs (far more threads than cores only
+    slows every op, and tens of thousands fail inside the thread pools, even with a crash)."""
+    most = os.cpu_count() or 1
+    if requested is not None and not 1 <= requested <= most:
+        raise EngineError(f"threads must be >= 1 and at most {most} (this machine's CPUs), got {requested}")
 
 
 def checked_device(value: str) -> str:
@@ -89,4 +98,6 @@ def system_kwargs(args: argparse.Namespace) -> dict[str, typing.Any]:
     degrees = [o for o in system_options() if o.kind is int]
     if any(values[o.name] < 1 for o in degrees):
         raise EngineError(f"{' and '.join(o.flag for o in degrees)} must be >= 1, got {' and '.join(str(values[o.name]) for o in degrees)}")
+    for option in system_options():  # the declared bounds (engine/system_options.py)
+        option.check(values[option.name])
     return values

@@ -16,9 +16,19 @@ REMASKING = ("low_confidence", "random")
 ANCHORS = ("confidence", "centre")
 
 
-def _setting(default: Any, help: str) -> Any:
-    """A GenerationConfig field with its one-line help: the CLI's --help and the app's controls read it."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def _setting(default: Any, help: str, least: int | None = None, most: int | str | None = None) -> Any:
+    """A GenerationConfig field with its one-line help: the CLI's --help and the app's controls read it.
+    `least`/`most`: its declared range (inclusive), checked by `validate`; `most` may name another
+    field ("gen_length") or "canvas" (the prompt plus gen_length, checked by `run.check_canvas`):
+    past the canvas a count can change nothing, and a request's work stays bounded by its size."""
+    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most})
+
+
+def relative_bound(name: str, reference: int) -> int:
+    """A count bounded by another length (`most` names it): at most that length, or the field's
+    default where the default is larger (a default is always valid, also on a tiny canvas)."""
+    default = next(f.default for f in dataclasses.fields(GenerationConfig) if f.name == name)
+    return max(reference, default if isinstance(default, int) else 0)
 
 
 def setting_help(name: str) -> str:
@@ -42,7 +52,7 @@ class GenerationConfig:
     block_length: int = _setting(32, "blocks are decoded left to right; parallel decoding happens inside a block")
     decoder: str = _setting("threshold", "which masked positions to commit each iteration")
     threshold: float = _setting(0.9, "commit every masked position with confidence >= it (and always the most confident one)")
-    steps: int | None = _setting(None, "fixed decoder: total steps over the generation, a multiple of the number of blocks (none: one token per step)")
+    steps: int | None = _setting(None, "fixed decoder: total steps over the generation, a multiple of the number of blocks (none: one token per step)", most="gen_length")
     remasking: str = _setting("low_confidence", "fixed decoder: commit the most confident positions, or random ones")
     temperature: float = _setting(0.0, "0 = greedy (argmax); > 0 samples with Gumbel noise")
     seed: int = _setting(0, "seeds sampling and random remasking")
@@ -53,10 +63,10 @@ class GenerationConfig:
     credit_gamma: float = _setting(0.2, "credit: the top-1 token gains p^gamma each iteration")
     factor: float = _setting(1.0, "factor (Fast-dLLM): commit the n best while the n-th clears 1 - factor/(n+1)")
     cache: str = _setting("none", "which K/V each forward recomputes and which it reuses")
-    prefix_look: int = _setting(16, "vicinity: the window starts this many positions before the block")
-    after_look: int = _setting(16, "vicinity: the window ends this many positions after the block")
-    warmup: int = _setting(4, "vicinity: uncached full forwards at the start of a request")
-    refresh_every: int | None = _setting(None, "cached modes: an extra full refresh every N iterations (none: off)")
+    prefix_look: int = _setting(16, "vicinity: the window starts this many positions before the block", least=0, most="canvas")
+    after_look: int = _setting(16, "vicinity: the window ends this many positions after the block", least=0, most="canvas")
+    warmup: int = _setting(4, "vicinity: uncached full forwards at the start of a request", least=0, most="gen_length")
+    refresh_every: int | None = _setting(None, "cached modes: an extra full refresh every N iterations (none: off)", least=1, most="gen_length")
     persist_window: bool = _setting(False, "vicinity: write the recomputed window back into the cache (dInfer discards it)")
     measure_staleness: bool = _setting(False, "cached modes: compare every cached forward with an exact one (KL, top-1 agreement); slower, excluded from timings")
     smoothing: bool = _setting(False, "feed still-masked positions a mix of [MASK] and the expected embedding of the last prediction")
@@ -65,8 +75,8 @@ class GenerationConfig:
     cont_weight_growth: float = _setting(0.02, "smoothing: mixing weight added per iteration")
     threshold_decay: float = _setting(0.02, "smoothing: the threshold starts at 1 and falls to the decoder's by this much per iteration")
     unroll: bool = _setting(False, "queue several iterations per host check (fewer device syncs)")
-    expected_tpf: int = _setting(4, "unroll: iterations queued = masks left / expected TPF")
-    max_unroll: int = _setting(8, "unroll: at most this many iterations per host check")
+    expected_tpf: int = _setting(4, "unroll: iterations queued = masks left / expected TPF", least=1, most="gen_length")
+    max_unroll: int = _setting(8, "unroll: at most this many iterations per host check", least=1, most="gen_length")
     align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
     early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
     use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
@@ -124,10 +134,8 @@ class GenerationConfig:
             f"steps ({steps}) must be a positive multiple of the number of blocks ({self.num_blocks()})",
         )
         need(self.cache in cache_mode_names(), f"unknown cache mode '{self.cache}'; choose from {', '.join(cache_mode_names())}")
-        need(min(self.prefix_look, self.after_look, self.warmup) >= 0, "prefix_look, after_look and warmup must be >= 0")
-        need(self.refresh_every is None or self.refresh_every >= 1, "refresh_every must be >= 1")
+        self._check_ranges()
         need(0.0 <= self.cont_weight <= 1.0, f"cont_weight must be in [0, 1], got {self.cont_weight}")
-        need(self.expected_tpf >= 1 and self.max_unroll >= 1, "expected_tpf and max_unroll must be >= 1")
         need(
             0.0 < self.credit_beta <= 1.0 and self.credit_alpha >= 0.0 and self.credit_gamma >= 0.0,
             "credit_beta must be in (0, 1], credit_alpha and credit_gamma >= 0",
@@ -139,6 +147,23 @@ class GenerationConfig:
         )
         need(0.0 <= self.threshold_decay <= 1.0, f"threshold_decay must be in [0, 1], got {self.threshold_decay}")
         return self
+
+    def _check_ranges(self) -> None:
+        """The declared ranges (`_setting`'s least/most). A count past the generation length can
+        change nothing (more fixed steps than positions commit nothing; more warm-up, refresh or
+        unroll iterations than the run has never happen), so it is refused, not silently kept."""
+        for f in dataclasses.fields(self):
+            value, least, most = getattr(self, f.name), f.metadata.get("least"), f.metadata.get("most")
+            if value is None:
+                continue
+            if least is not None and value < least:
+                raise EngineError(f"{f.name} must be >= {least}, got {value}")
+            if isinstance(most, str) and most != "canvas":
+                bound = relative_bound(f.name, getattr(self, most))
+                if value > bound:
+                    raise EngineError(f"{f.name} must be at most {bound} ({most} {getattr(self, most)}): more can change nothing, got {value}")
+            elif isinstance(most, int) and value > most:
+                raise EngineError(f"{f.name} must be <= {most}, got {value}")
 
     def _check_types(self) -> None:
         """Every field of its declared type (int for float is fine), floats finite: a JSON or
@@ -159,3 +184,7 @@ class GenerationConfig:
             )
             if not ok:
                 raise EngineError(f"{f.name} must be {TYPE_NAMES.get(base, base.__name__)}, got {str(value)[:40]!r}")
+
+
+# the fields whose declared bound is the canvas (prompt + gen_length), known only with the prompt
+CANVAS_BOUNDED = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.metadata.get("most") == "canvas")

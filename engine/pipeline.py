@@ -80,6 +80,15 @@ def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp
     return Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, tp_size=tp_size, ep_size=ep_size, compile=compile)._generate_here
 
 
+def check_text(text: str) -> None:
+    """Text every tokenizer can take: a lone surrogate (JSON's "\\ud800", or a command-line
+    argument's bytes that are not UTF-8) is a Python string no tokenizer or UTF-8 writer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EngineError(f"the prompt is not valid text: character {exc.start} is {text[exc.start]!r}, a lone surrogate (bytes that are not UTF-8?)") from None
+
+
 class Engine:
     """A loaded model with its tokenizer: `Engine(path).generate("Q: 48+57=? A:", config)`."""
 
@@ -156,6 +165,7 @@ class Engine:
     def encode(self, prompt: str, use_chat_template: bool = True) -> list[int]:
         if not prompt or not prompt.strip():
             raise EngineError("empty prompt")
+        check_text(prompt)
         if use_chat_template and getattr(self.tokenizer, "chat_template", None):
             ids = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
@@ -169,6 +179,7 @@ class Engine:
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is None or not prompt:
             return []
+        check_text(prompt)
         try:
             encoded = self.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
         except (NotImplementedError, ValueError):  # slow tokenizers have no offsets

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from .config import GenerationConfig
+from .config import CANVAS_BOUNDED, GenerationConfig, relative_bound
 from .errors import EngineError
 from .hooks import CancelFlag, RunHooks
 from .models.base import DiffusionLM, ForwardCounters
@@ -68,6 +68,10 @@ def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: Generatio
                 f"the canvas (prompt {max(len(p) for p in prompts)} + gen_length {config.gen_length} = {canvas} tokens) "
                 f"exceeds {why} ({limit}); shorten the prompt or the generation length"
             )
+    for name in CANVAS_BOUNDED:  # a window past the canvas can change nothing (engine/config.py: `_setting`)
+        bound, value = relative_bound(name, canvas), getattr(config, name)
+        if value > bound:
+            raise EngineError(f"{name} must be at most {bound} (the canvas, prompt + gen_length): more can change nothing, got {value}")
 
 
 def sync(device: torch.device) -> None:

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import EngineError
+
+MAX_DEGREE = 64  # worker processes one engine may start (tp_size, ep_size)
+
 
 @dataclass(frozen=True)
 class SystemOption:
@@ -35,6 +39,16 @@ class SystemOption:
     def off(self) -> bool | int:
         """The value that leaves the option out (what Engine takes by default)."""
         return 1 if self.kind is int else False
+
+    def check(self, value: Any) -> None:
+        """EngineError unless `value` is one this option takes: a switch true or false, a degree a
+        whole number in 1..MAX_DEGREE (the app's JSON and gradio_client send anything)."""
+        if self.kind is bool:
+            ok, want = isinstance(value, bool), "true or false"
+        else:
+            ok, want = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DEGREE, f"a whole number in 1..{MAX_DEGREE}"
+        if not ok:
+            raise EngineError(f"{self.name} must be {want}, got {str(value)[:40]!r}")
 
     def is_set(self, value: Any) -> bool:
         """Whether `value` asks for anything beyond the default (a degree above 1, a switch on)."""

@@ -161,6 +161,8 @@ class Trace:
         _need(isinstance(self.final, list) and all(_int_list(r) for r in self.final), "final must be a list of rows of integers")
         _need(isinstance(self.tokens, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in self.tokens.items()), "tokens must map id strings to strings")
         _need(isinstance(self.config, dict) and isinstance(self.stats, dict) and isinstance(self.model, str), "config and stats must be objects and model a string")
+        # the views do arithmetic on every stat (a string there broke them with a TypeError)
+        _need(all(isinstance(k, str) and (v is None or _is_number(v)) for k, v in self.stats.items()), "stats must map names to numbers")
         _need(_is_number(self.trace_seconds), "trace_seconds must be a number")
         _need(self.expected is None or (isinstance(self.expected, list) and len(self.expected) == rows and all(map(_int_list, self.expected))), "expected must be one list of integers per row")
         for i, rec in enumerate(self.iterations):

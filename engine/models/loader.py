@@ -37,11 +37,15 @@ def family_names() -> list[str]:
 
 def resolve_model_path(path: str | os.PathLike) -> Path:
     """A local folder as is; an `org/name` hub id through huggingface_hub (needs a network)."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
     text = str(path)
-    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not local.exists()
+    try:
+        local = Path(path).expanduser()
+        if local.is_dir():
+            return local
+        exists = local.exists()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+        raise EngineError(f"model folder not found: {text[:200]}{'...' if len(text) > 200 else ''} ({getattr(exc, 'strerror', None) or exc})") from None
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not exists
     if not looks_like_hub_id:
         raise EngineError(f"model folder not found: {text}")
     try:
@@ -51,7 +55,8 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
             snapshot_download(text, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.py"])
         )
     except Exception as exc:  # network, auth or unknown repo: one message either way
-        raise EngineError(f"model folder not found and hub download of '{text}' failed: {exc}") from exc
+        # the hub's messages run over several lines; the caller's error is one
+        raise EngineError(f"model folder not found and hub download of '{text}' failed: {' '.join(str(exc).split())}") from exc
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -66,11 +71,35 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 def _read_json(file: Path) -> Any:
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(file.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EngineError(f"{file} is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # NaN, Infinity (which Python's parser takes) or a number too long
         raise EngineError(f"{file} is not valid JSON: {exc}") from exc
     except OSError as exc:
         raise EngineError(f"cannot read {file}: {exc.strerror or exc}") from exc
+
+
+def _no_constant(name: str) -> Any:
+    """json's NaN / Infinity literals are not JSON; a config holding one would load and decode
+    nothing (a NaN threshold or scale), so it is refused by name."""
+    raise ValueError(f"it holds {name}, which is not a JSON number")
+
+
+def check_special_ids(model: DiffusionLM, file: Path) -> None:
+    """The mask (masked kind) and end-of-text ids name rows of the embedding; an id outside it
+    would fail inside the loop's first forward, so it is refused at load."""
+    vocab = model.embedding_weight().shape[0]
+    try:
+        named = {"eos_token_id": list(model.eos_token_ids)}
+        if model.diffusion_kind == "masked":
+            named["mask_token_id"] = [model.mask_token_id]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"{file} lacks a usable special token id: {type(exc).__name__}: {exc}") from None
+    for name, ids in named.items():
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise EngineError(f"{file}: {name} {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
 
 def _open_safetensors(file: Path):
@@ -277,7 +306,13 @@ def load_state_dict(
             if lazy.shape != tuple(want.shape):
                 raise EngineError(f"tensor {name} {origin} has shape {lazy.shape}, config.json implies {tuple(want.shape)}")
             target = torch.float32 if name.endswith(fp32_suffixes) else dtype
-            state[name] = lazy.read(cuts.get(name)).to(device=device, dtype=target)
+            stored = lazy.read(cuts.get(name))
+            if want.is_floating_point() and not stored.is_floating_point():
+                raise EngineError(f"tensor {name} {origin} is {str(stored.dtype).removeprefix('torch.')}, not floating point: the checkpoint is not a model's weights")
+            state[name] = stored.to(device=device, dtype=target)
+            # a NaN or inf weight (or one past the dtype's range) makes every logit NaN: nothing decodes
+            if state[name].is_floating_point() and not bool(torch.isfinite(state[name]).all()):
+                raise EngineError(f"tensor {name} {origin} holds values that are not finite in {str(target).removeprefix('torch.')}")
     return state
 
 
@@ -298,6 +333,7 @@ def _skeleton(path: str | os.PathLike) -> tuple[Path, DiffusionLM]:
         raise
     except Exception as exc:  # a field of the wrong type or value that the family's checks missed
         raise EngineError(f"{folder / 'config.json'} does not describe a {cls.__name__}: {type(exc).__name__}: {exc}") from exc
+    check_special_ids(model, folder / "config.json")
     model.name_or_path = str(path)
     return folder, model.eval().requires_grad_(False)
 

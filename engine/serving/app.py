@@ -33,6 +33,11 @@ from .streaming import RowText, sse
 from .traces import CANCELLED, DONE, FAILED, RUNNING, TraceStore
 
 DEFAULT_MAX_PENDING = 64  # rows queued or decoding at once; more are refused (503), not queued without bound
+RETRY_AFTER_SECONDS = 1  # what a 503 (busy, or shutting down) tells a client to wait
+# what Python's parser, number and text handling raise on a hostile body or field (a number of
+# 5000 digits, nesting 100000 deep, a lone surrogate): the client's input, so a 400, never a 500
+BAD_INPUT_ERRORS = (ValueError, UnicodeError, OverflowError, RecursionError)
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class HTTPError(Exception):
@@ -42,8 +47,11 @@ class HTTPError(Exception):
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    """OpenAI's error shape, the message on one line."""
-    return JSONResponse({"error": {"message": " ".join(message.split()), "type": kind, "param": None, "code": None}}, status_code=status)
+    """OpenAI's error shape, the message on one line and encodable (a request's lone surrogate,
+    quoted back in its message, is written as its escape); a 503 says when to retry."""
+    safe = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+    return JSONResponse({"error": {"message": safe, "type": kind, "param": None, "code": None}}, status_code=status, headers=headers)
 
 
 def encode_prompt(engine: Engine, prompt: str | list[dict[str, str]], use_chat_template: bool) -> list[int]:
@@ -89,6 +97,7 @@ class RowSinkToLoop:
         self._post("finished", result)
 
     def failed(self, message: str) -> None:
+        message = SHUTTING_DOWN if self.server.stopping else message
         self.server.traces.ended(self.trace_id, CANCELLED if self.cancel.is_set() else FAILED, message)
         self.server.row_ended()
         self._post("failed", message)
@@ -115,6 +124,8 @@ class Server:
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._watchers: set[asyncio.Task] = set()  # disconnect watchers, referenced until they end
+        self._cancels: set[threading.Event] = set()  # the cancel flags of the requests in flight
+        self.stopping = False
 
     @property
     def pending(self) -> int:
@@ -125,7 +136,17 @@ class Server:
         with self._pending_lock:
             self._pending -= 1
 
+    def stop(self) -> None:
+        """Shutting down (SIGINT/SIGTERM): refuse new requests (503) and cancel those in flight, so
+        each stream ends with an error event at the engine's next cancel check and the server's
+        graceful shutdown does not wait on whole generations."""
+        self.stopping = True
+        for cancel in list(self._cancels):
+            cancel.set()
+
     def _reserve(self, rows: int) -> None:
+        if self.stopping:
+            raise HTTPError(503, SHUTTING_DOWN, "server_busy")
         with self._pending_lock:
             if self._pending + rows > self.max_pending:
                 raise HTTPError(503, f"the server is busy: {self._pending} rows in flight, at most {self.max_pending}; retry later", "server_busy")
@@ -138,14 +159,21 @@ class Server:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise HTTPError(413, f"the request body has {declared} bytes; this server takes at most {limit}")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise HTTPError(413, f"the request body is over {limit} bytes, this server's limit")
+
+        async def read() -> None:
+            async for chunk in request.stream():
+                body.extend(chunk)
+                if len(body) > limit:
+                    raise HTTPError(413, f"the request body is over {limit} bytes, this server's limit")
+
+        try:  # a client that sends fewer bytes than its Content-Length says holds no slot for long
+            await asyncio.wait_for(read(), self.limits.body_seconds)
+        except asyncio.TimeoutError:
+            raise HTTPError(408, f"the request body did not arrive within {self.limits.body_seconds:g} s") from None
         try:
             return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HTTPError(400, f"the request body is not JSON: {exc}") from None
+        except BAD_INPUT_ERRORS as exc:  # JSONDecodeError, bad UTF-8, a 5000-digit number, deep nesting
+            raise HTTPError(400, f"the request body is not JSON this server can read: {exc}") from None
 
     def watch_disconnect(self, request: Request, cancel: threading.Event, trace_ids: list[str]) -> None:
         """When the client goes: set `cancel` and mark its running rows cancelled (uvicorn also
@@ -175,6 +203,7 @@ class Server:
         self._reserve(len(encoded))
         request_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
         cancel, events = threading.Event(), asyncio.Queue()
+        self._cancels.add(cancel)
         loop = asyncio.get_running_loop()
         key = batch_key(parsed.config, self.engine.path)
         rows = []
@@ -184,7 +213,7 @@ class Server:
             self.batcher.submit(BatchRequest(ids, parsed.config, cancel, RowSinkToLoop(self, i, row.trace_id, cancel, loop, events), key))
         self.watch_disconnect(request, cancel, [r.trace_id for r in rows])
         headers = {"X-Trace-Ids": ",".join(r.trace_id for r in rows)}
-        reply = Reply(self, parsed, request_id, rows, events)
+        reply = Reply(self, parsed, request_id, rows, events, done=lambda: self._cancels.discard(cancel))
         if parsed.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         body = await reply.whole()
@@ -194,8 +223,9 @@ class Server:
 class Reply:
     """The answer to one request: its rows' events turned into one JSON body or a stream of chunks."""
 
-    def __init__(self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue) -> None:
+    def __init__(self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, done: Callable[[], None]) -> None:
         self.server, self.parsed, self.id, self.rows, self.events = server, parsed, request_id, rows, events
+        self.done = done  # called once every row has ended
         self.created = int(time.time())
         self.forwards = 0
 
@@ -218,6 +248,8 @@ class Reply:
             elif kind == "failed":
                 row.error = str(value)
                 open_rows -= 1
+            if not open_rows:
+                self.done()
             yield row, kind, value
 
     def usage(self) -> dict[str, int]:
@@ -250,6 +282,8 @@ class Reply:
             pass
         failed = [r for r in self.rows if r.error is not None]
         if failed:
+            if failed[0].error == SHUTTING_DOWN:
+                raise HTTPError(503, SHUTTING_DOWN, "server_busy")
             raise HTTPError(500, failed[0].error or "failed", "server_error")
         choices = []
         for row in self.rows:
@@ -309,6 +343,11 @@ def create_app(
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError):
         return error_response(413 if isinstance(exc, TooLarge) else 400, str(exc))
+
+    for bad_input in BAD_INPUT_ERRORS:  # raised while a request is read and checked, before it queues
+        @app.exception_handler(bad_input)
+        async def _bad_input(request: Request, exc: Exception):
+            return error_response(400, f"the request cannot be read: {type(exc).__name__}: {exc}"[:300])
 
     @app.get("/v1/models")
     async def models():

@@ -21,11 +21,12 @@ class RequestLimits:
     max_gen_length: int = DEFAULT_MAX_GEN_LENGTH
     max_body_bytes: int = 1 << 20  # a request body's bytes, read before any parsing
     max_prompts: int = 16  # prompts in one completions request (each is one batch row)
+    body_seconds: float = 30.0  # the whole body must arrive within this (a client that stalls or lies about its length: 408)
 
     def __post_init__(self) -> None:
-        for name in ("max_prompt_chars", "max_gen_length", "max_body_bytes", "max_prompts"):
-            if getattr(self, name) < 1:
-                raise EngineError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_prompt_chars", "max_gen_length", "max_body_bytes", "max_prompts", "body_seconds"):
+            if not getattr(self, name) > 0:
+                raise EngineError(f"{name} must be positive, got {getattr(self, name)}")
 
     def check(self, prompt_chars: int, config: GenerationConfig) -> None:
         """A prompt's characters (all of a chat's messages) and the config's generation length."""

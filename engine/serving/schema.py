@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +101,7 @@ def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> Generat
     if max_tokens is not None and "gen_length" not in settings:
         block = settings.get("block_length", GenerationConfig.block_length)
         if isinstance(block, int) and not isinstance(block, bool) and block >= 1:
-            settings["gen_length"] = math.ceil(max_tokens / block) * block
+            settings["gen_length"] = -(-max_tokens // block) * block  # whole numbers: a huge max_tokens is no float overflow
     return GenerationConfig.from_dict(settings)
 
 
