@@ -8,6 +8,7 @@ how long something took.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -98,6 +99,20 @@ CLI_CASES = {
     "trace into /proc": (["--trace", "/proc/nonexistent/t.json"], "cannot write the trace"),
     "trace into a folder": (["--trace", "/tmp"], "cannot write the trace"),
     "empty prompt": (["--prompt", "   "], "empty prompt"),
+    # counts past the canvas change nothing: refused by the declared bounds (engine/config.py)
+    "max unroll a billion": (["--unroll", "--max-unroll", "1000000000"], "max_unroll must be at most"),
+    "warmup a billion": (["--cache", "vicinity", "--warmup", "1000000000"], "warmup must be at most"),
+    "prefix look a billion": (["--cache", "vicinity", "--prefix-look", "1000000000"], "prefix_look must be at most"),
+    "steps a million": (["--decoder", "fixed", "--steps", "1000000"], "steps must be at most"),
+    "post-edit steps a billion": (["--decoder", "edit", "--max-post-edit-steps", "1000000000"], "max_post_edit_steps must be in [0, 256]"),
+    "edit threshold -5": (["--decoder", "edit", "--edit-threshold", "-5"], "edit_threshold must be in [0, 1]"),
+    "entropy bound -1": (["--decoder", "entropy_bound", "--entropy-bound", "-1"], "entropy_bound must be >= 0"),
+    "threads a hundred thousand": (["--threads", "100000"], "this machine's CPUs"),
+    "tp degree a million": (["--tp", "1000000"], "tp_size must be a whole number in 1..64"),
+    "prompt bytes not UTF-8": (["--prompt", b"Q: \xff\xfe".decode("utf-8", "surrogateescape")], "a lone surrogate"),
+    "model path of 5000 characters": (["--model", "m" * 5000], "model folder not found"),
+    "trace to a device": (["--trace", "/dev/full"], "not a writable regular file"),
+    "trace path of 5000 characters": (["--trace", "t" * 5000], "cannot write the trace"),
 }
 
 
@@ -107,6 +122,26 @@ def test_cli_answers_bad_settings_in_one_line(case, folder, capsys):
     base = ["generate", "--model", str(folder), "--prompt", "Q: 1+2=? A:"]
     message = _one_line_error(capsys, base + argv)
     assert expected in message, message
+
+
+def test_cli_refuses_a_fifo_trace_and_says_a_full_disk_in_one_line(folder, tmp_path, capsys):
+    """A FIFO would block the write forever; a write that fails (ENOSPC: /dev/full) is one line."""
+    import os
+
+    from engine.__main__ import write_trace
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    message = _one_line_error(capsys, ["generate", "--model", str(folder), "--prompt", "Q: 1+2=? A:", "--trace", str(fifo)])
+    assert "not a writable regular file" in message
+    with pytest.raises(EngineError, match="No space left on device"):
+        write_trace(Path("/dev/full"), "{}")
+
+
+def test_cli_says_a_missing_hub_model_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub's answer, without a network
+    message = _one_line_error(capsys, ["generate", "--model", "nobody-here/no-such-model", "--prompt", "x"])
+    assert "hub download of 'nobody-here/no-such-model' failed" in message
 
 
 @pytest.mark.parametrize("case", ["truncated safetensors", "garbage safetensors", "a pickle named model.safetensors", "config.json is an array", "config.json is not JSON", "n_heads is a word", "n_heads is 0", "d_model is negative", "unknown model type"])
@@ -148,7 +183,27 @@ BAD_CONFIGS = {
     "steps 0": {"steps": 0},
     "cont_weight_init 2": {"cont_weight_init": 2.0},
     "refresh_every 0": {"refresh_every": 0},
+    "refresh_every a billion": {"refresh_every": 10**9},
+    "warmup a billion": {"warmup": 10**9},
+    "expected_tpf past the canvas": {"expected_tpf": 65},
+    "max_unroll a billion": {"max_unroll": 10**9},
+    "steps past the canvas": {"steps": 128},
+    "prefix_look negative": {"prefix_look": -1},
 }
+
+
+def test_a_count_bound_by_the_generation_length_keeps_its_default_on_a_tiny_canvas():
+    """`most="gen_length"`: at most gen_length, or the default where that is larger (warmup 4 on a
+    canvas of 2 is the default, always valid; 5 changes nothing and is refused)."""
+    GenerationConfig(gen_length=2, block_length=2).validate()
+    with pytest.raises(EngineError, match=r"warmup must be at most 4 \(gen_length 2\)"):
+        GenerationConfig(gen_length=2, block_length=2, warmup=5).validate()
+    GenerationConfig(gen_length=64, steps=64, max_unroll=64, warmup=64, refresh_every=64, expected_tpf=64).validate()
+
+
+def test_a_window_past_the_canvas_is_refused_before_any_forward(engine):
+    with pytest.raises(EngineError, match=re.escape("after_look must be at most 27 (the canvas, prompt + gen_length)")):
+        engine.generate("Q: 1+2=? A:", GenerationConfig(gen_length=16, block_length=8, cache="vicinity", after_look=10**6))
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
@@ -163,6 +218,41 @@ def test_generation_config_names_the_bad_field(case):
 def test_loading_a_broken_checkpoint_is_an_engine_error(case, folder, tmp_path):
     with pytest.raises(EngineError):
         Engine(checkpoint_cases(folder, tmp_path)[case])
+
+
+def _weights_with(folder: Path, change) -> bytes:
+    from safetensors.torch import load_file, save
+
+    tensors = load_file(folder / "model.safetensors")
+    name = sorted(tensors)[0]
+    tensors[name] = change(tensors[name])
+    return save(tensors)
+
+
+def garbage_cases(folder: Path, base: Path) -> dict[str, tuple[Path, str]]:
+    """Checkpoints that load and then decode nothing, each with what its refusal names."""
+    config = json.loads((folder / "config.json").read_text())
+
+    def nan_first(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t.view(-1)[0] = float("nan")
+        return t
+
+    return {
+        "a NaN weight": (broken_folder(base, "nan", folder, _weights_with(folder, nan_first)), "not finite in float32"),
+        "int32 weights": (broken_folder(base, "int32", folder, _weights_with(folder, lambda t: t.to(torch.int32))), "is int32, not floating point"),
+        "NaN in config.json": (broken_folder(base, "nan-config", folder, config=json.dumps(config).replace(f'"rope_theta": {json.dumps(config["rope_theta"])}', '"rope_theta": NaN')), "holds NaN"),
+        "mask id outside the vocabulary": (broken_folder(base, "mask-id", folder, config={**config, "mask_token_id": 10**6}), "mask_token_id 1000000 is outside the vocabulary"),
+        "eos id negative": (broken_folder(base, "eos-id", folder, config={**config, "eos_token_id": -3}), "eos_token_id -3 is outside the vocabulary"),
+    }
+
+
+@pytest.mark.parametrize("case", ["a NaN weight", "int32 weights", "NaN in config.json", "mask id outside the vocabulary", "eos id negative"])
+def test_silent_garbage_is_refused_at_load_in_one_line(case, folder, tmp_path, capsys):
+    path, expected = garbage_cases(folder, tmp_path)[case]
+    with pytest.raises(EngineError, match=re.escape(expected)):
+        Engine(path)
+    assert expected in _one_line_error(capsys, ["generate", "--model", str(path), "--prompt", "x"])
 
 
 def test_a_canvas_beyond_the_model_is_refused_before_any_forward(engine):
@@ -219,6 +309,7 @@ BAD_TRACES = {
     "commit outside its block": None,
     "unknown field": None,
     "tokens not strings": None,
+    "stats hold a string": None,
 }
 
 
@@ -236,6 +327,8 @@ def _bad_trace(case: str) -> str:
         data["script"] = "alert(1)"
     elif case == "tokens not strings":
         data["tokens"] = {"0": 5}
+    elif case == "stats hold a string":
+        data["stats"] = {**data["stats"], "nfe": "many"}
     return json.dumps(data)
 
 
@@ -283,6 +376,8 @@ APP_RUN_CASES = {
     "unknown config key": ({"config": {"warp": 9}}, "unknown generation setting"),
     "unknown dtype": ({"model": {"dtype": "float8"}}, "unknown dtype"),
     "seed beyond 64 bits": ({"config": {"seed": 2**70}}, "seed must be in"),
+    "tp_size -1": ({"model": {"tp_size": -1}}, "tp_size must be a whole number in 1..64"),
+    "warmup a billion": ({"config": {"cache": "vicinity", "warmup": 10**9}}, "warmup must be at most"),
 }
 
 
@@ -291,6 +386,11 @@ def test_app_run_answers_bad_settings_in_the_page(case, handlers):
     settings, expected = APP_RUN_CASES[case]
     message = _message(handlers, _last(handlers.run("Q: 1+2=? A:", settings)))
     assert expected in message and "\n" not in message and "internal error" not in message, message
+
+
+def test_app_answers_a_prompt_with_a_lone_surrogate_in_the_page(handlers):
+    message = _message(handlers, _last(handlers.run("Q: \ud800? A:", {"config": {"gen_length": 8, "block_length": 8}})))
+    assert "a lone surrogate" in message and "internal error" not in message, message
 
 
 def test_app_refuses_an_oversized_prompt_and_stays_usable(handlers):

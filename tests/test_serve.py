@@ -9,6 +9,7 @@ them all waiting; a disconnect is held mid-run by the turnstile decoder's gate f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -58,21 +59,28 @@ class Served:
         self.http = httpx.Client(base_url=url, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    torch.set_num_threads(1)
-    engine = Engine(DEFAULT_MODEL)
-    app = create_app(engine, LIMITS, max_batch=16, max_pending=32, traces=TraceStore(max_traces=64))
+@contextlib.contextmanager
+def running(app) -> Iterator[str]:
+    """`app` on uvicorn in a thread on a free loopback port; yields its /v1 address."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)  # listening before uvicorn starts: clients connect at once and wait in the backlog
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    yield Served(engine, app.state.server, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     server.should_exit = True
     thread.join(timeout=600)
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    app = create_app(engine, LIMITS, max_batch=16, max_pending=32, traces=TraceStore(max_traces=64))
+    with running(app) as url:
+        yield Served(engine, app.state.server, url)
 
 
 def solo(engine: Engine, prompt: str, config: GenerationConfig = CONFIG):
@@ -228,6 +236,81 @@ def test_an_oversize_or_broken_body_is_refused_before_parsing(served):
         served.client.completions.create(model=served.engine.name, prompt="Q: 1+1=? A:", extra_body={"decoder": "nope"})
 
 
+@pytest.mark.parametrize(
+    "body, status, fragment",
+    [
+        (b'{"prompt": "hi", "\\ud800": 1}', 400, "unknown field(s): \\ud800"),
+        (b'{"prompt": "hi", "decoder": "\\udfff"}', 400, "unknown decoder '\\udfff'"),
+        (b'{"prompt": "hi", "model": "\\ud800"}', 404, "is not served here"),
+        (b'{"prompt": "Q: \\ud800 A:"}', 400, "a lone surrogate"),
+        (b'{"prompt": "hi", "seed": 1' + b"0" * 5000 + b"}", 400, "Exceeds the limit (4300 digits)"),
+        (b"[" * 4000, 400, "maximum recursion depth"),
+        (b'{"prompt": "hi", "max_tokens": 1' + b"0" * 400 + b"}", 413, "above this server's limit"),
+        (b'{"prompt": "hi", "max_tokens": -1}', 400, "max_tokens must be a positive integer"),
+        (b'{"prompt": "hi", "threshold": NaN}', 400, "threshold must be a finite number"),
+        (b'{"prompt": "hi", "decoder": "uniform"}', 400, "this model is masked diffusion"),
+        (b'{"prompt": "hi", "decoder": "edit", "decoder_options": {"max_post_edit_steps": -1}}', 400, "max_post_edit_steps must be in [0, 256]"),
+        (b'{"prompt": "hi", "cache": "vicinity", "warmup": 1000000000}', 400, "warmup must be at most"),
+        (b'{"prompt": "hi", "stream": true, "unroll": true, "max_unroll": 1e300}', 400, "max_unroll must be an integer"),
+    ],
+    ids=lambda value: repr(value)[:40] if isinstance(value, bytes) else None,
+)
+def test_bodies_that_python_cannot_take_get_one_line_4xx_never_500(served, body, status, fragment):
+    """What the JSON parser, Python's numbers and strings or the tokenizer reject is the client's
+    input: a 4xx in OpenAI's shape (a lone surrogate quoted back as its escape), never a 500.
+    (The server's default body limit, 1 MiB: a 5000-digit number fits.)"""
+    from fastapi.testclient import TestClient
+
+    app = create_app(served.engine, RequestLimits(max_gen_length=64))
+    reply = TestClient(app).post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == status, reply.text
+    message = reply.json()["error"]["message"]
+    assert fragment in message and "\n" not in message, message
+    assert app.state.server.pending == 0
+
+
+def test_a_body_that_never_arrives_is_408_and_holds_nothing(served):
+    """A client that sends fewer bytes than its Content-Length says: the server answers 408 once
+    the body's time is up (the server's clock, whatever the machine's speed), not at its whole timeout."""
+    app = create_app(served.engine, RequestLimits(body_seconds=0.5))
+    with running(app) as url:
+        with socket.create_connection((httpx.URL(url).host, httpx.URL(url).port)) as client:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                chunk = client.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"did not arrive within 0.5 s" in answer
+        assert app.state.server.pending == 0
+
+
+def test_a_stop_ends_a_stream_with_an_error_event_and_answers_new_requests_503_with_retry_after(served, tmp_path):
+    """SIGINT/SIGTERM call `Server.stop` (engine/serving/command.py): the run held at the
+    turnstile's first gate is cancelled; once the gates open it ends at its next cancel check and
+    its stream ends with an error event and [DONE]; a request meanwhile is refused with Retry-After."""
+    import tests.turnstile_decoder  # noqa: F401  registers "turnstile"
+
+    app = create_app(served.engine, LIMITS)
+    with running(app) as url, httpx.Client(base_url=url, timeout=600) as http:
+        body = {"prompt": PROMPTS[0], "decoder": "turnstile", "decoder_options": {"gates": str(tmp_path)}, "gen_length": 16, "block_length": 16, "stream": True}
+        with http.stream("POST", "/completions", json=body) as reply:
+            lines = reply.iter_lines()
+            assert json.loads(next(lines).removeprefix("data: "))["choices"][0]["trace_id"]  # the run has started
+            app.state.server.stop()
+            refused = http.post("/completions", json={"prompt": PROMPTS[1], **SETTINGS})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert "shutting down" in refused.json()["error"]["message"]
+            for gate in range(1, 17):
+                Path(tmp_path, str(gate)).touch()
+            rest = [line for line in lines if line]
+        assert json.loads(rest[-2].removeprefix("data: "))["error"]["message"] == "the server is shutting down"
+        assert rest[-1] == "data: [DONE]"
+        until(lambda: app.state.server.pending == 0)
+
+
 def test_the_trace_store_is_bounded_and_prunes_the_oldest():
     store = TraceStore(max_traces=2, max_bytes=10_000)
     ids = [store.new() for _ in range(3)]
@@ -329,7 +412,10 @@ def test_the_serve_command_refuses_bad_flags_and_a_busy_port_in_one_line(capsys)
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        cases = [(["--max-batch", "0"], "--max-batch 0"), (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"), (["--tp", "0"], "must be >= 1")]
+        cases = [
+            (["--max-batch", "0"], "--max-batch 0"), (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"), (["--tp", "0"], "must be >= 1"),
+            (["--port", "70000"], "--port must be in 1..65535"), (["--threads", "100000"], "this machine's CPUs"), (["--max-connections", "0"], "--max-connections 0"),
+        ]
         for flags, fragment in cases:
             assert main(["serve", *flags]) == 2
             err = capsys.readouterr().err
