@@ -18,11 +18,14 @@ from pathlib import Path
 
 from .cache_modes import cache_modes
 from .cli import DEFAULT_MODEL, OneLineParser, check_threads, checked_device, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
-from .config import GenerationConfig, setting_choices, setting_help
+from .config import GenerationConfig, parse_schema, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
 from .serving.command import add_serve_command
 from .hooks import RunHooks
+
+# constraint settings whose flags are not the field's type (a schema file or JSON, a repeated text)
+CONSTRAINT_FLAGS = ("json_schema", "choice")
 from .runtime.launch import first_on_its_node
 
 
@@ -40,7 +43,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             readers.setdefault(setting, []).append(f"cache {mode.name}")
     group = parser.add_argument_group("generation settings (every GenerationConfig field)")
     for field in dataclasses.fields(GenerationConfig):
-        if field.name == "decoder_options":  # one flag per declared option, below
+        if field.name in ("decoder_options", *CONSTRAINT_FLAGS):  # one flag per declared option, and the constraint's, below
             continue
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
@@ -58,6 +61,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+    answer = parser.add_argument_group("the answer's constraint (at most one; docs/constraints.md)")
+    answer.add_argument("--json-schema", metavar="FILE_OR_JSON", default=None, help=setting_help("json_schema") + ": a file, or the JSON itself")
+    answer.add_argument("--choice", metavar="TEXT", action="append", default=None, help=setting_help("choice") + " (repeat the flag, one text each)")
+
     options = decoder_options()
     if options:
         plugins = parser.add_argument_group("plug-in decoders' own settings (config.decoder_options)")
@@ -72,9 +79,22 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
     """The config the flags describe; a plug-in's option goes to decoder_options when given."""
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig) if f.name != "decoder_options"}
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig) if f.name not in ("decoder_options", "json_schema")}
+    if args.json_schema is not None:
+        fields["json_schema"] = read_schema(args.json_schema)
     given = {name: getattr(args, name) for name in decoder_options() if getattr(args, name, None) is not None}
     return GenerationConfig(**fields, decoder_options=given).validate()
+
+
+def read_schema(value: str) -> dict:
+    """`--json-schema`: JSON text (it starts with `{`) or a file holding it; EngineError in one line."""
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            text = Path(value).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EngineError(f"--json-schema: cannot read {value}: {exc.strerror if isinstance(exc, OSError) else 'not text'}") from None
+    return parse_schema(text)
 
 
 def check_writable(path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 from .errors import EngineError
 from .cache_modes import cache_mode_names
 from .registry import TYPE_NAMES, decoder_class, decoder_names
+from .constraints.spec import check_config as check_constraint
 
 REMASKING = ("low_confidence", "random")
 ANCHORS = ("confidence", "centre")
@@ -29,6 +31,14 @@ def relative_bound(name: str, reference: int) -> int:
     default where the default is larger (a default is always valid, also on a tiny canvas)."""
     default = next(f.default for f in dataclasses.fields(GenerationConfig) if f.name == name)
     return max(reference, default if isinstance(default, int) else 0)
+
+
+def parse_schema(text: str) -> Any:
+    """A JSON Schema given as JSON text; EngineError in one line when it is not JSON."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise EngineError(f"json_schema is not valid JSON ({exc})") from None
 
 
 def setting_help(name: str) -> str:
@@ -80,9 +90,21 @@ class GenerationConfig:
     align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
     early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
     use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
+    regex: str | None = _setting(None, "constrain the answer (the text before the first end-of-text) to this regex, outlines-core's syntax (docs/constraints.md)")
+    json_schema: dict[str, Any] | None = _setting(None, "constrain the answer to JSON that this JSON Schema (an object, or its JSON text) accepts")
+    choice: list[str] | None = _setting(None, "constrain the answer to one of these texts")
     decoder_options: dict[str, Any] = dataclasses.field(
         default_factory=dict, metadata={"help": "a plug-in decoder's own settings by name (the decoder declares them)"}
     )
+
+    def __post_init__(self) -> None:
+        # an empty box of a form (the app, a JSON client) means no constraint; a schema may come as its JSON text
+        if self.regex == "":
+            self.regex = None
+        if self.choice in ("", []):
+            self.choice = None
+        if isinstance(self.json_schema, str):
+            self.json_schema = parse_schema(self.json_schema) if self.json_schema.strip() else None
 
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
@@ -146,6 +168,7 @@ class GenerationConfig:
             "cont_weight_init and cont_weight_growth must be in [0, 1]",
         )
         need(0.0 <= self.threshold_decay <= 1.0, f"threshold_decay must be in [0, 1], got {self.threshold_decay}")
+        check_constraint(self)
         return self
 
     def _check_ranges(self) -> None:

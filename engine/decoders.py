@@ -130,6 +130,13 @@ def rank_in_row(score: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
     return rank
 
 
+def committed_after(n: torch.Tensor, step: int, steps: int) -> torch.Tensor:
+    """`[B]` positions the block has committed after step `step` of `steps` on the `fixed` decoder's
+    schedule (`n // steps` per step, one more in the first `n % steps`): all `n` after the last."""
+    done = min(step + 1, steps)
+    return done * (n // steps) + torch.clamp(n % steps, max=done)
+
+
 def masked_runs(masked: torch.Tensor) -> torch.Tensor:
     """`[B, W]` index (0-based, per row) of the maximal run of consecutive masked positions each
     position belongs to; -1 where unmasked."""
@@ -229,6 +236,15 @@ class Decoder:
         """A rule that only fills masks: `step` with the block's mask and threshold."""
         raise NotImplementedError
 
+    def commit_order(self, result: DecodeResult) -> torch.Tensor:
+        """`[B, W]`: the order the rule ranks its writes in, highest first (a constraint keeps them
+        in this order while the canvas stays completable: engine/constraints/canvas.py)."""
+        return result.confidence
+
+    def applied(self, result: DecodeResult) -> None:
+        """What the loop wrote of `step`'s result (a constraint may drop writes, never add one): a
+        rule whose state follows its own writes updates it here."""
+
     def block_continues(self, masks_left: bool) -> bool:
         """Before each iteration of a block (`masks_left`: any row still has a mask there): whether
         to run it. A non-revising decoder's block ends when its masks do."""
@@ -285,18 +301,18 @@ class FixedStepDecoder(Decoder):
         super().__init__(config, mask_id, generator)
         self.steps_per_block = config.total_steps() // config.num_blocks()
         self.steps_done = 0
-        self.quota = torch.zeros(0)
-        self.remainder = torch.zeros(0)
+        self.masks_at_start = torch.zeros(0, dtype=torch.long)
 
     def block_init(self, masked: torch.Tensor, block_index: int) -> None:
-        n = masked.sum(dim=1)
-        self.quota = n // self.steps_per_block
-        self.remainder = n % self.steps_per_block
+        self.masks_at_start = masked.sum(dim=1)
         self.steps_done = 0
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
-        k = self.quota + (self.steps_done < self.remainder).long() if self.steps_done < self.steps_per_block else torch.zeros_like(self.quota)
+        # the count that leaves the block on schedule after this step: the step's share, or more
+        # when a constraint kept back an earlier step's commit (then the last step fills the rest)
+        on_schedule = self.masks_at_start - committed_after(self.masks_at_start, self.steps_done, self.steps_per_block)
+        k = torch.clamp(masked.sum(dim=1) - on_schedule, min=0)
         self.steps_done += 1
         if self.config.remasking == "random":
             score = torch.rand(masked.shape, device=masked.device, generator=self.generator)

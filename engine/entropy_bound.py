@@ -57,6 +57,9 @@ class EntropyBoundDecoder(Decoder):
             lower_sum = torch.where(eligible, lower_sum, torch.zeros_like(lower_sum))
         return accepted, lower_sum
 
+    def commit_order(self, result: DecodeResult) -> torch.Tensor:
+        return -result.extras["entropy"]  # lowest entropy first, the rule's own order
+
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
         entropy = self.entropy(_real_token_logits(logits, self.mask_id))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .config import GenerationConfig
+from .constraints import CanvasConstraint, Compiler, spec_of
 from .errors import EngineError
 from .hooks import NO_HOOKS, RunHooks
 from .kinds import fit, kind_named
@@ -13,18 +14,26 @@ from .models.base import DiffusionLM
 from .run import GenerationOutput, cancel_between_layers, check_canvas
 
 
-def fit_request(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> GenerationConfig:
+def fit_request(
+    model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None, vocabulary: Compiler | None = None
+) -> GenerationConfig:
     """The config as `model` runs it (engine/kinds/base.py: `fit`), after every check a request gets
-    before any forward: the config's rules, the kind's settings, the prompt, the canvas's length.
-    Reads only the model's config, so a model skeleton (no weights) can answer it."""
+    before any forward: the config's rules, the kind's settings, the prompt, the canvas's length,
+    and, given the tokenizer's `vocabulary`, that the answer's constraint fits the canvas (the row
+    with the longest prompt has the least room). Reads only the model's config, so a model
+    skeleton (no weights) can answer it."""
     fitted = fit(config, model.diffusion_kind, getattr(model, "canvas_length", None))  # validates the fitted config
     check_canvas(model, prompts, fitted, max_tokens)
+    if vocabulary is not None and spec_of(fitted) is not None:
+        longest = max(len(p) for p in prompts)
+        CanvasConstraint.build([spec_of(fitted)], vocabulary, [longest], longest + fitted.gen_length)
     return fitted
 
 
 @torch.inference_mode()
 def run_diffusion(
-    model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, *, stop_ids: list[int] | None = None, hooks: RunHooks = NO_HOOKS
+    model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, *, stop_ids: list[int] | None = None, hooks: RunHooks = NO_HOOKS,
+    vocabulary: Compiler | None = None,
 ) -> GenerationOutput:
     """Generate for a batch of tokenised prompts.
 
@@ -32,10 +41,12 @@ def run_diffusion(
     what the run reports (trace, `on_start` with the header before the first forward,
     `on_iteration` with each record) and obeys (`cancel`, checked between groups of iterations and
     between layers: GenerationCancelled; `max_tokens`, the caller's bound on the canvas).
+    `vocabulary`: the tokenizer's tokens (engine.constraints.TokenVocabulary), which a constraint
+    (the config's `regex`, `json_schema` or `choice`, or the hooks' per row) is compiled over.
     """
     config = fit_request(model, prompts, config, hooks.max_tokens)
     if model.device.type == "meta":
         raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
     run = kind_named(model.diffusion_kind).run
     with cancel_between_layers(model, hooks.cancel):
-        return run(model, prompts, config, stop_ids or [model.eos_token_id], hooks).run()
+        return run(model, prompts, config, stop_ids or [model.eos_token_id], hooks, vocabulary).run()

@@ -11,6 +11,7 @@ from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
 
 if TYPE_CHECKING:
     from .config import GenerationConfig
+    from .constraints import ConstraintSpec
 
 
 class CancelFlag(Protocol):
@@ -29,7 +30,8 @@ class RunHooks:
     caller's bound on the canvas (prompt + gen_length), besides the model's own. `model_name` names
     the model in the header and `token_strings` fills its `tokens` as ids appear (Engine passes
     both). `expected_ids`: an expected answer's ids, carried in the header (with their strings) for a
-    viewer that marks where the run departs from it."""
+    viewer that marks where the run departs from it. `constraints`: per row, its answer's constraint
+    when the rows of one call have their own (the server's batch of requests); None: the config's."""
 
     trace: bool = False
     on_start: Callable[[Trace], None] | None = None
@@ -39,6 +41,7 @@ class RunHooks:
     model_name: str | None = None
     token_strings: TokenStrings | None = None
     expected_ids: list[int] | None = None
+    constraints: tuple["ConstraintSpec | None", ...] | None = None
 
     def records(self, measure_staleness: bool = False) -> bool:
         """Whether the run keeps a trace."""

@@ -11,6 +11,7 @@ from types import TracebackType
 import torch
 
 from .config import GenerationConfig
+from .constraints import TokenVocabulary, spec_of
 from .errors import EngineError
 from .generation import fit_request, run_diffusion
 from .hooks import NO_HOOKS, RunHooks
@@ -141,6 +142,7 @@ class Engine:
         self._forward_model = static_shape_model(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
+        self._vocabulary: TokenVocabulary | None = None
         self._workers = None if here else WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size, compile))
 
     def close(self) -> None:
@@ -193,6 +195,14 @@ class Engine:
         """id -> displayable string, for the trace's `tokens` (the engine asks as ids appear)."""
         return {str(i): self.tokenizer.convert_ids_to_tokens(i) or "" for i in sorted(ids)}
 
+    @property
+    def vocabulary(self) -> TokenVocabulary:
+        """The tokenizer's tokens as outlines-core reads them, with the constraints compiled over
+        them (engine/constraints/); built at the first constrained request."""
+        if self._vocabulary is None:
+            self._vocabulary = TokenVocabulary.of(self.tokenizer, self.stop_ids, after=(self.model.mask_token_id,))
+        return self._vocabulary
+
     def answer_ids(self, answer: str) -> list[int]:
         """The ids a generation holds from the prompt's end when it gives `answer`: the answer
         (no chat template), then the first stop id."""
@@ -221,7 +231,8 @@ class Engine:
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
         if self._workers is not None:
-            config = fit_request(self.model, prompts, config, self.max_tokens)  # here, so a bad request never reaches a worker
+            constrained = any(hooks.constraints or ()) or spec_of(config) is not None
+            config = fit_request(self.model, prompts, config, self.max_tokens, self.vocabulary if constrained else None)  # here, so a bad request never reaches a worker
             return self._workers.run_request(prompts, config, hooks)  # each rank's engine adds its limit, name and strings
         if self._job is not None:
             return self._job.run(prompts, config, hooks, self._generate_here)
@@ -230,4 +241,5 @@ class Engine:
     def _generate_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
         """The loop in this process, with this engine's stop ids, limit, name and token strings."""
         hooks = hooks.but(max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings)
-        return run_diffusion(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks)
+        constrained = any(hooks.constraints or ()) or spec_of(config) is not None
+        return run_diffusion(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks, vocabulary=self.vocabulary if constrained else None)

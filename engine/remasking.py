@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from .config import GenerationConfig
-from .decoders import Block, DecodeResult, Decoder, rank_in_row, top1
+from .decoders import Block, DecodeResult, Decoder, committed_after, rank_in_row, top1
 from .errors import EngineError
 from .registry import DecoderOption, register_decoder
 from .trace import REMASK
@@ -40,13 +40,6 @@ def remdm_sigma_max(step: int, steps: int) -> float:
         return 0.0
     alpha_t, alpha_s = step / steps, (step + 1) / steps
     return 1.0 if alpha_t == 0 else min(1.0, (1.0 - alpha_s) / alpha_t)
-
-
-def committed_after(n: torch.Tensor, step: int, steps: int) -> torch.Tensor:
-    """`[B]` positions the block has committed after step `step` of `steps` on the `fixed` decoder's
-    schedule (`n // steps` per step, one more in the first `n % steps`): all `n` after the last."""
-    done = min(step + 1, steps)
-    return done * (n // steps) + torch.clamp(n % steps, max=done)
 
 
 @register_decoder

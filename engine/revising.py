@@ -81,6 +81,7 @@ class EditDecoder(Decoder):
         self.extra_forwards = self.max_post
         self.post_steps = torch.zeros(0, dtype=torch.long)
         self.finished = torch.zeros(0, dtype=torch.bool)
+        self.stepped = (torch.zeros(0, 0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool))  # the last step's mask and rows with one
 
     def block_init(self, masked: torch.Tensor, block_index: int) -> None:
         self.post_steps = torch.zeros(masked.shape[0], dtype=torch.long, device=masked.device)
@@ -99,15 +100,21 @@ class EditDecoder(Decoder):
         above = masked & (confidence > threshold)
         commit = (above | best_per_row(confidence, masked)) & active
         edit = editable & (tokens != current) & (confidence > self.edit_threshold) & active
-        # settled: a mask-free iteration that changed nothing; spent: the next iteration would be
-        # one post-edit step too many, so it is not run (the reference checks before its forward)
-        settled = ~had_mask & ~(commit | edit).any(dim=1)
-        spent = ~(masked & ~commit).any(dim=1) & (self.post_steps >= self.max_post)
-        self.finished |= settled | spent
+        self.stepped = (masked, had_mask)
         return DecodeResult(
             tokens, confidence, commit, commit & ~above, edit=edit, remask=torch.zeros_like(edit),
             revision_score=confidence, revision_rules={EDIT: (EDIT_RULE, self.edit_threshold)}, active=running,
         )
+
+
+    def applied(self, result: DecodeResult) -> None:
+        """Rows finish by what the step wrote (a constraint may have dropped some of its writes).
+        Settled: a mask-free iteration that changed nothing; spent: the next iteration would be
+        one post-edit step too many, so it is not run (the reference checks before its forward)."""
+        masked, had_mask = self.stepped
+        settled = ~had_mask & ~(result.commit | result.edit).any(dim=1)
+        spent = ~(masked & ~result.commit).any(dim=1) & (self.post_steps >= self.max_post)
+        self.finished |= settled | spent
 
 
 def apply_preset(config: GenerationConfig, preset: str) -> GenerationConfig:

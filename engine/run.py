@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from .config import CANVAS_BOUNDED, GenerationConfig, relative_bound
+from .constraints import CanvasConstraint, Compiler, ConstraintSpec, spec_of
 from .errors import EngineError
 from .hooks import CancelFlag, RunHooks
 from .models.base import DiffusionLM, ForwardCounters
@@ -74,6 +75,15 @@ def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: Generatio
             raise EngineError(f"{name} must be at most {bound} (the canvas, prompt + gen_length): more can change nothing, got {value}")
 
 
+def row_constraints(config: GenerationConfig, hooks: RunHooks, rows: int) -> list[ConstraintSpec | None]:
+    """Per row, its answer's constraint: the hooks' (a batch of requests with their own), else the config's."""
+    if hooks.constraints is None:
+        return [spec_of(config)] * rows
+    if len(hooks.constraints) != rows:
+        raise EngineError(f"{len(hooks.constraints)} constraints for {rows} rows")
+    return list(hooks.constraints)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -100,8 +110,10 @@ class DiffusionRun:
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
-        self.model, self.cfg, self.stop_ids, self.hooks = model, config, stop_ids, hooks
+    def __init__(
+        self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
+    ) -> None:
+        self.model, self.cfg, self.stop_ids, self.hooks, self.compiler = model, config, stop_ids, hooks, compiler
         self.device = model.device
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.nfe = self.iteration = self.host_syncs = 0
@@ -109,8 +121,10 @@ class DiffusionRun:
         self.stats_extra: dict[str, Any] = {}  # a kind's own counters (a revising decoder's edits)
 
     def begin(self, prompt_lengths: list[int], canvas: torch.Tensor, mask_id: int, capabilities: dict[str, bool]) -> None:
-        """The run's canvas and its trace header (a kind calls it once, from its constructor)."""
+        """The run's canvas, its constraint and its trace header (a kind calls it once, from its
+        constructor, before any forward); each row's answer starts at its `prompt_lengths` entry."""
         self.prompt_lengths, self.x, self.mask_id = prompt_lengths, canvas.to(self.device), mask_id
+        self.constraint = CanvasConstraint.build(row_constraints(self.cfg, self.hooks, len(prompt_lengths)), self.compiler, prompt_lengths, canvas.shape[1])
         self.recorder = self.hooks.begin_trace(
             self.model, self.cfg, kind=self.kind, capabilities=capabilities, mask_id=mask_id, stop_ids=self.stop_ids,
             prompt_lengths=prompt_lengths, canvas_length=canvas.shape[1], block_length=self.cfg.block_length, initial=canvas.tolist(),

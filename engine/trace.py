@@ -20,9 +20,9 @@ from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION,
 
 
 # version 1: no revisions, no uniform steps, no expected answer; version 2: no kind, capabilities,
-# `active` or `final_until`, and a uniform record's `top1` was its sampled proposal. Both are
-# upgraded on load (engine/trace_upgrade.py), so every reader sees version 3.
-READABLE_VERSIONS = (1, 2, 3)
+# `active` or `final_until`, and a uniform record's `top1` was its sampled proposal; version 3: no
+# constraint. All are upgraded on load (engine/trace_upgrade.py), so every reader sees version 4.
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 # ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
 TokenStrings = Callable[[set[int]], dict[str, str]]
@@ -54,10 +54,15 @@ class IterationRecord:
     # own per-row state, which the batcher, streaming, the app and the evaluator read (§3)
     active: list[bool] | None = None
     final_until: list[int] | None = None
+    # what the answer's constraint removed this step (docs/trace.md §3.3); None for a run without one
+    constraint: dict[str, Any] | None = None
 
 
-# the fields a record may lack (older traces, decoders that never revise, masked diffusion)
-OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "uniform", "active", "final_until")
+# the fields a record may lack (older traces, decoders that never revise, masked diffusion, free answers)
+OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "uniform", "active", "final_until", "constraint")
+# a record's `constraint`: per-row lists of one value per block position (null at positions it did
+# not restrict), and per row the canvas positions whose writes it dropped
+CONSTRAINT_PER_POSITION = ("allowed", "removed", "model_top1", "model_probability", "top1_removed")
 REVISION_FIELDS = ("position", "old", "new", "kind", "rule", "score", "bound")
 
 
@@ -193,6 +198,7 @@ class Trace:
             _need(_int_list(rec.final_until) and len(rec.final_until) == rows and all(0 <= f <= self.canvas_length for f in rec.final_until), f"{where}.final_until must be one canvas position per row")
             if rec.uniform is not None:
                 _valid_uniform(rec.uniform, rows, s, e, where)
+            _need(rec.constraint is None or _valid_constraint(rec.constraint, rows, s, e), f"{where}.constraint must hold {', '.join(CONSTRAINT_PER_POSITION)} (per row null, or one value or null per block position) and dropped (positions inside the block per row)")
         if not before_upgrade:
             _need(self.kind in (MASKED, UNIFORM) or isinstance(self.kind, str) and self.kind != "", "kind must name a diffusion kind")
             _need(isinstance(self.capabilities, dict) and all(v is None or isinstance(v, bool) for v in self.capabilities.values()), "capabilities must map names to true, false or null")
@@ -318,6 +324,20 @@ def _valid_uniform(u: dict, rows: int, s: int, e: int, where: str) -> None:
         _need(_int_list(u["renoised"][row]) and _int_list(u["noise"][row]) and len(u["renoised"][row]) == len(u["noise"][row]) and all(s <= p < e for p in u["renoised"][row]), f"{where}.uniform.renoised[{row}] must be positions inside the canvas, one noise id each")
     for name in ("start", "output"):
         _need(u.get(name) is None or (isinstance(u[name], list) and len(u[name]) == rows and all(_int_list(r) and len(r) == e - s for r in u[name])), f"{where}.uniform.{name} must be null or one id per canvas position per row")
+
+
+def _valid_constraint(constraint: Any, rows: int, s: int, e: int) -> bool:
+    if not isinstance(constraint, dict) or set(constraint) != {*CONSTRAINT_PER_POSITION, "dropped"}:
+        return False
+    kinds = {"allowed": lambda v: _is_int(v, 0), "removed": _is_number, "model_top1": _is_int, "model_probability": _is_number, "top1_removed": lambda v: isinstance(v, bool)}
+    for name, ok in kinds.items():
+        lists = constraint[name]
+        if not isinstance(lists, list) or len(lists) != rows:
+            return False
+        if not all(row is None or (isinstance(row, list) and len(row) == e - s and all(v is None or ok(v) for v in row)) for row in lists):
+            return False
+    dropped = constraint["dropped"]
+    return isinstance(dropped, list) and len(dropped) == rows and all(_int_list(row) and all(s <= p < e for p in row) for row in dropped)
 
 
 def _valid_revisions(revisions: list, row: int, s: int, e: int) -> bool:

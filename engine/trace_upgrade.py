@@ -1,6 +1,7 @@
-"""Traces written before version 3 (docs/trace.md §7), brought to version 3 on load, so that every
+"""Traces written before version 4 (docs/trace.md §7), brought to version 4 on load, so that every
 reader sees one schema: the header's `kind` and `capabilities`, every record's per-row `active`
-and `final_until`, and a uniform step's sampled proposal under its own name.
+and `final_until`, and a uniform step's sampled proposal under its own name (versions 1-2); a
+version-3 record has no `constraint`, which version 4 reads as a run without one.
 
 Versions 1 and 2 did not record the loop's per-row state, so it is replayed here from what they
 did record, by the rules the loop applied when they were written (the one place those rules are
@@ -13,14 +14,17 @@ from typing import Any
 
 # The schema's names, here so that engine/trace.py (which upgrades through this module) and this
 # module never import each other.
-TRACE_VERSION = 3
+TRACE_VERSION = 4
 MASKED, UNIFORM = "masked", "uniform"  # the diffusion kinds a trace names (engine/kinds/)
 REFRESH_FORWARD = "refresh"  # a record's `forward` for a full forward whose K/V become the cache (engine/cache.py)
 EDIT, REMASK = "edit", "remask"
 
 
 def upgrade(trace: Any) -> None:
-    """`trace` (a Trace of version 1 or 2, checked as such) in version 3's form, in place."""
+    """`trace` (a Trace of version 1, 2 or 3, checked as such) in version 4's form, in place."""
+    if trace.version == 3:  # version 4 added the records' optional `constraint`: absent is none
+        trace.version = TRACE_VERSION
+        return
     uniform = trace.config.get("decoder") == UNIFORM or any(rec.uniform is not None for rec in trace.iterations)
     trace.kind = UNIFORM if uniform else MASKED
     revises = any(rec.revisions is not None for rec in trace.iterations)

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 from ..config import GenerationConfig
+from ..constraints import CONSTRAINT_FIELDS
 from ..errors import EngineError
 from ..registry import decoder_class, decoder_names
 
-# What every kind reads: the canvas, the decoder and its own options, the seed, stopping, the prompt's wrapping.
-SHARED_SETTINGS = frozenset({"gen_length", "block_length", "decoder", "decoder_options", "seed", "early_stop", "use_chat_template"})
+# What every kind reads: the canvas, the decoder and its own options, the seed, stopping, the
+# prompt's wrapping, the answer's constraint (the run skeleton applies it: engine/constraints/).
+SHARED_SETTINGS = frozenset({"gen_length", "block_length", "decoder", "decoder_options", "seed", "early_stop", "use_chat_template", *CONSTRAINT_FIELDS})
 _DEFAULTS = GenerationConfig()
 
 

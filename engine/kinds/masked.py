@@ -19,6 +19,7 @@ import torch
 
 from ..cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
 from ..config import GenerationConfig
+from ..constraints import Compiler, Restriction
 from ..decoders import Block, DecodeResult, apply_decode, make_decoder, top_candidates
 from ..errors import EngineError
 from ..hooks import RunHooks
@@ -70,6 +71,11 @@ class _Iteration:
     staleness: dict[str, torch.Tensor]
     cost: dict[str, Any] | None
     seconds: float = 0.0
+    # the constraint's part (engine/constraints/): what it removed from the model's logits, and
+    # the writes it dropped
+    restriction: Restriction | None = None
+    model_logits: torch.Tensor | None = None
+    dropped: torch.Tensor | None = None
 
 
 class MaskedRun(DiffusionRun):
@@ -77,8 +83,10 @@ class MaskedRun(DiffusionRun):
 
     kind = MASKED
 
-    def __init__(self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
-        super().__init__(model, prompts, config, stop_ids, hooks)
+    def __init__(
+        self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
+    ) -> None:
+        super().__init__(model, prompts, config, stop_ids, hooks, compiler)
         lengths = [len(p) for p in prompts]
         self.length = max(lengths) + config.gen_length
         x = torch.full((len(prompts), self.length), model.mask_token_id, dtype=torch.long)
@@ -170,7 +178,13 @@ class MaskedRun(DiffusionRun):
         self.excluded_seconds += probe_seconds
         current = self.x[:, s:e]
         editable = ~masked & (self.positions[:, s:e] >= self.prompt_end) & ~self.finished.unsqueeze(1)
+        model_logits, restriction, dropped = logits, None, None
+        if self.constraint is not None:  # the decoder sees only tokens that keep the canvas completable
+            logits, restriction = self.constraint.restrict(logits, self.x, self.x == self.mask_id, s, masked | editable if self.decoder.revises else masked)
         result = self.decoder.step(logits, Block(masked, current, editable, threshold, out.shadow_logits))
+        if self.constraint is not None:
+            dropped = self._admit(result, s)
+        self.decoder.applied(result)
         if self.cfg.smoothing:
             result.extras["cont_weight"] = weight  # the w_t a viewer plots next to the threshold
         active = self._active(result, masked, plan)
@@ -183,11 +197,25 @@ class MaskedRun(DiffusionRun):
             self._smooth(plan.start, plan.end, out.logits, weight)
         if self.records:
             sync(self.device)
-            step = _Iteration(block_index, (s, e), plan, threshold, masked, logits, result, active, before, measured, cost)
+            step = _Iteration(block_index, (s, e), plan, threshold, masked, logits, result, active, before, measured, cost, 0.0, restriction, model_logits, dropped)
             step.seconds = time.perf_counter() - t0 - probe_seconds
             self.emit(self._record(step), time.perf_counter())
         self.iteration += 1
         return plan.kind
+
+    def _admit(self, result: DecodeResult, s: int) -> torch.Tensor:
+        """Keep the decoder's fills, then its edits, each in the decoder's own order
+        (`Decoder.commit_order`), while the canvas stays completable (its remasks only open
+        positions, so they all stay); returns the writes dropped. A row's best fill is allowed by
+        itself (the decoder chose it from restricted logits), so every row with a mask still fills."""
+        writes = result.commit if result.edit is None else result.commit | result.edit
+        order = self.decoder.commit_order(result).double()
+        order = torch.where(result.commit, order + 1e6, order)  # fills first (orders are probabilities or entropies: far below 1e6)
+        kept = self.constraint.admit(self.x, self.x == self.mask_id, s, writes, result.tokens, order, result.remask)
+        result.commit, result.forced = result.commit & kept, result.forced & kept
+        if result.edit is not None:
+            result.edit = result.edit & kept
+        return writes & ~kept
 
     def _schedule(self) -> tuple[float, float]:
         """(threshold, smoothing weight) for this iteration: dInfer's ramps on the request's iteration counter."""
@@ -258,6 +286,7 @@ class MaskedRun(DiffusionRun):
             revisions=[[r.to_dict() for r in row] for row in self._revisions(result, it.before, s)] if self.decoder.revises else None,
             active=it.active.cpu().tolist(),
             final_until=self._final_until(s),
+            constraint=it.restriction.record(it.model_logits, self.mask_id, it.dropped, s) if it.restriction is not None else None,
         )
 
     def _revisions(self, result: DecodeResult, current: torch.Tensor, s: int) -> list[list[Revision]]:

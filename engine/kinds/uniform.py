@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..config import GenerationConfig
+from ..constraints import Compiler
 from ..decoders import Block, DecodeResult, Decoder
 from ..entropy_bound import EntropyBoundDecoder
 from ..errors import EngineError
@@ -101,6 +102,9 @@ class UniformSampler(Decoder):
         n = torch.tensor(steps_left, dtype=torch.int32, device=device)
         return self.t_min + (self.t_max - self.t_min) * (n / self.steps)
 
+    def commit_order(self, result: DecodeResult) -> torch.Tensor:
+        return -result.extras["entropy"]  # lowest entropy first, the acceptance's own order
+
     def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         """`logits`: the temperature-scaled logits `[B, W, V]`. Tokens: the sampled proposals and
         their probabilities; commit: the accepted ones; extras: entropy and the rule's sum."""
@@ -159,6 +163,7 @@ class _Step:
     stopped: torch.Tensor
     start: torch.Tensor | None
     output: torch.Tensor | None
+    constraint: dict[str, Any] | None = None  # the record's `constraint` (engine/constraints/canvas.py: Restriction.record)
 
 
 class UniformRun(DiffusionRun):
@@ -167,8 +172,10 @@ class UniformRun(DiffusionRun):
 
     kind = UNIFORM
 
-    def __init__(self, model: DiffusionGemmaLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks) -> None:
-        super().__init__(model, prompts, config, stop_ids, hooks)
+    def __init__(
+        self, model: DiffusionGemmaLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
+    ) -> None:
+        super().__init__(model, prompts, config, stop_ids, hooks, compiler)
         model.check_text_only(prompts)
         self.sampler = UniformSampler(config, model.mask_token_id, self.generator)
         self.pad = model.mask_token_id
@@ -225,8 +232,18 @@ class UniformRun(DiffusionRun):
             self.nfe += 1
             temperature = self.sampler.temperature(steps_left, self.device)
             scaled = logits / temperature
-            result = self.sampler.step(scaled, Block(nothing, canvas, ~nothing, 0.0))
-            new_draft = scaled.argmax(dim=-1)
+            decided, restriction, dropped = scaled, None, None  # what the sampler and the draft read
+            if self.constraint is not None:  # this canvas and the later ones are open, the earlier ones fixed
+                open_ = torch.arange(self.x.shape[1], device=self.device).expand_as(self.x) >= s
+                decided, restriction = self.constraint.restrict(scaled, self.x, open_, s, ~nothing)
+            result = self.sampler.step(decided, Block(nothing, canvas, ~nothing, 0.0))
+            if self.constraint is not None:  # acceptances and the draft jointly completable, in the sampler's order
+                order = self.sampler.commit_order(result)
+                kept = self.constraint.admit(self.x, open_, s, result.commit, result.tokens, order)
+                result.commit, dropped = kept, result.commit & ~kept
+                new_draft = self.constraint.draft(decided, self.x, open_, s, order)
+            else:
+                new_draft = scaled.argmax(dim=-1)
             noise = self._random_tokens()
             next_canvas = torch.where(result.commit, result.tokens, noise)
             recomputed = False
@@ -237,7 +254,8 @@ class UniformRun(DiffusionRun):
                 recomputed = self.records  # a stopped row's entropy of its kept logits, for its record
             # the rows still going kept their logits, so the sampler's entropy is theirs; a stopped
             # row's value decides nothing (it stays stopped), only a record shows it
-            mean_entropy = (entropy(scaled) if recomputed else result.extras["entropy"]).mean(dim=-1)
+            sampled = result.extras["entropy"]
+            mean_entropy = (torch.where(stopped[:, None], entropy(scaled), sampled) if recomputed else sampled).mean(dim=-1)
             stable, confident = self.stopper(new_draft, mean_entropy)
             stopped = stopped | (stable & confident)
             canvas, draft = next_canvas, new_draft
@@ -252,6 +270,7 @@ class UniformRun(DiffusionRun):
                 state = _Step(
                     block, (s, e), step, steps_left, float(temperature), active, result, draft, draft_probability, noise,
                     stable, confident, mean_entropy, stopped, start_tokens if step == 0 else None, self.x[:, s:e] if last else None,
+                    restriction.record(scaled, None, dropped, s) if restriction is not None else None,
                 )
                 state_seconds = time.perf_counter() - t0
                 emitted = time.perf_counter()
@@ -290,6 +309,7 @@ class UniformRun(DiffusionRun):
             iteration=self.iteration, block=st.block, block_range=[s, e], forward="denoise", recomputed=[[s, e]], threshold=None,
             committed=positions(result.commit, s), forced=[[] for _ in noise], top1=st.draft.cpu().tolist(),
             confidence=rounded(st.draft_probability), seconds=seconds, active=st.active.cpu().tolist(), final_until=list(self.final_until),
+            constraint=st.constraint,
             uniform={
                 "step": st.step,
                 "steps_left": st.steps_left,

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..constraints import spec_of
 from ..errors import EngineError
 from ..generation import fit_request
 from ..pipeline import Engine, TextResult
@@ -198,7 +199,8 @@ class Server:
         for i, prompt in enumerate(parsed.prompts):
             self.limits.check(parsed.prompt_chars(i), parsed.config)
             ids = encode_prompt(self.engine, prompt, parsed.config.use_chat_template)
-            fit_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens)  # refused here, in one line, before any forward
+            vocabulary = self.engine.vocabulary if spec_of(parsed.config) is not None else None  # the constraint's room checked too
+            fit_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens, vocabulary)  # refused here, in one line, before any forward
             encoded.append(ids)
         self._reserve(len(encoded))
         request_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)

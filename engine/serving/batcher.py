@@ -24,6 +24,7 @@ hosts and events.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -32,6 +33,7 @@ from typing import Callable, Protocol
 
 from ..cache_modes import cache_mode
 from ..config import GenerationConfig
+from ..constraints import CONSTRAINT_FIELDS, spec_of
 from ..errors import EngineError
 from ..hooks import RunHooks
 from ..run import GenerationOutput
@@ -56,14 +58,17 @@ def batch_key(config: GenerationConfig, engine_id: object) -> str | None:
         return None
     if not decoder_class(config.decoder).row_wise_for(config):
         return None
-    return json.dumps([engine_id, config.to_dict()], sort_keys=True, default=str)
+    # each row keeps its own constraint (RunHooks.constraints), so it does not part a batch
+    shared = {k: v for k, v in config.to_dict().items() if k not in CONSTRAINT_FIELDS}
+    return json.dumps([engine_id, shared], sort_keys=True, default=str)
 
 
 class RowView:
     """One row of a batched generate, as its solo run would have reported it: the records in which
     the loop marks the row active (`IterationRecord.active`), renumbered."""
 
-    def __init__(self, header: Trace, row: int) -> None:
+    def __init__(self, header: Trace, row: int, config: GenerationConfig | None = None) -> None:
+        """`config`: the row's own (its constraint), when the batch ran with another's."""
         self.row = row
         self.prompt_length = header.prompt_lengths[row]
         self.stop_ids = set(header.eos_ids)
@@ -72,6 +77,8 @@ class RowView:
         self.trace = replace(header, prompt_lengths=[self.prompt_length], initial=[list(header.initial[row])], iterations=[])
         if header.expected is not None:
             self.trace.expected = [header.expected[row]]
+        if config is not None:
+            self.trace.config = config.to_dict()
 
     def header(self) -> Trace:
         return replace(self.trace, iterations=[])
@@ -86,6 +93,7 @@ class RowView:
             confidence=[rec.confidence[r]], candidates=None if rec.candidates is None else [rec.candidates[r]],
             revisions=None if rec.revisions is None else [rec.revisions[r]], active=[True], final_until=[rec.final_until[r]],
             extras={k: [v[r]] if isinstance(v, list) else v for k, v in rec.extras.items()},
+            constraint=None if rec.constraint is None or rec.constraint["allowed"][r] is None else {k: [v[r]] for k, v in rec.constraint.items()},
         )
         self.kept += 1
         self.trace.iterations.append(mine)
@@ -257,7 +265,7 @@ class Batcher:
         views: list[RowView] = []
 
         def on_start(header: Trace) -> None:
-            views.extend(RowView(header, row) for row in range(len(members)))
+            views.extend(RowView(header, row, r.config) for row, r in enumerate(members))
             for r, view in zip(members, views):
                 r.sink.started(view.header(), len(members))
 
@@ -271,6 +279,8 @@ class Batcher:
         hooks = RunHooks(
             trace=True, on_start=on_start, on_iteration=on_iteration, cancel=AllCancelled([r.cancel for r in members]), expected_ids=answers if any(answers) else None
         )
-        out = engine.generate_ids(encoded, members[0].config, hooks)
+        specs = tuple(spec_of(r.config) for r in members)  # each row its own constraint, the batch's config without one
+        free = dataclasses.replace(members[0].config, **dict.fromkeys(CONSTRAINT_FIELDS))
+        out = engine.generate_ids(encoded, free, hooks.but(constraints=specs) if any(specs) else hooks)
         for r, view, ids in zip(members, views, out.token_ids):
             r.sink.finished(view.result(out, engine.decode(ids)))

@@ -25,7 +25,9 @@ NEUTRAL_FIELDS: dict[str, tuple[object, ...]] = {
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": ("",), "logit_bias": ({},),
 }
 IGNORED_FIELDS = ("user", "metadata", "store")  # bookkeeping a client may send; nothing to do
-COMMON_FIELDS = ("model", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options")
+COMMON_FIELDS = ("model", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "response_format", "structured_outputs")
+# vLLM's `structured_outputs` keys the engine serves, and the GenerationConfig field each sets
+STRUCTURED_OUTPUTS = {"regex": "regex", "json": "json_schema", "choice": "choice"}
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 200
@@ -92,11 +94,36 @@ def _prompts(value: Any, limits: RequestLimits) -> list[str]:
     return prompts
 
 
+def _constraint(body: dict[str, Any]) -> dict[str, Any]:
+    """The answer's constraint as config settings, from OpenAI's `response_format`
+    ({"type": "json_schema", "json_schema": {"schema": ...}}, {"type": "json_object"}, {"type":
+    "text"}) or vLLM's `structured_outputs` ({"regex": ...}, {"json": ...}, {"choice": [...]});
+    at most one source (the config's own fields count as one)."""
+    out: dict[str, Any] = {}
+    fmt = body.get("response_format")
+    if fmt is not None:
+        _need(isinstance(fmt, dict) and fmt.get("type") in ("text", "json_object", "json_schema"), "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}")
+        if fmt["type"] == "json_object":
+            out["json_schema"] = {"type": "object"}
+        elif fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            _need(isinstance(spec, dict) and isinstance(spec.get("schema"), dict), "response_format json_schema needs json_schema.schema, a JSON Schema object")
+            out["json_schema"] = spec["schema"]
+    structured = body.get("structured_outputs")
+    if structured is not None:
+        _need(isinstance(structured, dict) and len(structured) == 1 and next(iter(structured)) in STRUCTURED_OUTPUTS, f"structured_outputs takes one of {', '.join(STRUCTURED_OUTPUTS)} (this server has no grammar, json_object or structural_tag)")
+        _need(not out, "give response_format or structured_outputs, not both")
+        (key, value), = structured.items()
+        out[STRUCTURED_OUTPUTS[key]] = value
+    _need(not (out and any(name in body for name in STRUCTURED_OUTPUTS.values())), "give the answer's constraint once: response_format, structured_outputs or regex/json_schema/choice")
+    return out
+
+
 def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> GenerationConfig:
     """The extra fields as a GenerationConfig. A completion's prompt is raw text unless the request
     sets use_chat_template; a chat's goes through the template. `max_tokens` without `gen_length`:
     the canvas is max_tokens rounded up to whole blocks."""
-    settings = {name: body[name] for name in CONFIG_FIELDS if name in body}
+    settings = {name: body[name] for name in CONFIG_FIELDS if name in body} | _constraint(body)
     settings.setdefault("use_chat_template", chat)
     if max_tokens is not None and "gen_length" not in settings:
         block = settings.get("block_length", GenerationConfig.block_length)

@@ -1,0 +1,18 @@
+"""Structured output for diffusion decoding (docs/constraints.md): a regex, a JSON schema or a list
+of choices that the answer obeys whatever order the decoder commits in.
+
+`spec.py` what a request asks (GenerationConfig's `regex`, `json_schema`, `choice`) and its bounds;
+`vocabulary.py` the tokenizer's tokens as outlines-core reads them and the token automaton of a
+regex over them; `automaton.py` that automaton and the dynamic programme over a canvas;
+`canvas.py` the run's seam: `restrict` before the decoder, `admit` and `draft` after it.
+"""
+
+from .automaton import Sets, TokenAutomaton
+from .canvas import CanvasConstraint, Compiler, Restriction
+from .spec import CONSTRAINT_FIELDS, ConstraintSpec, check_config, escape, spec_of
+from .vocabulary import TokenVocabulary, token_bytes
+
+__all__ = [
+    "CONSTRAINT_FIELDS", "CanvasConstraint", "Compiler", "ConstraintSpec", "Restriction", "Sets", "TokenAutomaton", "TokenVocabulary",
+    "check_config", "escape", "spec_of", "token_bytes",
+]

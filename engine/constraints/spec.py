@@ -1,0 +1,146 @@
+"""What a request asks its answer to be: a regex, a JSON schema or one of a list of choices
+(GenerationConfig's `regex`, `json_schema`, `choice`; at most one), checked and bounded before any
+model work, and turned into the one regex the automaton is built from (docs/constraints.md §1).
+
+The schema's regex is outlines-core's (`json_schema.build_regex_from_schema`); the regex syntax
+is outlines-core's (Rust's `regex` crate), checked by building its byte-level DFA.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ..errors import EngineError
+
+CONSTRAINT_FIELDS = ("regex", "json_schema", "choice")
+# Bounds on what a request may ask, like every other request input: the text, and the automaton it builds.
+MAX_REGEX_CHARS = 16_384
+MAX_SCHEMA_CHARS = 16_384
+MAX_CHOICES = 256
+MAX_CHOICE_CHARS = 1_024
+MAX_REPEAT = 1_024  # the largest count a `{n}` / `{n,m}` may ask (each count is that many DFA states)
+MAX_STATES = 4_096
+MAX_TABLE_ENTRIES = 8_000_000  # token classes x states
+# Rust regex's meta characters (regex_syntax::is_meta_character): what a literal choice escapes
+_META = set("\\.+*?()|[]{}^$#&-~")
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """One answer's constraint: `kind` one of CONSTRAINT_FIELDS, `value` its setting."""
+
+    kind: str
+    value: Any
+
+    def regex(self) -> str:
+        """The regex of the answer's language."""
+        if self.kind == "regex":
+            return self.value
+        if self.kind == "choice":
+            return "|".join("(" + escape(c) + ")" for c in self.value)
+        from outlines_core.json_schema import build_regex_from_schema
+
+        try:
+            return build_regex_from_schema(json.dumps(self.value))
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise EngineError(f"json_schema: outlines-core cannot turn it into a regex: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+
+    def describe(self) -> str:
+        """A short label (the trace's and the benchmark's)."""
+        text = json.dumps(self.value) if self.kind != "regex" else self.value
+        return f"{self.kind} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def escape(text: str) -> str:
+    """`text` as a literal in Rust's regex syntax."""
+    return "".join("\\" + ch if ch in _META else ch for ch in text)
+
+
+def spec_of(config: Any) -> ConstraintSpec | None:
+    """The config's constraint (None: the answer is free)."""
+    for kind in CONSTRAINT_FIELDS:
+        value = getattr(config, kind)
+        if value is not None:
+            return ConstraintSpec(kind, tuple(value) if kind == "choice" else value)
+    return None
+
+
+def check_config(config: Any) -> None:
+    """At most one constraint, each of its type and within the bounds, its regex well formed:
+    EngineError in one line naming the setting."""
+    given = [kind for kind in CONSTRAINT_FIELDS if getattr(config, kind) is not None]
+    if len(given) > 1:
+        raise EngineError(f"give at most one of regex, json_schema and choice, not {' and '.join(given)}")
+    if not given:
+        return
+    spec = spec_of(config)
+    if spec.kind == "regex":
+        if len(spec.value) > MAX_REGEX_CHARS:
+            raise EngineError(f"regex: {len(spec.value)} characters; at most {MAX_REGEX_CHARS}")
+    elif spec.kind == "choice":
+        if not spec.value or len(spec.value) > MAX_CHOICES:
+            raise EngineError(f"choice: give 1 to {MAX_CHOICES} choices, got {len(spec.value)}")
+        bad = [c for c in spec.value if not isinstance(c, str) or not c or len(c) > MAX_CHOICE_CHARS]
+        if bad:
+            raise EngineError(f"choice: every choice must be a non-empty text of at most {MAX_CHOICE_CHARS} characters, got {str(bad[0])[:40]!r}")
+    else:
+        check_schema(spec.value)
+    check_regex(spec.regex())
+
+
+def check_schema(schema: Any) -> None:
+    """A JSON Schema object (jsonschema's meta-schema check), within the size bound."""
+    import jsonschema
+
+    if not isinstance(schema, dict):
+        raise EngineError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise EngineError(f"json_schema: {len(text)} characters of JSON; at most {MAX_SCHEMA_CHARS}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise EngineError(f"json_schema is not a valid JSON Schema: {exc.message[:200]}") from None
+
+
+def check_regex(regex: str) -> None:
+    """Syntax, repetition counts and DFA size, on the byte-level DFA outlines-core builds (cached)."""
+    if len(regex) > MAX_REGEX_CHARS:
+        raise EngineError(f"the constraint's regex has {len(regex)} characters; at most {MAX_REGEX_CHARS}")
+    _byte_states(regex)
+
+
+@lru_cache(maxsize=256)
+def _byte_states(regex: str) -> int:
+    from outlines_core import Index
+
+    for m in _REPEAT.finditer(regex):
+        counts = [int(g) for g in m.groups() if g]
+        if max(counts) > MAX_REPEAT:
+            raise EngineError(f"regex: the repetition {m.group(0)} asks for more than {MAX_REPEAT}")
+    try:
+        index = Index(regex, _byte_vocabulary())
+    except (ValueError, RuntimeError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "incompatible" in message:  # every byte is a token here: the regex itself matches nothing
+            raise EngineError(f"regex {regex[:60]!r} matches no text") from None
+        raise EngineError(f"invalid regex {regex[:60]!r}: {message[:200]}") from None
+    states = len(index.get_transitions())
+    if states > MAX_STATES:
+        raise EngineError(f"regex: its automaton has {states} states; at most {MAX_STATES}")
+    if not index.get_final_states():
+        raise EngineError(f"regex {regex[:60]!r} matches no text")
+    return states
+
+
+@lru_cache(maxsize=1)
+def _byte_vocabulary() -> Any:
+    """Every single byte as a token (id = byte + 1; 0 is the end of text): the regex's own DFA."""
+    from outlines_core import Vocabulary
+
+    return Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)})
