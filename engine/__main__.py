@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from .cache_modes import cache_modes
-from .cli import DEFAULT_MODEL, OneLineParser, check_threads, checked_device, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from .cli import DEFAULT_MODEL, OneLineParser, check_threads, checked_device, printable, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from .config import GenerationConfig, parse_schema, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         message = "interrupted"
     if first_on_its_node():
-        print(f"error: {' '.join(message.split())}", file=sys.stderr)  # one line, whatever the message held
+        print(f"error: {printable(message)}", file=sys.stderr)  # one line, whatever the message held
     return 2
 
 

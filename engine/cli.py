@@ -66,7 +66,13 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line (no usage dump) and exits 2."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {message}\n")
+        self.exit(2, f"error: {printable(message)}\n")
+
+
+def printable(message: str) -> str:
+    """One line any stream can write: whitespace runs joined, a lone surrogate (an argument's bytes
+    that are not UTF-8) as its escape."""
+    return " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_parallel.py::test_two_processes_give_the_logits_and_tokens_of_one",
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[tp2]",
         "test_compiled.py::test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_all_reduces",
+        "test_serve.py::test_sigint_to_the_server_ends_its_stream_with_an_error_event_and_leaves_no_process",
     ),
     "torchrun": ("test_torchrun.py",),
     "processes": (  # each imports torch (or gradio) afresh: seconds apiece before it does anything
@@ -37,6 +38,7 @@ LANES: dict[str, tuple[str, ...]] = {
     ),
     "browser": ("test_app_browser.py", "test_revision_browser.py", "test_uniform_browser.py"),
     "training": ("test_train.py", "test_distill.py", "test_edit_train.py", "test_uniform_train.py"),
+    "fuzz": ("test_fuzz.py",),  # generated bad inputs against every interface's one-line contract (#33)
 }
 SLOW = "slow"
 
@@ -61,6 +63,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(lane)
         if lanes:
             item.add_marker(SLOW)
+
+
+def assert_processes_end(pids: list[int], limit_s: float, who: str) -> None:
+    """Each process in `pids` ends within `limit_s` (a bound on a hang, not a speed): its pidfd
+    turns readable when it ends; one already gone counts as ended."""
+    import os
+    import select
+
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            assert select.select([fd], [], [], limit_s)[0], f"process {pid} outlived {who}"
+        finally:
+            os.close(fd)
 
 
 # Tests use tiny tensors: one thread avoids oversubscribing CI's two cores (measured: 95 s -> 12 s

@@ -14,7 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
-import select
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from engine.runtime import lifecycle
 from engine.runtime.lifecycle import ProcessGroup, RankCancel, StopFlags
 
 from . import lifecycle_workers
+from .conftest import assert_processes_end
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 600  # a bound on a hang, not a speed
@@ -231,12 +231,4 @@ def test_the_workers_end_when_their_caller_dies_a_frozen_one_too():
     caller = subprocess.run([sys.executable, "-c", CALLER, lifecycle.__file__], cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S)
     pids = [int(p) for p in caller.stdout.split()]
     assert caller.returncode == -9 and len(pids) == 2, caller.stderr[-2000:]
-    for pid in pids:  # each pidfd turns readable when its process ends
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            assert select.select([fd], [], [], LIMIT_S)[0], f"worker {pid} outlived its caller"  # a bound on a hang, not a speed
-        finally:
-            os.close(fd)
+    assert_processes_end(pids, LIMIT_S, "its caller")

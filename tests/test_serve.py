@@ -33,6 +33,8 @@ from engine.serving.streaming import RowText
 from engine.serving.traces import TraceStore
 from engine.trace import EDIT, IterationRecord, Revision
 
+from .conftest import assert_processes_end
+
 # 16 prompts of several lengths and families (each length's prompts batch together)
 PROMPTS = [
     "Q: 14+5=? A:", "Q: 7-65=? A:", "Q: ?+?=57 A:", "Q: ?+?=12 A:", "Q: 123+45=? A:", "Q: 300-12=? A:",
@@ -309,6 +311,68 @@ def test_a_stop_ends_a_stream_with_an_error_event_and_answers_new_requests_503_w
         assert json.loads(rest[-2].removeprefix("data: "))["error"]["message"] == "the server is shutting down"
         assert rest[-1] == "data: [DONE]"
         until(lambda: app.state.server.pending == 0)
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port)).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc: no psutil)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_sigint_to_the_server_ends_its_stream_with_an_error_event_and_leaves_no_process(tmp_path):
+    """`python -m engine serve --tp 2` (two worker processes) gets SIGINT while a stream is held at
+    the turnstile's first gate: the stream ends with the shutdown's error event and [DONE] once the
+    gates open, the server exits 0, and neither worker outlives it. The time from the signal to the
+    exit is printed (benchmarks/RESULTS.md), never asserted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DINFER_VIZ_DECODERS": str(Path(__file__).with_name("turnstile_decoder.py"))}
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", str(port), "--tp", "2"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in proc.stdout.readline(), proc.stderr.read()[-2000:]
+        workers = _children(proc.pid)
+        assert len(workers) >= 2, workers
+        body = {"prompt": PROMPTS[0], "decoder": "turnstile", "decoder_options": {"gates": str(tmp_path)}, "gen_length": 16, "block_length": 16, "stream": True}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=600) as http, http.stream("POST", "/completions", json=body) as reply:
+            lines = reply.iter_lines()
+            assert json.loads(next(lines).removeprefix("data: "))["choices"][0]["trace_id"]
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            until(lambda: _refused(port))  # the server has handled the signal: it stopped listening (its stop() ran first)
+            for gate in range(1, 17):
+                Path(tmp_path, str(gate)).touch()
+            rest = [line for line in lines if line]
+        assert json.loads(rest[-2].removeprefix("data: "))["error"]["message"] == "the server is shutting down"
+        assert rest[-1] == "data: [DONE]"
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+        print(f"SIGINT to exit: {time.monotonic() - signalled:.2f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_processes_end(workers, 600, "the server")
 
 
 def test_the_trace_store_is_bounded_and_prunes_the_oldest():

@@ -87,6 +87,9 @@ def serve_command(args: argparse.Namespace) -> int:
         config = uvicorn.Config(app, log_level="warning", limit_concurrency=args.max_connections, timeout_keep_alive=IDLE_SECONDS, timeout_graceful_shutdown=GRACE_SECONDS)
         server = stopping_server(config, app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
-        server.run(sockets=[listener])
+        try:
+            server.run(sockets=[listener])
+        except KeyboardInterrupt:  # uvicorn re-raises a SIGINT once it has shut down: a clean stop
+            pass
     return 0
 
