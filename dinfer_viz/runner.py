@@ -212,7 +212,7 @@ def acknowledge(run: str, frame: int) -> None:
 
 @dataclass
 class Frame:
-    stage: str  # "waiting" | "loading" | "running" | "busy" (no news for a while) | "done" | "error"
+    stage: str  # "waiting" | "loading" | "running" | "busy" (no news for a while) | "done" | "error" | "stopped" (the last)
     wall: float  # seconds since the run was asked for (includes the UI)
     plots: bool = False  # redraw the plots with this frame
     timeline: Timeline | None = None  # live: keeps growing after the yield; read `shown`
@@ -288,7 +288,7 @@ def run_live(
         return engine.generate(prompt, config, hooks, expected=expected or None)
 
     events = batcher.submit(spec, prompt, config, cancel, expected) if batcher is not None else start_worker(host, spec, job, cancel)
-    run = LiveRun(events, FrameClock(fps, plot_hz), Playback(speed), t0)
+    run = LiveRun(events, FrameClock(fps, plot_hz), Playback(speed), t0, cancel)
     with _PACERS_LOCK:
         _PACERS[run.id] = run.pacer
     try:
@@ -297,14 +297,20 @@ def run_live(
         cancel.set()
         with _PACERS_LOCK:
             del _PACERS[run.id]
+        run.ended.set()
 
 
 class LiveRun:
     """One live run's consumer: drains the engine's `events`, keeps the growing timeline and
     yields the frames the clock, the page and the playback allow (module docstring)."""
 
-    def __init__(self, events: "queue.SimpleQueue[object]", clock: FrameClock, playback: Playback, t0: float) -> None:
+    def __init__(
+        self, events: "queue.SimpleQueue[object]", clock: FrameClock, playback: Playback, t0: float, cancel: threading.Event | None = None
+    ) -> None:
         self.events, self.clock, self.playback, self.t0 = events, clock, playback, t0
+        self.cancel = cancel or threading.Event()
+        self.halted = False  # Stop: the next frame is the last ("stopped"), the engine is cancelled
+        self.ended = threading.Event()  # the stream has ended (run_live's caller sent its last frame)
         self.id = secrets.token_hex(8)  # what the page's reports name
         self.pacer = PagePacer(wake=lambda: events.put(Painted()))
         self.timeline: Timeline | None = None
@@ -338,8 +344,22 @@ class LiveRun:
         self.playback.skip()
         self.events.put(Painted())
 
+    def halt(self, wait: float = 30.0) -> bool:
+        """Stop: cancel the engine (it stops before its next layer) and end the stream with one
+        "stopped" frame carrying every record that arrived (and the result, when the engine had
+        finished and only playback was left). The stream itself sends that frame, so nothing it
+        sent before can land after it. Waits up to `wait` seconds for the stream to end; whether it did."""
+        self.halted = True
+        self.cancel.set()
+        self.events.put(Painted())
+        return self.ended.wait(wait)
+
     def frames(self) -> Iterator[Frame]:
         while True:
+            if self.halted:
+                tl = self.timeline
+                yield self._frame("stopped", plots=True, timeline=tl, text=self.result.text if self.result else "", message="stopped", shown=tl.iterations if tl else 0)
+                return
             for event in self._arrived():
                 yield from self._on_event(event)
                 if self.failed:

@@ -21,7 +21,7 @@ from engine import EngineError
 
 from .grid import inert
 from .tabs.common import error_text, guarded, outputs
-from .tabs.run import LOAD_VIEW, RunHandlers
+from .tabs.run import RunHandlers
 
 TRACE_ID = re.compile(r"trace-[0-9a-f]{16}")  # engine/serving/traces.py: TraceStore.new
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -61,16 +61,16 @@ def fetch_trace(server: str, trace_id: str) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-@guarded(LOAD_VIEW)
+@guarded(lambda h: h.loaded_slots)
 def open_server_trace(h: RunHandlers, server: str, trace_id: str) -> tuple:
     """The Run tab's view of the server's trace and the boxes it fills (RunHandlers.load_trace's
-    LOAD_VIEW), or its message."""
+    `loaded_slots`), or its message."""
     if h.host.public:
-        return outputs(LOAD_VIEW, {"message": error_text("this public app opens no server traces (it fetches no address a visitor types)")})
+        return outputs(h.loaded_slots, {"message": error_text("this public app opens no server traces (it fetches no address a visitor types)")})
     try:
         text = fetch_trace(server or "", trace_id or "")
     except EngineError as exc:
-        return outputs(LOAD_VIEW, {"message": error_text(inert(str(exc)))})
+        return outputs(h.loaded_slots, {"message": error_text(inert(str(exc)))})
     return h.load_trace(h.write_file(trace_id.strip(), ".json", text), source="a server trace")
 
 
@@ -84,7 +84,7 @@ def add_box(parts: dict[str, Any]) -> None:
 
 
 def wire(h: RunHandlers, parts: dict[str, Any], view: list[Any]) -> None:
-    """`view`: LOAD_VIEW's components."""
+    """`view`: the components of `h.loaded_slots`."""
     parts["trace_open"].click(
         lambda server, trace_id: open_server_trace(h, server, trace_id), [parts["trace_server"], parts["trace_id"]], view, api_name="load_server_trace"
     )

@@ -171,12 +171,6 @@ class Timeline:
         return next((r for r in self.revisions.get(position, []) if r.iteration == iteration), None)
 
     @property
-    def uniform(self) -> bool:
-        """TRANSITIONAL, for dinfer_viz/tabs/run.py's one reader until it asks
-        `views.view_for(timeline).runs_own_sampler`; then this property goes (no view reads it)."""
-        return self.kind != "masked"
-
-    @property
     def revises(self) -> bool:
         """The run's decoder may revise its commits (its records carry revisions, maybe empty)."""
         return any(rec.revisions is not None for rec in self.records)

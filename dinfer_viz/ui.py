@@ -71,11 +71,11 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
         # Run stays on its page with what it produced (RunHandlers.stop), whichever Stop it was
         stoppable = [run_tab.engine, compare_tab, sweep_tab.engine]
         everything = [t.event for t in stoppable]
-        run_stop = dict(fn=handlers.stop, inputs=[run_tab.state, run_tab.pinned], outputs=run_tab.view, **PRIVATE)
-        run_tab.engine.stop.click(cancels=everything, **run_stop)
+        # (the live Run's stream ends itself with the stopped run, then the cancel catches the rest)
+        run_stop = dict(inputs=[run_tab.state, run_tab.pinned], outputs=run_tab.view, **PRIVATE)
+        run_tab.engine.stop.click(handlers.stop, **run_stop).then(None, cancels=everything, **PRIVATE)
         for tab in stoppable[1:]:
-            tab.stop.click(handlers.stopped, None, tab.message, cancels=everything, **PRIVATE)
-            tab.stop.click(**{**run_stop, "fn": handlers.stop_quietly})
+            tab.stop.click(handlers.stop_quietly, **run_stop).then(handlers.stopped, None, tab.message, cancels=everything, **PRIVATE)
     # Comparisons, sweeps and loads queue one at a time (concurrency id "engine"), runs up to a batch
     # at once ("runs"); replay and loading traces are cheap and run side by side for several sessions.
     demo.queue(max_size=32, default_concurrency_limit=4)

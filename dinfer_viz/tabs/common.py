@@ -73,15 +73,18 @@ def prune(folder: Path, now: float | None = None) -> None:
             path.unlink(missing_ok=True)
 
 
-def guarded(slots: Sequence[str] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def guarded(slots: Sequence[str] | Callable[[Any], Sequence[str]] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Any exception a handler lets through becomes a one-line message in the page (its `slots`'
     "message", or the returned text when `slots` is None), with the traceback in the server log:
-    the session and the loaded engines go on."""
+    the session and the loaded engines go on. `slots` may be a function of the handler's first
+    argument (its handlers object), for slots that depend on the page it serves."""
 
-    def message(exc: Exception) -> Any:
+    def message(exc: Exception, args: tuple) -> Any:
         log.exception("handler failed")
         text = error_text(f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
-        return outputs(slots, {"message": text}) if slots is not None else text
+        if slots is None:
+            return text
+        return outputs(slots(args[0]) if callable(slots) else slots, {"message": text})
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.isgeneratorfunction(fn):
@@ -91,7 +94,7 @@ def guarded(slots: Sequence[str] | None) -> Callable[[Callable[..., Any]], Calla
                 try:
                     yield from fn(*args, **kwargs)
                 except Exception as exc:  # GeneratorExit (a closed stream) is not an Exception
-                    yield message(exc)
+                    yield message(exc, args)
 
             return stream
 
@@ -100,7 +103,7 @@ def guarded(slots: Sequence[str] | None) -> Callable[[Callable[..., Any]], Calla
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                return message(exc)
+                return message(exc, args)
 
         return call
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 
@@ -37,6 +37,7 @@ from ..sample_traces import shipped_samples
 from ..settings import all_controls, control_value, sweep_setting, visible_fields
 from ..system import progress_line, startup_note
 from ..timeline import Timeline, iteration_number
+from ..views import view_for
 from .common import TabHandlers, error_text, guarded, outputs
 from .live import LiveView
 from .shown import FAILED, FINISHED, LIVE, LOADED, STOPPED, RunState, frozen, trace_prompt
@@ -50,7 +51,14 @@ RUN_VIEW = (
 )
 # Loading a trace: the view, then the boxes it fills with what the trace was made with (the
 # prompt, the model, every control in all_controls() order; the family note follows the prompt)
-LOAD_VIEW = (*RUN_VIEW, "prompt", "model_box", *(f"cfg:{c.field}" for c in all_controls()))
+
+
+def load_view(fields: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The slots a loaded trace fills: the run view, the prompt, the model and one box per setting
+    control (`fields`: those of the page being served; default: every control registered now, for
+    handlers used without a page). A plug-in registered after a page was built has no box there."""
+    return (*RUN_VIEW, "prompt", "model_box", *(f"cfg:{f}" for f in (fields if fields is not None else [c.field for c in all_controls()])))
+
 SKIP_VIEW = (*RUN_VIEW, "timer")  # "skip to the end" of a replay: the view at its end, the timer off
 PICK_VIEW = (*RUN_VIEW, "pinned")  # a click on the grid or the raster: the view, and the position pinned
 PICK_HINT = "Click a cell of the grid or a point of the raster: everything about that position at the iteration shown appears here, and stays pinned while you scrub."
@@ -156,7 +164,7 @@ def shown_view(
         message=message,
         header=shown.header(),
     )
-    if shown.status == LOADED or tl.uniform:  # a uniform model ran its own sampler, not the decoder the controls explain
+    if shown.status == LOADED or view_for(tl).runs_own_sampler:  # it ran its own sampler, not the decoder the controls explain
         out["explain"] = ran_explanation(tl)
     return out
 
@@ -180,6 +188,13 @@ def live_speed(value: Any) -> float:
 
 class RunHandlers(TabHandlers):
     """The Run tab's events: settings checks, the live run, replay, playback, loading a trace."""
+
+    page_fields: Sequence[str] | None = None  # the setting controls of the page served (run_page sets them)
+
+    @property
+    def loaded_slots(self) -> tuple[str, ...]:
+        """What a loaded trace's handlers return: `load_view` of the page served."""
+        return load_view(self.page_fields)
 
     def check(self, *values: Any) -> tuple[str, Any]:
         """(message next to the controls, Run button update): Run is refused while invalid."""
@@ -449,7 +464,7 @@ class RunHandlers(TabHandlers):
         return outputs(SKIP_VIEW, unpinned_kept(view, pinned))
 
     def loaded_boxes(self, shown: RunState) -> dict[str, Any]:
-        """The boxes a loaded trace fills (LOAD_VIEW's after RUN_VIEW): the prompt, the model and
+        """The boxes a loaded trace fills (`loaded_slots` after RUN_VIEW): the prompt, the model and
         every setting it was made with; a setting the trace does not name, or a config this
         engine no longer reads, leaves the controls as they are."""
         trace = shown.timeline.trace
@@ -462,36 +477,36 @@ class RunHandlers(TabHandlers):
             return out
         named = set(trace.config or {})
         for c in all_controls():  # a plug-in registered after the page was built has no box here
-            if c.field.split(".", 1)[0] in named and f"cfg:{c.field}" in LOAD_VIEW:
+            if c.field.split(".", 1)[0] in named and f"cfg:{c.field}" in self.loaded_slots:
                 out[f"cfg:{c.field}"] = control_value(c, config)
         return out
 
-    @guarded(LOAD_VIEW)
+    @guarded(lambda h: h.loaded_slots)
     def load_trace(self, file: Any, source: str = "a trace file") -> tuple:
         """Load a downloaded trace JSON for replay (needs no model): the run on display, and the
-        prompt, model and settings boxes filled with what it was made with (LOAD_VIEW)."""
+        prompt, model and settings boxes filled with what it was made with (`loaded_slots`)."""
         path = getattr(file, "name", file)
         if not path:
-            return outputs(LOAD_VIEW, {"message": "no file"})
+            return outputs(self.loaded_slots, {"message": "no file"})
         try:
             trace = Trace.from_json(Path(path).read_text(encoding="utf-8"))
             tl = Timeline(trace)
         except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
-            return outputs(LOAD_VIEW, {"message": error_text(f"cannot load this trace: {exc}")})
+            return outputs(self.loaded_slots, {"message": error_text(f"cannot load this trace: {exc}")})
         except Exception as exc:  # a trace the checks let through but the views cannot show
             log.exception("trace could not be shown")
-            return outputs(LOAD_VIEW, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
+            return outputs(self.loaded_slots, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
         note = f"loaded trace of {trace.model or 'an unnamed model'}"
         message = f"loaded a trace: {trace.model}, {plural(tl.iterations, 'iteration')}"
         view = stored_view(tl, tl.iterations - 1, None, note=note, message=message, source=source)
-        return outputs(LOAD_VIEW, {**view, **self.loaded_boxes(view["state"])})
+        return outputs(self.loaded_slots, {**view, **self.loaded_boxes(view["state"])})
 
-    @guarded(LOAD_VIEW)
+    @guarded(lambda h: h.loaded_slots)
     def load_sample(self, name: str | None) -> tuple:
         """Load one of the shipped sample traces (assets/traces), by file name, for replay."""
         path = self.samples.get(name or "")
         if path is None:
-            return outputs(LOAD_VIEW, {"message": error_text(f"no sample trace named {inert(repr(name))}")})
+            return outputs(self.loaded_slots, {"message": error_text(f"no sample trace named {inert(repr(name))}")})
         return self.load_trace(path, source="a sample trace")
 
     @property

@@ -78,7 +78,8 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     _wire_replay(h, parts, view)
     _wire_lessons(h, parts, controls, model_inputs[0])
     _wire_presets(parts, controls)
-    _wire_files(h, parts, [*view, parts["prompt"], model_inputs[0], *(controls[c.field] for c in all_controls())])
+    h.page_fields = list(controls)
+    _wire_files(h, parts, [*view, parts["prompt"], model_inputs[0], *controls.values()])
     _wire_costs(h, parts, settings_inputs)
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
     return RunTab(
@@ -186,8 +187,8 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
 def _figures(parts: Parts) -> None:
     """The run's figures, and the forward-cost measurement."""
     with gr.Row(equal_height=False):
-        parts["raster"] = gr.Plot(message_figure("run something, or load a trace", 360), label="Confidence raster: iteration × position", elem_id="raster")
-        parts["iterations"] = gr.Plot(message_figure("", 380), label="Per iteration: commits, threshold, engine time", elem_id="iterations")
+        parts["raster"] = gr.Plot(message_figure("run something, or load a trace", 360), label="Raster: iteration × position (its colour bar names what it shows: confidence, or a uniform-state run's entropy)", elem_id="raster")
+        parts["iterations"] = gr.Plot(message_figure("", 380), label="Per iteration: what each step did, its rule's parameters, engine time", elem_id="iterations")
     parts["cost"] = gr.Plot(message_figure("", 340), label="Per iteration cost: compute, communication, compile, host (ms per rank)", elem_id="cost")
     parts["extras"] = gr.Plot(message_figure("", 220), label="Extras: credit, staleness, anchors (drawn when a run ends)", elem_id="extras")
     parts["cache_states"] = gr.Plot(
@@ -271,7 +272,7 @@ def _wire_costs(h: RunHandlers, p: Parts, settings_inputs: list[Any]) -> None:
 
 
 def _wire_files(h: RunHandlers, p: Parts, loaded: list[Any]) -> None:
-    """Loading a trace or a sample (`loaded`: LOAD_VIEW's components: the view, then the boxes a
+    """Loading a trace or a sample (`loaded`: `h.loaded_slots`' components: the view, then the boxes a
     trace fills), and the exports."""
     p["upload"].upload(lambda file: h.load_trace(file), p["upload"], loaded, api_name="load_trace")
     p["sample"].input(h.load_sample, p["sample"], loaded, api_name="load_sample")
