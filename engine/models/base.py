@@ -150,6 +150,12 @@ class DiffusionLM(nn.Module):
         return [self.eos_token_id]
 
     @property
+    def special_ids(self) -> dict[str, list[int]]:
+        """The config's special ids by the name it gives them (the loader checks each names a row of
+        the embedding)."""
+        return {"eos_token_id": list(self.eos_token_ids), "mask_token_id": [self.mask_token_id]}
+
+    @property
     def device(self) -> torch.device:
         return self.embedding_weight().device
 

@@ -84,6 +84,11 @@ class DiffusionGemmaLM(DiffusionLM):
         return [int(i) for i in self._eos_ids]
 
     @property
+    def special_ids(self) -> dict[str, list[int]]:
+        """No [MASK]: the pad id (which stands in for it) and the end-of-text ids."""
+        return {"eos_token_id": self.eos_token_ids, "pad_token_id": [self.mask_token_id]}
+
+    @property
     def canvas_length(self) -> int:
         """The canvas (block) length the checkpoint was trained with and transformers decodes with."""
         return int(self.hf.config.canvas_length)

@@ -91,9 +91,7 @@ def check_special_ids(model: DiffusionLM, file: Path) -> None:
     would fail inside the loop's first forward, so it is refused at load."""
     vocab = model.embedding_weight().shape[0]
     try:
-        named = {"eos_token_id": list(model.eos_token_ids)}
-        if model.diffusion_kind == "masked":
-            named["mask_token_id"] = [model.mask_token_id]
+        named = model.special_ids
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"{file} lacks a usable special token id: {type(exc).__name__}: {exc}") from None
     for name, ids in named.items():

@@ -260,10 +260,3 @@ class CompiledDenoiser(nn.Module):
         return logits
 
 
-def static_shape_model(model: DiffusionLM, compile: bool, cuda_graphs: bool) -> nn.Module:
-    """`model` behind the wrapper of its kind: a masked model's bucketed forwards (`CompiledLM`),
-    a uniform-state model's compiled denoiser (which engine/kinds/uniform.py declares it supports:
-    compile, not CUDA graphs)."""
-    if model.diffusion_kind == "masked":
-        return CompiledLM(model, compile, cuda_graphs)
-    return CompiledDenoiser(model)
