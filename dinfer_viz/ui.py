@@ -2,9 +2,9 @@
 (`build_demo`). Each tab's layout, events and handlers live in dinfer_viz/tabs/.
 
 Public API endpoints (gradio_client, `api_name`): /run, /replay, /load_trace, /load_sample,
-/export_gif, /export_mp4, /load_model, /compare, /compare_replay, /sweep. Comparisons, sweeps and
-model loads share the queue concurrency id "engine" with limit 1: one at a time, the rest wait in
-line. Runs have their own ("runs", up to a batch at once): they wait for the engine in the
+/export_gif, /export_mp4, /load_model, /compare, /compare_replay, /sweep, /diff, /record_reference.
+Comparisons, sweeps, reference recordings and model loads share the queue concurrency id "engine"
+with limit 1: one at a time, the rest wait in line. Runs have their own ("runs", up to a batch at once): they wait for the engine in the
 RunBatcher, where runs of different sessions join one batch (dinfer_viz/batching.py).
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import gradio as gr
 
-from .tabs import compare, model, run, run_page, sweep
+from .tabs import compare, diff, model, run, run_page, sweep
 from .tabs.common import PRIVATE
 
 
-class Handlers(run.RunHandlers, compare.CompareHandlers, sweep.SweepHandlers, model.ModelHandlers):
+class Handlers(run.RunHandlers, compare.CompareHandlers, sweep.SweepHandlers, model.ModelHandlers, diff.DiffHandlers):
     """Every tab's event functions around one EngineHost (tabs.common.TabHandlers takes the
     arguments): what app.py builds and build_demo wires."""
 
@@ -26,7 +26,7 @@ class Handlers(run.RunHandlers, compare.CompareHandlers, sweep.SweepHandlers, mo
 # The largest trace the app writes (1024 generated positions in one block, the fixed decoder: one
 # record per position) measured 12.5 MB; the cap leaves room for a longer prompt.
 MAX_UPLOAD = "32mb"
-PLOTS = ("raster", "iterations", "cost", "extras", "cache-states", "forward-costs", "compare-chart", "sweep-chart")  # every gr.Plot's elem_id
+PLOTS = ("raster", "iterations", "cost", "extras", "cache-states", "forward-costs", "compare-chart", "sweep-chart", "analysis-steps", "analysis-order", "diff-chart")  # every gr.Plot's elem_id
 # The readout tables (Run, Compare): a cell never breaks inside a word or a number ("TP S", "95. 5");
 # a table wider than its column scrolls sideways instead.
 READOUT_CSS = (
@@ -66,6 +66,7 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
             run_tab = run_page.build(handlers, demo, model_section=lambda: model.build(handlers), header=header)
             compare_tab = compare.build(handlers, run_tab)
             sweep_tab = sweep.build(handlers, run_tab, tabs)
+            diff.build(handlers, run_tab)
         run_page.wire_structure(handlers, demo, run_tab, sweep_tab.parameter)
         # One engine: each tab's Stop cancels whichever engine event is running, in any tab; a live
         # Run stays on its page with what it produced (RunHandlers.stop), whichever Stop it was
