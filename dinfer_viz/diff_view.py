@@ -113,7 +113,7 @@ def diff_strip(state: DiffState, step: int) -> str:
             f'<div class="{classes}" title="{tip}" data-pos="{p}"><span class="pos">{p}</span>'
             f'<span class="a">{inert(cell_text(state.a, x))}</span><span class="b">{inert(cell_text(state.b, y))}</span></div>'
         )
-    caption = f"{_step_words(state, step)} · {len(differs)} position{'s' * (len(differs) != 1)} differ"
+    caption = f"{_step_words(state, step)} · {len(differs)} position{'s differ' if len(differs) != 1 else ' differs'}"
     return f'{DIFF_CSS}<div class="diff-card" id="diff-caption">{caption}</div><div class="diff-strip">{"".join(cols)}</div>'
 
 
@@ -162,7 +162,7 @@ def diff_figure(state: DiffState, highlight: int | None = None) -> go.Figure:
     xs = np.arange(1, state.count + 1, dtype=np.float32)
     fig = go.Figure(go.Scatter(
         x=xs, y=np.array([len(state.differing(k)) for k in range(state.count)], dtype=np.float32), mode="lines+markers",
-        name="positions that differ", line=dict(color="#dc2626", width=2), uid="differ",
+        name="positions that differ", line=dict(color="#7c3aed", width=2), uid="differ",  # red is the step shown
     ))
     first = state.diff.first
     if first is not None:
