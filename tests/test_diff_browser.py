@@ -20,10 +20,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest
 
 from .app_support import BROWSER_ARGS, CHROMIUM, launch_app, require_browser
+from .test_run_on_display_browser import page, shot  # noqa: F401 (the page at each size, its screenshots; `page` uses this module's session)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
-SHOTS = os.environ.get("DINFER_VIZ_SHOTS")
-SIZES = [(1024, 768), (1400, 1000)]
 WAIT = 300_000  # ms: generous, for a loaded 2-core machine; only ever a wait for a condition
 GEMMA = Path(__file__).resolve().parent.parent / "assets" / "tiny-gemma"
 
@@ -41,27 +40,9 @@ def session(tmp_path_factory):
     demo.close()
 
 
-@pytest.fixture(params=SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
-def page(session, request):
-    width, height = request.param
-    page = session.browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
-    page.goto(session.url)
-    page.wait_for_selector("#run-btn")
-    page.size = f"{width}x{height}"
-    yield page
-    page.close()
-
-
-def shot(page, tmp_path, name: str) -> str:
-    path = os.path.join(SHOTS, f"{name}-{page.size}.png") if SHOTS else str(tmp_path / f"{name}.png")
-    page.screenshot(path=path, full_page=True)
-    return path
-
-
-def planted(reference: dict) -> tuple[dict, int, int]:
-    """The reference trace with its first step's first accepted proposal changed to another token:
-    (the trace, the record, the position)."""
-    data = json.loads(json.dumps(reference))
+def planted(data: dict) -> tuple[dict, int, int]:
+    """The reference trace `data` with its first step's first accepted proposal changed to another
+    token, in place: (the trace, the record, the position)."""
     rec = data["iterations"][0]
     p = rec["committed"][0][0]
     w = p - rec["block_range"][0]
