@@ -15,7 +15,7 @@ import pytest
 
 from dinfer_viz.host import EngineHost, ModelSpec
 from dinfer_viz.tabs.diff import ANALYSIS_VIEW, DIFF_VIEW, STEP_VIEW
-from dinfer_viz.tabs.shown import FINISHED, RunState
+from dinfer_viz.tabs.shown import FINISHED, LIVE, RunState
 from dinfer_viz.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import RunHooks, Trace, save_model
@@ -99,6 +99,8 @@ def test_diff_refusals_are_one_line(handlers, tmp_path):
         assert words in message and "\n" not in message, message
     record = slots(DIFF_VIEW, handlers.record(None, ""))["message"]
     assert "no run on display" in record
+    live = RunState(Timeline(handmade_trace()), None, LIVE)
+    assert "still running" in slots(DIFF_VIEW, handlers.record(live, ""))["message"]
 
 
 def test_the_analysis_panel_of_a_known_run(handlers):

@@ -25,7 +25,7 @@ from ..grid import inert
 from ..readouts import plural
 from .common import ENGINE_QUEUE, PRIVATE, TabHandlers, error_text, guarded, outputs
 from .run_page import RunTab
-from .shown import RunState
+from .shown import LIVE, RunState
 
 ANALYSIS_VIEW = ("analysis_text", "analysis_steps", "analysis_order")
 DIFF_VIEW = ("summary", "strip", "first", "chart", "scrub", "diff_state", "message", "reference", "reference_file")
@@ -127,6 +127,8 @@ class DiffHandlers(TabHandlers):
     def _shown_trace(self, shown: RunState | None) -> tuple[Trace, str]:
         if shown is None:
             raise EngineError("no run on display: run something or load a trace in the Run tab first")
+        if shown.status == LIVE:  # its trace is still growing: a diff of it would be of no run
+            raise EngineError("the run on display is still running: wait for it to end (or Stop it)")
         trace = shown.timeline.trace
         return trace, f"run on display ({trace.model or 'unnamed model'})"
 
