@@ -84,11 +84,8 @@ def diff_state(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B")) -> Diff
 
 def _step_words(state: DiffState, step: int) -> str:
     ia, ib, block, j = state.steps[step]
-    rec = {None: "holds its last canvas"}
-    return (
-        f"aligned step {step + 1}/{state.count} · block {block}, step {j + 1} in it · "
-        f"{inert(state.labels[0])}: {rec.get(ia, f'record {ia}')} · {inert(state.labels[1])}: {rec.get(ib, f'record {ib}')}"
-    )
+    sides = " · ".join(f"{inert(label)}: {'holds its last canvas' if record is None else f'record {record}'}" for label, record in zip(state.labels, (ia, ib)))
+    return f"aligned step {step + 1}/{state.count} · block {block}, step {j + 1} in it · {sides}"
 
 
 def diff_strip(state: DiffState, step: int) -> str:
