@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -22,24 +22,18 @@ from engine import Engine, EngineError
 from engine.cli import DEFAULT_MODEL
 from engine.cli import DTYPES as CLI_DTYPES
 from engine.cli import set_cpu_threads
-from engine.models.loader import model_class, read_config
+from engine.models import DiffusionLM, model_skeleton
+from engine.models.loader import embedded_models, model_class, read_config
+from engine.pipeline import load_tokenizer
 
 # "auto": the engine's default (float32 on CPU, bfloat16 on accelerators), then the CLI's dtypes
 DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
 
-EMBEDDED_ROOT = Path(DEFAULT_MODEL).parent  # assets/: the models shipped with the app
 DISTILLED = "tiny-llada-td"
 EDITING = "tiny-llada-edit"  # trained with LLaDA2.1's mixed objective for the edit decoder (tinymodel/edit.py)
 UNIFORM_STATE = "tiny-gemma"  # a DiffusionGemma: uniform-state diffusion (tinymodel/uniform.py)
 # What a shipped model's folder name does not say, shown beside it wherever a visitor picks a model
 EMBEDDED_NOTES = {DISTILLED: "trajectory-distilled", EDITING: "trained to edit", UNIFORM_STATE: "uniform-state, DiffusionGemma"}
-
-
-def embedded_models(root: Path = EMBEDDED_ROOT) -> dict[str, str]:
-    """The models shipped under `root`, name (the folder's) -> folder: every folder holding a config.json."""
-    if not root.is_dir():
-        return {}
-    return {p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
 
 
 def model_title(name: str) -> str:
@@ -102,6 +96,7 @@ class EngineHost:
         self._keep_others = keep_others
         self._engines: OrderedDict[ModelSpec, Engine] = OrderedDict()
         self.default_error: str | None = None  # why the default model could not be loaded
+        self._readers: dict[str, tuple[DiffusionLM, Any]] = {}  # reader's (skeleton, tokenizer) of a model not loaded
 
     @property
     def public(self) -> bool:
@@ -164,6 +159,21 @@ class EngineHost:
             return "masked", None  # loading will say what is wrong with the folder
         canvas = config.get("canvas_length")
         return cls.diffusion_kind, canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None
+
+    def reader(self, spec: ModelSpec) -> tuple[DiffusionLM, Any] | None:
+        """(model, tokenizer) that answer the engine's checks of a request before Run
+        (engine/pipeline.py: check_request, encode_prompt), so the page refuses what the engine
+        would: a loaded engine's (no lock: the checks read the config and the tokenizer only),
+        else a local folder's skeleton (config.json, no weights) and tokenizer, kept for the next
+        keystroke; None for a hub id not loaded (Run checks it)."""
+        engine = self._engines.get(spec)
+        if engine is not None:
+            return engine.model, engine.tokenizer
+        if not Path(spec.path).is_dir():
+            return None
+        if spec.path not in self._readers:
+            self._readers = {spec.path: (model_skeleton(spec.path), load_tokenizer(spec.path))}  # one: the model being typed
+        return self._readers[spec.path]
 
     def is_loaded(self, spec: ModelSpec) -> bool:
         return spec in self._engines

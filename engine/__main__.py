@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from .cache_modes import cache_modes
-from .cli import DEFAULT_MODEL, OneLineParser, check_threads, checked_device, printable, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from .cli import DEFAULT_MODEL, MODEL_HELP, OneLineParser, check_threads, checked_device, printable, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from .config import GenerationConfig, parse_schema, setting_choices, setting_help
 from .registry import decoder_class, decoder_names, decoder_options
 from .errors import EngineError
@@ -230,8 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m engine", description="dinfer-viz engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     gen = sub.add_parser("generate", help="generate from one prompt")
-    gen.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    gen.add_argument("--prompt", required=True, help="the text to continue (the model's chat template is applied when it has one)")
     add_runtime_args(gen)
     gen.add_argument("--trace", metavar="FILE", help="write the per-iteration trace as JSON")
     gen.add_argument("--json", action="store_true", help="print one JSON object")

@@ -10,9 +10,11 @@ from pathlib import Path
 import torch
 
 from .errors import EngineError
+from .models.loader import embedded_models
 from .system_options import system_options
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
+MODEL_HELP = f"model folder, hub id (org/name) or an embedded model's name ({', '.join(embedded_models())}; default tiny-llada)"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # torch's own choice (one thread per physical core), read before anything changes it

@@ -35,19 +35,47 @@ def family_names() -> list[str]:
     return [name for name, _, _ in _FAMILIES]
 
 
+# The models shipped with the project (assets/<name>/config.json): named by their folder's name,
+# or as `assets/<name>`, from any directory, by the CLI, the Python API, the server and the app.
+EMBEDDED_ROOT = Path(__file__).resolve().parents[2] / "assets"
+
+
+def embedded_models(root: Path = EMBEDDED_ROOT) -> dict[str, str]:
+    """The models shipped under `root`, name (the folder's) -> folder: every folder holding a config.json."""
+    if not root.is_dir():
+        return {}
+    return {p.name: str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
+
+
+def embedded_folder(text: str) -> Path | None:
+    """The shipped model `text` names (`tiny-llada` or `assets/tiny-llada`), else None. Checked
+    after the working directory, so a folder of that name there still wins."""
+    parts = Path(text).parts
+    if len(parts) == 2 and parts[0] == EMBEDDED_ROOT.name:
+        parts = parts[1:]
+    folder = embedded_models().get(parts[0]) if len(parts) == 1 else None
+    return Path(folder) if folder else None
+
+
 def resolve_model_path(path: str | os.PathLike) -> Path:
-    """A local folder as is; an `org/name` hub id through huggingface_hub (needs a network)."""
+    """A local folder as is; an embedded model's name; an `org/name` hub id through
+    huggingface_hub (needs a network; HF_HUB_OFFLINE=1 answers from the local cache at once)."""
     text = str(path)
+    shown = f"{text[:200]}{'...' if len(text) > 200 else ''}"
     try:
         local = Path(path).expanduser()
         if local.is_dir():
             return local
         exists = local.exists()
+        embedded = None if exists else embedded_folder(text)
     except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
-        raise EngineError(f"model folder not found: {text[:200]}{'...' if len(text) > 200 else ''} ({getattr(exc, 'strerror', None) or exc})") from None
+        raise EngineError(f"model folder not found: {shown} ({getattr(exc, 'strerror', None) or exc})") from None
+    if embedded is not None:
+        return embedded
+    names = ", ".join(embedded_models()) or "none shipped"
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not exists
     if not looks_like_hub_id:
-        raise EngineError(f"model folder not found: {text}")
+        raise EngineError(f"model folder not found: {shown} is no folder here, no embedded model ({names}) and no hub id (org/name)")
     try:
         from huggingface_hub import snapshot_download
 
@@ -56,7 +84,10 @@ def resolve_model_path(path: str | os.PathLike) -> Path:
         )
     except Exception as exc:  # network, auth or unknown repo: one message either way
         # the hub's messages run over several lines; the caller's error is one
-        raise EngineError(f"model folder not found and hub download of '{text}' failed: {' '.join(str(exc).split())}") from exc
+        raise EngineError(
+            f"model folder not found: {shown} is no folder here nor an embedded model ({names}), "
+            f"and hub download of '{text}' failed: {' '.join(str(exc).split())}"
+        ) from exc
 
 
 def read_config(folder: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import uvicorn
 
-from ..cli import DEFAULT_MODEL, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
@@ -23,9 +23,9 @@ GRACE_SECONDS = 30  # after a signal, what is still running after this is cancel
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="serve one model over an OpenAI-compatible HTTP API")
-    serve.add_argument("--model", default=DEFAULT_MODEL, help="model folder or hub id (default: the embedded model)")
+    serve.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     add_runtime_args(serve)
     add_system_flags(serve)
     serve.add_argument("--max-batch", type=int, default=MAX_BATCH, help="most requests' rows decoded as one engine batch (1: each alone)")
