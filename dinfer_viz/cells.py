@@ -26,21 +26,38 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
 }
 # the states a revising decoder adds: the legend shows them for its runs only
 REVISION_STATES = ("edited", "remasked")
+# A position where the answer's constraint removed the model's top-1 (dinfer_viz/constraint.py):
+# the grid's corner mark and the raster's markers share this colour
+CONSTRAINT_COLOUR = "#0891b2"
 # Marks drawn on top of a state: (CSS, legend label).
 CELL_MARKS: dict[str, tuple[str, str]] = {
     "blk": ("box-shadow: inset 0 3px 0 #2563eb", "current block (blue top edge)"),
     "win": ("outline: 1px dashed #7c3aed; outline-offset: -1px", "recomputed this forward (dashed)"),
     "anchor": ("text-decoration: underline double #be185d", "anchor of a span"),
     "wrong": ("color: #b91c1c !important; font-weight: 700; text-decoration: line-through", "differs from the expected answer"),
+    # a dot on the cell's corner (grid.py's `.cell.cut::before`), outside it: the state's colour, the
+    # block's top edge and the confidence bar stay visible
+    "cut": ("overflow: visible", "constraint removed the model's top-1 (teal dot)"),
 }
 # Characters that mean something to a JS template literal or to Handlebars, as HTML entities
 # (the browser shows the character; neither template language sees it).
 _TEMPLATE_ENTITIES = str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;", "{": "&#123;", "}": "&#125;"})
 
 
+# and Markdown's inline punctuation too, for a Markdown component (a regex `a*b*` is not emphasis);
+# not `_`, which inside a word (every setting's name) never is
+_MARKDOWN_ENTITIES = {**_TEMPLATE_ENTITIES, **str.maketrans({c: f"&#{ord(c)};" for c in "*[]()|~!"})}
+
+
 def inert(text: str) -> str:
     """`text` as HTML that shows it literally and that no template step can turn into code."""
     return html.escape(text, quote=True).translate(_TEMPLATE_ENTITIES)
+
+
+def inert_markdown(text: str) -> str:
+    """`text` shown literally by a Markdown component: as `inert` makes it, and Markdown's
+    punctuation too; quotes stay (a Markdown text is no attribute), so a message reads as written."""
+    return html.escape(text, quote=False).translate(_MARKDOWN_ENTITIES)
 
 
 PROMPT_CELLS_SHOWN = 48  # a long (chat-template) prompt is cut to its tail, with one summary cell

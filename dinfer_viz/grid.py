@@ -20,7 +20,7 @@ shared by the CSS, the legend and the figures (never hex strings used as labels)
 
 from __future__ import annotations
 
-from .cells import CELL_COLOURS, CELL_MARKS, cell_text, expected_at, first_shown, inert, revision_line, summary_tip
+from .cells import CELL_COLOURS, CELL_MARKS, CONSTRAINT_COLOUR, cell_text, expected_at, first_shown, inert, revision_line, summary_tip
 from .readouts import plural
 from .timeline import Timeline, iteration_number
 from .views import view_for
@@ -71,7 +71,8 @@ class LiveGrid:
       may change every position): the cells, `[position, text, kind, tip]` (position -1: the
       summary cell of a long prompt's head);
     - `commits`: the commits since the records the page holds, `[position, text, iteration,
-      forced, confidence, wrong]` (all of them for a page that holds nothing);
+      forced, confidence, wrong, cut]` (all of them for a page that holds nothing; `cut`: the
+      answer's constraint had removed the model's top-1 there, dinfer_viz/constraint.py);
     - `revisions`: likewise a revising decoder's edits and remasks, `[position, text, iteration,
       kind, old text, hover line, wrong]`, applied after the same iteration's commits;
     - `at`, `caption`, `stats`: the iteration shown (-1: none yet), its caption, the speed line;
@@ -116,6 +117,8 @@ def _css() -> str:
         "padding:3px 4px 4px;border-radius:3px;position:relative;white-space:pre;color:#111827;min-width:0.8em;text-align:center}",
         ".cell.blk::after{content:'';position:absolute;left:0;bottom:0;height:3px;"
         "width:calc(var(--c,0)*100%);background:#facc15}",
+        f".cell.cut::before{{content:'';position:absolute;top:-4px;right:-4px;width:9px;height:9px;border-radius:50%;"
+        f"background:{CONSTRAINT_COLOUR};border:1.5px solid #ffffff;z-index:1}}",
         ".cell.masked{color:#9ca3af}",
         ".cell.remasked{color:#fecdd3}",
         ".cell.noise{color:#78716c;font-style:italic}",
@@ -221,11 +224,11 @@ const paint = live => {
       if (now) view.fresh.push([s, after, text]);
       continue;
     }
-    const [, , , forced, conf, wrong] = e;
-    s.className = 'cell ' + (now ? (forced ? 'forced' : 'new') : 'old') + (wrong ? ' wrong' : '');
+    const [, , , forced, conf, wrong, cut] = e;
+    s.className = 'cell ' + (now ? (forced ? 'forced' : 'new') : 'old') + (wrong ? ' wrong' : '') + (cut ? ' cut' : '');
     s.textContent = text;
     // `it` is a record index (0-based); the page numbers iterations 1..N (timeline.iteration_number)
-    view.tips.set(p, `pos ${p} · committed at iteration ${it + 1} (${forced ? 'forced top-1 (below threshold)' : 'above threshold'}) · confidence then ${conf.toFixed(3)}`);
+    view.tips.set(p, `pos ${p} · committed at iteration ${it + 1} (${forced ? 'forced top-1 (below threshold)' : 'above threshold'}) · confidence then ${conf.toFixed(3)}` + (cut ? "\nthe constraint had removed the model's top-1 here" : ''));
     s.title = view.tips.get(p);
     if (now) view.fresh.push([s, 'old', text]);
   }

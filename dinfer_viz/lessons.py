@@ -78,6 +78,13 @@ UNIFORM_MODEL = "tiny-gemma"  # the embedded uniform-state model (DiffusionGemma
 # arithmetic answer has one right digit each, which a trained model proposes at once
 UNIFORM_LESSON_PROMPT = EDIT_LESSON_PROMPT
 LARGER_BOUND = 2.0  # the uniform sampler's entropy bound in lesson 6's last step (its default: 0.1)
+# Lesson 7: a pair-sum prompt that names no sum, so the model is unsure of the answer's shape; at
+# τ 0.1 one forward writes ` 43gg   1  ` unconstrained and ` 43 +  1` under the pair-sum regex
+# (tests/test_constraint_app.py holds it to both). On the held-out pair-sum prompts the model's
+# answers are well-formed without the regex at every threshold (benchmarks/RESULTS.md), so the
+# regex would change nothing there.
+STRUCTURE_LESSON_PROMPT = "Q: ?+? A:"
+PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/constraints.py's
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -236,6 +243,31 @@ LESSONS: tuple[Lesson, ...] = (
                 {"decoder_options": {"entropy_bound": LARGER_BOUND}},
                 "A larger bound lets more of the open digits in per step, so fewer are re-noised and the canvas settles in fewer "
                 "denoising steps: compare the steps and TPF with step 2, and check that the sum is still right.",
+            ),
+        ),
+    ),
+    Lesson(
+        "7 · structure for free: τ 0.1 → the pair-sum regex → τ 0.9 with it",
+        STRUCTURE_LESSON_PROMPT,
+        {**_SHORT, "decoder": "threshold", "threshold": 0.1, "cache": "none"},
+        (
+            Step(
+                "threshold τ = 0.1, no constraint",
+                {"threshold": 0.1},
+                "One forward commits the whole answer, each position its own guess: the prompt names no sum, the model is unsure of "
+                "the shape, and the answer is not two numbers and a plus.",
+            ),
+            Step(
+                "the pair-sum regex (Structured output)",
+                {"regex": PAIR_SUM_REGEX},
+                "Still one forward, and now the answer is a + b: a teal dot marks a cell where the constraint removed the model's "
+                "top-1; click one to read what the model wanted, how likely, and the mass the constraint removed.",
+            ),
+            Step(
+                "threshold τ = 0.9, the regex kept",
+                {"threshold": 0.9},
+                "The careful threshold spends more forwards on the same shape: the structure came from the constraint at no extra "
+                "forward, not from caution; compare the iterations and TPF with step 2.",
             ),
         ),
     ),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import typing
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from engine import Decoder, EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
+from engine.constraints import CONSTRAINT_FIELDS, spec_of
 from engine.config import setting_choices, setting_help
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options
 from engine.revising import apply_preset
@@ -36,7 +38,7 @@ from .system import offered_options
 class Control:
     field: str
     label: str
-    kind: str  # "choice" | "slider" | "int" | "float" | "bool" | "text"
+    kind: str  # "choice" | "slider" | "int" | "float" | "bool" | "text" | "lines" (a text of several lines)
     info: str = ""
     choices: Callable[[], Sequence[str]] | None = None
     minimum: float | None = None
@@ -117,6 +119,23 @@ SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
         ),
     ),
 ]
+
+# The answer's constraint (docs/constraints.md) on the page: one mode and one text box, which stand
+# for GenerationConfig's regex, json_schema and choice (at most one of which may be set). The run's
+# settings carry them as `constraint` and `constraint_text`; build_config turns them into the field.
+CONSTRAINT, CONSTRAINT_TEXT, NO_CONSTRAINT = "constraint", "constraint_text", "none"
+CONSTRAINT_MODES = ((NO_CONSTRAINT, NO_CONSTRAINT), ("regex", "regex"), ("JSON schema", "json_schema"), ("choice (one per line)", "choice"))
+CONSTRAINT_WHAT = {"regex": "a regex", "json_schema": "a JSON Schema", "choice": "the choices, one per line"}
+SECTIONS.append(
+    (
+        "Structured output",
+        (
+            Control(CONSTRAINT, "constraint", "choice", "hold the answer (the text before the first end-of-text) to a regex, JSON that a schema accepts, or one of several texts: every decoder obeys it", choices=lambda: CONSTRAINT_MODES),
+            Control(CONSTRAINT_TEXT, "constraint text", "lines", "the regex (outlines-core's syntax, e.g. ` [0-9]+ \\+ [0-9]+`), the JSON Schema as JSON, or the choices one per line; ignored with constraint none"),
+        ),
+    )
+)
+PAGE_FIELDS = (CONSTRAINT, CONSTRAINT_TEXT)  # controls that stand for GenerationConfig fields of other names
 
 # A plug-in decoder's own setting is the control `decoder_options.<name>`; the run's config
 # carries it inside `decoder_options` (engine/registry.py).
@@ -204,9 +223,9 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
     """The hand-made sections (fields the engine no longer has dropped), then one automatic control
     per GenerationConfig field that has none."""
     hints = _hints()
-    known = {f.name for f in dataclasses.fields(GenerationConfig)}
+    known = {f.name for f in dataclasses.fields(GenerationConfig)} | set(PAGE_FIELDS)
     out = [(title, tuple(c for c in ctrls if c.field in known)) for title, ctrls in SECTIONS]
-    covered = {c.field for _, ctrls in out for c in ctrls}
+    covered = {f for _, ctrls in out for c in ctrls for f in config_fields(c)}
     other = []
     for f in dataclasses.fields(GenerationConfig):
         if f.name in covered or f.name == "decoder_options":  # options: one control each, below
@@ -217,6 +236,8 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
         other.append(Control(f.name, f.name.replace("_", " ") + (" (0 = off)" if optional and kind == "int" else ""), kind, setting_help(f.name), none_as_zero=optional and kind == "int"))
     if other:
         out.append((OTHER_SECTION, tuple(other)))
+    # a built-in decoder's own options sit with the decoder (shown when it is chosen); the
+    # plug-ins' in a section of their own
     plugins = tuple(_option_control(name, decoder, option) for name, (decoder, option) in decoder_options().items())
     if plugins:
         out.append((PLUGIN_SECTION, plugins))
@@ -227,8 +248,20 @@ def all_controls() -> list[Control]:
     return [c for _, ctrls in sections() for c in ctrls]
 
 
+def config_fields(control: Control) -> set[str]:
+    """The GenerationConfig fields a control sets (a decoder option's: `decoder_options`)."""
+    return set(CONSTRAINT_FIELDS) if control.field in PAGE_FIELDS else {control.field.split(".", 1)[0]}
+
+
 def control_value(control: Control, config: GenerationConfig) -> Any:
     """The control's initial value from a config (None shown as 0 for optional ints)."""
+    if control.field in PAGE_FIELDS:
+        spec = spec_of(config)
+        if control.field == CONSTRAINT:
+            return spec.kind if spec is not None else NO_CONSTRAINT
+        if spec is None:
+            return ""
+        return {"regex": lambda v: v, "json_schema": lambda v: json.dumps(v, indent=1), "choice": "\n".join}[spec.kind](spec.value)
     option = _option(control.field)
     if option is not None:
         return config.decoder_options.get(control.field[len(OPTION_PREFIX):], option.default)
@@ -266,6 +299,8 @@ def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
             if not math.isfinite(number):
                 raise ValueError(value)
             return number
+        if (typing.get_origin(base) or base) in (list, dict):  # a constraint's choices or schema: the engine checks them
+            return value
         return str(value)
     except (TypeError, ValueError, OverflowError):
         raise EngineError(f"{field}: expected a finite {base.__name__}, got {str(value)[:40]!r}") from None
@@ -277,6 +312,7 @@ def build_config(config: dict[str, Any] | None) -> GenerationConfig:
         config = {}
     if not isinstance(config, dict):
         raise EngineError(f"settings 'config' must be an object, got {type(config).__name__}")
+    config = constraint_setting(config)
     known = {f.name for f in dataclasses.fields(GenerationConfig)}
     unknown = sorted(k for k in set(config) - known if not k.startswith(OPTION_PREFIX))
     if unknown:
@@ -289,6 +325,26 @@ def build_config(config: dict[str, Any] | None) -> GenerationConfig:
     mine = decoder_fields(str(typed.get("decoder", GenerationConfig.decoder)))
     options = {**options, **{k[len(OPTION_PREFIX):]: coerce(k, v) for k, v in config.items() if k.startswith(OPTION_PREFIX) and k in mine}}
     return GenerationConfig.from_dict({**typed, "decoder_options": options})
+
+
+def constraint_setting(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the page's constraint (`constraint`: a mode of CONSTRAINT_MODES, and
+    `constraint_text`) as the GenerationConfig field it names; the engine checks the rest. A mode
+    chosen with an empty box is refused: the user meant a constraint, and an empty field is none."""
+    mode, text = config.get(CONSTRAINT, NO_CONSTRAINT) or NO_CONSTRAINT, config.get(CONSTRAINT_TEXT) or ""
+    rest = {k: v for k, v in config.items() if k not in PAGE_FIELDS}
+    if mode == NO_CONSTRAINT:
+        return rest
+    if mode not in CONSTRAINT_WHAT:
+        raise EngineError(f"constraint: unknown mode {str(mode)[:40]!r}; choose {', '.join(value for _, value in CONSTRAINT_MODES)}")
+    if not isinstance(text, str):
+        raise EngineError(f"constraint_text must be a text, got {type(text).__name__}")
+    if not text.strip():
+        raise EngineError(f"constraint {mode} chosen and its box is empty: type {CONSTRAINT_WHAT[mode]}, or choose none")
+    if rest.get(mode) not in (None, "", []):
+        raise EngineError(f"the constraint is given twice: by 'constraint' and by '{mode}'")
+    rest[mode] = [line for line in text.splitlines() if line] if mode == "choice" else text
+    return rest
 
 
 def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callable[[str], tuple[str, str]] | None = None) -> ModelSpec:

@@ -276,6 +276,7 @@ def record_ids(rec: IterationRecord) -> set[int]:
     ids |= {r[k] for row in rec.revisions or [] for r in row for k in ("old", "new")}
     u = rec.uniform or {}
     ids |= {i for key in ("proposal", "draft", "noise", "start", "output") for row in (u.get(key) or []) for i in row}
+    ids |= {i for row in (rec.constraint or {}).get("model_top1") or [] for i in row or [] if i is not None}  # the model's own top-1 the constraint removed
     return ids
 
 

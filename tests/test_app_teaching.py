@@ -205,7 +205,7 @@ def test_forward_costs_are_measured_on_the_loaded_model_and_a_parallel_engine_sa
 
 def test_compare_default_b_changes_one_setting_and_fixed_shows_no_tau():
     a, b = COMPARE_DEFAULTS
-    full = [{f: side.get(f, getattr(GenerationConfig(), f)) for f in COMPARE_FIELDS} for side in (a, b)]
+    full = [{f: side.get(f, getattr(GenerationConfig(), f, None)) for f in COMPARE_FIELDS} for side in (a, b)]  # the constraint: none on both
     assert sum(full[0][f] != full[1][f] for f in COMPARE_FIELDS) == 1
     assert "threshold" not in side_fields("fixed") and "threshold" in side_fields("threshold")
 

@@ -96,10 +96,11 @@ def test_grid_collapses_early_stop_fill():
 def test_grid_template_has_an_explicit_colour_for_every_state():
     """Every state has its colour, and the legend of the kind of run that has it names it: the
     revision states only for a revising decoder, the uniform-state ones only for a uniform run."""
+    header = SimpleNamespace(config={})  # no constraint: the legend names no constraint mark
     kinds = {
-        "masked": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False),
-        "revising": SimpleNamespace(kind="masked", capabilities={"revises": True}, revises=False),  # the header says, before any revision
-        "uniform": SimpleNamespace(kind="uniform", capabilities={"revises": False}, revises=False),
+        "masked": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False, trace=header),
+        "revising": SimpleNamespace(kind="masked", capabilities={"revises": True}, revises=False, trace=header),  # the header says, before any revision
+        "uniform": SimpleNamespace(kind="uniform", capabilities={"revises": False}, revises=False, trace=header),
     }
     legends = {name: legend_html(kind) for name, kind in kinds.items()}
     assert legend_html(None) == legends["masked"]
@@ -121,11 +122,11 @@ def test_live_grid_sends_the_canvas_then_the_commits_since_what_the_page_holds(t
     assert [c[:3] for c in first["canvas"][:4]] == [[0, "A", "prompt"], [1, "B", "prompt"], [2, "C", "prompt"], [3, "▒", "masked"]]
     assert first["canvas"][0][3] == "pos 0 · prompt\ntoken 'A' (id 10)" and len(first["canvas"]) == 11
     two = live.value(2, 1, -1, "line")["live"]  # a page that holds nothing gets the canvas and every commit
-    assert "canvas" in two and two["commits"] == [[3, "x", 0, 0, 0.95, 0], [5, "z", 0, 0, 0.92, 1], [4, "·y", 1, 1, 0.6, 0], [6, "z", 1, 0, 0.91, 0]]
+    assert "canvas" in two and two["commits"] == [[3, "x", 0, 0, 0.95, 0, 0], [5, "z", 0, 0, 0.92, 1, 0], [4, "·y", 1, 1, 0.6, 0, 0], [6, "z", 1, 0, 0.91, 0, 0]]
     assert (two["at"], two["block"], two["top1"], two["conf"], two["win"]) == (1, [3, 7], ["x", " y", "z", "z"], [0.99, 0.6, 0.98, 0.91], [[2, 9]])
     assert two["caption"].startswith("iteration 2/2 · block 0 [3, 7) · window forward over [2, 9)")
     three = live.value(3, 2, 2, "line")["live"]  # the page holds the first two records: only the third's commit
-    assert "canvas" not in three and three["commits"] == [[7, "x", 2, 1, 0.7, 1]] and three["win"] == []  # expected end of text there; a refresh recomputes all
+    assert "canvas" not in three and three["commits"] == [[7, "x", 2, 1, 0.7, 1, 0]] and three["win"] == []  # expected end of text there; a refresh recomputes all
     trace = handmade_trace()
     trace.tokens["20"] = "<img src=x onerror=alert(1)>${alert(2)}"
     raw = LiveGrid(Timeline(trace), "r2").value(1, 0, -1, "")["live"]
@@ -238,7 +239,8 @@ def test_settings_choices_come_from_the_engine():
     # (the built-in edit decoder's edit_threshold among them)
     options = {OPTION_PREFIX + name for name in decoder_options()}
     assert "decoder_options.edit_threshold" in options
-    assert fields == (set(GenerationConfig().to_dict()) - {"decoder_options"}) | options
+    # the answer's constraint: one mode and one text box for regex, json_schema and choice
+    assert fields == (set(GenerationConfig().to_dict()) - {"decoder_options", "regex", "json_schema", "choice"}) | {"constraint", "constraint_text"} | options
     assert all(title for title, _ in sections())
 
 

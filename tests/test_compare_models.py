@@ -114,7 +114,7 @@ def test_b_uses_its_own_settings_on_model_b_only_when_asked(handlers, models):
 
 def test_the_page_applies_b_s_side_on_model_b_only_with_b_uses_its_own_settings(handlers):
     base = ["tiny-llada", "cpu", "auto", *[None] * len(handlers.option_names), *(control_value(c, GenerationConfig()) for c in all_controls())]
-    a_side, b_side = ["fixed", 0.5, "none", 8, False, False], ["edit", 0.3, "none", 32, False, False]
+    a_side, b_side = ["fixed", 0.5, "none", 8, False, False, "none", ""], ["edit", 0.3, "none", 32, False, False, "none", ""]
     assert len(a_side) == len(COMPARE_FIELDS)
     a, b = handlers.compare_settings(*base, *a_side, *b_side, "other-llada", True)
     assert a["config"]["decoder"] == GenerationConfig().decoder  # A: the Run tab's settings

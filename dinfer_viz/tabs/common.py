@@ -152,6 +152,8 @@ def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> g
         return gr.Number(minimum=c.minimum, step=c.step, **common)
     if c.kind == "bool":
         return gr.Checkbox(**common)
+    if c.kind == "lines":
+        return gr.Textbox(lines=2, max_lines=8, **common)
     return gr.Textbox(**common)
 
 

@@ -18,7 +18,9 @@ from typing import Any, Iterator
 import gradio as gr
 
 from engine import EngineError, GenerationConfig
+from engine.constraints import spec_of
 
+from ..cells import inert_markdown
 from ..explain import decoder_kind
 from ..export import compare_csv
 from ..figures import compare_figure
@@ -26,7 +28,7 @@ from ..grid import EMPTY_GRID, grid_value, inert
 from ..host import ModelSpec
 from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
-from ..settings import OPTION_PREFIX, all_controls, control_value, decoder_fields, parse_settings, sweep_setting
+from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, parse_settings, sweep_setting
 from ..timeline import Timeline
 from ..views import view_of_kind
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
@@ -35,8 +37,10 @@ from .run_page import RunTab
 
 # The panels' titles come last, so API clients reading the earlier outputs by place keep working.
 COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state", "title_a", "title_b", "csv")
-# The settings each side of a comparison sets itself; the rest come from the Run tab.
-COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll")
+# The settings each side of a comparison sets itself; the rest come from the Run tab. The answer's
+# constraint too (its mode and text), so one side can run with it and the other without.
+COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll", CONSTRAINT, CONSTRAINT_TEXT)
+SIDE_ROWS = (COMPARE_FIELDS[:3], COMPARE_FIELDS[3:6], COMPARE_FIELDS[6:])  # each side's controls, row by row
 # B changes one setting of A (the first lesson's first comparison): what differs is what explains
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "none"})
 SAME_MODEL = ("same as A: compare settings", "")  # model B's first choice
@@ -86,6 +90,8 @@ def _label(config: GenerationConfig) -> str:
         parts.append("smoothing")
     if config.unroll:
         parts.append("unroll")
+    if spec_of(config) is not None:
+        parts.append(spec_of(config).kind)
     return ", ".join(str(p) for p in parts)
 
 
@@ -125,6 +131,19 @@ class CompareHandlers(TabHandlers):
             out[1]["model"]["path"] = model_b
         return out[0], out[1]
 
+    def check_sides(self, *values: Any) -> tuple[str, Any]:
+        """(the tab's message, the Compare button): both sides' generation settings (compare_settings'
+        inputs) checked as the Run tab checks its own, a constraint included, before any run."""
+        try:
+            for side, settings in zip("AB", self.compare_settings(*values)):
+                try:
+                    parse_settings(settings, self.host.default)
+                except EngineError as exc:
+                    raise EngineError(f"{side}: {exc}") from None
+        except EngineError as exc:
+            return error_text(inert_markdown(str(exc))), gr.update(interactive=False)
+        return "", gr.update(interactive=True)
+
     @guarded(COMPARE_VIEW)
     def compare(
         self,
@@ -161,7 +180,7 @@ class CompareHandlers(TabHandlers):
             for _, config in runs:
                 self.check_request(prompt, config)
         except EngineError as exc:
-            yield outputs(COMPARE_VIEW, {"message": error_text(str(exc))})
+            yield outputs(COMPARE_VIEW, {"message": error_text(inert_markdown(str(exc)))})  # it may quote a constraint
             return
         labels, titles, shared = self._labels(runs)
         yield outputs(COMPARE_VIEW, titles)  # the panels say at once which side is which
@@ -202,7 +221,7 @@ class CompareHandlers(TabHandlers):
         for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, expected=expected):
             tl, say = frame.timeline, f"{side.upper()}: {frame.message}"
             if frame.stage == "error":
-                yield {"message": error_text(say)}
+                yield {"message": error_text(inert_markdown(say))}
                 return
             if frame.stage == "running" and tl is not None:
                 yield {("message" if name == "message" else f"{name}_{side}"): value for name, value in live.running(frame, say).items()}
@@ -324,6 +343,9 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     model_b.change(model_b_chosen, [model_b, b_own], [*side_groups, b_own], **PRIVATE)
     b_own.change(mode, [model_b, b_own], side_groups, **PRIVATE)
     collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b, b_own], [settings_a, settings_b], **PRIVATE)
+    # a side's constraint is checked as it is typed: an invalid one says why and disables Compare
+    constraint_controls = [c for k, c in enumerate(side_controls) if COMPARE_FIELDS[k % n] in (CONSTRAINT, CONSTRAINT_TEXT)]
+    gr.on([c.change for c in constraint_controls], h.check_sides, [*run.settings_inputs, *side_controls, model_b, b_own], [message, compare_btn], **PRIVATE)
     # new inputs come last, so API clients passing the earlier ones by place keep working
     event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected, b_own], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
@@ -347,7 +369,7 @@ def _side_panels(defaults: GenerationConfig) -> tuple[list[Any], list[gr.Column]
                 slots[f"title_{x}"] = gr.Markdown(f"### {side}", elem_id=f"compare-title-{x}")
                 shown = side_fields(overrides.get("decoder", defaults.decoder))
                 with gr.Column() as group:
-                    for row in (COMPARE_FIELDS[:3], COMPARE_FIELDS[3:]):
+                    for row in SIDE_ROWS:
                         with gr.Row():
                             side_controls += [
                                 make_control(

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import gradio as gr
 
 from engine import EngineError, GenerationConfig, Trace
+from engine.constraints import spec_of
 
 from .. import answers
 from ..answers import FAMILY_EXAMPLES
@@ -28,13 +29,14 @@ from ..explain import explain
 from ..export import run_gif, run_mp4
 from ..figures import confidence_raster, extras_figure, iteration_chart
 from ..figures import message_figure
+from ..cells import inert_markdown
 from ..grid import EMPTY_GRID, grid_value, inert
 from ..host import ModelSpec, model_title
 from ..lessons import lesson_named
 from ..readouts import message_readout, plural, readout
 from ..runner import Frame, run_live
 from ..sample_traces import shipped_samples
-from ..settings import all_controls, control_value, sweep_setting, visible_fields
+from ..settings import all_controls, config_fields, control_value, sweep_setting, visible_fields
 from ..system import progress_line, startup_note
 from ..timeline import Timeline, iteration_number
 from ..views import view_for
@@ -197,12 +199,15 @@ class RunHandlers(TabHandlers):
         return load_view(self.page_fields)
 
     def check(self, *values: Any) -> tuple[str, Any]:
-        """(message next to the controls, Run button update): Run is refused while invalid."""
+        """(message next to the controls, Run button update): Run is refused while invalid (a
+        constraint by the engine's own check, before any run). The message may quote what the
+        user typed (a regex), so it is escaped."""
         try:
-            self.parse(self.settings(*values))
+            _, config = self.parse(self.settings(*values))
         except EngineError as exc:
-            return error_text(str(exc)), gr.update(interactive=False)
-        return "settings ok", gr.update(interactive=True)
+            return error_text(inert_markdown(str(exc))), gr.update(interactive=False)
+        held = spec_of(config)
+        return "settings ok" + (f" · the answer is held to {inert_markdown(held.describe())}" if held is not None else ""), gr.update(interactive=True)
 
     def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> tuple:
         """Show only the controls that matter for this decoder / cache mode / feature set, the
@@ -235,7 +240,7 @@ class RunHandlers(TabHandlers):
             self.check_request(prompt, config)
             speed = live_speed(speed)
         except EngineError as exc:  # no run to show: the message over an empty page, never the previous run
-            yield outputs(RUN_VIEW, self.no_run_view(error_text(str(exc))))
+            yield outputs(RUN_VIEW, self.no_run_view(error_text(inert_markdown(str(exc)))))
             return
         unknown = ""  # characters the tokenizer cannot encode, said with the result
         live = LiveView()
@@ -277,11 +282,11 @@ class RunHandlers(TabHandlers):
         if frame.stage == "stopped":
             return self._stopped_view(frame, described, prompt, pinned, model)
         if frame.timeline is None:  # failed before the engine started: no run to show
-            return self.no_run_view(error_text(frame.message))
+            return self.no_run_view(error_text(inert_markdown(frame.message)))  # it may quote the user's constraint
         tl, last, expected = frame.timeline, frame.shown - 1, frame.timeline.expected
         if frame.stage == "error":  # the records it made stay, marked failed
             failed = RunState(frozen(tl), expected, FAILED, model, prompt)
-            return shown_view(failed, last, error_text(frame.message), pinned, note=described, wall=frame.wall)
+            return shown_view(failed, last, error_text(inert_markdown(frame.message)), pinned, note=described, wall=frame.wall)
         if frame.stage == "running":
             out = live.running(frame, message=f"{frame.message}…")
             if "readout" in out:  # the first frame: this run is the one on display from now on
@@ -477,7 +482,7 @@ class RunHandlers(TabHandlers):
             return out
         named = set(trace.config or {})
         for c in all_controls():  # a plug-in registered after the page was built has no box here
-            if c.field.split(".", 1)[0] in named and f"cfg:{c.field}" in self.loaded_slots:
+            if config_fields(c) & named and f"cfg:{c.field}" in self.loaded_slots:
                 out[f"cfg:{c.field}"] = control_value(c, config)
         return out
 

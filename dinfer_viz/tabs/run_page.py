@@ -25,7 +25,7 @@ from ..settings import all_controls, control_value, decoder_presets, preset_cont
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, grid_view, make_control
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
-OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache")
+OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache", "Structured output")
 # The page's components by name: RUN_VIEW's under theirs, the other ones under what they are
 Parts = dict[str, Any]
 

@@ -11,6 +11,7 @@ from engine.trace import MASKED
 
 from ...cache_figure import cache_rule_markdown
 from ...cells import CELL_COLOURS, CELL_MARKS, legend_block
+from ...constraint import constraint_marks
 from ...timeline import Timeline, iteration_number
 from ..base import KindView, register
 from . import details, figures, grid
@@ -71,7 +72,7 @@ class MaskedView(KindView):
         return [(k, CELL_COLOURS[k][1]) for k in STATES if shown or k not in REVISION_STATES]
 
     def legend_html(self, timeline: Timeline | None) -> str:
-        return legend_block(self.legend_states(timeline), MARKS, "confidence now")
+        return legend_block(self.legend_states(timeline), constraint_marks(timeline, MARKS), "confidence now")
 
     def raster(self, timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> Any:
         return figures.confidence_raster(timeline, upto, highlight, last_rows, expected)

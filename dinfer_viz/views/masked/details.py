@@ -18,6 +18,7 @@ from engine.trace import CANDIDATES_MAX_BLOCK
 
 from ...cache_figure import STATES, cache_states, state_explanation
 from ...cells import inert, revision_line
+from ...constraint import dropped_at, history_cell, restricted_at, restriction_words, run_constraint, run_line
 from ...panel import expected_words, history_table, number, panel, token_name
 from ...timeline import Timeline, iteration_number
 
@@ -279,7 +280,9 @@ def _candidates_text(timeline: Timeline, rec: IterationRecord, position: int) ->
 
 
 def _history(timeline: Timeline, position: int, shown: int) -> str:
-    """The top-1 candidate and confidence at every record whose block held `position`."""
+    """The top-1 candidate and confidence at every record whose block held `position`; for a
+    constrained run, what the constraint did there."""
+    constrained = run_constraint(timeline) is not None
     rows = []
     for i, rec in enumerate(timeline.records):
         s, e = rec.block_range
@@ -294,10 +297,11 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
         if revision is not None:
             state = timeline.describe_revision(revision)
         cells = (str(iteration_number(i)), rec.forward, token_name(timeline, token), number(conf), "—" if rec.threshold is None else _tau(rec.threshold), state)
-        rows.append((cells, i == shown))
+        rows.append((cells + ((history_cell(timeline, i, position),) if constrained else ()), i == shown))
     if not rows:
         return ""
-    return history_table(("iteration", "forward", "top-1 candidate", "confidence", "τ", "position was"), rows)
+    head = ("iteration", "forward", "top-1 candidate", "confidence", "τ", "position was")
+    return history_table(head + (("constraint",) if constrained else ()), rows)
 
 
 def position_details(timeline: Timeline, position: int, iteration: int, expected: list[int] | None = None) -> str:
@@ -319,6 +323,9 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
     elif not in_prompt:
         where += ", in no block this run decoded (early stop ended it first)"
     add("position", f"{position} ({where})")
+    constraint = run_line(timeline)
+    if constraint is not None and not in_prompt:
+        add("constraint", constraint)
     if token == timeline.mask_id:
         add("token", "masked: [MASK], not yet committed")
     elif commit is None and not in_prompt:
@@ -329,6 +336,9 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         when = " (this iteration)" if commit.iteration == iteration else " (later than the iteration shown)" if commit.iteration > iteration else ""
         add("committed", f"at iteration {iteration_number(commit.iteration)}{when} as {token_name(timeline, commit.token)}")
         add("why", rule_text(timeline, commit.iteration, position))
+        at_commit = restricted_at(timeline, commit.iteration, position)
+        if at_commit is not None and commit.iteration != iteration:  # the iteration shown has its own row below
+            add("constraint at its commit", restriction_words(timeline, at_commit))
     elif not in_prompt and token == timeline.mask_id:
         add("committed", "not by the end of the run" if timeline.finished else "not yet")
     # the revisions up to the iteration shown (the latest REVISION_ROWS), then how many come later
@@ -351,7 +361,13 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         if s <= position < e:
             candidate = rec.top1[timeline.row][position - s]
             conf = float(rec.confidence[timeline.row][position - s])
-            add("top-1 now", f"{token_name(timeline, candidate)} with probability {number(conf)}")
+            restricted = restricted_at(timeline, iteration, position)
+            after = " (what the decoder saw: the constraint's allowed tokens only)" if restricted is not None else ""
+            add("top-1 now", f"{token_name(timeline, candidate)} with probability {number(conf)}{after}")
+            if restricted is not None:
+                add("constraint now", restriction_words(timeline, restricted))
+            if position in dropped_at(timeline, iteration):
+                add("dropped", "the decoder chose to write here, and the constraint's joint check dropped the write: with the writes kept before it the answer could not be completed")
             add("top candidates", _candidates_text(timeline, rec, position))
             if commit is not None and commit.iteration == iteration or timeline.revision_at(position, iteration) is not None:
                 pass  # the decision is the commit or the revision above, with its rule

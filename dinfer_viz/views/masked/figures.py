@@ -14,6 +14,7 @@ from engine import IterationRecord
 from engine.trace import EDIT, REMASK
 
 from ...cells import CELL_COLOURS, expected_at
+from ...constraint import cut_markers
 from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
 from ...timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
@@ -74,7 +75,8 @@ def confidence_raster(
     """Iteration x position heatmap of the top-1 confidence of still-masked positions, with the
     commits as markers (circle: above threshold, x: forced), block starts as lines, forwards that
     recomputed everything as grey bands and partial recomputations as dashed rectangles, each mark
-    named in the legend; the colour bar marks the threshold τ when the decoder has one.
+    named in the legend, and under a constraint its removed top-1s (constraint.cut_markers); the
+    colour bar marks the threshold τ when the decoder has one.
 
     `upto`, `highlight`: record indices (0-based, as Timeline's); the figure numbers iterations as
     the page does (`iteration_number`: 1..N). `expected`: the answer's token ids from the prompt's
@@ -124,6 +126,9 @@ def confidence_raster(
                     uid=f"revisions-{state}",
                 )
             )
+    cut = cut_markers(timeline, first, upto)
+    if cut is not None:
+        fig.add_trace(cut)
     shapes: list[dict[str, Any]] = []
     drawn: set[str] = set()
     for start, end, exact, ranges in runs:

@@ -11,7 +11,8 @@ from typing import Any
 from engine.trace import EDIT, REMASK
 
 from ...cells import cell_text, collapse_fill, expected_at, first_shown, inert, revision_line, summary_tip
-from ...timeline import EXACT_FORWARDS, Timeline, iteration_number
+from ...constraint import CUT, cut_positions, dropped_at, hover_line, restricted_at, summary
+from ...timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 STATE_TIPS = {"prompt": "prompt", "masked": "masked", "fill": "filled with end-of-text by early stop"}
 # states whose token a decoder chose (compared with the expected answer)
@@ -27,6 +28,7 @@ def masked_cells(timeline: Timeline, iteration: int, expected: list[int] | None)
     recomputed = [range(a, b) for a, b in rec.recomputed] if rec and rec.forward not in EXACT_FORWARDS else []
     extras = timeline.extras_at(iteration) if rec else {}
     anchors = extras.get("anchors")
+    dropped = set(dropped_at(timeline, iteration))
     first = first_shown(timeline)
     cells = []
     if first > 0:
@@ -60,6 +62,12 @@ def masked_cells(timeline: Timeline, iteration: int, expected: list[int] | None)
             classes.append("win")
         if token != timeline.mask_id:
             tip.insert(1, f"token {timeline.text_of(token)!r} (id {token})")
+        cut = chosen_under_cut(timeline, p, iteration, kind, commit)
+        if cut is not None:
+            classes.append(CUT)
+            tip.append(cut)
+        if p in dropped:
+            tip.append("the decoder chose to write here; the constraint's joint check dropped it (with the writes kept before it, no answer fits)")
         want = expected_at(timeline, expected, p)
         if kind in COMMITTED_STATES and want is not None and want != token:
             classes.append("wrong")
@@ -71,6 +79,18 @@ def masked_cells(timeline: Timeline, iteration: int, expected: list[int] | None)
     return collapse_fill(cells)
 
 
+def chosen_under_cut(timeline: Timeline, p: int, iteration: int, kind: str, commit: Commit | None) -> str | None:
+    """The hover line of a cell whose token the decoder chose where the constraint had removed the
+    model's top-1 (at its commit's record, or the edit's), else None."""
+    if kind not in COMMITTED_STATES:
+        return None
+    index = iteration if kind == "edited" or commit is None else commit.iteration
+    r = restricted_at(timeline, index, p)
+    if r is None or not r.top1_removed:
+        return None
+    return hover_line(timeline, r) + ("" if index == iteration else f" (at iteration {iteration_number(index)})")
+
+
 def masked_caption(timeline: Timeline, iteration: int, total: int) -> str:
     rec = timeline.records[iteration]
     s, e = rec.block_range
@@ -78,7 +98,7 @@ def masked_caption(timeline: Timeline, iteration: int, total: int) -> str:
     threshold = "" if rec.threshold is None else f" · threshold {rec.threshold:.2f}"
     return (
         f"iteration {iteration_number(iteration)}/{total} · block {rec.block} [{s}, {e}) · "
-        f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}{revised_summary(timeline, iteration)}"
+        f"{rec.forward} forward over {where}{threshold} · committed {len(rec.committed[timeline.row])}{revised_summary(timeline, iteration)}{summary(timeline, iteration)}"
     )
 
 
@@ -118,11 +138,11 @@ def live_fields(timeline: Timeline, shown: int, since: int, expected: list[int] 
     commits = []
     for i in range(max(since, 0), shown):
         rec = tl.records[i]
-        start, forced = rec.block_range[0], set(rec.forced[row])
+        start, forced, cut = rec.block_range[0], set(rec.forced[row]), cut_positions(tl, i)
         for p in rec.committed[row]:
             token = rec.top1[row][p - start]
             want = expected_at(tl, expected, p)
-            commits.append([p, cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token)])
+            commits.append([p, cell_text(tl, token), i, int(p in forced), round(float(rec.confidence[row][p - start]), 3), int(want is not None and want != token), int(p in cut)])
     revisions = []
     for i in range(max(since, 0), shown):
         for r in tl.record_revisions[i]:

@@ -11,6 +11,7 @@ from typing import Any
 from engine.trace import UNIFORM
 
 from ...cells import CELL_COLOURS, add_states, cell_text, collapse_fill, expected_at, first_shown, inert, legend_block, summary_tip
+from ...constraint import constraint_marks
 from ...timeline import Timeline
 from ..base import KindView, register
 from . import details, figures, grid
@@ -100,7 +101,7 @@ class UniformView(KindView):
         return [(k, LABELS.get(k, CELL_COLOURS[k][1])) for k in ("prompt", "masked", *UNIFORM_STATES, "fill")]
 
     def legend_html(self, timeline: Timeline | None) -> str:
-        return legend_block(self.legend_states(timeline), MARKS, "the proposal's probability")
+        return legend_block(self.legend_states(timeline), constraint_marks(timeline, MARKS), "the proposal's probability")
 
     def raster(self, timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> Any:
         return figures.uniform_raster(timeline, upto, highlight, last_rows, expected)

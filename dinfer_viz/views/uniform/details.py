@@ -16,6 +16,7 @@ from engine import IterationRecord
 from engine.kinds.uniform import UniformSampler
 
 from ...cells import inert
+from ...constraint import dropped_at, history_cell, restricted_at, restriction_words, run_constraint, run_line
 from ...panel import expected_words, history_table, number, panel
 from ...panel import token_name as _token_name
 from ...timeline import Timeline, iteration_number
@@ -115,6 +116,11 @@ def _step_rows(timeline: Timeline, rec: IterationRecord, index: int, position: i
         ("decision", verdict_text(timeline, rec, position)),
         ("draft", f"{token_name(timeline, u['draft'][row][offset])}: the argmax, what the stop rule compares and the canvas outputs"),
     ]
+    restricted = restricted_at(timeline, index, position)
+    if restricted is not None:  # the proposal and the draft came from the allowed tokens only
+        out.insert(4, ("constraint now", restriction_words(timeline, restricted, "pad")))
+    if position in dropped_at(timeline, index):
+        out.append(("dropped", "the sampler accepted a proposal here, and the constraint's joint check dropped it: with the ones kept before it the answer could not be completed"))
     return out
 
 
@@ -123,6 +129,7 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
     numbers and verdict, the draft."""
     rows = []
     row = timeline.row
+    constrained = run_constraint(timeline) is not None
     for i, rec in enumerate(timeline.records):
         s, e = rec.block_range
         if not s <= position < e:
@@ -141,10 +148,11 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
                 str(iteration_number(i)), step, token_name(timeline, token_read(timeline, rec, i, position)), token_name(timeline, u["proposal"][row][offset]),
                 f"{float(u['entropy'][row][offset]):.3f}", f"{number(total, bound)} {'≤' if accepted else '>'} {bound:g}", verdict, token_name(timeline, u["draft"][row][offset]),
             )
-        rows.append((cells, i == shown))
+        rows.append((cells + ((history_cell(timeline, i, position),) if constrained else ()), i == shown))
     if not rows:
         return ""
-    return history_table(("iteration", "step · temperature", "token read", "proposal", "entropy", "sum below vs bound", "verdict", "draft"), rows)
+    head = ("iteration", "step · temperature", "token read", "proposal", "entropy", "sum below vs bound", "verdict", "draft")
+    return history_table(head + (("constraint",) if constrained else ()), rows)
 
 
 def uniform_position_details(timeline: Timeline, position: int, iteration: int, expected: list[int] | None = None) -> str:
@@ -166,6 +174,9 @@ def uniform_position_details(timeline: Timeline, position: int, iteration: int, 
     elif not in_prompt:
         where += ", in no canvas this run denoised (the run ended first)"
     add("position", f"{position} ({where})")
+    constraint = run_line(timeline)
+    if constraint is not None and not in_prompt:
+        add("constraint", constraint)
     state = uniform_state(timeline, canvas, position, iteration)
     add("token", f"{token_name(timeline, token)}: {STATE_WORDS[state]}")
     ends = [i for i in steps if timeline.records[i].uniform.get("output") is not None]

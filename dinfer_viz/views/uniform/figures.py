@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from engine import IterationRecord
 
 from ...cells import CELL_COLOURS, expected_at
+from ...constraint import cut_markers
 from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
 from ...timeline import Timeline, iteration_number
 from .grid import step_verdict
@@ -88,6 +89,9 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
                 uid="canvas-done",
             )
         )
+    cut = cut_markers(timeline, first, upto)
+    if cut is not None:
+        fig.add_trace(cut)
     shapes, drawn = block_and_shown_shapes(timeline, first, upto, highlight)
     for kind in RASTER_MARKS:
         if kind in drawn:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from engine import IterationRecord
 
 from ...cells import cell_text
+from ...constraint import CUT, hover_line, restricted_at, summary
 from ...timeline import Timeline, iteration_number
 from ...words import plural
 
@@ -109,6 +110,8 @@ def uniform_cells(timeline: Timeline, iteration: int, first: int) -> list[tuple[
     done = finished_until(timeline, iteration) if iteration >= 0 else timeline.prompt_length
     block = range(*timeline.records[iteration].block_range) if iteration >= 0 else range(0)
     decided = deciding_record(timeline, iteration) if iteration >= 0 else -1  # once per grid, not per cell
+    # the step that wrote each finished canvas's output (its last draft)
+    wrote = {p: i for i in range(iteration + 1) if timeline.records[i].uniform.get("output") is not None for p in range(*timeline.records[i].block_range)}
     out = []
     for p in range(first, timeline.canvas_length):
         state = uniform_state(timeline, canvas, p, iteration, done, decided)
@@ -118,7 +121,13 @@ def uniform_cells(timeline: Timeline, iteration: int, first: int) -> list[tuple[
         if previous[p] != canvas[p] and state != "prompt":
             classes.append("chg")
         text = "∎" if state == "fill" else cell_text(timeline, canvas[p])  # the pad after a row's end (often the EOS id too)
-        out.append((p, text, classes, uniform_tip(timeline, canvas, previous, p, iteration, state, decided)))
+        tip = uniform_tip(timeline, canvas, previous, p, iteration, state, decided)
+        # an accepted proposal, or an output draft, chosen where the constraint had removed the model's top-1
+        r = restricted_at(timeline, decided if state == "accepted" else wrote.get(p, -1) if state == "output" else -1, p)
+        if r is not None and r.top1_removed:
+            classes.append(CUT)
+            tip.append(hover_line(timeline, r))
+        out.append((p, text, classes, tip))
     return out
 
 
@@ -140,7 +149,7 @@ def uniform_caption(timeline: Timeline, iteration: int, total: int) -> str:
     ]
     if u.get("output") is not None:
         parts.append("canvas done: its output is the last draft")
-    return " · ".join([head, *parts])
+    return " · ".join([head, *parts]) + summary(timeline, iteration)
 
 
 def _yes(flag: bool) -> str:
