@@ -361,6 +361,8 @@ class LiveRun:
                 yield self._frame("stopped", plots=True, timeline=tl, text=self.result.text if self.result else "", message="stopped", shown=tl.iterations if tl else 0)
                 return
             for event in self._arrived():
+                if self.halted and not isinstance(event, IterationRecord):
+                    break  # Stop: the cancel's failure (or a late end) is not news; the stopped frame comes next
                 yield from self._on_event(event)
                 if self.failed:
                     return

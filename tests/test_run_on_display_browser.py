@@ -249,6 +249,7 @@ def test_playback_pauses_resumes_and_skips_apart_from_the_engine(session, page, 
     expect(page.locator("#model-status")).to_contain_text("finished")
 
     page.click("#run-btn")  # again at 1 iteration / s, and Stop while it plays back
+    expect(page.locator("#model-status")).to_contain_text("live", timeout=WAIT)  # the new run is on display, not the last one
     wait_caption(page, "n >= 1")
     page.click("#pause-btn")
     expect(page.locator("#message")).to_contain_text("paused at iteration", timeout=WAIT)
