@@ -116,9 +116,9 @@ def gemma_rows(args) -> list[Row]:
     probes = ([ours.hf, ours.model.encoder], [theirs, theirs.model.encoder])  # what each side calls: the whole network, the encoder
     rows = [Row("DiffusionGemma uniform", "transformers generate", label, engine_on(ours), peer, len(prompts), probes)]
     if args.compile:  # the engine's --compile (engine/runtime/compiled.py): the denoiser through torch.compile, compiled in the warm-up
-        from engine.kinds import kind_named
+        from engine.runtime.compiled import static_shape_model
 
-        compiled = kind_named(ours.diffusion_kind).static_shape_model(ours, compile=True, cuda_graphs=False)
+        compiled = static_shape_model(ours, compile=True, cuda_graphs=False)
         rows.append(Row("DiffusionGemma uniform, engine --compile", "transformers generate", label, engine_on(compiled), peer, len(prompts), ([], [])))
     return rows
 
@@ -189,9 +189,9 @@ def llada2_rows(args) -> list[Row]:
             peer_for(et, ee), len(prompts), probes),
     ]
     if args.compile:  # the engine's --compile: bucketed static shapes through torch.compile (engine/runtime/compiled.py)
-        from engine.kinds import kind_named
+        from engine.runtime.compiled import static_shape_model
 
-        compiled = kind_named(model.diffusion_kind).static_shape_model(model, compile=True, cuda_graphs=False)
+        compiled = static_shape_model(model, compile=True, cuda_graphs=False)
         rows.insert(1, Row("LLaDA2 threshold, prefix cache, engine --compile", "diffusers LLaDA2Pipeline", f"threshold {t:g}; {shape}",
                            engine_for(GenerationConfig(decoder="threshold", threshold=t, cache="prefix"), compiled), peer_for(t, None), len(prompts), ([], [])))
     return rows

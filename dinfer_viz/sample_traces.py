@@ -3,7 +3,8 @@
 One trace per decoder (cache none) and per cache mode (threshold decoder), made by the engine on the
 embedded model (assets/tiny-llada) on the CPU, greedy, on one pair-sum prompt, with the app's
 default settings otherwise, so the files compare with each other and with a run of the same
-settings in the app. Each is the engine's trace JSON (`Trace.to_json`, docs/trace.md), written to
+settings in the app. The edit decoder's is the exception: it runs where editing shows at its best,
+on the model trained to edit (assets/tiny-llada-edit), lesson 5's run (`SAMPLE_RUNS`). Each is the engine's trace JSON (`Trace.to_json`, docs/trace.md), written to
 `assets/traces/<decoder>-<cache>.json`, with `index.json` listing every file and its settings.
 
     python -m dinfer_viz.sample_traces                 # regenerate assets/traces from assets/tiny-llada
@@ -24,6 +25,7 @@ from engine.cache_modes import cache_modes
 from engine.registry import builtin_decoder_names
 
 from .answers import FAMILY_EXAMPLES
+from .lessons import EDIT_LESSON_PROMPT, EDIT_MODEL
 from .readouts import plural
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,38 +39,65 @@ PROMPT = FAMILY_EXAMPLES["pairsum"][0]
 # that are not exact also measure staleness, so a replay's extras show what caching cost in agreement.
 BASE = {"decoder": GenerationConfig.decoder, "cache": GenerationConfig.cache}
 THREADS = 1  # float reductions in one order: regenerating a sample gives the same tokens
+# Samples that run elsewhere than PROMPT on the embedded model: stem -> (the model, a folder beside
+# the embedded one; the prompt; settings beyond sample_settings'). The edit decoder on the base
+# model edits the same positions up to its post-edit limit and breaks the answer; on the edit model,
+# at lesson 5's τ 0.3 on its held-out prompt, the threshold decoder answers `  0 + 31` and the edit
+# decoder repairs the first number into ` 10 + 31` (41: right).
+SAMPLE_RUNS: dict[str, tuple[str, str, dict[str, Any]]] = {"edit-none": (EDIT_MODEL, EDIT_LESSON_PROMPT, {"threshold": 0.3})}
 
 
 def sample_settings() -> dict[str, dict[str, Any]]:
     """File stem -> the GenerationConfig fields it sets (the rest are the defaults): each of the
     engine's own decoders (a plug-in registered through the environment is not the project's to
-    ship) on the base cache mode, then the base decoder on each other mode."""
+    ship) on the base cache mode, then the base decoder on each other mode (`SAMPLE_RUNS`' own
+    settings included)."""
     out = {f"{d}-{BASE['cache']}": {**BASE, "decoder": d} for d in builtin_decoder_names()}
     for mode in cache_modes():
         if mode.name != BASE["cache"]:
             out[f"{BASE['decoder']}-{mode.name}"] = {**BASE, "cache": mode.name, **({} if mode.exact else {"measure_staleness": True})}
-    return out
+    return {stem: {**settings, **SAMPLE_RUNS.get(stem, ("", "", {}))[2]} for stem, settings in out.items()}
 
 
-def generate_sample(engine: Engine, settings: dict[str, Any]) -> Trace:
-    """The trace of PROMPT under `settings` (a sample_settings() entry) on `engine`."""
-    return engine.generate(PROMPT, GenerationConfig.from_dict(settings), hooks=RunHooks(trace=True)).output.trace
+def sample_run(stem: str, model: Path = EMBEDDED_MODEL) -> tuple[Path, str]:
+    """(model folder, prompt) of sample `stem`: `model` and PROMPT, or what SAMPLE_RUNS names (its
+    model a folder beside `model`)."""
+    if stem in SAMPLE_RUNS:
+        name, prompt, _ = SAMPLE_RUNS[stem]
+        return model.parent / name, prompt
+    return model, PROMPT
+
+
+def generate_sample(engine: Engine, settings: dict[str, Any], prompt: str = PROMPT) -> Trace:
+    """The trace of `prompt` under `settings` (a sample_settings() entry) on `engine`."""
+    return engine.generate(prompt, GenerationConfig.from_dict(settings), hooks=RunHooks(trace=True)).output.trace
+
+
+def sample_engine(folder: Path) -> Engine:
+    """An engine as the samples are made with: one CPU thread (the same tokens every time)."""
+    engine = Engine(folder)
+    set_cpu_threads(engine.model, THREADS)
+    return engine
 
 
 def write_samples(model: Path = EMBEDDED_MODEL, out: Path = TRACES) -> list[dict[str, Any]]:
     """Generate every sample into `out` with `index.json`; returns the index's entries."""
     out.mkdir(parents=True, exist_ok=True)
-    engine = Engine(model)
-    set_cpu_threads(engine.model, THREADS)
+    engines: dict[Path, Engine] = {}
     entries = []
     for stem, settings in sample_settings().items():
-        trace = generate_sample(engine, settings)
+        folder, prompt = sample_run(stem, model)
+        if folder not in engines:
+            engines[folder] = sample_engine(folder)
+        engine = engines[folder]
+        trace = generate_sample(engine, settings, prompt)
         text = trace.to_json()
         (out / f"{stem}.json").write_text(text, encoding="utf-8")
         entries.append(
             {
                 "file": f"{stem}.json",
-                "prompt": PROMPT,
+                "model": folder.name,
+                "prompt": prompt,
                 "settings": settings,
                 "answer": engine.decode(trace.final[0][trace.prompt_lengths[0] :]),
                 "iterations": len(trace.iterations),
@@ -79,7 +108,7 @@ def write_samples(model: Path = EMBEDDED_MODEL, out: Path = TRACES) -> list[dict
         )
     index = {
         "about": (
-            f"Traces made by `python -m dinfer_viz.sample_traces` with the embedded model ({model.name}) on the CPU, "
+            f"Traces made by `python -m dinfer_viz.sample_traces` with the embedded model ({model.name}; each entry names its model) on the CPU, "
             "greedy; settings not listed are GenerationConfig's defaults. Load one in the Run tab (Load a trace) "
             "to replay it with no model; timings are those of the machine that made them."
         ),
@@ -100,7 +129,8 @@ def shipped_samples(folder: Path = TRACES) -> list[tuple[str, str]]:
     out = []
     for e in index.get("traces", []):
         settings = e["settings"]
-        label = f"{settings['decoder']} decoder, cache {settings['cache']}: {e['answer'].strip()!r} in {plural(e['iterations'], 'iteration')}"
+        on = f" on {e['model']}" if e.get("model", index.get("model")) != index.get("model") else ""
+        label = f"{settings['decoder']} decoder{on}, cache {settings['cache']}: {e['answer'].strip()!r} in {plural(e['iterations'], 'iteration')}"
         out.append((label, str(folder / e["file"])))
     return out
 

@@ -15,10 +15,10 @@ from .constraints import TokenVocabulary, spec_of
 from .errors import EngineError
 from .generation import fit_request, run_diffusion
 from .hooks import NO_HOOKS, RunHooks
-from .kinds import check_system_options, kind_named
+from .kinds import check_system_options
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
-from .runtime.compiled import check_options
+from .runtime.compiled import check_options, static_shape_model
 from .runtime.launch import Job
 from .runtime.parallel import check_degrees, load_shard
 from .run import GenerationOutput
@@ -139,7 +139,7 @@ class Engine:
             self.model = skeleton if world > 1 else load_model(path, device=device, dtype=dtype)
         here = world == 1 or self._job is not None  # the weights are in this process
         # what generate runs: the model, or the model behind static-shape forwards
-        self._forward_model = kind_named(self.model.diffusion_kind).static_shape_model(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
+        self._forward_model = static_shape_model(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
         self._vocabulary: TokenVocabulary | None = None

@@ -42,7 +42,10 @@ class SystemOption:
 
     def check(self, value: Any) -> None:
         """EngineError unless `value` is one this option takes: a switch true or false, a degree a
-        whole number in 1..MAX_DEGREE (the app's JSON and gradio_client send anything)."""
+        whole number in 1..MAX_DEGREE (the app's JSON and gradio_client send anything); None is
+        the option left out (its default), as `is_set` reads it."""
+        if value is None:
+            return
         if self.kind is bool:
             ok, want = isinstance(value, bool), "true or false"
         else:

@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import Callable, ClassVar
 
 from ..config import GenerationConfig
 from ..constraints import CONSTRAINT_FIELDS
 from ..errors import EngineError
 from ..registry import decoder_class, decoder_names
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from ..models.base import DiffusionLM
 
 # What every kind reads: the canvas, the decoder and its own options, the seed, stopping, the
 # prompt's wrapping, the answer's constraint (the run skeleton applies it: engine/constraints/).
@@ -54,12 +49,6 @@ class DiffusionKind:
     name: ClassVar[str] = ""
     settings: ClassVar[KindSettings]
     run: ClassVar[type]
-
-    @staticmethod
-    def static_shape_model(model: "DiffusionLM", compile: bool, cuda_graphs: bool) -> "nn.Module":
-        """`model` behind this kind's compiled wrapper (engine/runtime/compiled.py), for the
-        system options its declaration lists."""
-        raise NotImplementedError
 
 
 KINDS: dict[str, type[DiffusionKind]] = {}

@@ -25,7 +25,6 @@ from ..errors import EngineError
 from ..hooks import RunHooks
 from ..models.base import DiffusionLM, ForwardCounters
 from ..run import DiffusionRun, Meter, sync
-from ..runtime.compiled import CompiledLM
 from ..system_options import SYSTEM_OPTIONS
 from ..trace import CANDIDATES_MAX_BLOCK, EDIT, MASKED, REMASK, TOP_CANDIDATES, IterationRecord, Revision, candidate_lists, jsonable, positions, rounded
 from .base import DiffusionKind, KindSettings, SHARED_SETTINGS, register_kind
@@ -343,8 +342,3 @@ class MaskedKind(DiffusionKind):
         default_decoder=GenerationConfig.decoder,
         system_options=frozenset(SYSTEM_OPTIONS),
     )
-
-    @staticmethod
-    def static_shape_model(model: DiffusionLM, compile: bool, cuda_graphs: bool) -> CompiledLM:
-        """Bucketed forwards, compiled and/or captured as CUDA graphs."""
-        return CompiledLM(model, compile, cuda_graphs)

@@ -41,7 +41,6 @@ from ..hooks import RunHooks
 from ..models.diffusion_gemma import DiffusionGemmaLM
 from ..registry import DecoderOption, register_decoder
 from ..run import DiffusionRun
-from ..runtime.compiled import CompiledDenoiser
 from ..trace import UNIFORM, IterationRecord, positions, rounded
 from .base import DiffusionKind, KindSettings, register_kind
 
@@ -360,8 +359,3 @@ class UniformKind(DiffusionKind):
         shares_batches=False,  # its rows draw proposals and noise from one generator, in batch order
         fit_canvas=fit_canvas,
     )
-
-    @staticmethod
-    def static_shape_model(model: DiffusionGemmaLM, compile: bool, cuda_graphs: bool) -> CompiledDenoiser:
-        """Its denoiser compiled (the declaration offers no CUDA graphs: check_system_options refuses them)."""
-        return CompiledDenoiser(model)

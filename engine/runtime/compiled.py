@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import EngineError
+from ..trace import MASKED, UNIFORM
 from ..models.base import DiffusionLM, ForwardCounters, ModelOutput
 from ..models.layers import QuerySlots, RotaryEmbedding, query_range
 from ..models.moe import SparseMoE
@@ -260,3 +261,16 @@ class CompiledDenoiser(nn.Module):
         return logits
 
 
+# The static-shape wrapper of each diffusion kind (the runtime wraps the loop's model; the loop, one
+# floor below, knows no wrapper). A kind without one lists no compile or CUDA-graph option in its
+# KindSettings, so it is refused before any load.
+_WRAPPERS: dict[str, Callable[[DiffusionLM, bool, bool], nn.Module]] = {
+    MASKED: CompiledLM,
+    UNIFORM: lambda model, compile, cuda_graphs: CompiledDenoiser(model),  # compile only (its declaration)
+}
+
+
+def static_shape_model(model: DiffusionLM, compile: bool, cuda_graphs: bool) -> nn.Module:
+    """`model` behind its kind's wrapper: a masked model's bucketed forwards (`CompiledLM`), a
+    uniform-state model's compiled denoiser (`CompiledDenoiser`)."""
+    return _WRAPPERS[model.diffusion_kind](model, compile, cuda_graphs)
