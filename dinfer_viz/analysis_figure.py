@@ -21,6 +21,7 @@ from engine.analysis import analyze, finalization_steps
 from .figure_base import _finish, message_figure, shown_iteration_shapes
 from .grid import inert
 from .timeline import Timeline, iteration_number
+from .views import view_for
 
 # one colour per per-step series, the same in the figure and in the text that names them
 SERIES = {
@@ -94,14 +95,7 @@ def _number(value: float | None) -> str:
 
 def approximations(timeline: Timeline) -> list[str]:
     """What this run's analyses approximate (docs/analysis.md §3.1 and §3.3), in the run's terms."""
-    trace = timeline.trace
-    notes = []
-    if timeline.kind == "uniform":
-        notes.append("a canvas not yet being denoised holds no prediction: its positions count as not final until a step reaches them (an early stop's fill: the last step)")
-    else:
-        notes.append("a masked position outside the step's block has a prediction the trace does not hold: it counts as not final")
-        if float((trace.config or {}).get("temperature") or 0) > 0:
-            notes.append("with temperature > 0 a record's top-1 is the sampled candidate, not the argmax")
+    notes = view_for(timeline).finality_notes(timeline)
     if any(rec.candidates is None for rec in timeline.records):
         notes.append("the trace holds only each position's top-1 and its confidence, no candidates: KL is a lower bound wherever the final token is not the top-1")
     else:

@@ -58,6 +58,10 @@ class KindView:
     # explanation panel shows what ran (the Run tab asks)
     runs_own_sampler = False
 
+    def finality_notes(self, timeline: Timeline) -> list[str]:
+        """What the analyses' finality (docs/analysis.md §3.1) approximates for a run of this kind."""
+        return []
+
     # ---- grid ---------------------------------------------------------------------------------
     def grid_value(self, timeline: Timeline, iteration: int, expected: list[int] | None) -> dict:
         """Cells and caption after record `iteration` (clamped), as grid.GRID_TEMPLATE renders them."""

@@ -55,6 +55,12 @@ class MaskedView(KindView):
     kind = MASKED
     label = "masked"
 
+    def finality_notes(self, timeline: Timeline) -> list[str]:
+        notes = ["a masked position outside the step's block has a prediction the trace does not hold: it counts as not final"]
+        if float((timeline.trace.config or {}).get("temperature") or 0) > 0:
+            notes.append("with temperature > 0 a record's top-1 is the sampled candidate, not the argmax")
+        return notes
+
     def grid_value(self, timeline: Timeline, iteration: int, expected: list[int] | None) -> dict:
         return {"cells": grid.masked_cells(timeline, iteration, expected)}
 

@@ -60,6 +60,9 @@ class UniformView(KindView):
     records_cost = False
     runs_own_sampler = True
 
+    def finality_notes(self, timeline: Timeline) -> list[str]:
+        return ["a canvas not yet being denoised holds no prediction: its positions count as not final until a step reaches them (an early stop's fill: the last step)"]
+
     def grid_value(self, timeline: Timeline, iteration: int, expected: list[int] | None) -> dict:
         """The bar is the proposal's probability in the canvas being denoised; an output token that
         differs from `expected` is marked."""
