@@ -45,7 +45,7 @@ from engine.cache import DUAL, FULL, PREFIX, REFRESH, WINDOW, KVCacheManager
 from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
-from .figure_base import FORWARD_COLOURS, _finish, _upto
+from .figure_base import FORWARD_COLOURS, _finish, _upto, heatmap_rows, heatmap_y, rows_title, MAX_HEATMAP_CELLS
 from .figure_base import message_figure
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 
@@ -58,6 +58,7 @@ STATES: dict[int, tuple[str, str, str]] = {
     FRESH: ("#2563eb", "recomputed this forward (fresh)", "recomputed by this forward from the current input (fresh)"),
     STALE: ("#ea580c", "cached, stale (darker: larger measured KL)", "read from the cache, stale: the canvas changed since the refresh that stored it"),
 }
+HOVER_WORDS = {NOT_COMPUTED: "not computed", EXACT: "cached, exact", FRESH: "fresh", STALE: "cached, stale"}  # the legend names them in full
 STALE_LIGHT, STALE_DARK = "#fed7aa", "#991b1b"
 UNMEASURED = 0.5  # where a stale cell sits in its band when the trace has no staleness measured
 PROMPT_COLOUR = "#6b7280"
@@ -154,15 +155,16 @@ def _colour_scale() -> list[list]:
     return scale + [[STALE / top, STALE_LIGHT], [1.0, STALE_DARK]]
 
 
-def _hover(timeline: Timeline, states: CacheStates, x0: int, x1: int) -> list[list[str]]:
-    """Plain-text hover lines (numbers and fixed words only: no token string reaches the figure)."""
+def _hover(timeline: Timeline, states: CacheStates, x0: int, x1: int, rows: list[int]) -> np.ndarray:
+    """Plain-text hover lines of the records `rows` (numbers and fixed words only: no token string
+    reaches the figure), as an array: plotly checks a list of lists string by string, ten times slower."""
     out = []
-    for i in range(states.codes.shape[0]):
+    for i in rows:
         rec = timeline.records[i]
-        head = f"iteration {iteration_number(i)} · {rec.forward} forward"
         measured = f" · block KL ≤ {states.kl[i]:.3g}" if np.isfinite(states.kl[i]) else ""
-        out.append([f"pos {p} · {head}<br>{STATES[int(states.codes[i, p])][1]}" + (measured if states.codes[i, p] == STALE else "") for p in range(x0, x1)])
-    return out
+        # position and iteration come from the hover template: a line per cell is most of the figure's bytes
+        out.append([f"{rec.forward} forward: {HOVER_WORDS[int(states.codes[i, p])]}" + (measured if states.codes[i, p] == STALE else "") for p in range(x0, x1)])
+    return np.array(out, dtype=object)
 
 
 def cache_state_figure(timeline: Timeline, upto: int | None = None, highlight: int | None = None) -> go.Figure:
@@ -176,20 +178,21 @@ def cache_state_figure(timeline: Timeline, upto: int | None = None, highlight: i
     states = cache_states(timeline, upto)
     x0, x1 = 0, timeline.view_end()
     its = [iteration_number(i) for i in range(upto + 1)]
+    # a hover line per cell costs several times the cell: this figure gets a quarter of the common bound
+    rows = heatmap_rows(0, upto, x1 - x0, keep=highlight, cells=MAX_HEATMAP_CELLS // 4)
     fig = go.Figure()
     fig.add_trace(
         go.Heatmap(
-            z=_z(states)[:, x0:x1],
+            z=_z(states)[rows, x0:x1],
             x0=x0,
             dx=1,
-            y0=its[0],
-            dy=1,
+            **heatmap_y(0, rows),
             zmin=0,
             zmax=STALE + 1,
             colorscale=_colour_scale(),
             showscale=False,
-            text=_hover(timeline, states, x0, x1),
-            hovertemplate="%{text}<extra></extra>",
+            text=_hover(timeline, states, x0, x1, rows),
+            hovertemplate="pos %{x} · iteration %{y}<br>%{text}<extra></extra>",
             xgap=1,
             ygap=1,
             uid="cache-states",
@@ -221,7 +224,7 @@ def cache_state_figure(timeline: Timeline, upto: int | None = None, highlight: i
     ticks = dict(tickmode="array", tickvals=its, ticktext=[f"{n} {timeline.records[i].forward}" for i, n in enumerate(its)]) if len(its) <= 30 else {}
     fig.update_layout(shapes=shapes, margin=dict(t=60, b=110, l=90))
     fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
-    fig.update_yaxes(title_text="iteration · forward", range=[its[-1] + 0.5, its[0] - 0.5], **ticks)
+    fig.update_yaxes(title_text=rows_title(rows, 0, upto, "iteration · forward"), range=[its[-1] + 0.5, its[0] - 0.5], **ticks)
     return _finish(fig, HEIGHT, "cache-states")
 
 

@@ -75,14 +75,47 @@ def _upto(timeline: Timeline, upto: int | None) -> int:
     return timeline.iterations - 1 if upto is None else timeline.clamp(upto)
 
 
-def _block_matrix(timeline: Timeline, first: int, upto: int, values_of: Callable[[int, IterationRecord], Any], masked_only: bool) -> np.ndarray:
+# The most cells one iteration x position heatmap carries. A long run's full matrix is megabytes of
+# JSON that the server builds, Gradio sends and the browser parses on every view (a 1,000-iteration,
+# 1,000-position run: 1M cells, tens of seconds before this bound), while the figure's few hundred
+# pixel rows cannot show more than a few hundred iterations anyway: past the bound a heatmap draws
+# evenly spaced iterations (`heatmap_rows`), the iteration shown and the last always among them.
+MAX_HEATMAP_CELLS = 200_000
+
+
+def heatmap_rows(first: int, upto: int, columns: int, keep: int | None = None, cells: int = MAX_HEATMAP_CELLS) -> list[int]:
+    """The record indices (from `first..upto`) a heatmap of `columns` positions draws: all of them
+    within `cells`, else every k-th (k as small as fits), plus `upto` and `keep` (the iteration
+    shown) when in range."""
+    count = upto + 1 - first
+    most = max(2, cells // max(columns, 1))
+    if count <= most:
+        return list(range(first, upto + 1))
+    stride = -(-count // (most - 2))  # leaves room for `upto` and `keep`
+    rows = set(range(first, upto + 1, stride)) | {upto}
+    if keep is not None and first <= keep <= upto:
+        rows.add(keep)
+    return sorted(rows)
+
+
+def rows_title(rows: list[int], first: int, upto: int, title: str = "iteration") -> str:
+    """A heatmap's y-axis title, saying when `heatmap_rows` thinned its iterations."""
+    count = upto + 1 - first
+    return title if len(rows) >= count else f"{title} ({len(rows)} of {count} drawn)"
+
+
+def _block_matrix(
+    timeline: Timeline, first: int, upto: int, values_of: Callable[[int, IterationRecord], Any], masked_only: bool, rows: list[int] | None = None
+) -> np.ndarray:
     """`[iterations first..upto, positions]` float32 from per-record block values, NaN where
     nothing applies: prompt positions (an aligned block may start inside the prompt, and nothing
-    is decoded there) and, with `masked_only`, positions no longer [MASK] when the record started."""
+    is decoded there) and, with `masked_only`, positions no longer [MASK] when the record started.
+    `rows`: only these record indices (`heatmap_rows`), one matrix row each, in their order."""
     x0, x1 = timeline.view_start(), timeline.view_end()
-    z = np.full((upto + 1 - first, x1 - x0), np.nan, dtype=np.float32)
+    rows = list(range(first, upto + 1)) if rows is None else rows
+    z = np.full((len(rows), x1 - x0), np.nan, dtype=np.float32)
     prompt = np.asarray(timeline.initial) != timeline.mask_id  # never masked
-    for i in range(first, upto + 1):
+    for k, i in enumerate(rows):
         rec = timeline.records[i]
         values = values_of(i, rec)
         if values is None:
@@ -94,15 +127,23 @@ def _block_matrix(timeline: Timeline, first: int, upto: int, values_of: Callable
         else:
             hidden = prompt[s:e]
         row[hidden[: len(row)]] = np.nan
-        z[i - first, s - x0 : min(e, x1) - x0] = row[: min(e, x1) - s]
+        z[k, s - x0 : min(e, x1) - x0] = row[: min(e, x1) - s]
     return z
 
 
-def raster_heatmap(z: np.ndarray, x0: int, first: int, zmax: float, **style: Any) -> go.Heatmap:
-    """A raster's heatmap of `z` (rows: records from `first`; columns: positions from `x0`), a point's
-    x its canvas position and y its iteration number (what a click on the raster pins), zero at the
-    bottom of its scale; `style`: its colour scale, colour bar, hover."""
-    return go.Heatmap(z=z, x0=x0, dx=1, y0=iteration_number(first), dy=1, zmin=0, zmax=zmax, hoverongaps=False, uid="raster", **style)
+def heatmap_y(first: int, rows: list[int] | None) -> dict[str, Any]:
+    """A heatmap's y placement: iteration numbers from `first`, one a row, or those of `rows`
+    (`heatmap_rows`) when it draws some iterations only."""
+    if rows is None or rows == list(range(first, first + len(rows))):
+        return dict(y0=iteration_number(first), dy=1)
+    return dict(y=np.array([iteration_number(i) for i in rows], dtype=np.float32))
+
+
+def raster_heatmap(z: np.ndarray, x0: int, first: int, zmax: float, rows: list[int] | None = None, **style: Any) -> go.Heatmap:
+    """A raster's heatmap of `z` (rows: records from `first`, or the record indices `rows`; columns:
+    positions from `x0`), a point's x its canvas position and y its iteration number (what a click
+    on the raster pins), zero at the bottom of its scale; `style`: its colour scale, colour bar, hover."""
+    return go.Heatmap(z=z, x0=x0, dx=1, zmin=0, zmax=zmax, hoverongaps=False, uid="raster", **heatmap_y(first, rows), **style)
 
 
 # The raster's marks, each with a legend entry drawn as a blank trace (shapes have no legend)

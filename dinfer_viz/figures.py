@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figure_base import MESSAGE_LINE_CHARS, SHOWN_LINE, _block_matrix, _finish, _plain, _upto, message_figure
+from .figure_base import MESSAGE_LINE_CHARS, SHOWN_LINE, _block_matrix, _finish, _plain, _upto, heatmap_rows, heatmap_y, message_figure, rows_title
 from .timeline import Timeline, iteration_number
 from .views import view_for
 
@@ -84,8 +84,9 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
     upto = _upto(timeline, upto)
     x0, x1 = timeline.view_start(), timeline.view_end()
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.16 / len(names), subplot_titles=[EXTRA_TITLES.get(n, n) for n in names])
+    rows = heatmap_rows(0, upto, (x1 - x0) * len(names), keep=highlight)  # the cell bound shared by the panels
     for row, name in enumerate(names, start=1):
-        z = _block_matrix(timeline, 0, upto, lambda i, rec, name=name: timeline.extras_at(i).get(name), masked_only=False)
+        z = _block_matrix(timeline, 0, upto, lambda i, rec, name=name: timeline.extras_at(i).get(name), masked_only=False, rows=rows)
         finite = z[np.isfinite(z)]
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         if name == "staleness_agree" or set(np.unique(finite).tolist()) <= {0.0, 1.0}:
@@ -100,8 +101,7 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
                 z=z,
                 x0=x0,
                 dx=1,
-                y0=iteration_number(0),
-                dy=1,
+                **heatmap_y(0, rows),
                 zmin=low,
                 zmax=high,
                 colorscale=_EXTRA_SCALES.get(name, "Cividis"),
@@ -113,7 +113,7 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
             row=row,
             col=1,
         )
-        fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(0) - 0.5], row=row, col=1)
+        fig.update_yaxes(title_text=rows_title(rows, 0, upto), range=[iteration_number(upto) + 0.5, iteration_number(0) - 0.5], row=row, col=1)
         if highlight is not None and 0 <= highlight <= upto:
             fig.add_hline(y=iteration_number(highlight), line=SHOWN_LINE, row=row, col=1)
     fig.update_xaxes(range=[x0 - 0.5, x1 - 0.5])

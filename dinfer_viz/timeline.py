@@ -9,9 +9,11 @@ while the engine runs (live), so live and replay render the same data the same w
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
+from typing import Any
 
-from engine import IterationRecord, Trace
+from engine import EngineError, IterationRecord, Trace
 from engine.trace import EDIT, REMASK, record_writes
 
 from .tokens import is_special, readable
@@ -25,6 +27,20 @@ def iteration_number(index: int) -> int:
     forwards, and 0 is the canvas before the first forward (record index -1). Timeline methods
     and the engine's records stay 0-based; only what is drawn or written for people uses this."""
     return index + 1
+
+
+def record_index(number: Any) -> int:
+    """The record index of the iteration number a person or an API client gave (the slider's: 0
+    before the first forward, 1..N): the replay handlers take the raw value, since Gradio's own
+    check of a slider's value fails on a non-number with a generic error; EngineError in one
+    line for anything that is not a whole number."""
+    try:
+        value = float(number)
+    except (TypeError, ValueError, OverflowError):
+        raise EngineError(f"the iteration to show must be a whole number (0 = before the first forward), not {str(number)[:40]!r}") from None
+    if isinstance(number, bool) or not math.isfinite(value) or value != int(value):
+        raise EngineError(f"the iteration to show must be a whole number (0 = before the first forward), not {str(number)[:40]!r}")
+    return int(value) - 1
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from ..host import ModelSpec
 from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, parse_settings, sweep_setting
-from ..timeline import Timeline
+from ..timeline import Timeline, record_index
 from ..views import view_of_kind
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
 from .live import LiveView
@@ -266,12 +266,16 @@ class CompareHandlers(TabHandlers):
             "text_a": a.text, "text_b": b.text, "readout_a": a.readout(), "readout_b": b.readout(),
         }
 
-    def compare_replay(self, iteration: float, state: CompareState | None) -> tuple:
+    def compare_replay(self, iteration: Any, state: CompareState | None) -> tuple:
         """Both runs at the same iteration (the slider's number: 0 before the first forward, 1..N;
-        a run that already finished holds its last frame)."""
+        raw, as the API sent it: a non-number is one line in the page; a run that already
+        finished holds its last frame)."""
         if state is None:
             return outputs(COMPARE_VIEW, {"message": "nothing to replay: compare first"})
-        it = int(iteration) - 1  # the record index
+        try:
+            it = record_index(iteration)
+        except EngineError as exc:
+            return outputs(COMPARE_VIEW, {"message": error_text(str(exc))})
         return outputs(
             COMPARE_VIEW,
             {
@@ -348,7 +352,8 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     gr.on([c.change for c in constraint_controls], h.check_sides, [*run.settings_inputs, *side_controls, model_b, b_own], [message, compare_btn], **PRIVATE)
     # new inputs come last, so API clients passing the earlier ones by place keep working
     event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected, b_own], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
-    scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden")
+    # preprocess=False: the raw value, as the Run tab's /replay (run_page._wire_replay)
+    scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden", preprocess=False)
     # a number typed into the slider's box fires `input`, not `release`; while dragging, only the
     # latest value is drawn
     scrub.input(h.compare_replay, [scrub, state], view, trigger_mode="always_last", show_progress="hidden", api_visibility="private")

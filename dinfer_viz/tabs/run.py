@@ -38,7 +38,7 @@ from ..runner import Frame, run_live
 from ..sample_traces import shipped_samples
 from ..settings import all_controls, config_fields, control_value, sweep_setting, visible_fields
 from ..system import progress_line, startup_note
-from ..timeline import Timeline, iteration_number
+from ..timeline import Timeline, iteration_number, record_index
 from ..views import view_for
 from .common import TabHandlers, error_text, guarded, outputs
 from .live import LiveView
@@ -355,12 +355,16 @@ class RunHandlers(TabHandlers):
         return self.write_file(f"trace-{trace.model or 'model'}", ".json", trace.to_json())
 
     @guarded(RUN_VIEW)
-    def replay(self, iteration: float, state: RunState | None, pinned: int | None = None) -> tuple:
-        """The stored run at `iteration` (the slider's number: 0 before the first forward, 1..N),
-        figures included, the iteration marked on them; the details of the `pinned` position."""
+    def replay(self, iteration: Any, state: RunState | None, pinned: int | None = None) -> tuple:
+        """The stored run at `iteration` (the slider's number: 0 before the first forward, 1..N;
+        raw, as the API sent it: a non-number is one line in the page), figures included, the
+        iteration marked on them; the details of the `pinned` position."""
         if state is None:
             return outputs(RUN_VIEW, {"message": "nothing to replay: run something or load a trace"})
-        it = int(iteration) - 1  # the record index
+        try:
+            it = record_index(iteration)
+        except EngineError as exc:
+            return outputs(RUN_VIEW, {"message": error_text(str(exc))})
         return outputs(RUN_VIEW, unpinned_kept(timeline_view(state.timeline, it, state.expected, highlight=True, pinned=pinned), pinned))
 
     def glance(self, iteration: float, state: RunState | None, pinned: int | None = None) -> tuple:

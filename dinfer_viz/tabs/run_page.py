@@ -225,7 +225,9 @@ def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[A
 def _wire_replay(h: RunHandlers, p: Parts, view: list[Any]) -> None:
     """The scrubber, a click on the grid or the raster, and playback."""
     scrub, state, pinned, timer = p["scrub"], p["state"], p["pinned"], p["timer"]
-    scrub.release(h.replay, [scrub, state, pinned], view, api_name="replay", show_progress="hidden")
+    # preprocess=False: the handler takes the slider's raw value, so a non-number from the API is its
+    # one-line message, not Gradio's generic error from the slider's own check
+    scrub.release(h.replay, [scrub, state, pinned], view, api_name="replay", show_progress="hidden", preprocess=False)
     scrub.input(h.glance, [scrub, state, pinned], [p["grid"], p["text"], p["details"]], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
     p["grid"].select(h.pick, [scrub, state], [*view, pinned], show_progress="hidden", api_visibility="private")
     # playback, apart from the engine: a live run's view pauses, resumes (Play) and skips to the end

@@ -15,7 +15,7 @@ from engine.trace import EDIT, REMASK
 
 from ...cells import CELL_COLOURS, expected_at
 from ...constraint import cut_markers
-from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
+from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, raster_heatmap, rows_title
 from ...timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 MAX_SHAPES = 300  # shapes are one SVG element each; past this the raster draws none
@@ -88,12 +88,13 @@ def confidence_raster(
     runs = _range_runs(timeline, first, upto)
     x0 = timeline.view_start()
     lo, hi = _x_extent(timeline, runs)
-    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.confidence[timeline.row], masked_only=True)
+    rows = heatmap_rows(first, upto, timeline.view_end() - x0, keep=highlight)
+    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.confidence[timeline.row], masked_only=True, rows=rows)
     tau = _threshold_shown(timeline.records[first : upto + 1])
     fig = go.Figure()
     fig.add_trace(
         raster_heatmap(
-            z, x0, first, 1, colorscale="Viridis", colorbar=_colour_bar("conf", tau),
+            z, x0, first, 1, rows, colorscale="Viridis", colorbar=_colour_bar("conf", tau),
             hovertemplate="pos %{x} · iteration %{y}<br>top-1 confidence %{z:.3f}<extra></extra>",
         )
     )
@@ -148,7 +149,7 @@ def confidence_raster(
             fig.add_trace(_legend_only(kind))
     fig.update_layout(shapes=shapes if len(shapes) <= MAX_SHAPES else shapes[-MAX_SHAPES:])
     fig.update_xaxes(title_text="canvas position", range=[lo - 0.5, hi - 0.5])
-    fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
+    fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
     fig.update_layout(margin=dict(b=110))
     return _finish(fig, 400, "raster")
 

@@ -20,7 +20,7 @@ from engine import IterationRecord
 
 from ...cells import CELL_COLOURS, expected_at
 from ...constraint import cut_markers
-from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, iteration_panels, raster_heatmap
+from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, raster_heatmap, rows_title
 from ...timeline import Timeline, iteration_number
 from .grid import step_verdict
 
@@ -42,10 +42,11 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
     first = max(0, upto + 1 - last_rows) if last_rows else 0
     records = timeline.records[first : upto + 1]
     row = timeline.row
-    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.uniform["entropy"][row] if _active(timeline, rec) else None, masked_only=False)
     x0, x1 = timeline.view_start(), timeline.view_end()
+    rows = heatmap_rows(first, upto, x1 - x0, keep=highlight)
+    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.uniform["entropy"][row] if _active(timeline, rec) else None, masked_only=False, rows=rows)
     text = np.full(z.shape, "", dtype=object)
-    for k, rec in enumerate(records):
+    for k, rec in enumerate(timeline.records[i] for i in rows):
         s, e = rec.block_range
         if _active(timeline, rec):
             for p in range(max(s, x0), min(e, x1)):
@@ -55,7 +56,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
     fig = go.Figure()
     fig.add_trace(
         raster_heatmap(
-            z, x0, first, max(float(finite.max()) if finite.size else 0.0, bound, 1e-3),
+            z, x0, first, max(float(finite.max()) if finite.size else 0.0, bound, 1e-3), rows,
             colorscale="Viridis_r",  # low entropy bright, as high confidence is in a masked run's raster
             text=text.tolist(),
             colorbar=dict(title=dict(text="entropy"), thickness=10, len=0.9),
@@ -98,7 +99,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
             fig.add_trace(_legend_only(kind))
     fig.update_layout(shapes=shapes)
     fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
-    fig.update_yaxes(title_text="iteration", range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
+    fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
     fig.update_layout(margin=dict(b=110))
     return _finish(fig, 400, "raster")
 
