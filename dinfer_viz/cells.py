@@ -7,6 +7,7 @@ that revises)."""
 from __future__ import annotations
 
 import html
+import re
 
 from .timeline import Revised, Timeline, iteration_number
 from .tokens import glyph, is_special
@@ -54,10 +55,16 @@ def inert(text: str) -> str:
     return html.escape(text, quote=True).translate(_TEMPLATE_ENTITIES)
 
 
+# What Markdown reads as a link or emphasis with no punctuation of the set above: a bare address
+# (GFM's autolinks: `http://`, `www.`, `a@b.c`) and `_` at a word's edge (`_x_`)
+_MARKDOWN_WORDS = re.compile(r"://|www\.|@|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", re.IGNORECASE)
+
+
 def inert_markdown(text: str) -> str:
     """`text` shown literally by a Markdown component: as `inert` makes it, and Markdown's
     punctuation too; quotes stay (a Markdown text is no attribute), so a message reads as written."""
-    return html.escape(text, quote=False).translate(_MARKDOWN_ENTITIES)
+    escaped = html.escape(text, quote=False).translate(_MARKDOWN_ENTITIES)
+    return _MARKDOWN_WORDS.sub(lambda m: "".join(f"&#{ord(c)};" for c in m.group()), escaped)
 
 
 PROMPT_CELLS_SHOWN = 48  # a long (chat-template) prompt is cut to its tail, with one summary cell

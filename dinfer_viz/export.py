@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image, ImageColor, ImageDraw, ImageFont
@@ -318,9 +319,25 @@ def run_mp4(timeline: Timeline, path: str | Path | None = None, frame_ms: int = 
 
 
 COMPARE_COLUMNS = (
-    "run", "settings", "decoder", "threshold", "cache", "block_length", "iterations", "nfe", "tokens", "tpf", "tps",
+    "run", "settings", "model", "decoder", "threshold", "cache", "block_length", "iterations", "nfe", "tokens", "tpf", "tps",
     "forwards_per_second", "engine_seconds", "trace_seconds", "wall_seconds", "passes", "text",
 )
+# a decoder's own option, as a column of its own (`decoder_options.edit_threshold`)
+OPTION_COLUMN = "decoder_options."
+
+
+def differing_settings(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """The settings (trace `config` keys; a decoder's options one by one, as `decoder_options.NAME`)
+    whose values are not the same in every config, a setting one config lacks included; those
+    COMPARE_COLUMNS already has left out."""
+    flat = [_flat(c) for c in configs]
+    names = dict.fromkeys(k for f in flat for k in f)
+    return [k for k in names if k not in COMPARE_COLUMNS and len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1]
+
+
+def _flat(config: dict[str, Any]) -> dict[str, Any]:
+    options = config.get("decoder_options") or {}
+    return {**{k: v for k, v in config.items() if k != "decoder_options"}, **{OPTION_COLUMN + k: v for k, v in options.items()}}
 
 
 def compare_csv(
@@ -330,19 +347,23 @@ def compare_csv(
     labels `compare_figure` takes; `wall_seconds` as its readouts show, when kept): the settings,
     the engine's stats (the readout's figures, unrounded: `stats`, the median of several passes
     (readouts.median_stats), when given, else the trace's), the iterations and the answer text.
-    Threshold is empty for a decoder without one (fixed, factor)."""
+    Threshold is empty for a decoder without one (fixed, factor). After the fixed columns, one per
+    setting whose value differs between the runs (`differing_settings`), a decoder's options too."""
     walls = list(wall_seconds) if wall_seconds is not None else [None] * len(timelines)
     figures = list(stats) if stats is not None else [None] * len(timelines)
+    differ = differing_settings([tl.trace.config or {} for tl in timelines])
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COMPARE_COLUMNS)
+    writer.writerow([*COMPARE_COLUMNS, *differ])
     for k, (tl, label, wall, measured) in enumerate(zip(timelines, labels, walls, figures)):
         cfg, stats = tl.trace.config or {}, measured or tl.trace.stats or {}
         threshold = next((r.threshold for r in tl.records if r.threshold is not None), None)
+        flat = _flat(cfg)
         writer.writerow(
             [
                 chr(ord("A") + k) if k < 26 else str(k + 1),
                 _cell(label),
+                _cell(tl.trace.model or ""),
                 _cell(str(cfg.get("decoder", ""))),
                 "" if threshold is None else f"{threshold:g}",
                 _cell(str(cfg.get("cache", ""))),
@@ -358,9 +379,16 @@ def compare_csv(
                 _number(wall),
                 stats.get("passes", 1),
                 _cell(tl.text_at(tl.iterations - 1)),
+                *(_cell(_setting_text(flat.get(name))) for name in differ),
             ]
         )
     return out.getvalue()
+
+
+def _setting_text(value: Any) -> str:
+    """A setting's value in a cell: text as it is, a number or switch as JSON writes it, empty for
+    a setting the run lacks."""
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def _number(value: object) -> str:

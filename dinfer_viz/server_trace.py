@@ -19,7 +19,7 @@ import gradio as gr
 
 from engine import EngineError
 
-from .grid import inert
+from .cells import inert_markdown
 from .tabs.common import error_text, guarded, outputs
 from .tabs.run import RunHandlers
 
@@ -70,7 +70,7 @@ def open_server_trace(h: RunHandlers, server: str, trace_id: str) -> tuple:
     try:
         text = fetch_trace(server or "", trace_id or "")
     except EngineError as exc:
-        return outputs(h.loaded_slots, {"message": error_text(inert(str(exc)))})
+        return outputs(h.loaded_slots, {"message": error_text(inert_markdown(str(exc)))})
     return h.load_trace(h.write_file(trace_id.strip(), ".json", text), source="a server trace")
 
 

@@ -25,7 +25,7 @@ from engine import Decoder, EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
 from engine.constraints import CONSTRAINT_FIELDS, spec_of
 from engine.config import setting_choices, setting_help
-from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options
+from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
 from engine.revising import apply_preset
 
 from engine.cli import checked_device
@@ -205,6 +205,12 @@ def decoder_fields(decoder: str) -> set[str]:
         return {c.field for c in dict(SECTIONS)["Decoder"]}
 
 
+def decoder_settings() -> tuple[str, ...]:
+    """The page's settings that belong to a decoder (each shown only with a decoder that reads
+    it): the Decoder section's, built-in decoders' own options included, then the plug-ins'."""
+    return tuple(c.field for title, ctrls in sections() if title in ("Decoder", PLUGIN_SECTION) for c in ctrls if c.field != "decoder")
+
+
 OTHER_SECTION = "Other engine settings"
 
 
@@ -238,7 +244,9 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
         out.append((OTHER_SECTION, tuple(other)))
     # a built-in decoder's own options sit with the decoder (shown when it is chosen); the
     # plug-ins' in a section of their own
-    plugins = tuple(_option_control(name, decoder, option) for name, (decoder, option) in decoder_options().items())
+    options = [(is_builtin(decoder), _option_control(name, decoder, option)) for name, (decoder, option) in decoder_options().items()]
+    out = [(title, ctrls + tuple(c for builtin, c in options if builtin) if title == "Decoder" else ctrls) for title, ctrls in out]
+    plugins = tuple(c for builtin, c in options if not builtin)
     if plugins:
         out.append((PLUGIN_SECTION, plugins))
     return out

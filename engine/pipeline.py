@@ -52,6 +52,27 @@ def load_tokenizer(path: str | os.PathLike):
         hf_logging.set_verbosity(verbosity)
 
 
+def encode_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> list[int]:
+    """`prompt` as the model reads it: the tokenizer's chat template around it when asked and the
+    tokenizer has one, else the bare text; EngineError for an empty or unwritable prompt."""
+    if not prompt or not prompt.strip():
+        raise EngineError("empty prompt")
+    check_text(prompt)
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return list(ids)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def check_request(model: DiffusionLM, tokenizer, prompt: str, config: GenerationConfig, max_tokens: int | None = None) -> GenerationConfig:
+    """`config` fitted to `model` for `prompt`, after the checks generate makes before any forward
+    (engine/generation.py: `fit_request`: the kind's settings, the canvas within the model's
+    max_sequence_length and `max_tokens`). A model skeleton (model_skeleton: no weights) answers
+    it, so a model not loaded yet is checked from its config.json and tokenizer."""
+    return fit_request(model, [encode_prompt(tokenizer, prompt, config.use_chat_template)], config, max_tokens)
+
+
 def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:
     """EOS first (it pads finished rows), then the checkpoint's other end ids (Gemma lists several),
     EoT and the tokenizer's own EOS when they differ."""
@@ -165,16 +186,7 @@ class Engine:
         return Path(self.path).name or self.path
 
     def encode(self, prompt: str, use_chat_template: bool = True) -> list[int]:
-        if not prompt or not prompt.strip():
-            raise EngineError("empty prompt")
-        check_text(prompt)
-        if use_chat_template and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            return list(ids)
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return encode_prompt(self.tokenizer, prompt, use_chat_template)
 
     def unencodable(self, prompt: str, use_chat_template: bool = True) -> list[str]:
         """The pieces of `prompt` the tokenizer can only write as its unknown token (in order)."""

@@ -116,10 +116,12 @@ def builtin_decoder_names(kind: str = "masked") -> list[str]:
     """The decoders the engine ships (engine/decoders.py), without plug-ins, for models of diffusion
     `kind` (a decoder's `kind`, "masked" unless it declares one: engine/kinds/uniform.py's
     sampler runs uniform-state models only): what the project's own samples and benchmarks cover."""
-    return [
-        name for name, cls in _REGISTRY.items()
-        if cls.__module__.split(".")[0] == __name__.split(".")[0] and cls.kind == kind
-    ]
+    return [name for name, cls in _REGISTRY.items() if is_builtin(name) and cls.kind == kind]
+
+
+def is_builtin(name: str) -> bool:
+    """Whether the engine ships decoder `name` (any kind), not a plug-in."""
+    return _REGISTRY[name].__module__.split(".")[0] == __name__.split(".")[0]
 
 
 def decoder_class(name: str) -> type:

@@ -16,7 +16,7 @@ import pytest
 from dinfer_viz.grid import grid_value
 from dinfer_viz.host import EngineHost, ModelSpec, model_title
 from dinfer_viz.settings import all_controls, control_value
-from dinfer_viz.tabs.compare import COMPARE_FIELDS, COMPARE_VIEW, SCRUB_LABEL
+from dinfer_viz.tabs.compare import COMPARE_FIELDS, COMPARE_VIEW, DECODER_OWN, SCRUB_LABEL
 from dinfer_viz.ui import Handlers
 from dinfer_viz.views import view_for
 from engine import Engine, GenerationConfig, RunHooks
@@ -114,7 +114,8 @@ def test_b_uses_its_own_settings_on_model_b_only_when_asked(handlers, models):
 
 def test_the_page_applies_b_s_side_on_model_b_only_with_b_uses_its_own_settings(handlers):
     base = ["tiny-llada", "cpu", "auto", *[None] * len(handlers.option_names), *(control_value(c, GenerationConfig()) for c in all_controls())]
-    a_side, b_side = ["fixed", 0.5, "none", 8, False, False, "none", ""], ["edit", 0.3, "none", 32, False, False, "none", ""]
+    own = [control_value(c, GenerationConfig()) for c in all_controls() if c.field in DECODER_OWN]  # each decoder's other settings, at their defaults
+    a_side, b_side = ["fixed", 0.5, "none", 8, False, False, "none", "", *own], ["edit", 0.3, "none", 32, False, False, "none", "", *own]
     assert len(a_side) == len(COMPARE_FIELDS)
     a, b = handlers.compare_settings(*base, *a_side, *b_side, "other-llada", True)
     assert a["config"]["decoder"] == GenerationConfig().decoder  # A: the Run tab's settings

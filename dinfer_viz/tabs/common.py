@@ -157,6 +157,11 @@ def make_control(c: Control, value: Any, show_info: bool = True, **kw: Any) -> g
     return gr.Textbox(**common)
 
 
+def sent_value(control: Control, value: Any) -> Any:
+    """A control's value as a run's settings carry it: an optional int's 0 is None ("off")."""
+    return None if control.none_as_zero and value in (0, None) else value
+
+
 class TabHandlers:
     """What every tab's handlers use: the EngineHost, the live frame rates, the bounds of one
     request, the settings mapping and the folder of files for download buttons; `no_model`: the
@@ -208,7 +213,7 @@ class TabHandlers:
         """Control values -> the settings JSON a run takes. Order: model path, device, dtype, the
         system options, then `all_controls()`. Values pass through unvalidated; the run checks them."""
         n = 3 + len(self.option_names)
-        config = {c.field: (None if c.none_as_zero and v in (0, None) else v) for c, v in zip(all_controls(), values[n:])}
+        config = {c.field: sent_value(c, v) for c, v in zip(all_controls(), values[n:])}
         return {"model": self.model_settings(*values[:n]), "config": config}
 
     def model_settings(self, path: str, device: str, dtype: str, *options: Any) -> dict[str, Any]:
@@ -227,8 +232,14 @@ class TabHandlers:
             " return [{model: model, config: config}]; }"
         )
 
-    def limits_text(self) -> str:
-        return f"at most {self.max_prompt_chars} characters; generation length at most {self.max_gen_length}"
+    def limits_text(self, prompt_tokens: int = 0, positions: int | None = None, model: str = "") -> str:
+        """The prompt box's hint: this server's bounds and, given the model's positions (its
+        max_sequence_length, prompt included), the generation length this prompt leaves room for."""
+        if positions is None:
+            return f"at most {self.max_prompt_chars} characters; generation length at most {self.max_gen_length}"
+        room = min(self.max_gen_length, positions - prompt_tokens)
+        return (f"at most {self.max_prompt_chars} characters; generation length at most {max(room, 0)} for this prompt "
+                f"({prompt_tokens} tokens of {model}'s {positions} positions, prompt included)")
 
     def check_request(self, prompt: str, config: GenerationConfig) -> None:
         """The bounds of one run, before it queues for the engine."""

@@ -24,14 +24,14 @@ from ..cells import inert_markdown
 from ..explain import decoder_kind
 from ..export import compare_csv
 from ..figures import compare_figure
-from ..grid import EMPTY_GRID, grid_value, inert
+from ..grid import EMPTY_GRID, grid_value
 from ..host import ModelSpec
 from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..runner import run_live, timed_passes
-from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, parse_settings, sweep_setting
+from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, decoder_settings, parse_settings, sweep_setting
 from ..timeline import Timeline, record_index
 from ..views import view_of_kind
-from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs
+from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs, sent_value
 from .live import LiveView
 from .run_page import RunTab
 
@@ -39,8 +39,13 @@ from .run_page import RunTab
 COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b", "chart", "message", "scrub", "state", "title_a", "title_b", "csv")
 # The settings each side of a comparison sets itself; the rest come from the Run tab. The answer's
 # constraint too (its mode and text), so one side can run with it and the other without.
-COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll", CONSTRAINT, CONSTRAINT_TEXT)
-SIDE_ROWS = (COMPARE_FIELDS[:3], COMPARE_FIELDS[3:6], COMPARE_FIELDS[6:])  # each side's controls, row by row
+# Then every other setting of a decoder (its own options included), each shown with a decoder that
+# reads it, so B can run the edit decoder with its own edit threshold; last, so API clients and the
+# page's value order keep the earlier ones in place.
+DECODER_OWN = tuple(f for f in decoder_settings() if f != "threshold")
+COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll", CONSTRAINT, CONSTRAINT_TEXT, *DECODER_OWN)
+# each side's controls, row by row: the decoder's own under the decoder's row
+SIDE_ROWS = (COMPARE_FIELDS[:3], DECODER_OWN, COMPARE_FIELDS[3:6], COMPARE_FIELDS[6:8])
 # B changes one setting of A (the first lesson's first comparison): what differs is what explains
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "none"})
 SAME_MODEL = ("same as A: compare settings", "")  # model B's first choice
@@ -67,7 +72,8 @@ class CompareState:
 def side_fields(decoder: str) -> set[str]:
     """The COMPARE_FIELDS a side shows for `decoder`: the Run tab's rule (only the settings the
     decoder reads), so the fixed decoder shows no τ."""
-    return {f for f in COMPARE_FIELDS if f != "threshold" or "threshold" in decoder_fields(decoder)}
+    reads = decoder_fields(decoder)
+    return {f for f in COMPARE_FIELDS if f not in decoder_settings() or f in reads}
 
 
 def diffusion_kind(config: GenerationConfig) -> str:
@@ -108,7 +114,7 @@ class SideResult:
 
     def readout(self) -> str:
         assert self.timeline is not None
-        return readout(self.timeline, self.wall, note=inert(self.label), stats=self.stats)
+        return readout(self.timeline, self.wall, note=inert_markdown(self.label), stats=self.stats)
 
 
 class CompareHandlers(TabHandlers):
@@ -121,11 +127,12 @@ class CompareHandlers(TabHandlers):
         its own settings."""
         n = len(COMPARE_FIELDS)
         base, a, b, (model_b, b_own) = values[: -2 * n - 2], values[-2 * n - 2 : -n - 2], values[-n - 2 : -2], values[-2:]
+        by_field = {c.field: c for c in all_controls()}
         out = []
         for side, changes in zip("ab", (a, b)):
             settings = self.settings(*base)
             if not model_b or (side == "b" and b_own):
-                settings["config"].update(dict(zip(COMPARE_FIELDS, changes)))
+                settings["config"].update({f: sent_value(by_field[f], v) for f, v in zip(COMPARE_FIELDS, changes)})
             out.append(settings)
         if model_b:
             out[1]["model"]["path"] = model_b
@@ -207,10 +214,10 @@ class CompareHandlers(TabHandlers):
             return (f"A: {a}", f"B: {b}"), {"title_a": "### A", "title_b": "### B"}, ""
         names = [self.host.name_of(spec) for spec in (spec_a, spec_b)]
         if config_a == config_b:
-            titles = {f"title_{x}": f"### {x.upper()} · {inert(name)}" for x, name in zip("ab", names)}
+            titles = {f"title_{x}": f"### {x.upper()} · {inert_markdown(name)}" for x, name in zip("ab", names)}
             return (f"A: {names[0]}", f"B: {names[1]}"), titles, f" (both: {_label(settings[0])})"
         labels = tuple(f"{x}: {name} · {_label(s)}" for x, name, s in zip("AB", names, settings))
-        titles = {f"title_{x}": f"### {x.upper()} · {inert(name)} · {diffusion_kind(s)} diffusion ({inert(s.decoder)})" for x, name, s in zip("ab", names, settings)}
+        titles = {f"title_{x}": f"### {x.upper()} · {inert_markdown(name)} · {diffusion_kind(s)} diffusion ({inert_markdown(s.decoder)})" for x, name, s in zip("ab", names, settings)}
         return (labels[0], labels[1]), titles, ""
 
     def _side(self, side: str, spec: ModelSpec, config: GenerationConfig, prompt: str, expected: str, passes: int, result: "SideResult") -> Iterator[dict[str, Any]]:
@@ -227,7 +234,7 @@ class CompareHandlers(TabHandlers):
                 yield {("message" if name == "message" else f"{name}_{side}"): value for name, value in live.running(frame, say).items()}
             elif frame.stage == "done" and tl is not None:
                 result.timeline, result.wall, result.text = tl, frame.wall, frame.text
-                yield {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1, tl.expected), f"text_{side}": frame.text, f"readout_{side}": readout(tl, frame.wall, note=inert(result.label))}
+                yield {"message": say, f"grid_{side}": grid_value(tl, frame.shown - 1, tl.expected), f"text_{side}": frame.text, f"readout_{side}": readout(tl, frame.wall, note=inert_markdown(result.label))}
             elif frame.message:  # waiting, loading, a heartbeat
                 yield {"message": say}
         if result.timeline is None:
@@ -240,7 +247,7 @@ class CompareHandlers(TabHandlers):
                     timings.append(stats)
                 yield {"message": f"{side.upper()}: timing pass {len(timings)} of {passes}"}
         except EngineError as exc:
-            yield {"message": error_text(f"{side.upper()}: {exc}")}
+            yield {"message": error_text(f"{side.upper()}: {inert_markdown(str(exc))}")}
             return
         result.stats = median_stats(timings)
         yield {f"readout_{side}": result.readout()}
@@ -262,7 +269,7 @@ class CompareHandlers(TabHandlers):
             "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
             "state": state,
             "csv": self.write_file("compare", ".csv", state.csv()),
-            "message": "done: " + " · ".join(f"{inert(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, (a.stats, b.stats))) + timing + shared + held,
+            "message": "done: " + " · ".join(f"{inert_markdown(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, (a.stats, b.stats))) + timing + shared + held,
             "text_a": a.text, "text_b": b.text, "readout_a": a.readout(), "readout_b": b.readout(),
         }
 
@@ -373,16 +380,16 @@ def _side_panels(defaults: GenerationConfig) -> tuple[list[Any], list[gr.Column]
             with gr.Column():
                 slots[f"title_{x}"] = gr.Markdown(f"### {side}", elem_id=f"compare-title-{x}")
                 shown = side_fields(overrides.get("decoder", defaults.decoder))
+                made: dict[str, gr.components.Component] = {}  # laid out by SIDE_ROWS, sent in COMPARE_FIELDS order
                 with gr.Column() as group:
                     for row in SIDE_ROWS:
                         with gr.Row():
-                            side_controls += [
-                                make_control(
+                            for f in row:
+                                made[f] = make_control(
                                     by_field[f], overrides.get(f, control_value(by_field[f], defaults)), show_info=False, min_width=140,
                                     visible=f in shown, elem_id=f"compare-{x}-{f}",
                                 )
-                                for f in row
-                            ]
+                side_controls += [made[f] for f in COMPARE_FIELDS]
                 side_groups.append(group)
                 slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
                 slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)

@@ -19,6 +19,7 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig, Trace
 from engine.constraints import spec_of
+from engine.pipeline import check_request, encode_prompt
 
 from .. import answers
 from ..answers import FAMILY_EXAMPLES
@@ -42,7 +43,7 @@ from ..timeline import Timeline, iteration_number, record_index
 from ..views import view_for
 from .common import TabHandlers, error_text, guarded, outputs
 from .live import LiveView
-from .shown import FAILED, FINISHED, LIVE, LOADED, STOPPED, RunState, frozen, trace_prompt
+from .shown import FAILED, FINISHED, LIVE, LOADED, STOPPED, RunState, frozen, model_code, trace_prompt
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,26 @@ class RunHandlers(TabHandlers):
         held = spec_of(config)
         return "settings ok" + (f" · the answer is held to {inert_markdown(held.describe())}" if held is not None else ""), gr.update(interactive=True)
 
+    def check_with_prompt(self, prompt: str, *values: Any) -> tuple[str, Any, Any]:
+        """`check`, then this server's bounds and the engine's checks of this prompt on this model
+        (its max_sequence_length, prompt included: engine/pipeline.py check_request), with the
+        prompt box's length hint; the page redoes it as the prompt, the settings or the model
+        change, so Run is refused, with the reason, before the engine would refuse it."""
+        message, button = self.check(*values)
+        hint = self.limits_text()
+        if not button["interactive"]:
+            return message, button, gr.update(info=hint)
+        try:
+            model, config = self.parse(self.settings(*values))
+            reader = self.host.reader(model) if prompt and prompt.strip() else None
+            if reader is not None:
+                hint = self.limits_text(len(encode_prompt(reader[1], prompt, config.use_chat_template)), reader[0].max_positions, model.label or self.host.label_of(model.path))
+                check_request(*reader, prompt, config)
+            self.check_request(prompt, config)
+        except EngineError as exc:
+            return error_text(inert_markdown(str(exc))), gr.update(interactive=False), gr.update(info=hint)
+        return message, button, gr.update(info=hint)
+
     def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> tuple:
         """Show only the controls that matter for this decoder / cache mode / feature set, the
         explanation of the choice, and the setting a sweep of this decoder varies."""
@@ -252,8 +273,8 @@ class RunHandlers(TabHandlers):
         model = self.host.name_of(spec)
         # said at once, before waiting for the engine or loading it; and the previous run leaves the
         # page at once: the slider, the grid and the header follow this one from now on
-        starting = progress_line(f"loading {spec.describe()}", notes["loading"]) if phase == "loading" else f"starting a run on {inert(model)}…"
-        yield outputs(RUN_VIEW, self.no_run_view(starting, header=f"run shown: `{inert(model)}` · starting"))
+        starting = progress_line(f"loading {spec.describe()}", notes["loading"]) if phase == "loading" else f"starting a run on {inert_markdown(model)}…"
+        yield outputs(RUN_VIEW, self.no_run_view(starting, header=f"run shown: {model_code(model)} · starting"))
         for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher, expected=expected):
             if frame.stage == "running" and live.live is None:  # the first frame: the engine is loaded
                 unknown = self._unencodable(spec, prompt, config)
@@ -396,7 +417,7 @@ class RunHandlers(TabHandlers):
             index = min(max(int(step or 0), 0), len(lesson.steps) - 1)
             config = lesson.config(index)
         except (EngineError, TypeError, ValueError) as exc:
-            return (gr.skip(), gr.skip(), error_text(inert(str(exc))), *(gr.skip() for _ in all_controls()), gr.skip())
+            return (gr.skip(), gr.skip(), error_text(inert_markdown(str(exc))), *(gr.skip() for _ in all_controls()), gr.skip())
         choices = [(f"{i + 1}. {s.title}", i) for i, s in enumerate(lesson.steps)]
         last = " (the last step)" if index == len(lesson.steps) - 1 else ""
         note = f"**Step {index + 1} of {len(lesson.steps)}{last}: {inert(lesson.steps[index].title)}.** Press Run, then: {inert(lesson.steps[index].look)}"
@@ -411,7 +432,7 @@ class RunHandlers(TabHandlers):
         if state is None:
             return outputs(PICK_VIEW, {"details": f'<div class="pos-details">{inert("nothing to inspect yet: run something or load a trace")}</div>'})
         if not isinstance(position, int) or isinstance(position, bool):
-            return outputs(PICK_VIEW, {"message": error_text(f"cannot pin position {inert(repr(position))}: not a canvas position")})
+            return outputs(PICK_VIEW, {"message": error_text(f"cannot pin position {inert_markdown(repr(position))}: not a canvas position")})
         tl = state.timeline
         if isinstance(number, int) and not isinstance(number, bool):  # the raster: go to that iteration
             it = tl.clamp(number - 1)
@@ -432,7 +453,7 @@ class RunHandlers(TabHandlers):
                 rows = measure_forward_costs(engine, lengths)
         except EngineError as exc:
             return gr.skip(), error_text(str(exc))
-        return forward_cost_figure(rows), f"measured on {inert(spec.describe())}: median of {plural(rows[0]['repeats'] if rows else 0, 'forward')} per kind and length"
+        return forward_cost_figure(rows), f"measured on {inert_markdown(spec.describe())}: median of {plural(rows[0]['repeats'] if rows else 0, 'forward')} per kind and length"
 
     def play(self, iteration: float, state: RunState | None) -> tuple:
         """Start playback (from the beginning when at the end); a live run's paused playback
@@ -501,12 +522,13 @@ class RunHandlers(TabHandlers):
             trace = Trace.from_json(Path(path).read_text(encoding="utf-8"))
             tl = Timeline(trace)
         except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
-            return outputs(self.loaded_slots, {"message": error_text(f"cannot load this trace: {exc}")})
+            return outputs(self.loaded_slots, {"message": error_text(f"cannot load this trace: {inert_markdown(str(exc))}")})  # it may quote the file
         except Exception as exc:  # a trace the checks let through but the views cannot show
             log.exception("trace could not be shown")
-            return outputs(self.loaded_slots, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {exc}")})
-        note = f"loaded trace of {trace.model or 'an unnamed model'}"
-        message = f"loaded a trace: {trace.model}, {plural(tl.iterations, 'iteration')}"
+            return outputs(self.loaded_slots, {"message": error_text(f"cannot show this trace: {type(exc).__name__}: {inert_markdown(str(exc))}")})
+        # the file's strings reach Markdown (the readout's note, the message) as text only
+        note = f"loaded trace of {inert_markdown(trace.model or 'an unnamed model')}"
+        message = f"loaded a trace: {inert_markdown(trace.model)}, {plural(tl.iterations, 'iteration')}"
         view = stored_view(tl, tl.iterations - 1, None, note=note, message=message, source=source)
         return outputs(self.loaded_slots, {**view, **self.loaded_boxes(view["state"])})
 
@@ -515,7 +537,7 @@ class RunHandlers(TabHandlers):
         """Load one of the shipped sample traces (assets/traces), by file name, for replay."""
         path = self.samples.get(name or "")
         if path is None:
-            return outputs(self.loaded_slots, {"message": error_text(f"no sample trace named {inert(repr(name))}")})
+            return outputs(self.loaded_slots, {"message": error_text(f"no sample trace named {inert_markdown(repr(name))}")})
         return self.load_trace(path, source="a sample trace")
 
     @property

@@ -206,8 +206,10 @@ def _figures(parts: Parts) -> None:
 
 def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[Any], view: list[Any]) -> Any:
     """The settings check, the expected box's suggestion, and Run; returns the run's event."""
-    gr.on([c.change for c in settings_inputs], h.check, settings_inputs, [p["settings_msg"], p["run_btn"]], **PRIVATE)
-    demo.load(h.check, settings_inputs, [p["settings_msg"], p["run_btn"]], **PRIVATE)
+    # the prompt too: the model's max_sequence_length holds prompt and generation together
+    checked = ([p["prompt"], *settings_inputs], [p["settings_msg"], p["run_btn"], p["prompt"]])
+    gr.on([c.change for c in [p["prompt"], *settings_inputs]], h.check_with_prompt, *checked, trigger_mode="always_last", **PRIVATE)
+    demo.load(h.check_with_prompt, *checked, **PRIVATE)
     p["prompt"].change(h.suggest_expected, p["prompt"], [p["suggestion"], p["note"]], **PRIVATE).then(
         None, [p["suggestion"], p["expected"], p["suggested"]], [p["expected"], p["suggested"]], js=KEEP_TYPED_JS, **PRIVATE
     )

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..grid import inert
+from ..cells import inert_markdown
 from ..readouts import plural
 from ..timeline import Timeline
 
@@ -54,14 +54,20 @@ class RunState:
 
     def header(self) -> str:
         """The page's header line: the model of the run shown and what the run is."""
-        model = inert(self.model or self.timeline.trace.model or "an unnamed model")
-        return f"run shown: `{model}` · {self.status_line()}"
+        return f"run shown: {model_code(self.model or self.timeline.trace.model or 'an unnamed model')} · {self.status_line()}"
 
     def marked(self, readout: str) -> str:
         """A readout table with the run's status above it, for a run that did not finish."""
         if self.status in (STOPPED, FAILED):
             return f"**{self.status_line()}** (figures over the iterations it ran)\n\n{readout}"
         return readout
+
+
+def model_code(name: str) -> str:
+    """A model's name in code type for a Markdown line, as text only: a Markdown code span would
+    show an escaped character as its entity, so the HTML element holds it (a trace file's name may
+    carry markup)."""
+    return f"<code>{inert_markdown(name)}</code>"
 
 
 def frozen(timeline: Timeline) -> Timeline:

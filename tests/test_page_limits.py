@@ -1,0 +1,78 @@
+"""#34 items 1 and 4 through the handlers: the Run tab knows the model's max_sequence_length
+(prompt included) before Run, the check the engine applies; the built-in decoders' own options sit
+with the decoder, Compare's sides offer them, and the Compare CSV names both models and every
+setting that differs. The page itself: tests/test_page_limits_browser.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from dinfer_viz.export import compare_csv
+from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.sample_traces import TRACES
+from dinfer_viz.settings import PLUGIN_SECTION, all_controls, control_value, sections
+from dinfer_viz.system import offered_options
+from dinfer_viz.tabs.compare import side_fields
+from dinfer_viz.timeline import Timeline
+from dinfer_viz.ui import Handlers
+from engine import GenerationConfig, Trace
+from engine.models.loader import EMBEDDED_ROOT
+
+PROMPT = "Q: 48+57=? A:"
+EDIT_OPTIONS = {"decoder_options.edit_threshold", "decoder_options.max_post_edit_steps", "decoder_options.repetition_penalty"}
+
+
+@pytest.fixture(scope="module")
+def handlers():
+    host = EngineHost(ModelSpec(str(EMBEDDED_ROOT / "tiny-llada")))
+    host.preload()
+    return Handlers(host)
+
+
+def values(model: str | None = None, **changes) -> list:
+    """The Run tab's control values as the page sends them (model path, device, dtype, system options, settings)."""
+    config = {c.field: control_value(c, GenerationConfig()) for c in all_controls()} | changes
+    return [model, None, None, *((1 if o.kind is int else False) for o in offered_options()), *(config[c.field] for c in all_controls())]
+
+
+def test_the_hint_says_the_room_this_prompt_leaves_and_run_is_refused_past_it(handlers):
+    message, button, hint = handlers.check_with_prompt(PROMPT, *values())
+    tokens = len(handlers.host.peek(handlers.host.default).encode(PROMPT))
+    assert message == "settings ok" and button["interactive"] is True
+    assert f"generation length at most {512 - tokens} for this prompt ({tokens} tokens of tiny-llada's 512 positions" in hint["info"]
+    # within the app's own bound (1024) but past the model's: refused before Run, in the engine's words
+    message, button, hint = handlers.check_with_prompt(PROMPT, *values(gen_length=1024))
+    assert button["interactive"] is False and "exceeds the model" in message and "max" in message and f"{512 - tokens} for this prompt" in hint["info"]
+    # a longer prompt leaves less room: the same settings are refused
+    long_prompt = PROMPT * 40
+    message, button, _ = handlers.check_with_prompt(long_prompt, *values(gen_length=64 * 7, block_length=64))
+    assert button["interactive"] is False and "shorten the prompt or the generation length" in message
+    message, button, _ = handlers.check_with_prompt("", *values())
+    assert button["interactive"] is False and "empty prompt" in message
+
+
+def test_the_hint_follows_the_model_chosen_before_it_is_loaded(handlers):
+    assert not handlers.host.is_loaded(ModelSpec(str(EMBEDDED_ROOT / "tiny-gemma")))
+    _, button, hint = handlers.check_with_prompt(PROMPT, *values("tiny-gemma"))
+    assert button["interactive"] is True and "tiny-gemma's" in hint["info"]
+
+
+def test_the_built_in_decoders_options_sit_with_the_decoder_and_compare_offers_them():
+    by_section = {title: {c.field for c in ctrls} for title, ctrls in sections()}
+    assert EDIT_OPTIONS <= by_section["Decoder"]
+    assert not EDIT_OPTIONS & by_section.get(PLUGIN_SECTION, set())  # that section is the plug-ins'
+    assert EDIT_OPTIONS <= side_fields("edit") and not EDIT_OPTIONS & side_fields("threshold")
+
+
+def test_the_compare_csv_names_both_models_and_every_setting_that_differs():
+    a, b = (Trace.from_json((TRACES / f"{stem}.json").read_text(encoding="utf-8")) for stem in ("threshold-none", "edit-none"))
+    b.config = {**b.config, "decoder_options": {"edit_threshold": 0.7, "max_post_edit_steps": 4}, "seed": 3}
+    rows = list(csv.DictReader(io.StringIO(compare_csv([Timeline(a), Timeline(b)], ["A", "B"]))))
+    assert [r["model"] for r in rows] == ["tiny-llada", "tiny-llada-edit"]
+    assert (rows[0]["decoder_options.edit_threshold"], rows[1]["decoder_options.edit_threshold"]) == ("", "0.7")
+    assert rows[1]["decoder_options.max_post_edit_steps"] == "4" and (rows[0]["seed"], rows[1]["seed"]) == (str(a.config["seed"]), "3")
+    assert (rows[0]["threshold"], rows[1]["threshold"]) == ("0.9", "0.3")
+    assert "gen_length" not in rows[0]  # the same on both sides: no column
