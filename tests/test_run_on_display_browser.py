@@ -161,14 +161,22 @@ def test_a_failed_run_leaves_no_stale_run(page, tmp_path):
     upload(page, old_trace_file(tmp_path))
     expect(page.locator("#message")).to_contain_text("loaded a trace: handmade, 4 iterations", timeout=WAIT)
     assert page.locator("#grid .cells .cell").count() == 11
-    page.fill("#prompt textarea", "   ")  # refused by the run: an empty prompt
+    # the trace named its model ("handmade", no folder): back to the embedded one, then a constraint
+    # the settings check passes and the run refuses (a character the tokenizer cannot write)
+    page.get_by_text("Model and system").first.click()
+    page.locator("#model-path textarea, #model-path input").first.fill("tiny-llada")
+    page.keyboard.press("Tab")
+    page.fill("#prompt textarea", "Q: 1+1=? A:")
+    choose(page, "cfg-constraint", "regex")
+    page.locator("#cfg-constraint_text textarea").fill("€")
+    page.wait_for_function("() => /held to regex/.test(document.querySelector('#settings-msg')?.textContent || '')", timeout=WAIT)
     page.click("#run-btn")
-    expect(page.locator("#message")).to_contain_text("empty prompt", timeout=WAIT)
+    expect(page.locator("#message")).to_contain_text("cannot write", timeout=WAIT)
     expect(page.locator("#grid .cells .cell")).to_have_count(0)
     expect(page.locator("#stats")).to_contain_text("no run shown")
     assert page.locator("#output textarea").input_value() == ""
     assert page.locator("#scrub input[type=range]").is_disabled()
-    expect(page.locator("#model-status")).to_contain_text("default model")
+    assert "handmade" not in page.locator("#model-status").text_content()
     shot(page, tmp_path, "failed-run")
 
 
