@@ -7,20 +7,28 @@ header carrying the expected answer, to open in the Run tab at the first wrong c
 `passes` > 1 only the first pass is decoded and judged: decoding is greedy, so every pass commits
 the same tokens in the same forwards (tests/test_app_teaching.py checks it), and only the time
 differs.
+
+Curves: one per model and, with `unconstrained_too`, per constraint (the settings' regex, JSON
+schema or choice, and the same sweep without it, value by value on the same prompts). A value is
+*partial* while fewer than all the prompts have run at it (a running or stopped sweep): its point
+is marked and left out of its curve's AUP. Each curve keeps up to MAX_KEPT_PER_VALUE wrong answers
+per value, so every value's failures stay reachable, and says how many it did not keep.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import queue
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, GenerationOutput, RunHooks, Trace
+from engine.constraints import spec_of
 from tinymodel.aup import aup_by_curve
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
@@ -32,7 +40,9 @@ from .readouts import plural
 from .runner import POLL_SECONDS, Failed, Finished, Job, Loading, Waiting, start_worker
 from .timeline import Timeline
 
-MAX_KEPT_FAILURES = 50  # traces of wrong answers kept for inspection
+# traces of wrong answers kept for inspection, per curve and value: a low threshold's dozens of
+# failures must not crowd out a high one's few (one list of 50 for the whole sweep did)
+MAX_KEPT_PER_VALUE = 20
 # Every sweep is bounded before it queues for the engine (one sweep holds it, and the tabs' queue,
 # until it ends or is stopped): a family's sampler searches for distinct prompts, so asking for more
 # than a family holds would never return; 300 is what every family has (tinymodel/tasks.py's default).
@@ -64,6 +74,12 @@ class Outcome:
     passes: list[float] = field(default_factory=list)  # engine seconds of each pass (the first: `seconds`)
     edits: int = 0  # a revising decoder's edits and remasks in this answer's run (its trace)
     remasks: int = 0
+    constraint: str = ""  # the constraint the answer was held to (ConstraintSpec.describe), "" for none
+
+    @property
+    def curve(self) -> tuple[str, str]:
+        """The chart's curve this outcome belongs to: its model and constraint."""
+        return self.model, self.constraint
 
 
 @dataclass
@@ -73,15 +89,19 @@ class SweepState:
     done: bool = False
     failed: bool = False  # ended by an error (message says which)
     message: str = ""
+    per_value: int = 0  # prompts each curve runs at each value (0: unknown, every point complete)
+    passes: int = 1  # runs of each prompt timed (TPS is their median; one pass is noisy)
 
     def points(self) -> list[dict]:
-        """Per model and value: accuracy, TPF, TPS (sums over prompts, so long answers weigh more;
-        TPS the median over the passes), count; models in the order they ran, each by value."""
-        rows: dict[tuple[str, float], dict] = {}
-        order: dict[str, int] = {}
+        """Per curve (model, constraint) and value: accuracy, TPF, TPS (sums over prompts, so long
+        answers weigh more; TPS the median over the passes, with its lowest and highest), count,
+        `partial` (fewer than `per_value` prompts run: left out of the AUP); curves in the order
+        they ran, each by value."""
+        rows: dict[tuple[str, str, float], dict] = {}
+        order: dict[tuple[str, str], int] = {}
         for o in self.outcomes:
-            order.setdefault(o.model, len(order))
-            r = rows.setdefault((o.model, o.value), {"model": o.model, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "pass_seconds": []})
+            order.setdefault(o.curve, len(order))
+            r = rows.setdefault((*o.curve, o.value), {"model": o.model, "constraint": o.constraint, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "pass_seconds": []})
             r["correct"] += o.correct
             r["examples"] += 1
             r["tokens"] += o.tokens
@@ -95,15 +115,35 @@ class SweepState:
             r["tpf"] = r["tokens"] / r["nfe"] if r["nfe"] else 0.0
             r["passes"] = len(r["pass_seconds"])
             r["seconds"] = statistics.median(r["pass_seconds"])
-            r["tps"] = statistics.median(r["tokens"] / s if s > 0 else 0.0 for s in r["pass_seconds"])
-        # each model's curve scored against the best accuracy of the curves shown (accuracy in percent)
-        scores = aup_by_curve({m: [(r["tpf"], 100 * r["accuracy"]) for r in rows.values() if r["model"] == m] for m in order})
+            rates = [r["tokens"] / s if s > 0 else 0.0 for s in r["pass_seconds"]]
+            r["tps"], r["tps_range"] = statistics.median(rates), (min(rates), max(rates))
+            r["partial"] = 0 < r["examples"] < self.per_value
+        # each curve scored against the best accuracy of the curves shown (accuracy in percent), on
+        # its complete values only: a stopped value's prompts are the first families' alone
+        complete = {c: [(r["tpf"], 100 * r["accuracy"]) for r in rows.values() if (r["model"], r["constraint"]) == c and not r["partial"]] for c in order}
+        scores = aup_by_curve({c: points for c, points in complete.items() if points})
         for r in rows.values():
-            r["aup"] = scores[r["model"]]
-        return sorted(rows.values(), key=lambda r: (order[r["model"]], r["value"]))
+            r["aup"] = scores.get((r["model"], r["constraint"]))  # None: no complete value yet
+        return sorted(rows.values(), key=lambda r: (order[(r["model"], r["constraint"])], r["value"]))
 
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.correct]
+
+    def kept_failures(self, group: str = "") -> list[Outcome]:
+        """The wrong answers with a stored trace (the ones a click opens), of one `failure_groups`
+        key, or of every group for ""."""
+        return [o for o in self.failures() if o.trace is not None and (not group or failure_key(o) == group)]
+
+    def failure_groups(self) -> list[dict[str, Any]]:
+        """Per curve and value with a wrong answer, in the table's order: its `key`, model,
+        constraint, value, how many answers were wrong and how many of them were kept."""
+        groups: dict[str, dict[str, Any]] = {}
+        for o in self.failures():
+            g = groups.setdefault(failure_key(o), {"key": failure_key(o), "model": o.model, "constraint": o.constraint, "value": o.value, "wrong": 0, "kept": 0})
+            g["wrong"] += 1
+            g["kept"] += o.trace is not None
+        order = {(p["model"], p["constraint"], p["value"]): k for k, p in enumerate(self.points())}
+        return sorted(groups.values(), key=lambda g: order.get((g["model"], g["constraint"], g["value"]), len(order)))
 
     def csv(self) -> str:
         """The per-model, per-value table as CSV (accuracy as a fraction, for spreadsheets: the page
@@ -113,13 +153,18 @@ class SweepState:
         keep their places."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model", "edits", "remasks", "aup"])
+        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model", "edits", "remasks", "aup", "constraint", "tps_min", "tps_max", "partial"])
         for p in self.points():
             writer.writerow([
                 f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["passes"], p["model"],
-                p["edits"], p["remasks"], f"{p['aup']:.2f}",
+                p["edits"], p["remasks"], "" if p["aup"] is None else f"{p['aup']:.2f}", p["constraint"], f"{p['tps_range'][0]:.1f}", f"{p['tps_range'][1]:.1f}", int(p["partial"]),
             ])
         return out.getvalue()
+
+
+def failure_key(o: Outcome) -> str:
+    """The key of an outcome's curve and value (the Sweep tab's filter of wrong answers by value)."""
+    return json.dumps([o.model, o.constraint, o.value])
 
 
 def parse_values(text: str) -> list[float]:
@@ -210,26 +255,36 @@ def run_sweep(
     interval: float = 0.5,
     also: ModelSpec | None = None,
     passes: int = 1,
+    unconstrained_too: bool = False,
 ) -> Iterator[SweepState]:
     """Yield the growing SweepState at most every `interval` seconds, and when done. `also`: a
     second model swept the same way once the first is done (EngineHost.second_model); `passes`:
-    runs of each prompt timed (module docstring). EngineError, on the first step, for a sweep
-    over the host's bound on engine runs (MAX_SWEEP_RUNS; PUBLIC_MAX_SWEEP_RUNS for visitors)."""
-    configs = sweep_configs(config, parameter, values)
+    runs of each prompt timed (module docstring); `unconstrained_too`: each value also without
+    the config's constraint, right after it with it (a stopped sweep leaves both curves at the same
+    values). EngineError, on the first step, for a sweep over the host's bound on engine runs
+    (MAX_SWEEP_RUNS; PUBLIC_MAX_SWEEP_RUNS for visitors), or a comparison with no constraint."""
+    constraint = spec_of(config)
+    variants = [(config, constraint.describe() if constraint else "")]
+    if unconstrained_too:
+        if constraint is None:
+            raise EngineError("to draw a constrained and an unconstrained curve, set a constraint (regex, JSON schema or choice) in the Run tab's settings")
+        variants.append((config.replace(regex=None, json_schema=None, choice=None), ""))
+    swept = [[(value, cfg, label) for (base, label) in variants for cfg in sweep_configs(base, parameter, [value])] for value in values]
     specs = [spec] if also is None else [spec, also]
-    total = len(values) * len(examples) * len(specs)
+    total = len(values) * len(examples) * len(specs) * len(variants)
     most = PUBLIC_MAX_SWEEP_RUNS if host.public else MAX_SWEEP_RUNS
     if total * passes > most:
         raise EngineError(
-            f"this sweep would run the engine {total * passes:,} times ({len(values)} values x {len(examples)} prompts x {passes} passes x {len(specs)} models); this server runs at most {most:,}"
+            f"this sweep would run the engine {total * passes:,} times ({len(values)} values x {len(examples)} prompts x {passes} passes x {len(specs)} models"
+            + (" x 2 curves" if len(variants) > 1 else "") + f"); this server runs at most {most:,}"
         )
-    state = SweepState(parameter)
+    state = SweepState(parameter, per_value=len(examples), passes=passes)
     cancel = threading.Event()
 
     def job_on(model: str, model_box: str) -> Job:
         def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
-            kept = 0
-            for value, cfg in zip(values, configs):
+            for value, cfg, label in (run for at_value in swept for run in at_value):
+                kept = 0
                 encoded = [engine.encode(ex.prompt, cfg.use_chat_template) for ex in examples]
                 # the engine's own generate: its trace named as a run's, so a kept failure opens in the Run tab like a run
                 answers = answer_prompts(with_answers(engine, examples, encoded), engine.decode, examples, encoded, cfg, check_answer, trace=True, cancel=cancel)
@@ -240,9 +295,9 @@ def run_sweep(
                     # one prompt a call: the stats' edits and remasks are this answer's (docs/counting.md §10)
                     outcome = Outcome(
                         value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings,
-                        edits=stats.edits, remasks=stats.remasks,
+                        edits=stats.edits, remasks=stats.remasks, constraint=label,
                     )
-                    if not answer.correct and kept < MAX_KEPT_FAILURES:
+                    if not answer.correct and kept < MAX_KEPT_PER_VALUE:
                         kept += 1
                         outcome.trace = answer.output.trace
                         timeline = Timeline(outcome.trace)

@@ -237,7 +237,7 @@ def test_compare_runs_both_settings(app):
 
 def test_sweep_reports_accuracy_and_tpf_per_value_and_downloads_csv(app):
     client = Client(app.url, verbose=False)
-    chart, table, failures, message, csv = client.predict(
+    chart, table, failures, message, csv, *_ = client.predict(  # later outputs: the wrong-answer counts and filter
         {"config": {"gen_length": 32, "block_length": 16}}, ["add"], 2, "threshold", "0.5, 0.9", "Q: ?+?=57 A:", api_name="/sweep"
     )
     assert message.startswith("done: 6 prompts")  # two held-out prompts and the user's own, at two values

@@ -237,7 +237,7 @@ def test_the_sweep_of_the_edit_threshold_counts_edits_and_remasks_in_its_table_a
     view = dict(zip(SWEEP_VIEW, frames[-1]))
     assert view["message"].startswith("done"), view["message"]
     state = view["state"]
-    assert SWEEP_TABLE_HEADERS[-3:] == ["edits", "remasks", "AUP"]
+    assert SWEEP_TABLE_HEADERS[6:9] == ["edits", "remasks", "AUP"]  # by place: later columns come after
     rows = view["table"]
     assert [r[0] for r in rows] == [0.5, 0.95] and all(len(r) == len(SWEEP_TABLE_HEADERS) for r in rows)
     # each value's edits and remasks are its outcomes' counts, each read from the run's own trace
@@ -253,8 +253,8 @@ def test_the_sweep_of_the_edit_threshold_counts_edits_and_remasks_in_its_table_a
     expected = aup_by_curve({"": [(p["tpf"], 100 * p["accuracy"]) for p in points]})
     assert [r[8] for r in rows] == [round(list(expected.values())[0], 1)] * 2
     header, *lines = state.csv().splitlines()
-    assert header.startswith("decoder_options.edit_threshold,") and header.endswith(",model,edits,remasks,aup")
-    assert [line.split(",")[-3:-1] for line in lines] == [[str(r[6]), str(r[7])] for r in rows]
+    assert header.startswith("decoder_options.edit_threshold,") and header.split(",")[9:13] == ["model", "edits", "remasks", "aup"]  # by place
+    assert [line.split(",")[10:12] for line in lines] == [[str(r[6]), str(r[7])] for r in rows]
     legend = [t.name for t in view["chart"].data]
     assert legend and all("AUP" in name for name in legend)
 

@@ -16,18 +16,22 @@ from engine import EngineError, GenerationConfig
 
 from ..sweep_chart import sweep_figure
 from ..grid import inert
+from ..cells import inert_markdown
 from ..readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
-from ..sweep import MAX_PER_SET, SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
+from ..sweep import MAX_KEPT_PER_VALUE, MAX_PER_SET, SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
 from ..timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, stored_view
 from .run_page import RunTab
 
-SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv")
+# new slots last: API clients reading the earlier outputs by place keep working
+SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv", "failure_counts", "failures_at")
 # Columns added later come after the model, so API clients reading the earlier ones by place keep
-# working: a revising decoder's edits and remasks (summed over the prompts), the model's AUP.
-SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS (median of the passes)", "prompts", "model", "edits", "remasks", "AUP"]
+# working: a revising decoder's edits and remasks (summed over the prompts), the curve's AUP (its
+# complete values; empty before one completes), its constraint, TPS's spread over the passes.
+SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS (median of the passes)", "prompts", "model", "edits", "remasks", "AUP", "constraint", "TPS over the passes"]
+ALL_VALUES = ""  # the wrong-answers filter's "every value"
 FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced", "model"]
 SWEEP_DEFAULT_SETS = ("pairsum",)
 SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
@@ -50,15 +54,52 @@ def _per_set(value: Any) -> int:
         raise EngineError(f"prompts per set must be a whole number, got {value!r}") from None
 
 
+def _spread(p: dict[str, Any]) -> str:
+    """The TPS column's companion: one pass's TPS is noise-prone (the CPU is shared with the page,
+    other sessions and the OS), so it says so; over several, their range."""
+    if p["passes"] == 1:
+        return "1 pass: noisy (set passes to 3 or more for a median)"
+    low, high = p["tps_range"]
+    return f"{p['passes']} passes: {low:.1f}–{high:.1f}"
+
+
 def _sweep_rows(state: SweepState) -> list[list[Any]]:
-    return [[p["value"], percent(p["accuracy"]), round(p["tpf"], 2), round(p["tps"], 1), p["examples"], p["model"], p["edits"], p["remasks"], round(p["aup"], 1)] for p in state.points()]
+    return [
+        [
+            p["value"], percent(p["accuracy"]), round(p["tpf"], 2), round(p["tps"], 1),
+            f"{p['examples']} of {state.per_value} (partial)" if p["partial"] else p["examples"],
+            p["model"], p["edits"], p["remasks"], "" if p["aup"] is None else round(p["aup"], 1), p["constraint"] or "none", _spread(p),
+        ]
+        for p in state.points()
+    ]
 
 
-def _failure_rows(state: SweepState) -> list[list[Any]]:
+def _group_label(state: SweepState, g: dict[str, Any]) -> str:
+    symbol = "τ" if state.parameter == "threshold" else state.parameter.rsplit(".", 1)[-1]
+    curve = g["model"] + (f" · {g['constraint']}" if g["constraint"] else "")
+    cut = f", the first {g['kept']} kept" if g["kept"] < g["wrong"] else ""
+    return f"{symbol}={g['value']:g} · {curve}: {g['wrong']} wrong{cut}"
+
+
+def _failure_summary(state: SweepState, group: str) -> tuple[str, Any]:
+    """The line over the wrong answers (how many each value has, and where the list is cut) and
+    the filter's choices (every value, then each curve and value with a wrong answer)."""
+    groups = state.failure_groups()
+    wrong, kept = sum(g["wrong"] for g in groups), sum(g["kept"] for g in groups)
+    choices = [(f"every value ({wrong} wrong, {kept} listed)", ALL_VALUES), *((_group_label(state, g), g["key"]) for g in groups)]
+    if not groups:
+        return "no wrong answers" + ("" if state.done else " so far"), gr.update(choices=choices, value=ALL_VALUES)
+    cut = [g for g in groups if g["kept"] < g["wrong"]]
+    line = f"**{wrong} wrong answers** over {len(groups)} values: " + " · ".join(inert_markdown(_group_label(state, g)) for g in groups)
+    if cut:
+        line += f". The list keeps the first {MAX_KEPT_PER_VALUE} of each value (their traces open in the Run tab)."
+    known = group in {key for _, key in choices}
+    return line, gr.update(choices=choices, value=group if known else ALL_VALUES)
+
+
+def _failure_rows(state: SweepState, group: str = ALL_VALUES) -> list[list[Any]]:
     rows = []
-    for o in state.failures():
-        if o.trace is None:
-            continue
+    for o in state.kept_failures(group):
         w = o.wrong
         rows.append([o.value, o.example.prompt, o.example.response, o.text, w.position if w else "", iteration_number(w.iteration) if w else "", round(w.confidence, 3) if w else "", w.forced if w else "", o.model])
     return rows
@@ -78,10 +119,15 @@ class SweepHandlers(TabHandlers):
         own_prompts: str = "",
         also_model: str | None = "",
         passes: float = 1,
+        unconstrained_too: bool = False,
+        failures_at: str = ALL_VALUES,
     ) -> Iterator[tuple]:
         """Run every chosen prompt at every value, on the settings' model and then on `also_model`
         when one is named (same settings); stream the accuracy-vs-TPF chart and tables. `passes`:
-        runs of each prompt timed; TPS is the median over them."""
+        runs of each prompt timed; TPS is the median over them. `unconstrained_too`: each value
+        also without the settings' constraint (a second curve). `failures_at`: the wrong answers
+        listed (a `failure_groups` key; "" every value). The state comes with every frame, so a
+        stopped sweep's wrong answers still open."""
         try:
             passes = passes_count(passes)
             spec, config = self.parse(settings)
@@ -90,29 +136,37 @@ class SweepHandlers(TabHandlers):
             for example in examples:
                 self.check_request(example.prompt, config)
             numbers = parse_values(values)
-            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also, passes=passes)
+            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also, passes=passes, unconstrained_too=bool(unconstrained_too))
             first = next(states)  # a generator: its own checks (setting, values) raise on this first step
         except EngineError as exc:
             yield outputs(SWEEP_VIEW, {"message": error_text(str(exc))})
             return
         for state in _chain(first, states):
+            counts, chooser = _failure_summary(state, failures_at or ALL_VALUES)
             out = {
                 "chart": sweep_figure(state.points(), parameter),
                 "table": _sweep_rows(state),
-                "failures": _failure_rows(state),
+                "failures": _failure_rows(state, chooser["value"]),
                 "message": error_text(state.message) if state.failed else state.message,
+                "state": state, "failure_counts": counts, "failures_at": chooser,
             }
             if state.done:
-                out["state"] = state
                 out["csv"] = self.write_file(f"sweep-{state.parameter}", ".csv", state.csv())
             yield outputs(SWEEP_VIEW, out)
 
-    def open_failure(self, state: SweepState | None, evt: gr.SelectData) -> tuple:
+    def show_failures(self, state: SweepState | None, failures_at: str = ALL_VALUES) -> tuple:
+        """The wrong answers of one value (the filter's choice), or of every value: (rows, line)."""
+        if state is None:
+            return [], "no sweep yet"
+        counts, _ = _failure_summary(state, failures_at)
+        return _failure_rows(state, failures_at), counts
+
+    def open_failure(self, state: SweepState | None, evt: gr.SelectData, failures_at: str = ALL_VALUES) -> tuple:
         """A clicked wrong answer opens in the Run tab at its first wrong commit, and the Run tab's
         controls take the settings it ran with (the swept value included) and its model, so Run
         reproduces it. Returns the Run view, then (prompt, expected, tab selection, model box,
-        every control in `all_controls()` order)."""
-        kept = [o for o in (state.failures() if state else []) if o.trace is not None]
+        every control in `all_controls()` order). `failures_at`: the filter the table lists (its rows)."""
+        kept = state.kept_failures(failures_at or ALL_VALUES) if state else []  # the rows the table lists
         row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         if state is None or not 0 <= row < len(kept):
             return outputs(RUN_VIEW, {"message": "that row has no stored trace"}) + (gr.skip(),) * (5 + len(all_controls()))
@@ -164,25 +218,36 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
                 info="the same sweep on a second model, after the Run tab's; the chart overlays the two curves",
                 allow_custom_value=not h.host.public, elem_id="sweep-also-model",
             )
-        own_prompts = gr.Textbox(label="your own prompts (optional; one a line, each from a family)", lines=2, elem_id="sweep-own")
+        with gr.Row():
+            own_prompts = gr.Textbox(label="your own prompts (optional; one a line, each from a family)", lines=2, elem_id="sweep-own", scale=3)
+            unconstrained_too = gr.Checkbox(
+                False, label="also without the constraint", elem_id="sweep-unconstrained", scale=1,
+                info="with a constraint set on the Run tab: a second curve, the same values and prompts with no constraint",
+            )
         with gr.Row():
             sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep-btn")
             stop_btn = gr.Button("Stop", variant="stop")
         message = gr.Markdown(elem_id="sweep-message")
-        with gr.Row(equal_height=False):
-            chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
-            table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False)
+        # the chart, then the table across the whole tab: beside the chart, the table's later
+        # columns (model, edits, remasks, AUP...) sat behind a scroll even at 1400 px
+        chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
+        table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False, wrap=True, elem_id="sweep-table")
         csv = gr.DownloadButton("Download the table (CSV)", value=None, elem_id="sweep-csv")
-        failures = gr.Dataframe(headers=FAILURE_HEADERS, label="wrong answers (click a row to inspect it)", interactive=False, wrap=True)
+        with gr.Row(equal_height=False):
+            failures_at = gr.Dropdown([("every value", ALL_VALUES)], value=ALL_VALUES, label="wrong answers at", elem_id="sweep-failures-at", scale=1)
+            failure_counts = gr.Markdown(elem_id="sweep-failure-counts")
+        failures = gr.Dataframe(headers=FAILURE_HEADERS, label="wrong answers (click a row to inspect it)", interactive=False, wrap=True, elem_id="sweep-failures")
         state = gr.State(None)
-    slots = dict(chart=chart, table=table, failures=failures, message=message, state=state, csv=csv)
+    slots = dict(chart=chart, table=table, failures=failures, message=message, state=state, csv=csv, failure_counts=failure_counts, failures_at=failures_at)
 
     collect = sweep_btn.click(None, run.settings_inputs, run.settings_json, js=h.settings_js(), **PRIVATE)
     event = collect.then(
-        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts, also_model, passes], [slots[n] for n in SWEEP_VIEW], api_name="sweep", show_progress="minimal", **ENGINE_QUEUE
+        h.sweep, [run.settings_json, tasks, per_task, parameter, values, own_prompts, also_model, passes, unconstrained_too, failures_at], [slots[n] for n in SWEEP_VIEW],
+        api_name="sweep", show_progress="minimal", **ENGINE_QUEUE,
     )
+    failures_at.input(h.show_failures, [state, failures_at], [failures, failure_counts], **PRIVATE)
     # run.settings_inputs[0]: the model box (TabHandlers.settings' order)
     copied = [run.settings_inputs[0], *(run.controls[c.field] for c in all_controls())]
-    failures.select(h.open_failure, state, [*run.view, run.prompt, run.expected, tabs, *copied, run.pinned], api_visibility="private")
+    failures.select(h.open_failure, [state, failures_at], [*run.view, run.prompt, run.expected, tabs, *copied, run.pinned], api_visibility="private")
     return SweepTab(Stoppable(event, stop_btn, message), parameter)
 
