@@ -15,7 +15,6 @@ import gradio as gr
 from engine import EngineError, GenerationConfig
 
 from ..sweep_chart import sweep_figure
-from ..grid import inert
 from ..cells import inert_markdown
 from ..readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
@@ -181,8 +180,8 @@ class SweepHandlers(TabHandlers):
         pinned = outcome.wrong.position if outcome.wrong else None  # the details panel opens on the wrong commit
         out = stored_view(
             tl, at, outcome.expected, highlight=True, pinned=pinned,
-            note=f"sweep: {inert(outcome.model)}, {state.parameter} = {outcome.value:g}",
-            message=f"wrong answer from the sweep ({inert(outcome.model)}, {state.parameter} = {outcome.value:g}): {where}; the Run tab's settings are now its settings, so Run reproduces it",
+            note=f"sweep: {inert_markdown(outcome.model)}, {state.parameter} = {outcome.value:g}",
+            message=f"wrong answer from the sweep ({inert_markdown(outcome.model)}, {state.parameter} = {outcome.value:g}): {where}; the Run tab's settings are now its settings, so Run reproduces it",
         )
         config = GenerationConfig.from_dict(outcome.trace.config)  # what the engine ran: the swept value included
         controls = tuple(control_value(c, config) for c in all_controls())
