@@ -46,8 +46,9 @@ _TEMPLATE_ENTITIES = str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;", "
 
 
 # and Markdown's inline punctuation too, for a Markdown component (a regex `a*b*` is not emphasis);
-# not `_`, which inside a word (every setting's name) never is
-_MARKDOWN_ENTITIES = {**_TEMPLATE_ENTITIES, **str.maketrans({c: f"&#{ord(c)};" for c in "*[]()|~!"})}
+# not `_`, which inside a word (every setting's name) never is, nor `(` `)`: with `[` `]` escaped
+# no link or image can form, and a message (or an API client's string) keeps its parentheses
+_MARKDOWN_ENTITIES = {**_TEMPLATE_ENTITIES, **str.maketrans({c: f"&#{ord(c)};" for c in "*[]|~!"})}
 
 
 def inert(text: str) -> str:
