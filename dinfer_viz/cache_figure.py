@@ -45,7 +45,7 @@ from engine.cache import DUAL, FULL, PREFIX, REFRESH, WINDOW, KVCacheManager
 from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
-from .figure_base import FORWARD_COLOURS, _finish, _upto, heatmap_rows, heatmap_y, rows_title, MAX_HEATMAP_CELLS
+from .figure_base import FORWARD_COLOURS, _finish, _upto, heatmap_rows, legend_at_foot, heatmap_y, rows_title, MAX_HEATMAP_CELLS
 from .figure_base import message_figure
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 
@@ -222,10 +222,10 @@ def cache_state_figure(timeline: Timeline, upto: int | None = None, highlight: i
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="block start (black line)", line=dict(color=BLOCK_COLOUR, width=3), hoverinfo="skip", uid="state-block"))
     # tick labels name each forward while they fit; past that, plotly's own numbering
     ticks = dict(tickmode="array", tickvals=its, ticktext=[f"{n} {timeline.records[i].forward}" for i, n in enumerate(its)]) if len(its) <= 30 else {}
-    fig.update_layout(shapes=shapes, margin=dict(t=60, b=110, l=90))
+    fig.update_layout(shapes=shapes, margin=dict(t=60, l=90))
     fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
     fig.update_yaxes(title_text=rows_title(rows, 0, upto, "iteration · forward"), range=[its[-1] + 0.5, its[0] - 0.5], **ticks)
-    return _finish(fig, HEIGHT, "cache-states")
+    return _finish(fig, legend_at_foot(fig, HEIGHT, 110), "cache-states")
 
 
 # ---- what each forward kind costs ----------------------------------------------------------------

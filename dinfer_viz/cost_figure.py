@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .figure_base import _finish, _upto, shown_iteration_shapes
+from .figure_base import _finish, _upto, legend_at_foot, shown_iteration_shapes
 from .figure_base import message_figure
 from .timeline import Timeline, iteration_number
 from .views import view_for
@@ -152,10 +152,9 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
             overlaying="y", side="right", range=[0, max(1.0, float(np.nanmax(graphs, initial=0.0))) * 1.2], dtick=1, showgrid=False,
             title=dict(text="graphs compiled"),
         ),
-        margin=dict(t=70, b=90, r=60),
-        legend=dict(y=-0.3, yanchor="top"),
+        margin=dict(t=70, r=60),
     )
-    return _finish(fig, HEIGHT, "cost")
+    return _finish(fig, legend_at_foot(fig, HEIGHT, 90), "cost")
 
 
 def forward_times_figure(timeline: Timeline, upto: int, highlight: int | None, title: str, names: dict[str, str]) -> go.Figure:
@@ -180,7 +179,6 @@ def forward_times_figure(timeline: Timeline, upto: int, highlight: int | None, t
         title=dict(text=title, font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
         xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration")),
         yaxis=dict(rangemode="tozero", title=dict(text="ms (step wall time)")),
-        margin=dict(t=70, b=90, r=60),
-        legend=dict(y=-0.3, yanchor="top"),
+        margin=dict(t=70, r=60),
     )
-    return _finish(fig, HEIGHT, "cost")
+    return _finish(fig, legend_at_foot(fig, HEIGHT, 90), "cost")

@@ -155,6 +155,22 @@ RASTER_MARKS = {
 }
 
 
+AXIS_TITLE_PX = 56  # under a plot: its tick labels and its axis title
+LEGEND_ENTRY_PX = 19  # one legend entry's line at the template's 10 px font
+
+
+def legend_at_foot(fig: go.Figure, height: int, margin: int) -> int:
+    """Put `fig`'s legend at the figure's foot, under the x-axis title, with room for one line
+    per entry (the narrowest column stacks them so), and return `height` changed as the bottom
+    `margin` it was drawn with changes, so the plot keeps its size. Placed from the plot's bottom
+    (the template's y -0.18), a legend that wrapped covered the axis title, in the page and in the
+    exported PNG alike."""
+    entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    bottom = AXIS_TITLE_PX + LEGEND_ENTRY_PX * entries + 8
+    fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"), margin=dict(b=bottom))
+    return height + bottom - margin
+
+
 def _legend_only(kind: str) -> go.Scatter:
     name, style = RASTER_MARKS[kind]
     return go.Scatter(x=[None], y=[None], name=name, hoverinfo="skip", uid=f"mark-{kind}", **style)
@@ -209,8 +225,7 @@ def iteration_panels(fig: go.Figure, upto: int, highlight: int | None, counts_ti
         yaxis=dict(domain=[0.45, 1.0], title=dict(text=counts_title)),
         yaxis2=right_axis,
         yaxis3=dict(domain=[0.0, 0.36], rangemode="tozero", title=dict(text="ms (engine)")),
-        margin=dict(b=90, r=60),
-        legend=dict(y=-0.2, yanchor="top"),
+        margin=dict(r=60),  # the bottom's and the legend's: legend_at_foot, once the traces are in
     )
 
 

@@ -31,17 +31,24 @@ PLOTS = ("raster", "iterations", "cost", "extras", "cache-states", "forward-cost
 # a table wider than its column scrolls sideways instead.
 READOUT_CSS = (
     "#stats table, #stats-a table, #stats-b table {display: block; overflow-x: auto; max-width: 100%}\n"
-    "#stats th, #stats td, #stats-a th, #stats-a td, #stats-b th, #stats-b td {white-space: nowrap}\n"
-    # The details panel and the explanation sit in the narrow column beside the grid: a smaller
-    # font than the panel's full-width 20 px (still readable from the back), and each scrolls
-    # inside a bounded box, so the column never pushes the raster below a 768 px screen
-    "#details .pos-details {font-size: 16px !important; padding: 8px 10px !important; max-height: 360px; overflow: auto}\n"
+    "#stats th, #stats td {white-space: nowrap}\n"
+    # Compare's two tables share the tab's width: at 1024 px each column is narrower than its
+    # table, whose last columns sat behind a hidden scroll. They fill their column and break a
+    # cell only between words ("engine" / "s", "0.6 ms" / "(0.3%)"), never inside a word or number
+    "#stats-a table, #stats-b table {display: table; width: 100%; font-size: 13px}\n"
+    "#stats-a th, #stats-a td, #stats-b th, #stats-b td {white-space: normal; word-break: keep-all; overflow-wrap: normal; padding: 4px 5px !important}\n"
+    # The details panel beside the grid grows with what it says, with no scroll of its own (its
+    # "why", candidates and K/V state sat below a 360 px box's fold): a label beside its value,
+    # small, the values in a font still readable from the back
+    "#details .pos-details {font-size: 15px !important; padding: 8px 10px !important}\n"
     "#explain {max-height: 200px; overflow-y: auto}\n"
-    # ... and in that column's width a label sits above its value, not beside it
-    "#details .pos-details > div:first-child {font-size: 19px !important}\n"
-    "#details .pos-details > table:first-of-type td {display: block; padding: 0 !important; border: none}\n"
-    "#details .pos-details > table:first-of-type td:first-child {font-size: 13px; margin-top: 6px}\n"
+    "#details .pos-details > div:first-child {font-size: 18px !important}\n"
+    "#details .pos-details > table:first-of-type td {padding: 2px 4px !important; vertical-align: top}\n"
+    "#details .pos-details > table:first-of-type td:first-child {font-size: 12px; width: 28%; overflow-wrap: anywhere}\n"
     "#grid .cells .cell, #grid-a .cells .cell, #grid-b .cells .cell {cursor: pointer}\n"
+    # Compare's captions take two lines at 1024 px or one, by their decoder's words: the same room
+    # on both sides keeps A's and B's cells level
+    "#grid-a .caption, #grid-b .caption {min-height: 3.4em}\n"
     # A plot's label is a chip floating over the figure's top (its title, the colour bar's top);
     # on a projector's narrow columns it wraps and covers more: it takes its own line instead
     + "".join(f"#{p} > label[data-testid=block-label]," for p in PLOTS).rstrip(",")

@@ -391,7 +391,17 @@ def _side_panels(defaults: GenerationConfig) -> tuple[list[Any], list[gr.Column]
                                 )
                 side_controls += [made[f] for f in COMPARE_FIELDS]
                 side_groups.append(group)
-                slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
-                slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
-                slots[f"text_{x}"] = gr.Textbox(label=f"{side} output", interactive=False, elem_id=f"output-{x}")
+    # the readouts, then the grids with their outputs, each pair in a row of its own: a row's two
+    # columns start level, so A's and B's grids line up whatever the settings or the readout
+    # notes above them take (one column per side put A's grid a paragraph below B's)
+    for part in ("readout", "grid"):
+        with gr.Row(equal_height=False):
+            for side in "AB":
+                x = side.lower()
+                with gr.Column():
+                    if part == "readout":
+                        slots[f"readout_{x}"] = gr.Markdown(message_readout("not run yet"), elem_id=f"stats-{x}")
+                    else:
+                        slots[f"grid_{x}"] = grid_view(EMPTY_GRID, f"grid-{x}", 100)
+                        slots[f"text_{x}"] = gr.Textbox(label=f"{side} output", interactive=False, elem_id=f"output-{x}")
     return side_controls, side_groups, slots

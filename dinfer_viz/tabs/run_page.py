@@ -115,7 +115,7 @@ def _lessons_and_samples(h: RunHandlers, parts: Parts) -> None:
         with gr.Row():
             parts["lesson_steps"] = gr.Radio([], value=None, label="Step", elem_id="lesson-step", scale=3)
             parts["next_btn"] = gr.Button("Next step ▶", elem_id="lesson-next", scale=1, min_width=100)
-        parts["lesson_note"] = gr.Markdown("Choose a lesson: each step sets the prompt and the settings; press Run after each.", elem_id="lesson-note")
+        gr.Markdown("Choose a lesson: each step sets the prompt and the settings; press Run after each. The step's sentence shows above the grid.")
     # open by default with no model (app.py --no-model): replaying them is all it can do
     with gr.Accordion("Sample traces (replay with no model)", open=h.no_model, elem_id="samples-box"):
         parts["sample"] = gr.Dropdown(
@@ -157,6 +157,9 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
     with gr.Row(equal_height=False):
         # narrow enough minimums that at 1024 px the details stay beside the grid
         with gr.Column(scale=3, min_width=380):
+            # a lesson step's sentence right above the grid it talks about (in the lessons' accordion
+            # it sat a screen below the grid); empty, and so out of the way, until a lesson is chosen
+            parts["lesson_note"] = gr.Markdown("", elem_id="lesson-note")
             parts["grid"] = grid_view(EMPTY_GRID, "grid", 120, extra_js=RASTER_PICK_JS)
             parts["text"] = gr.Textbox(label="Output text", interactive=False, lines=2, elem_id="output")
             # the scrubber on a line of its own, playback under it: one row of all four wraps into
@@ -167,7 +170,8 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
                 parts["pause_btn"] = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=80)
                 parts["skip_btn"] = gr.Button("⏭ End", elem_id="skip-btn", scale=0, min_width=80)
                 parts["speed"] = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1, min_width=160)
-        with gr.Column(scale=1, min_width=220):
+        # wide enough for a label beside its value: the panel grows with no scroll of its own
+        with gr.Column(scale=2, min_width=240):
             # above the explanation: a click on the grid shows its answer beside the grid
             parts["details"] = gr.HTML(f'<div class="pos-details">{inert(PICK_HINT)}</div>', label="Position details", elem_id="details")
             parts["explain"] = gr.Markdown(explain(defaults.decoder, defaults.cache), elem_id="explain")

@@ -31,6 +31,9 @@ SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv", "failure_
 # complete values; empty before one completes), its constraint, TPS's spread over the passes.
 SWEEP_TABLE_HEADERS = ["value", "accuracy", "TPF", "TPS (median of the passes)", "prompts", "model", "edits", "remasks", "AUP", "constraint", "TPS over the passes"]
 ALL_VALUES = ""  # the wrong-answers filter's "every value"
+# shares of the tab's width: every column shows at 1024 px, each wide enough for its one-word
+# header and its numbers (a header of several words wraps between them)
+SWEEP_COLUMN_WIDTHS = ["7%", "9%", "6%", "9%", "10%", "11%", "7%", "8%", "7%", "12%", "14%"]
 FAILURE_HEADERS = ["value", "prompt", "expected", "got", "first wrong pos", "at iteration", "confidence then", "forced", "model"]
 SWEEP_DEFAULT_SETS = ("pairsum",)
 SWEEP_DEFAULT_VALUES = "0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95"
@@ -57,7 +60,7 @@ def _spread(p: dict[str, Any]) -> str:
     """The TPS column's companion: one pass's TPS is noise-prone (the CPU is shared with the page,
     other sessions and the OS), so it says so; over several, their range."""
     if p["passes"] == 1:
-        return "1 pass: noisy (set passes to 3 or more for a median)"
+        return "1 pass: noisy"  # the passes slider's info says what more passes give
     low, high = p["tps_range"]
     return f"{p['passes']} passes: {low:.1f}–{high:.1f}"
 
@@ -211,7 +214,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
             per_task = gr.Number(SWEEP_DEFAULT_PER_SET, precision=0, minimum=1, maximum=MAX_PER_SET, label="prompts per set")
             parameter = gr.Dropdown(numeric_fields(), value=sweep_setting(GenerationConfig().decoder), label="setting to sweep", info="set by the decoder's declaration; any numeric setting")
             values = gr.Textbox(SWEEP_DEFAULT_VALUES, label="values")
-            passes = gr.Slider(1, MAX_PASSES, value=1, step=1, label="passes", info="runs of each prompt; TPS: the median of the passes", elem_id="sweep-passes")
+            passes = gr.Slider(1, MAX_PASSES, value=1, step=1, label="passes", info="runs of each prompt; TPS: the median of the passes (one pass is noisy: 3 or more for a median)", elem_id="sweep-passes")
             also_model = gr.Dropdown(
                 [("none", ""), *h.host.model_choices()], value="", label="also sweep model",
                 info="the same sweep on a second model, after the Run tab's; the chart overlays the two curves",
@@ -230,7 +233,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
         # the chart, then the table across the whole tab: beside the chart, the table's later
         # columns (model, edits, remasks, AUP...) sat behind a scroll even at 1400 px
         chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
-        table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False, wrap=True, elem_id="sweep-table")
+        table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False, wrap=True, column_widths=SWEEP_COLUMN_WIDTHS, elem_id="sweep-table")
         csv = gr.DownloadButton("Download the table (CSV)", value=None, elem_id="sweep-csv")
         with gr.Row(equal_height=False):
             failures_at = gr.Dropdown([("every value", ALL_VALUES)], value=ALL_VALUES, label="wrong answers at", elem_id="sweep-failures-at", scale=1)

@@ -15,7 +15,7 @@ from engine.trace import EDIT, REMASK
 
 from ...cells import CELL_COLOURS, expected_at
 from ...constraint import cut_markers
-from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, raster_heatmap, rows_title
+from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, legend_at_foot, raster_heatmap, rows_title
 from ...timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 MAX_SHAPES = 300  # shapes are one SVG element each; past this the raster draws none
@@ -150,8 +150,7 @@ def confidence_raster(
     fig.update_layout(shapes=shapes if len(shapes) <= MAX_SHAPES else shapes[-MAX_SHAPES:])
     fig.update_xaxes(title_text="canvas position", range=[lo - 0.5, hi - 0.5])
     fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
-    fig.update_layout(margin=dict(b=110))
-    return _finish(fig, 400, "raster")
+    return _finish(fig, legend_at_foot(fig, 400, 110), "raster")
 
 
 def _commit_text(timeline: Timeline, p: int, c: Commit, expected: list[int] | None) -> str:
@@ -200,4 +199,4 @@ def iteration_chart(timeline: Timeline, upto: int | None = None, highlight: int 
             **(dict(tickmode="linear", tick0=0, dtick=0.25) if right_top <= 1.05 else {}),
         ),
     )
-    return _finish(fig, 380, "iterations")
+    return _finish(fig, legend_at_foot(fig, 380, 90), "iterations")

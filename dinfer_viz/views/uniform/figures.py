@@ -20,7 +20,7 @@ from engine import IterationRecord
 
 from ...cells import CELL_COLOURS, expected_at
 from ...constraint import cut_markers
-from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, raster_heatmap, rows_title
+from ...figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, legend_at_foot, raster_heatmap, rows_title
 from ...timeline import Timeline, iteration_number
 from .grid import step_verdict
 
@@ -100,8 +100,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
     fig.update_layout(shapes=shapes)
     fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
     fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
-    fig.update_layout(margin=dict(b=110))
-    return _finish(fig, 400, "raster")
+    return _finish(fig, legend_at_foot(fig, 400, 110), "raster")
 
 
 def _accepted_text(timeline: Timeline, i: int, p: int, expected: list[int] | None) -> str:
@@ -153,4 +152,4 @@ def uniform_iteration_chart(timeline: Timeline, upto: int | None, highlight: int
         overlaying="y", side="right", range=[0, max(1.05, float(temperature.max()) * 1.05)], showgrid=False, automargin=True, title=dict(text="temperature", standoff=8)
     )
     iteration_panels(fig, upto, highlight, "positions this step", right)
-    return _finish(fig, 380, "iterations")
+    return _finish(fig, legend_at_foot(fig, 380, 90), "iterations")
