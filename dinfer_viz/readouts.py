@@ -70,12 +70,21 @@ def median_stats(passes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _finished_stats(timeline: Timeline, stats: dict[str, Any] | None) -> dict[str, Any]:
+    """The finished run's figures (`stats`, else the trace's footer), any the footer lacks or
+    leaves null summed from the records as a live run's are: a hand-written or older trace's
+    footer may name only some (a missing one broke the readout with a KeyError)."""
+    names = ("tps", "tpf", "nfe", "forwards_per_second", "seconds", "tokens")
+    given = {k: v for k, v in (stats or timeline.trace.stats).items() if v is not None}
+    return {**dict(zip(names, _so_far(timeline, timeline.iterations))), **given} if not set(names) <= set(given) else given
+
+
 def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "", stats: dict[str, Any] | None = None) -> str:
     """Markdown table of the run's speed; `note` is a line under it (stage, model). `stats`: the
     finished run's figures when they are not the trace's own (`median_stats` of several passes)."""
     wall = "–" if wall_seconds is None else f"{wall_seconds:.2f}"
     if timeline.finished:
-        s = stats or timeline.trace.stats
+        s = _finished_stats(timeline, stats)
         seconds, overhead = s["seconds"], s.get("trace_seconds", timeline.trace.trace_seconds)
         share = f" ({overhead / seconds:.1%})" if seconds > 0 else ""
         row = (
@@ -91,7 +100,7 @@ def readout(timeline: Timeline, wall_seconds: float | None = None, note: str = "
         row = f"| {tps:.1f} | {tpf:.2f} | {nfe} | {fps:.1f} | {seconds:.3f} | {tokens} | – | {wall} |"
         source = "summed from the engine's per-iteration timings (the trace has no footer)"
     lines = [_HEAD + row, f"<small>{source} · {_LEGEND}{' · ' + note if note else ''}</small>"]
-    tpf = (stats or timeline.trace.stats)["tpf"] if timeline.finished else _so_far(timeline, timeline.iterations)[1]
+    tpf = _finished_stats(timeline, stats)["tpf"] if timeline.finished else _so_far(timeline, timeline.iterations)[1]
     if (timeline.trace.config or {}).get("decoder") == "fixed" and tpf < LOW_TPF:
         lines.append(f"<small>{FIXED_NOTE}</small>")
     lines += [f"<small>{note}</small>" for note in view_for(timeline).readout_notes(timeline)]

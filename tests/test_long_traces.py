@@ -122,3 +122,15 @@ def test_the_replay_endpoints_take_the_raw_value(handlers):
     assert not by_name["replay"].preprocess and not by_name["compare_replay"].preprocess
     assert dict(zip(RUN_VIEW, handlers.replay("3", RunState(Timeline(handmade_trace()), expected=None))))["grid"]["caption"].startswith("iteration 3/4")
     json.dumps(demo.config, default=str)  # the page still builds its config
+
+
+def test_a_trace_whose_footer_names_some_figures_only_loads(handlers, tmp_path):
+    """A hand-written footer may leave figures out (or null): the readout sums them from the
+    records, as a live run's, instead of failing with an internal KeyError."""
+    trace = handmade_trace()
+    trace.stats = {"nfe": 4, "tokens": 5, "tps": None}
+    path = tmp_path / "footer.json"
+    path.write_text(trace.to_json())
+    view = dict(zip(RUN_VIEW, handlers.load_trace(str(path))))
+    assert view["message"].startswith("loaded a trace"), view["message"]
+    assert "| **50.0** | 1.25 | 4 | 40.0 | 0.100 | 5 |" in view["readout"]
