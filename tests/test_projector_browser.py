@@ -135,6 +135,15 @@ def test_the_sweep_table_shows_every_column_and_its_labels_stay_apart(page, tmp_
         cell = headers.nth(k).bounding_box()
         assert cell and cell["x"] + cell["width"] <= table["x"] + table["width"] + 1, headers.nth(k).text_content()
     no_overlaps(page, "#sweep-chart")
-    expect(page.locator("#sweep-failure-counts")).to_contain_text("wrong")
-    page.locator("#sweep-chart").scroll_into_view_if_needed()
     shot(page, tmp_path, "sweep", full=True)
+    expect(page.locator("#sweep-failure-counts")).to_contain_text("wrong")
+    # the wrong answers of one value: the filter lists its rows only, and a click opens one of them
+    page.locator("#sweep-failures-at input").click()
+    option = page.get_by_role("option").filter(has_text="τ=0.1 ·")
+    option.click()
+    first = page.locator("#sweep-failures tbody tr td:first-child")
+    expect(first.first).to_have_text("0.1", timeout=WAIT)
+    assert set(first.all_text_contents()) == {"0.1"}
+    page.get_by_role("gridcell").filter(has_text="Q: ?+?=").first.click()  # a prompt cell of the table listed
+    expect(page.locator("#message")).to_contain_text("threshold = 0.1", timeout=WAIT)
+
