@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 import torch
@@ -116,3 +119,21 @@ def handmade_trace() -> Trace:
         stats={"nfe": 4, "tokens": 5, "seconds": 0.1, "batch": 1, "trace_seconds": 0.002, "tps": 50.0, "tpf": 1.25, "forwards_per_second": 40.0},
         trace_seconds=0.002,
     )
+
+
+@contextmanager
+def app_in_chromium(tmp_factory, fps: float = 20.0, plot_hz: float = 3.0) -> Iterator[SimpleNamespace]:
+    """The app launched and Debian's chromium started (host, url, browser); both closed after."""
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    demo, url, host = launch_app(tmp_factory, fps=fps, plot_hz=plot_hz)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            try:
+                yield SimpleNamespace(host=host, url=url, browser=browser)
+            finally:
+                browser.close()
+    finally:
+        demo.close()

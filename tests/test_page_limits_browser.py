@@ -16,7 +16,7 @@ import pytest
 
 from dinfer_viz.settings import PLUGIN_SECTION, sections
 
-from .app_support import BROWSER_ARGS, CHROMIUM, handmade_trace, launch_app, require_browser
+from .app_support import app_in_chromium, handmade_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
@@ -29,19 +29,12 @@ MARKUP = f"**bold** _em_ [link](http://{TRAP}/l) ![img](http://{TRAP}/i.png) <im
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with app_in_chromium(tmp_path_factory) as app:
+        page = app.browser.new_page(viewport={"width": 1400, "height": 1000})
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url))
-        page.goto(url)
-        yield SimpleNamespace(page=page, url=url, requests=requests)
-        browser.close()
-    demo.close()
+        page.goto(app.url)
+        yield SimpleNamespace(page=page, url=app.url, requests=requests)
 
 
 def _shot(page, name: str, tmp_path: Path, at: str) -> None:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import BROWSER_ARGS, CHROMIUM, handmade_trace, launch_app, require_browser
+from .app_support import app_in_chromium, handmade_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")
@@ -30,15 +29,8 @@ CAPTION = re.compile(r"iteration (\d+)/(\d+)")
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        yield SimpleNamespace(host=host, url=url, browser=browser)
-        browser.close()
-    demo.close()
+    with app_in_chromium(tmp_path_factory) as app:
+        yield app
 
 
 @pytest.fixture(params=SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
