@@ -28,6 +28,7 @@ from engine import Engine, GenerationConfig, Trace
 from engine.cli import DEFAULT_MODEL
 from engine.hooks import RunHooks
 from engine.serving.app import Server, create_app
+from engine.serving.command import server_config
 from engine.serving.limits import RequestLimits
 from engine.serving.streaming import RowText
 from engine.serving.traces import TraceStore
@@ -62,12 +63,13 @@ class Served:
 
 
 @contextlib.contextmanager
-def running(app) -> Iterator[str]:
-    """`app` on uvicorn in a thread on a free loopback port; yields its /v1 address."""
+def running(app, **config: float) -> Iterator[str]:
+    """`app` on uvicorn in a thread on a free loopback port, configured as `serve` runs it
+    (`server_config`, `config` its keywords); yields its /v1 address."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)  # listening before uvicorn starts: clients connect at once and wait in the backlog
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(server_config(app, **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"

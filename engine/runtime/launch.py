@@ -21,11 +21,21 @@ workers do, with nobody between them: there is no caller process to replay a tra
   and GenerationCancelled on the others. A run with neither (the CLI) communicates nothing at its
   checks, and a job is stopped as a whole: Ctrl-C or a signal to torchrun ends every rank, as does
   any rank that fails (torchrun ends the others).
+- **A rank that dies.** Its sockets close with it, so the next collective of every other rank
+  fails at once (gloo: "Connection reset by peer"); `Job.run` turns that into one EngineError line
+  naming this rank and the job's loss (a process group cannot take a rank back: the job ends).
+  torchrun meanwhile sees the death and sends SIGTERM to the others; a rank that gets it in the
+  middle of a request raises the same kind of line (`Job.join` installs the handler, where the
+  script left SIGTERM at its default), so whichever comes first the caller reads one line from the
+  rank that reports (the first of its node), never a traceback, and every rank has ended when
+  torchrun exits (tests/test_torchrun_faults.py).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -39,6 +49,7 @@ from ..run import GenerationCancelled, GenerationOutput
 
 # What torchrun sets in every process it starts (and what the self-started workers set too).
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+Loop = Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput]  # a rank's one-process generate
 
 
 def first_on_its_node() -> bool:
@@ -46,6 +57,26 @@ def first_on_its_node() -> bool:
     one that reports a command line's errors, so that each node's console shows one line (torchrun
     merges its processes' output, one console per node)."""
     return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def _from_torch_distributed(exc: BaseException) -> bool:
+    """Whether `exc` was raised inside torch.distributed (a collective or the object broadcast):
+    the job's failure, not this rank's own bug."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("torch.distributed"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _what_failed(exc: BaseException) -> str:
+    """A collective's error, its first sentence: gloo's starts with its source file in brackets
+    and ends with paragraphs of advice."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if text.startswith("["):
+        text = text.split("] ", 1)[-1]
+    return text.split(". ")[0].rstrip(".")
 
 
 def _whole(name: str) -> int:
@@ -98,7 +129,15 @@ class Job:
         if not dist.is_initialized():  # a group the script made itself is used as it is
             dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
             self._joined = True
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._terminated)  # a script's own handler is left alone
         return target
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        """SIGTERM, from the launcher (torchrun ends the other ranks once one has failed): one line,
+        raised where this rank is; the process is ending, so a second signal cannot cut that line."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise EngineError(f"rank {self.rank} of {self.world} was stopped by the job's launcher (SIGTERM): another rank failed, or the job was stopped")
 
     def leave(self) -> None:
         """End the process group if `join` made it."""
@@ -113,17 +152,23 @@ class Job:
             self._control = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         return self._control
 
-    def run(
-        self,
-        prompts: list[list[int]],
-        config: GenerationConfig,
-        hooks: RunHooks,
-        loop: Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput],
-    ) -> GenerationOutput:
+    def run(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks, loop: Loop) -> GenerationOutput:
         """`loop` (this rank's one-process generate) on rank 0's prompts and config, with this
         rank's callbacks guarded (an exception is kept and stops the run) and, when rank 0's run
         can stop, the all-ranks stop as its cancel flag. A callback's exception is raised on its
         rank once every rank has stopped."""
+        try:
+            return self._run(prompts, config, hooks, loop)
+        except RuntimeError as exc:
+            if not _from_torch_distributed(exc):
+                raise
+            if signal.getsignal(signal.SIGTERM) == self._terminated:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM, next, cannot cut this line
+            raise EngineError(
+                f"rank {self.rank} of {self.world}: another rank of the job is gone ({_what_failed(exc)}); a process group cannot take a rank back, so the job ends"
+            ) from None
+
+    def _run(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks, loop: Loop) -> GenerationOutput:
         sent: list[Any] = [(prompts, config, hooks.cancel is not None or hooks.on_start is not None or hooks.on_iteration is not None)]
         dist.broadcast_object_list(sent, src=0, group=self._group())
         prompts, config, stoppable = sent[0]

@@ -47,12 +47,17 @@ class HTTPError(Exception):
         self.status, self.message, self.kind = status, message, kind
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
     """OpenAI's error shape, the message on one line and encodable (a request's lone surrogate,
-    quoted back in its message, is written as its escape); a 503 says when to retry."""
+    quoted back in its message, is written as its escape)."""
     safe = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return {"error": {"message": safe, "type": kind, "param": None, "code": None}}
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    """`error_body` as a response; a 503 says when to retry."""
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
-    return JSONResponse({"error": {"message": safe, "type": kind, "param": None, "code": None}}, status_code=status, headers=headers)
+    return JSONResponse(error_body(message, kind), status_code=status, headers=headers)
 
 
 def encode_prompt(engine: Engine, prompt: str | list[dict[str, str]], use_chat_template: bool) -> list[int]:
@@ -310,7 +315,7 @@ class Reply:
                 rest, reason = self._finish(row)
                 yield sse(self._envelope([self._choice(row, rest, reason, delta=True)], True))
             elif kind == "failed":
-                yield sse({"error": {"message": row.error, "type": "server_error", "param": None, "code": None}})
+                yield sse(error_body(row.error or "failed", "server_error"))
         if self.parsed.include_usage:
             yield sse({**self._envelope([], True), "usage": self.usage()})
         yield sse("[DONE]")

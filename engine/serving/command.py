@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import socket
 from types import FrameType
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import uvicorn
@@ -18,6 +20,10 @@ from .traces import TraceStore
 
 MAX_CONNECTIONS = 256  # open connections at once (uvicorn answers more with 503)
 IDLE_SECONDS = 5  # a kept-alive connection with no request is closed after this
+# a request's line and headers must be whole within this of the connection's start (or of the
+# previous response): uvicorn itself waits for them forever, so a client that opens connections
+# and sends its headers a byte at a time would hold them all, and --max-connections with them
+HEADER_SECONDS = 10.0
 GRACE_SECONDS = 30  # after a signal, what is still running after this is cancelled
 
 
@@ -31,6 +37,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-batch", type=int, default=MAX_BATCH, help="most requests' rows decoded as one engine batch (1: each alone)")
     serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
     serve.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, help="most open connections; more are answered 503 at once")
+    serve.add_argument("--header-timeout", type=float, default=HEADER_SECONDS, help="seconds a request's headers may take to arrive; a slower client is answered 408 and dropped")
     serve.add_argument("--max-prompt-chars", type=int, default=DEFAULT_MAX_PROMPT_CHARS, help="longest prompt a request may send (characters)")
     serve.add_argument("--max-gen-length", type=int, default=DEFAULT_MAX_GEN_LENGTH, help="largest generation length a request may ask for")
     serve.add_argument("--max-traces", type=int, default=256, help="traces kept for GET /v1/traces/{id}, the oldest pruned first")
@@ -51,6 +58,72 @@ def stopping_server(config: "uvicorn.Config", stop: Callable[[], None]) -> "uvic
     return StoppingServer(config)
 
 
+def header_deadline_protocol(seconds: float) -> type:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request's headers: `seconds` from
+    the connection's start, and again from each response (the next request on a kept-alive
+    connection); once the headers are whole the body's own bound applies (RequestLimits.body_seconds).
+    A client that has sent part of a request by then is answered 408 in OpenAI's error shape; one
+    that has sent nothing is closed without a word (an idle connection, which no client is waiting on)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from .app import error_body
+
+    late = json.dumps(error_body(f"the request headers did not arrive within {seconds:g} s")).encode()
+    answer = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(late), late)
+
+    class HeaderDeadline(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _headers_late(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return  # closed already, or its headers came: the request is under way
+            if self.conn.trailing_data[0]:  # part of a request: say why it is dropped
+                self.transport.write(answer)
+            self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state is not h11.IDLE:  # the request's line and headers are whole
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers (a pipelined one disarms it at once)
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+def server_config(app: Any, max_connections: int = MAX_CONNECTIONS, header_seconds: float = HEADER_SECONDS) -> "uvicorn.Config":
+    """How `serve` runs `app` on uvicorn: its connection cap, the header deadline, the idle and
+    shutdown bounds (tests/test_serve_faults.py runs the same)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app, log_level="warning", http=header_deadline_protocol(header_seconds), limit_concurrency=max_connections,
+        timeout_keep_alive=IDLE_SECONDS, timeout_graceful_shutdown=GRACE_SECONDS,
+    )
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A socket listening on `host`:`port` (0: any free port), or EngineError in one line for an
     address this machine cannot bind, a name that does not resolve, or a port in use; checked
@@ -62,8 +135,6 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from ..models import model_skeleton
     from ..pipeline import Engine
     from .app import create_app
@@ -74,6 +145,8 @@ def serve_command(args: argparse.Namespace) -> int:
         raise EngineError(f"these must be >= 1: {', '.join(bad)}")
     if args.port > 65535:
         raise EngineError(f"--port must be in 1..65535, got {args.port}")
+    if not 0 < args.header_timeout < float("inf"):
+        raise EngineError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout:g}")
     check_threads(args.threads)
     system = system_kwargs(args)
     listener = listen(args.host, args.port)
@@ -84,8 +157,7 @@ def serve_command(args: argparse.Namespace) -> int:
     with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
         # a parallel engine's workers end with the server, also when a signal stops it
         app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close)
-        config = uvicorn.Config(app, log_level="warning", limit_concurrency=args.max_connections, timeout_keep_alive=IDLE_SECONDS, timeout_graceful_shutdown=GRACE_SECONDS)
-        server = stopping_server(config, app.state.server.stop)
+        server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
         try:
             server.run(sockets=[listener])
