@@ -12,7 +12,9 @@ Curves: one per model and, with `unconstrained_too`, per constraint (the setting
 schema or choice, and the same sweep without it, value by value on the same prompts). A value is
 *partial* while fewer than all the prompts have run at it (a running or stopped sweep): its point
 is marked and left out of its curve's AUP. Each curve keeps up to MAX_KEPT_PER_VALUE wrong answers
-per value, so every value's failures stay reachable, and says how many it did not keep.
+per value, so every value's failures stay reachable, and says how many it did not keep. Every
+answer keeps its run's analyses (engine/analysis.py: RunFigures, a few numbers, not the trace),
+which each point aggregates (docs/analysis.md §3.7).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from engine import Engine, EngineError, GenerationConfig, GenerationOutput, RunHooks, Trace
+from engine.analysis import RunFigures, aggregate_runs, run_figures
 from engine.constraints import spec_of
 from tinymodel.aup import aup_by_curve
 from tinymodel.eval import answer_prompts, check_answer
@@ -75,6 +78,7 @@ class Outcome:
     edits: int = 0  # a revising decoder's edits and remasks in this answer's run (its trace)
     remasks: int = 0
     constraint: str = ""  # the constraint the answer was held to (ConstraintSpec.describe), "" for none
+    analysis: RunFigures | None = None  # its run's order correlation, KL area, convergence (every answer's)
 
     @property
     def curve(self) -> tuple[str, str]:
@@ -95,10 +99,12 @@ class SweepState:
     def points(self) -> list[dict]:
         """Per curve (model, constraint) and value: accuracy, TPF, TPS (sums over prompts, so long
         answers weigh more; TPS the median over the passes, with its lowest and highest), count,
-        `partial` (fewer than `per_value` prompts run: left out of the AUP); curves in the order
-        they ran, each by value."""
+        `partial` (fewer than `per_value` prompts run: left out of the AUP), `analysis` (the runs'
+        analyses aggregated: engine.analysis.aggregate_runs); curves in the order they ran, each
+        by value."""
         rows: dict[tuple[str, str, float], dict] = {}
         order: dict[tuple[str, str], int] = {}
+        figures: dict[tuple[str, str, float], list[RunFigures]] = {}
         for o in self.outcomes:
             order.setdefault(o.curve, len(order))
             r = rows.setdefault((*o.curve, o.value), {"model": o.model, "constraint": o.constraint, "value": o.value, "correct": 0, "examples": 0, "tokens": 0, "nfe": 0, "edits": 0, "remasks": 0, "pass_seconds": []})
@@ -108,9 +114,12 @@ class SweepState:
             r["nfe"] += o.nfe
             r["edits"] += o.edits
             r["remasks"] += o.remasks
+            if o.analysis is not None:
+                figures.setdefault((*o.curve, o.value), []).append(o.analysis)
             timings = o.passes or [o.seconds]
             r["pass_seconds"] = [a + b for a, b in zip(r["pass_seconds"], timings)] if r["pass_seconds"] else list(timings)
-        for r in rows.values():
+        for key, r in rows.items():
+            r["analysis"] = aggregate_runs(figures.get(key, []))
             r["accuracy"] = r["correct"] / r["examples"]
             r["tpf"] = r["tokens"] / r["nfe"] if r["nfe"] else 0.0
             r["passes"] = len(r["pass_seconds"])
@@ -150,16 +159,31 @@ class SweepState:
         shows it as a percentage; TPF, and TPS as the median over `passes`); the model (quoted when
         its name, a path, holds a comma), then the edits and remasks (a revising decoder's, summed
         over the prompts) and the model's AUP: columns added later come last, so the earlier ones
-        keep their places."""
+        keep their places. Last, the runs' analyses (docs/analysis.md §3.7): the order correlation's
+        median and quartiles, overall and within blocks, the mean KL area, the share converged
+        (empty where no run has one)."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model", "edits", "remasks", "aup", "constraint", "tps_min", "tps_max", "partial"])
+        writer.writerow([self.parameter, "accuracy", "correct", "prompts", "tokens", "nfe", "tpf", "tps", "passes", "model", "edits", "remasks", "aup", "constraint", "tps_min", "tps_max", "partial", *ANALYSIS_COLUMNS])
         for p in self.points():
             writer.writerow([
                 f"{p['value']:g}", f"{p['accuracy']:.4f}", p["correct"], p["examples"], p["tokens"], p["nfe"], f"{p['tpf']:.3f}", f"{p['tps']:.1f}", p["passes"], p["model"],
                 p["edits"], p["remasks"], "" if p["aup"] is None else f"{p['aup']:.2f}", p["constraint"], f"{p['tps_range'][0]:.1f}", f"{p['tps_range'][1]:.1f}", int(p["partial"]),
+                *analysis_cells(p["analysis"]),
             ])
         return out.getvalue()
+
+
+ANALYSIS_COLUMNS = ["order_median", "order_q1", "order_q3", "order_within_median", "order_within_q1", "order_within_q3", "kl_area", "converged_share"]
+
+
+def analysis_cells(analysis: dict[str, Any]) -> list[str]:
+    """A point's aggregated analyses as the CSV's ANALYSIS_COLUMNS ("" for a figure no run has)."""
+    def cell(v: float | None) -> str:
+        return "" if v is None else f"{v:.4f}"
+
+    order, within = analysis["order_correlation"], analysis["order_correlation_within_blocks"]
+    return [*(cell(order[k]) for k in ("median", "q1", "q3")), *(cell(within[k]) for k in ("median", "q1", "q3")), cell(analysis["kl_area"]), cell(analysis["converged_share"])]
 
 
 def failure_key(o: Outcome) -> str:
@@ -296,6 +320,8 @@ def run_sweep(
                     outcome = Outcome(
                         value, answer.item, answer.text, answer.correct, stats.tokens, stats.nfe, stats.seconds, model=model, model_box=model_box, passes=timings,
                         edits=stats.edits, remasks=stats.remasks, constraint=label,
+                        # the analyses now, while the trace is at hand: only wrong answers keep it
+                        analysis=run_figures(answer.output.trace, answer.row),
                     )
                     if not answer.correct and kept < MAX_KEPT_PER_VALUE:
                         kept += 1

@@ -1,13 +1,15 @@
 """Analyses of any trace (engine, reference, imported), from what the trace holds: per step the
 finalized fraction, KL to the final answer, the gate and mean confidence of the open positions
-and the commits; per run how left-to-right the finalisation order is and whether it converged.
+and the commits; per run how left-to-right the finalisation order is and whether it converged;
+over many runs (a sweep's value) those per-run figures aggregated.
 The formulas and what each approximates: docs/analysis.md §3.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from .trace import IterationRecord, Trace
 from .trace_diff import canvases
@@ -180,4 +182,65 @@ def analyze(trace: Trace, row: int = 0) -> dict[str, Any]:
         "order_correlation_within_blocks": order["within_blocks"],
         "order_correlation_per_block": order["per_block"],
         "converged": converged(trace, row),
+    }
+
+
+# ---- over many runs (a sweep's value): a few numbers per run, aggregated -------------------------
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """The per-run analyses a sweep keeps for each run instead of its trace (docs/analysis.md §3.7):
+    a few numbers, so thousands of runs hold no more than their outcomes do."""
+
+    order_correlation: float | None
+    order_correlation_within_blocks: float | None
+    kl_area: float | None
+    converged: bool | None
+
+
+def kl_area(kl: Sequence[float | None]) -> float | None:
+    """The area under a run's KL-to-final curve against the fraction of its steps elapsed, each
+    step an equal share: the mean of the steps that have a value (None: no step has one). Runs of
+    different lengths then compare, and the area of several runs' mean curve is their mean area."""
+    known = [v for v in kl if v is not None]
+    return round(sum(known) / len(known), 4) if known else None
+
+
+def run_figures(trace: Trace, row: int = 0) -> RunFigures:
+    """Row `row`'s RunFigures: the same order correlation, KL and convergence `analyze` gives."""
+    order = order_correlation(trace, row)
+    return RunFigures(order["overall"], order["within_blocks"], kl_area(kl_to_final(trace, row)), converged(trace, row))
+
+
+def quartiles(values: Sequence[float]) -> dict[str, float | int | None]:
+    """The median, first and third quartile (linear interpolation between the sorted values, as
+    numpy's default) and how many values: every figure None for none."""
+    xs = sorted(values)
+    if not xs:
+        return {"median": None, "q1": None, "q3": None, "runs": 0}
+
+    def at(q: float) -> float:
+        k = q * (len(xs) - 1)
+        lo = math.floor(k)
+        hi = min(lo + 1, len(xs) - 1)
+        return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 6)
+
+    return {"median": at(0.5), "q1": at(0.25), "q3": at(0.75), "runs": len(xs)}
+
+
+def aggregate_runs(runs: Sequence[RunFigures]) -> dict[str, Any]:
+    """The analyses over several runs (one swept value's): each order correlation's quartiles over
+    the runs that have one, the mean KL area (the area of the runs' mean KL curve), and the share
+    of the runs that know whether they converged that did (`converged_runs`: how many know);
+    `runs`: how many were aggregated."""
+    kl = [r.kl_area for r in runs if r.kl_area is not None]
+    known = [r.converged for r in runs if r.converged is not None]
+    return {
+        "runs": len(runs),
+        "order_correlation": quartiles([r.order_correlation for r in runs if r.order_correlation is not None]),
+        "order_correlation_within_blocks": quartiles([r.order_correlation_within_blocks for r in runs if r.order_correlation_within_blocks is not None]),
+        "kl_area": round(sum(kl) / len(kl), 4) if kl else None,
+        "converged_share": round(sum(known) / len(known), 4) if known else None,
+        "converged_runs": len(known),
     }

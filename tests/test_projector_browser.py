@@ -2,8 +2,8 @@
 chromium driven by Playwright), at 1024x768 and 1400x1000: Compare's tables fit their columns
 with no hidden scroll and A's and B's grids line up; the details panel shows everything with no
 scroll of its own; a lesson's step sentence sits above the grid; the sweep table's columns all
-show; no figure's legend, axis title or point label covers another (an exported PNG is Plotly's
-rendering of the same layout at twice the size).
+show and the runs' analyses draw against the swept value; no figure's legend, axis title or point
+label covers another (an exported PNG is Plotly's rendering of the same layout at twice the size).
 
 Every wait is for a condition the page reaches, never for a time. Screenshots go to
 $DINFER_VIZ_SHOTS when set (to look at them), else to the test's temp folder.
@@ -135,6 +135,19 @@ def test_the_sweep_table_shows_every_column_and_its_labels_stay_apart(page, tmp_
         cell = headers.nth(k).bounding_box()
         assert cell and cell["x"] + cell["width"] <= table["x"] + table["width"] + 1, headers.nth(k).text_content()
     no_overlaps(page, "#sweep-chart")
+    # the runs' analyses against the swept value (issue #36 item 3): ρ overall and within blocks,
+    # KL area and converged drawn with their points, no title, tick or legend over another
+    analysis = page.locator("#sweep-analysis-chart")
+    analysis.scroll_into_view_if_needed()
+    no_overlaps(page, "#sweep-analysis-chart")
+    drawn = analysis.locator(".scatterlayer .trace")  # ρ overall, ρ within blocks, KL area, converged
+    assert drawn.count() == 4
+    # every value's KL area and share converged drawn; ρ where a value's runs have one (a block
+    # finalised in one step has none, so ρ within blocks may be missing at a low threshold)
+    assert [drawn.nth(k).locator(".points path").count() for k in (2, 3)] == [7, 7]
+    assert drawn.nth(0).locator(".points path").count() >= 1
+    assert analysis.locator(".g-ytitle, .g-y2title, .g-y3title").count() == 3
+    shot(page, tmp_path, "sweep-analysis")
     shot(page, tmp_path, "sweep", full=True)
     expect(page.locator("#sweep-failure-counts")).to_contain_text("wrong")
     # the wrong answers of one value: the filter lists its rows only, and a click opens one of them

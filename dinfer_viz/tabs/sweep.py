@@ -1,7 +1,8 @@
 """The Threshold sweep tab: one setting swept over held-out prompts with known answers (the sweep
 itself is dinfer_viz/sweep.py), with the Run tab's other settings, on the Run tab's model and
 optionally a second one; accuracy against tokens per forward (a curve per model), a table per model
-and value, and the wrong answers, each opening in the Run tab at its first wrong commit with the
+and value, the runs' analyses against the swept value ("how autoregressive is the decoder at each
+value?"), and the wrong answers, each opening in the Run tab at its first wrong commit with the
 Run tab's controls set to the settings it ran with (the swept value included), so Run reproduces it.
 """
 
@@ -14,7 +15,7 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
-from ..sweep_chart import sweep_figure
+from ..sweep_chart import sweep_analysis_figure, sweep_figure, value_symbol
 from ..cells import inert_markdown
 from ..readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
@@ -25,7 +26,7 @@ from .run import RUN_VIEW, stored_view
 from .run_page import RunTab
 
 # new slots last: API clients reading the earlier outputs by place keep working
-SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv", "failure_counts", "failures_at")
+SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv", "failure_counts", "failures_at", "analysis_chart")
 # Columns added later come after the model, so API clients reading the earlier ones by place keep
 # working: a revising decoder's edits and remasks (summed over the prompts), the curve's AUP (its
 # complete values; empty before one completes), its constraint, TPS's spread over the passes.
@@ -65,19 +66,20 @@ def _spread(p: dict[str, Any]) -> str:
     return f"{p['passes']} passes: {low:.1f}–{high:.1f}"
 
 
-def _sweep_rows(state: SweepState) -> list[list[Any]]:
+def _sweep_rows(state: SweepState, points: list[dict[str, Any]] | None = None) -> list[list[Any]]:
+    """The table's rows, from `points` (state.points(), computed when not given)."""
     return [
         [
             p["value"], percent(p["accuracy"]), round(p["tpf"], 2), round(p["tps"], 1),
             f"{p['examples']} of {state.per_value} (partial)" if p["partial"] else p["examples"],
             p["model"], p["edits"], p["remasks"], "" if p["aup"] is None else round(p["aup"], 1), p["constraint"] or "none", _spread(p),
         ]
-        for p in state.points()
+        for p in (state.points() if points is None else points)
     ]
 
 
 def _group_label(state: SweepState, g: dict[str, Any]) -> str:
-    symbol = "τ" if state.parameter == "threshold" else state.parameter.rsplit(".", 1)[-1]
+    symbol = value_symbol(state.parameter)
     curve = g["model"] + (f" · {g['constraint']}" if g["constraint"] else "")
     cut = f", the first {g['kept']} kept" if g["kept"] < g["wrong"] else ""
     return f"{symbol}={g['value']:g} · {curve}: {g['wrong']} wrong{cut}"
@@ -145,9 +147,11 @@ class SweepHandlers(TabHandlers):
             return
         for state in _chain(first, states):
             counts, chooser = _failure_summary(state, failures_at or ALL_VALUES)
+            points = state.points()
             out = {
-                "chart": sweep_figure(state.points(), parameter),
-                "table": _sweep_rows(state),
+                "chart": sweep_figure(points, parameter),
+                "analysis_chart": sweep_analysis_figure(points, parameter),
+                "table": _sweep_rows(state, points),
                 "failures": _failure_rows(state, chooser["value"]),
                 "message": error_text(state.message) if state.failed else state.message,
                 "state": state, "failure_counts": counts, "failures_at": chooser,
@@ -235,12 +239,14 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
         chart = gr.Plot(label="accuracy against tokens per forward", elem_id="sweep-chart")
         table = gr.Dataframe(headers=SWEEP_TABLE_HEADERS, label="per value", interactive=False, wrap=True, column_widths=SWEEP_COLUMN_WIDTHS, elem_id="sweep-table")
         csv = gr.DownloadButton("Download the table (CSV)", value=None, elem_id="sweep-csv")
+        # a label of one line even at 1024 px: a second line of the badge covered the top panel
+        analysis_chart = gr.Plot(label="how autoregressive is the decoder at each value?", elem_id="sweep-analysis-chart")
         with gr.Row(equal_height=False):
             failures_at = gr.Dropdown([("every value", ALL_VALUES)], value=ALL_VALUES, label="wrong answers at", elem_id="sweep-failures-at", scale=1)
             failure_counts = gr.Markdown(elem_id="sweep-failure-counts")
         failures = gr.Dataframe(headers=FAILURE_HEADERS, label="wrong answers (click a row to inspect it)", interactive=False, wrap=True, elem_id="sweep-failures")
         state = gr.State(None)
-    slots = dict(chart=chart, table=table, failures=failures, message=message, state=state, csv=csv, failure_counts=failure_counts, failures_at=failures_at)
+    slots = dict(chart=chart, table=table, failures=failures, message=message, state=state, csv=csv, failure_counts=failure_counts, failures_at=failures_at, analysis_chart=analysis_chart)
 
     collect = sweep_btn.click(None, run.settings_inputs, run.settings_json, js=h.settings_js(), **PRIVATE)
     event = collect.then(
