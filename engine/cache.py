@@ -142,11 +142,13 @@ class BlockCausalCache(KVCacheManager):
     - `"prefix"`, the exact prefix cache: the store `[n_layers, 2, B, H_kv, N, D]` holds the
       post-RoPE K/V of the committed positions `[0, s)`; the block attends to them and to itself,
       the store's unused slots `[e, N)` masked out (dInfer's SGLang path zero-pads them, and zero
-      keys still take softmax mass). `prefill` stores `[0, first)` under the block-causal mask;
-      `block_done` stores a finished block's K/V computed from its final tokens: the last
-      forward's when its input had no mask left (an unrolled no-op) and no revising decoder
-      changed a token after it (`revised`), else one more forward.
-      Earlier blocks never attend to later ones, so every cached logit is exact.
+      keys still take softmax mass). Committed positions whose K/V are not stored yet (the
+      prompt's `[0, first)`; a finished block, unless its last forward's K/V can serve) are
+      *pending*: the next forward feeds them ahead of the block, under the block-causal mask, and
+      stores their K/V, so storing them costs no forward of its own. A finished block's last
+      forward's K/V serve when its input had no mask left (an unrolled no-op) and no revising
+      decoder changed a token after it (`revised`). Earlier blocks never attend to later ones, so
+      every cached logit is exact.
     - `"none"`, the attention-mask reference (dInfer's `BlockDiffusionLLMAttnmask`): `[0, e)` under
       the block-causal mask, every iteration. Slow and exact; the oracle of the cached path.
     """
@@ -163,13 +165,19 @@ class BlockCausalCache(KVCacheManager):
         super().__init__(config, canvas_length)
         self.extra_forwards = 0
         self.mask = block_causal_mask(canvas_length, config.block_length, device)
-        self.positions = torch.arange(canvas_length, device=device)
         # the K/V of the last cached forward, and whether its input still held a mask (device tensor)
         self.last_kv: torch.Tensor | None = None
         self.last_input_masked: torch.Tensor | bool | None = None
+        # committed positions [pending, s) whose K/V the next forward computes and stores (None: all
+        # stored), and the start s of the block the last plan was for
+        self.pending: int | None = None
+        self.block_start = 0
 
     def plan(self, iteration: int, block_index: int, start: int, end: int) -> ForwardPlan:
-        return ForwardPlan(PREFIX, start, end) if self.mode == "prefix" else ForwardPlan(FULL, 0, end)
+        if self.mode != "prefix":
+            return ForwardPlan(FULL, 0, end)
+        self.block_start = start
+        return ForwardPlan(PREFIX, start if self.pending is None else self.pending, end)
 
     def forward(
         self, model: DiffusionLM, plan: ForwardPlan, block_index: int, *, masked: torch.Tensor | None = None,
@@ -180,7 +188,11 @@ class BlockCausalCache(KVCacheManager):
         if plan.kind == FULL:
             return model(**inputs, attention_mask=self.mask[: plan.end, : plan.end])
         out = self._cached(model, plan.start, plan.end, inputs)
-        self.last_kv, self.last_input_masked = out.kv, (True if masked is None else masked.any())
+        block = self.block_start
+        if self.pending is not None:  # the committed positions fed ahead of the block: store their K/V
+            self._write(out.kv[..., : block - plan.start, :], plan.start, block)
+            self.pending = None
+        self.last_kv, self.last_input_masked = out.kv[..., block - plan.start :, :], (True if masked is None else masked.any())
         return out
 
     def revised(self, changed: torch.Tensor) -> None:
@@ -188,12 +200,12 @@ class BlockCausalCache(KVCacheManager):
         if self.last_input_masked is not None:
             self.last_input_masked = self.last_input_masked | changed.any()
 
-    def _cached(self, model: DiffusionLM, s: int, e: int, inputs: dict[str, torch.Tensor]) -> ModelOutput:
-        """Block `[s, e)` against the store's `[0, s)`; keys from `e` on are masked out."""
-        if self.store is None:  # the first block starts at 0: no prefix, nothing to mask
-            return model(**inputs, replace=(s, e), use_cache=True)
-        keys = (self.positions < e).view(1, 1, 1, -1)
-        return model(**inputs, past_kv=self.store, replace=(s, e), attention_mask=keys, use_cache=True)
+    def _cached(self, model: DiffusionLM, a: int, e: int, inputs: dict[str, torch.Tensor]) -> ModelOutput:
+        """Queries `[a, e)` (the pending positions, then the block) against the store's `[0, a)`
+        under the block-causal mask; keys from `e` on are masked out."""
+        if self.store is None:  # nothing stored yet: the queries are the only keys
+            return model(**inputs, replace=(a, e), attention_mask=self.mask[a:e, a:e], use_cache=True)
+        return model(**inputs, past_kv=self.store, replace=(a, e), attention_mask=self.mask[a:e], use_cache=True)
 
     def _write(self, kv: torch.Tensor, s: int, e: int) -> None:
         if self.store is None:
@@ -204,20 +216,21 @@ class BlockCausalCache(KVCacheManager):
         return model(**inputs(0, e), attention_mask=self.mask[:e, :e]).logits[:, s:e]
 
     def prefill(self, model: DiffusionLM, first: int, inputs: Inputs) -> int:
-        if self.mode != "prefix" or first == 0:
-            return 0
-        self._write(model(**inputs(0, first), attention_mask=self.mask[:first, :first], use_cache=True).kv, 0, first)
-        return 1
+        """The prompt's `[0, first)` is pending: the first block's first forward stores it."""
+        if self.mode == "prefix" and first > 0:
+            self.pending = 0
+        return 0
 
     def block_done(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> tuple[int, int]:
+        """Store the block's last K/V if they are its final tokens', else leave it pending."""
         if self.mode != "prefix":
             return 0, 0
-        forwards = 0
         if self.last_kv is None or bool(self.last_input_masked):  # the host sync
-            self.last_kv, forwards = self._cached(model, s, e, inputs(s, e)).kv, 1
-        self._write(self.last_kv, s, e)
+            self.pending = s if self.pending is None else self.pending
+        else:
+            self._write(self.last_kv, s, e)
         self.last_kv = self.last_input_masked = None
-        return forwards, 1
+        return 0, 1
 
 
 def staleness(cached: torch.Tensor, exact: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,14 @@ def test_cached_path_equals_the_attention_mask_path(model, prompts, variant):
     assert (cached.canvas != MASK).all()
     assert {r.forward for r in reference.trace.iterations} == {"full"}
     assert {r.forward for r in cached.trace.iterations} == {"prefix"}
-    assert all(r.recomputed == [r.block_range] for r in cached.trace.iterations)
+    firsts = {}
+    for r in cached.trace.iterations:
+        firsts.setdefault(r.block, r)
+    for r in cached.trace.iterations:  # the block, after the pending positions at a block's first forward
+        (a, e), (s, end) = r.recomputed[0], r.block_range
+        assert len(r.recomputed) == 1 and e == end and (a == s or (r is firsts[r.block] and a < s))
+    first = firsts[min(firsts)]
+    assert first.recomputed[0][0] == 0  # the prompt's blocks ride on the first forward: no prefill forward
     assert all(r.recomputed == [[0, r.block_range[1]]] for r in reference.trace.iterations)
 
 
@@ -63,25 +70,27 @@ def test_staleness_probe_measures_the_cache_as_exact(model):
     assert max(kl) < 1e-6 and all(agree)
 
 
-def _final_kv_forwards(trace, last_block: int) -> int:
-    """Blocks (but the last) whose last iteration still committed, i.e. ran on masked input."""
-    last = {}
-    for r in trace.iterations:
-        last[r.block] = r
-    return sum(1 for b, r in last.items() if b != last_block and any(r.committed))
-
-
 @pytest.mark.parametrize("variant", ["threshold", "unrolled"])
-def test_forwards_are_counted_prefill_iterations_and_final_block_kv(model, variant):
+def test_forwards_are_counted_and_a_finished_blocks_kv_rides_on_the_next_forward(model, variant):
+    """Every forward is an iteration: the prompt's K/V and a finished block's (when its last
+    forward ran on masked input) are computed by the next block's first forward, fed ahead of it."""
     config = GenerationConfig(gen_length=12, block_length=4, cache="prefix", early_stop=False, **VARIANTS[variant])
     out = run_diffusion(model, PROMPTS["batch, prefill"], config, hooks=RunHooks(trace=True))
-    blocks = sorted({r.block for r in out.trace.iterations})
-    finals = _final_kv_forwards(out.trace, blocks[-1])
-    assert out.stats.nfe == 1 + len(out.trace.iterations) + finals  # 1: the prefill of [0, 4)
-    if variant == "unrolled":  # a no-op forward on a finished block already wrote its final K/V
-        assert finals < len(blocks) - 1
+    assert out.stats.nfe == len(out.trace.iterations)
+    by_block: dict[int, list] = {}
+    for r in out.trace.iterations:
+        by_block.setdefault(r.block, []).append(r)
+    blocks = sorted(by_block)
+    fed = 0
+    for before, block in zip(blocks, blocks[1:]):
+        last, first = by_block[before][-1], by_block[block][0]
+        pending = any(last.committed)  # its input held a mask: its K/V are not the final tokens'
+        assert first.recomputed[0][0] == (last.block_range[0] if pending else first.block_range[0])
+        fed += pending
+    if variant == "unrolled":  # a no-op forward on a finished block already computed its final K/V
+        assert fed < len(blocks) - 1
     else:
-        assert finals == len(blocks) - 1
+        assert fed == len(blocks) - 1
 
 
 def test_early_stop_fills_the_rest_with_eos_on_both_paths(model):
