@@ -23,6 +23,7 @@ from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser downloaded by playwright
+BROWSER_WAIT_MS = 120_000
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
@@ -38,6 +39,11 @@ def require_browser() -> None:
         pytest.fail(f"browser test cannot run in CI: {reason}")
     if reason:
         pytest.skip(reason)
+    from playwright.sync_api import expect
+
+    # Every expect waits for a condition the page reaches; on a loaded 2-core CI machine an answer
+    # can take longer than Playwright's 5 s default, so the default bounds a hang, never paces a test
+    expect.set_options(timeout=BROWSER_WAIT_MS)
 
 
 def random_char_model(folder: Path) -> Path:

@@ -76,3 +76,18 @@ def test_the_compare_csv_names_both_models_and_every_setting_that_differs():
     assert rows[1]["decoder_options.max_post_edit_steps"] == "4" and (rows[0]["seed"], rows[1]["seed"]) == (str(a.config["seed"]), "3")
     assert (rows[0]["threshold"], rows[1]["threshold"]) == ("0.9", "0.3")
     assert "gen_length" not in rows[0]  # the same on both sides: no column
+
+
+def test_every_listener_that_redraws_on_change_runs_the_latest_change_last(handlers):
+    """A listener fired by a control's change (the settings check, which controls show, the
+    presets, the expected answer) must be queued: Gradio runs a trigger that comes while one is in
+    flight after it (always_last) only for queued events; unqueued, overlapping requests land in
+    any order, and a slow earlier check left the verdict of settings the user had already changed."""
+    from dinfer_viz.ui import build_demo
+
+    demo = build_demo(handlers)
+    comps = {c["id"]: c.get("props", {}).get("elem_id") or c.get("props", {}).get("label") or c["type"] for c in demo.config["components"]}
+    redraws = [d for d in demo.config["dependencies"] if d["backend_fn"] and any(event in ("change", "input", "load") for _, event in d["targets"]) and d["trigger_mode"] == "always_last"]
+    assert len(redraws) >= 8  # the settings check, the controls shown, the explanation, presets, suggestion, ...
+    unqueued = [[comps.get(t) for t, _ in d["targets"]][:3] for d in redraws if d["queue"] is False]
+    assert not unqueued, f"unqueued listeners that redraw on change: {unqueued}"

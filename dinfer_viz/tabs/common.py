@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 ENGINE_QUEUE: dict[str, Any] = dict(concurrency_id="engine", concurrency_limit=1)
 # Events that only update the page: no API endpoint, no queue, no spinner.
 PRIVATE: dict[str, Any] = dict(api_visibility="private", queue=False, show_progress="hidden")
+# Events that redraw a verdict on the controls as they change (the settings check, which controls
+# show): queued, because Gradio defers a trigger to run after the one in flight (always_last) only
+# for queued events; unqueued, overlapping requests land in any order, and a slow earlier check
+# (a model's tokenizer loading) overwrote the later one, leaving the verdict of settings gone by.
+# No concurrency limit: the deferral is per page, and one visitor's check never waits for another's.
+LATEST: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", trigger_mode="always_last", concurrency_limit=None)
 
 
 def outputs(slots: Sequence[str], values: dict[str, Any]) -> tuple:

@@ -22,7 +22,7 @@ from ..lessons import LESSONS
 from ..readouts import message_readout
 from ..sample_traces import shipped_samples
 from ..settings import all_controls, control_value, decoder_presets, preset_controls, sections
-from .common import ENGINE_QUEUE, PRIVATE, Stoppable, grid_view, make_control
+from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
 OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache", "Structured output")
@@ -212,9 +212,9 @@ def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[A
     """The settings check, the expected box's suggestion, and Run; returns the run's event."""
     # the prompt too: the model's max_sequence_length holds prompt and generation together
     checked = ([p["prompt"], *settings_inputs], [p["settings_msg"], p["run_btn"], p["prompt"]])
-    gr.on([c.change for c in [p["prompt"], *settings_inputs]], h.check_with_prompt, *checked, trigger_mode="always_last", **PRIVATE)
-    demo.load(h.check_with_prompt, *checked, **PRIVATE)
-    p["prompt"].change(h.suggest_expected, p["prompt"], [p["suggestion"], p["note"]], **PRIVATE).then(
+    gr.on([c.change for c in [p["prompt"], *settings_inputs]], h.check_with_prompt, *checked, **LATEST)
+    demo.load(h.check_with_prompt, *checked, **LATEST)
+    p["prompt"].change(h.suggest_expected, p["prompt"], [p["suggestion"], p["note"]], **LATEST).then(
         None, [p["suggestion"], p["expected"], p["suggested"]], [p["expected"], p["suggested"]], js=KEEP_TYPED_JS, **PRIVATE
     )
     collect = p["run_btn"].click(None, settings_inputs, p["settings_json"], js=h.settings_js(), **PRIVATE)
@@ -241,7 +241,7 @@ def _wire_replay(h: RunHandlers, p: Parts, view: list[Any]) -> None:
     p["play_btn"].click(h.play, [scrub, state], [scrub, timer], **PRIVATE)
     p["pause_btn"].click(h.pause, state, [p["message"], timer], **PRIVATE)
     p["skip_btn"].click(h.skip_to_end, [state, pinned], [*view, timer], **PRIVATE)
-    p["speed"].change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), p["speed"], timer, **PRIVATE)
+    p["speed"].change(lambda v: gr.Timer(value=1 / max(float(v), 1.0)), p["speed"], timer, **LATEST)
     timer.tick(h.step, [scrub, state, pinned], [scrub, p["grid"], p["text"], p["details"], timer], api_visibility="private")
 
 
@@ -268,7 +268,7 @@ def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> Non
         values = preset_controls(name, chosen) if chosen in decoder_presets(name) else {}
         return tuple(values.get(c.field, gr.skip()) for c in all_controls())
 
-    decoder.change(offer, decoder, preset, **PRIVATE)
+    decoder.change(offer, decoder, preset, **LATEST)
     preset.input(fill, [decoder, preset], [controls[c.field] for c in all_controls()], **PRIVATE)
 
 
@@ -299,7 +299,7 @@ def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.c
     choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"]]
     inputs = [*choice, *tab.system]
     changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter]
-    gr.on([c.change for c in choice], h.structure, inputs, changed, **PRIVATE)
+    gr.on([c.change for c in choice], h.structure, inputs, changed, **LATEST)
     # a system option changes the explanation only (structure would also reset the sweep's setting)
-    gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **PRIVATE)
-    demo.load(h.structure, inputs, changed, **PRIVATE)
+    gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **LATEST)
+    demo.load(h.structure, inputs, changed, **LATEST)

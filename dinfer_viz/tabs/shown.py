@@ -42,8 +42,8 @@ class RunState:
     def status_line(self) -> str:
         """What the run is, in a few words: 'stopped at iteration 3', 'finished: 5 iterations'."""
         n = self.iterations
-        if self.status == LIVE:
-            return f"live: {plural(n, 'iteration')} so far"
+        if self.status == LIVE:  # the header is drawn once, at the first record: the grid's caption counts
+            return "live run"
         if self.status == STOPPED:
             return f"stopped at iteration {n}"
         if self.status == FAILED:
