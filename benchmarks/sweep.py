@@ -10,6 +10,10 @@ pass over the prompt set (batch 1) through the same runner as `benchmarks.run`; 
 front is the set of points no other point beats on both accuracy and TPF. `sweep()` returns the
 rows, for the app; the CLI prints them and writes JSON and a chart. Each decoder's curve gets its
 AUP (d3LLM's accuracy under parallelism, tinymodel/aup.py), in the table, the JSON and the legend.
+With `--analyses`, each point also runs one traced, untimed pass (greedy decoding repeats the timed
+pass's tokens) and aggregates its runs' analyses (engine.analysis.aggregate_runs, docs/analysis.md
+§3.7: the order correlation's median and quartiles, the mean KL area, the share converged) into
+its row: the table's last columns and the JSON's `analysis`.
 """
 
 from __future__ import annotations
@@ -23,12 +27,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args, apply_runtime, set_cpu_threads
+from engine.analysis import aggregate_runs, run_figures
 from engine.config import GenerationConfig
 from engine.decoders import make_decoder
 from engine.registry import OPTION_SETTING_PREFIX, builtin_decoder_names, decoder_class, decoder_names
 from engine.errors import EngineError
 from engine.pipeline import Engine
 from tinymodel.aup import aup_by_curve
+from tinymodel.eval import answer_prompts
 
 from . import charts, machine
 from .presets import parse_assignment
@@ -55,6 +61,7 @@ class SweepRow:
     seconds: float
     pareto: bool = False
     aup: float = 0.0  # the decoder's curve's AUP (tinymodel/aup.py), on every row of that decoder
+    analysis: dict[str, Any] | None = None  # the runs' analyses aggregated (`analyses`), else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,11 +122,13 @@ def sweep(
     option_values: tuple[float, ...] = DEFAULT_OPTION_VALUES,
     on_row: Callable[[SweepRow], None] | None = None,
     cancel: threading.Event | None = None,
+    analyses: bool = False,
 ) -> list[SweepRow]:
     """One pass over `prompt_set` per sweep point of every decoder; rows in sweep order, Pareto marked.
 
     `on_row` sees each row as it is measured (before the Pareto marks, which need them all);
-    `cancel` stops between generate calls (GenerationCancelled)."""
+    `cancel` stops between generate calls (GenerationCancelled); `analyses`: one more pass per
+    point, traced and not timed, whose runs' analyses each row aggregates (module docstring)."""
     if not prompt_set.scored:
         raise EngineError(f"prompt set '{prompt_set.name}' has no answers: a sweep needs accuracy")
     unknown = [d for d in decoders if d not in decoder_names()]
@@ -136,6 +145,9 @@ def sweep(
         stats = total([c.stats for c in calls])
         accuracy = sum(bool(c.correct) for c in calls) / len(calls)
         row = SweepRow(config.decoder, knob, value, accuracy, stats.tpf, stats.tps, stats.tokens, stats.nfe, stats.seconds)
+        if analyses:  # each trace analysed as its call returns and dropped: a few numbers a run are kept
+            traced = answer_prompts(engine.generate_ids, engine.decode, prompt_set.items, encoded, config, scorer, trace=True, cancel=cancel)
+            row.analysis = aggregate_runs([run_figures(a.output.trace, a.row) for a in traced])
         rows.append(row)
         if on_row:
             on_row(row)
@@ -143,12 +155,32 @@ def sweep(
 
 
 def format_rows(rows: list[SweepRow]) -> str:
-    lines = ["| decoder | knob | value | accuracy | TPF | TPS | tokens | NFE | Pareto | AUP (decoder) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """The rows as a Markdown table; with the runs' analyses (`sweep(analyses=True)`), their columns last."""
+    analysed = any(r.analysis is not None for r in rows)
+    lines = [
+        "| decoder | knob | value | accuracy | TPF | TPS | tokens | NFE | Pareto | AUP (decoder) |" + (ANALYSIS_HEADER if analysed else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" * ANALYSIS_HEADER.count("|") if analysed else ""),
+    ]
     for r in rows:
         lines.append(
             f"| {r.decoder} | {r.knob} | {r.value:g} | {100 * r.accuracy:.1f}% | {r.tpf:.2f} | {r.tps:.1f} | {r.tokens} | {r.nfe} | {'*' if r.pareto else ''} | {r.aup:.1f} |"
+            + (_analysis_cells(r.analysis) if analysed else "")
         )
     return "\n".join(lines)
+
+
+ANALYSIS_HEADER = " ρ median (quartiles) | ρ within blocks | KL area | converged |"
+
+
+def _analysis_cells(analysis: dict[str, Any] | None) -> str:
+    def spread(q: dict[str, Any]) -> str:
+        return "n/a" if q["median"] is None else f"{q['median']:.2f} ({q['q1']:.2f}–{q['q3']:.2f})"
+
+    if analysis is None:
+        return " |" * ANALYSIS_HEADER.count("|")
+    kl = "n/a" if analysis["kl_area"] is None else f"{analysis['kl_area']:.3f}"
+    converged = "n/a" if analysis["converged_share"] is None else f"{100 * analysis['converged_share']:.0f}%"
+    return f" {spread(analysis['order_correlation'])} | {spread(analysis['order_correlation_within_blocks'])} | {kl} | {converged} |"
 
 
 def _numbers(kind: type) -> Callable[[str], tuple]:
@@ -174,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=32)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a GenerationConfig field for every point")
+    parser.add_argument("--analyses", action="store_true", help="one more traced, untimed pass per point: the runs' order correlation, KL area and convergence (docs/analysis.md §3.7)")
     add_runtime_args(parser)
     parser.add_argument("--out", default="runs/bench")
     return parser
@@ -193,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
         rows = sweep(
             engine, prompt_set, base, decoders, args.thresholds, args.tokens_per_step, args.factors, args.option_values,
-            on_row=lambda r: print(f"{r.decoder} {r.knob} {r.value:g}: accuracy {r.accuracy:.3f} TPF {r.tpf:.2f}", file=sys.stderr),
+            on_row=lambda r: print(f"{r.decoder} {r.knob} {r.value:g}: accuracy {r.accuracy:.3f} TPF {r.tpf:.2f}", file=sys.stderr), analyses=args.analyses,
         )
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)

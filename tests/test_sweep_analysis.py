@@ -1,12 +1,14 @@
 """The runs' analyses over a sweep (issue #36 item 3): each answer keeps its run's order
 correlation, KL area and convergence (not its trace), each value aggregates them (median and
 quartiles of ρ, the mean KL area, the share converged), and the Sweep tab draws them against the
-swept value and writes them to its CSV; a stopped value is marked partial."""
+swept value and writes them to its CSV; a stopped value is marked partial; `python -m
+benchmarks.sweep --analyses` puts them in its table and JSON."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import random
 
@@ -115,3 +117,17 @@ def test_a_stopped_value_is_partial_in_the_analysis_chart_and_blank_where_no_run
     bare = sweep_analysis_figure(SweepState("threshold", [outcome(0.5, None)]).points())
     assert np.isnan(bare.data[0].y[0]) and "ρ overall n/a" in bare.data[0].hovertext[0]
     assert sweep_analysis_figure([]).layout.annotations[0].text == "no sweep yet"
+
+
+def test_the_benchmark_sweep_aggregates_the_analyses_of_a_traced_pass(tmp_path_factory, tmp_path, capsys):
+    from benchmarks import sweep as bench
+
+    argv = ["--model", app_model(tmp_path_factory), "--prompts", "heldout:add", "--limit", "2", "--decoders", "threshold", "--thresholds", "0.5,0.9",
+            "--gen-length", "8", "--block-length", "1", "--set", "early_stop=false", "--set", "align_blocks=false", "--out", str(tmp_path)]
+    assert bench.main([*argv, "--analyses"]) == 0
+    table = capsys.readouterr().out
+    assert "| ρ median (quartiles) | ρ within blocks | KL area | converged |" in table and table.count("| 1.00 (1.00–1.00) | 1.00 (1.00–1.00) |") == 2
+    rows = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    assert [r["analysis"]["order_correlation"] for r in rows] == [{"median": 1.0, "q1": 1.0, "q3": 1.0, "runs": 2}] * 2
+    plain = bench.format_rows([bench.SweepRow("threshold", "threshold", 0.9, 1.0, 1.0, 1.0, 8, 8, 1.0)])
+    assert [line.count("|") for line in plain.splitlines()] == [11, 11, 11]  # no analyses: the table as it was
