@@ -41,9 +41,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.to(x.dtype) * self.weight
+        # torch's rms_norm is x * rsqrt(mean(x²) + eps) in one call, bit for bit the same on the
+        # CPU as those four operations, at half their dispatch cost (a small model's forward is dispatch)
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
 
 class RotaryEmbedding(nn.Module):
@@ -157,12 +157,9 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: A
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """Bidirectional SDPA with grouped-query heads; `attention_mask` is boolean (True = may attend)."""
-    if k.shape[1] != q.shape[1]:
-        repeat = q.shape[1] // k.shape[1]
-        k = k.repeat_interleave(repeat, dim=1)
-        v = v.repeat_interleave(repeat, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False)
+    """Bidirectional SDPA with grouped-query heads (SDPA's own `enable_gqa`: the same result as
+    repeating each K/V head, without the two copies); `attention_mask` is boolean (True = may attend)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def split_heads(t: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:

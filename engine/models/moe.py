@@ -172,10 +172,13 @@ class SparseMoE(nn.Module):
     def experts(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Σ_k weight[t, k] · expert_{idx[t, k]}(x[t]) over this rank's experts, in fp32 `[T, H]`.
 
-        The `T·k` (token, expert) pairs are sorted by expert; each local expert with tokens runs one
-        SwiGLU over its contiguous run. Results land in a `[T·k, H]` buffer at their pair's slot and
-        are summed over k in a fixed order, so the sum is deterministic (no atomic scatter-add).
-        Reading the per-expert counts is one host sync per MoE layer.
+        The `T·k` (token, expert) pairs are sorted by expert and their tokens gathered in that
+        order once; each local expert with tokens runs one SwiGLU over its contiguous run (a slice),
+        and the runs, weighted, are put back at their pair's slot of a `[T·k, H]` buffer (pairs of
+        other ranks' experts add 0) and summed over k in a fixed order, so the sum is deterministic
+        (no atomic scatter-add). Per expert only its two matmuls are dispatched: on a small model
+        those dispatches are the forward's cost. Reading the per-expert counts is one host sync per
+        MoE layer.
         """
         tokens, k = idx.shape
         pairs = idx.reshape(-1)
@@ -184,14 +187,17 @@ class SparseMoE(nn.Module):
         starts = counts.cumsum(0) - counts
         local = slice(self.first_expert, self.first_expert + self.w1.shape[0])
         runs = torch.stack([starts[local], counts[local]]).tolist()
+        first = runs[0][0]
+        pick = order[first : runs[0][-1] + runs[1][-1]]  # the pairs of this rank's experts, by expert
+        grouped = x[pick // k]  # each one's token
+        outs = []
+        for start, count, w1, w2 in zip(*runs, self.w1.unbind(0), self.w2.unbind(0)):
+            if count:
+                gate, up = F.linear(grouped[start - first : start - first + count], w1).chunk(2, dim=-1)
+                outs.append(F.linear(F.silu(gate) * up, w2))
         slots = x.new_zeros(tokens * k, x.shape[-1], dtype=torch.float32)
-        pair_weight = weight.reshape(-1, 1).float()
-        for j, (start, count) in enumerate(zip(*runs)):
-            if count == 0:
-                continue
-            pick = order[start : start + count]
-            gate, up = F.linear(x[pick // k], self.w1[j]).chunk(2, dim=-1)
-            slots[pick] = F.linear(F.silu(gate) * up, self.w2[j]).float() * pair_weight[pick]
+        if outs:
+            slots.index_copy_(0, pick, torch.cat(outs).float() * weight.reshape(-1, 1).float()[pick])
         return slots.view(tokens, k, -1).sum(dim=1)
 
     def experts_static(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
