@@ -5,6 +5,9 @@ on a fixed schedule.
     benchmarks/gpu_check.sh                      # CUDA: LLaDA-8B and LLaDA-MoE-7B-A1B shapes, bf16
     python -m benchmarks.gpu_check --tiny        # CPU: the same steps at tiny shapes, fp32 (CI)
 
+The DiffusionGemma-26B-A4B step (one denoising forward against its floor, projected tok/s beside
+vLLM's): benchmarks/gpu_check_gemma.py.
+
 The four steps, their tolerances and the bandwidth used: docs/performance.md §4; the floor's model
 (the weights and routed experts a forward touches, the cached and fresh K/V; embedding lookups and
 activations ignored): §1.1-1.2. Models are built on the meta device, then materialised on the
@@ -35,7 +38,7 @@ from engine import run_diffusion
 from engine.models import DiffusionLM, ModelOutput, model_class
 from engine.models.moe import SparseMoE
 
-from . import machine
+from . import gpu_check_gemma, machine
 
 # Published shapes (docs/algorithms.md §6.1-6.2, docs/performance.md §2.1).
 LLADA_8B = dict(
@@ -53,6 +56,7 @@ TINY_MOE = dict(LLADA_MOE_7B, hidden_size=64, num_hidden_layers=2, num_attention
                 num_experts=8, num_experts_per_tok=2, expert_intermediate_size=32, vocab_size=128,
                 mask_token_id=127, eos_token_id=126)
 SHAPES = {"llada-8b": (LLADA_8B, TINY_LLADA), "llada-moe-7b-a1b": (LLADA_MOE_7B, TINY_MOE)}
+GEMMA = "diffusion-gemma-26b-a4b"  # its own step (benchmarks/gpu_check_gemma.py); --tiny: tiny-gemma's shapes
 
 # name fragment -> (bytes/s, bf16 FLOP/s), dense peaks from the data sheets
 NOMINAL = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12)}
@@ -363,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU by default, fp32)")
     parser.add_argument("--device", default=None, help="default: cuda, or cpu with --tiny")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: bf16, or fp32 with --tiny")
-    parser.add_argument("--models", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--models", default=",".join([*SHAPES, GEMMA]), help="comma-separated: " + ", ".join([*SHAPES, GEMMA]))
     parser.add_argument("--prompt-length", type=int, default=None)
     parser.add_argument("--gen-length", type=int, default=None)
     parser.add_argument("--block-length", type=int, default=None)
@@ -390,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in names if m not in SHAPES]
+    unknown = [m for m in names if m not in SHAPES and m != GEMMA]
     if unknown or args.gen_length % args.block_length or args.block_length % args.tokens_per_step:
         print(f"error: unknown model {unknown[0]}" if unknown else
               "error: gen_length must divide by block_length, and block_length by tokens_per_step", file=sys.stderr)
@@ -407,6 +411,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.tokens_per_step} tokens per step in the generate")
     results = []
     for name in names:
+        if name == GEMMA:
+            result = gpu_check_gemma.check_gemma(name, args.tiny, device, dtype, bandwidth, args.prompt_length,
+                                                 lambda fn: median_seconds(fn, device, args.repeats))
+            results.append(result)
+            verdict = "OK" if not result["failures"] else "FAILED: " + ", ".join(result["failures"])
+            print(f"\n## {name}: {result['params'] / 1e6:,.1f}M parameters, built in {result['build_s']:.1f}s; "
+                  f"one denoising step's decoder forward, {result['steps']} steps per canvas: {verdict}")
+            print(_table([result], gpu_check_gemma.GEMMA_COLUMNS))
+            continue
         config = SHAPES[name][1 if args.tiny else 0]
         try:
             result = check_model(name, config, args, device, dtype, bandwidth, flops)

@@ -293,7 +293,12 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert gpu_check.main(["--tiny", "--repeats", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     results = {r["model"]: r for r in doc["results"]}
-    assert set(results) == {"llada-8b", "llada-moe-7b-a1b"}
+    assert set(results) == {"llada-8b", "llada-moe-7b-a1b", "diffusion-gemma-26b-a4b"}
+    gemma = results.pop("diffusion-gemma-26b-a4b")  # tiny-gemma's shapes: one 16-token canvas, 16 steps
+    assert gemma["failures"] == [] and gemma["canvas"] == 16 and gemma["steps"] == 16
+    assert gemma["denoise_ms"] > 0 and gemma["floor_ms"] > 0 and gemma["encode_ms"] > 0
+    assert gemma["decode_tps"] == pytest.approx(16 / (16 * gemma["denoise_ms"] / 1e3))
+    assert gemma["end_to_end_tps"] < gemma["decode_tps"] and (gemma["vllm_decode_tps"], gemma["vllm_end_to_end_tps"]) == (1756.0, 895.0)
     for result in results.values():
         assert [r["mode"] for r in result["block_forward"]] == ["full", "refresh", "prefix", "dual", "window"]
         assert all(r["rel_error"] < 1e-4 and r["ms"] > 0 and r["floor_ms"] > 0 for r in result["block_forward"])
