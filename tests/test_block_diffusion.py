@@ -8,7 +8,7 @@ from engine import GenerationConfig, RunHooks, run_diffusion
 from engine.cache import block_causal_mask
 from engine.errors import EngineError
 
-from .moe_models import EOS, MASK, tiny_llada2
+from .moe_models import EOS, MASK, tiny_llada2, tiny_llada_moe
 
 PROMPTS = {
     "batch, prefill": [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]],
@@ -46,6 +46,28 @@ def test_cached_path_equals_the_attention_mask_path(model, prompts, variant):
     first = firsts[min(firsts)]
     assert first.recomputed[0][0] == 0  # the prompt's blocks ride on the first forward: no prefill forward
     assert all(r.recomputed == [[0, r.block_range[1]]] for r in reference.trace.iterations)
+
+
+def test_a_forward_stopped_at_the_blocks_end_gives_the_whole_canvas_logits_there(model):
+    """Block-causal attention: positions after the block cannot change its logits, so the
+    uncached forward over `[0, e)` (what cache none runs) equals the whole canvas's on `[s, e)`."""
+    x = torch.randint(0, 38, (2, 24), generator=torch.Generator().manual_seed(3))
+    s, e, n = 8, 12, 24
+    mask = block_causal_mask(n, 4, x.device)
+    whole = model(x, attention_mask=mask).logits[:, s:e]
+    stopped = model(x[:, :e], attention_mask=mask[:e, :e]).logits[:, s:e]
+    torch.testing.assert_close(stopped, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_attention_model_always_runs_the_whole_canvas(model):
+    """LLaDA-MoE attends both ways across the canvas: later blocks change the current one's
+    logits, so no forward of cache none stops at the block's end."""
+    full = tiny_llada_moe()
+    assert model.block_causal and not full.block_causal  # each family declares its attention
+    out = run_diffusion(full, [[1, 2, 3, 4, 5]], GenerationConfig(gen_length=8, block_length=4, early_stop=False), hooks=RunHooks(trace=True))
+    assert all(r.recomputed == [[0, 13]] for r in out.trace.iterations)
+    x = torch.randint(0, 30, (1, 13), generator=torch.Generator().manual_seed(4))
+    assert not torch.allclose(full(x[:, :9]).logits[:, 5:9], full(x).logits[:, 5:9])  # the suffix matters here
 
 
 def test_masked_store_is_exact_and_a_zero_padded_one_is_not(model):
