@@ -9,14 +9,16 @@ Two peers, each run by its own code on the same network, prompts and seeds as th
   request generator);
 - **diffusers**: `LLaDA2Pipeline` with its `BlockRefinementScheduler` over a tiny random LLaDA2
   built here (the engine's network behind `engine.reference.DiffusersAdapter`, as
-  tests/test_diffusers_parity.py runs it), greedy, against the engine's threshold decoder (prefix
-  cache or none) and edit decoder; diffusers has no cache: it recomputes the prompt's blocks and
-  the current one every step.
+  tests/test_diffusers_parity.py runs it), greedy, against the engine's threshold decoder and edit
+  decoder, each with the exact prefix cache and with none; diffusers has no cache: it recomputes
+  the prompt's blocks and the current one every step.
 
 Per row the same prompts run on both sides; tokens are compared row by row. Timing: one torch
 thread, `--warmup` untimed passes, then `--repeats` passes interleaved (per pass every row's
 engine and peer side, in alternating order), each side timed around all its prompts; the table
-gives the medians and the engine / peer speed ratio as the median of per-pass ratios.
+gives the medians and the engine / peer speed ratio as the median of per-pass ratios. `--clock
+cpu` times by this process's CPU seconds instead of the wall clock: both sides run here on one
+thread, so on a machine shared with other work it leaves out the time others hold the cores.
 
     python -m benchmarks.peers                       # the default rows (RESULTS.md)
     python -m benchmarks.peers --gemma-gen-length 64 --llada2-prompt-length 256 --llada2-gen-length 256
@@ -184,9 +186,9 @@ def llada2_rows(args) -> list[Row]:
             engine_for(GenerationConfig(decoder="threshold", threshold=t, cache="prefix")), peer_for(t, None), len(prompts), probes),
         Row("LLaDA2 threshold, no cache", "diffusers LLaDA2Pipeline", f"threshold {t:g}; {shape}",
             engine_for(GenerationConfig(decoder="threshold", threshold=t, cache="none")), peer_for(t, None), len(prompts), probes),
-        Row("LLaDA2 edit", "diffusers LLaDA2Pipeline", f"threshold {et:g}, edit {ee:g}; {shape}",
-            engine_for(GenerationConfig(decoder="edit", threshold=et, decoder_options={"edit_threshold": ee, "max_post_edit_steps": post})),
-            peer_for(et, ee), len(prompts), probes),
+        *(Row(f"LLaDA2 edit, {'prefix cache' if cache == 'prefix' else 'no cache'}", "diffusers LLaDA2Pipeline", f"threshold {et:g}, edit {ee:g}; {shape}",
+              engine_for(GenerationConfig(decoder="edit", threshold=et, cache=cache, decoder_options={"edit_threshold": ee, "max_post_edit_steps": post})),
+              peer_for(et, ee), len(prompts), probes) for cache in ("prefix", "none")),
     ]
     if args.compile:  # the engine's --compile: bucketed static shapes through torch.compile (engine/runtime/compiled.py)
         from engine.runtime.compiled import static_shape_model
@@ -198,10 +200,15 @@ def llada2_rows(args) -> list[Row]:
 
 
 # ---- the measurement ------------------------------------------------------------------------
+# --clock: the wall clock, or this process's CPU seconds (one thread: the work itself)
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def _timed(fn: Callable[[int], list[int]], n: int) -> tuple[float, list[list[int]]]:
-    t0 = time.perf_counter()
+    t0 = clock()
     out = [fn(i) for i in range(n)]
-    return time.perf_counter() - t0, out
+    return clock() - t0, out
 
 
 def measure(rows: list[Row], repeats: int, warmup: int) -> None:
@@ -233,11 +240,11 @@ class NetworkTimer:
                 if self.depth:
                     return _inner(*a, **k)
                 self.depth += 1
-                t0 = time.perf_counter()
+                t0 = clock()
                 try:
                     return _inner(*a, **k)
                 finally:
-                    self.seconds += time.perf_counter() - t0
+                    self.seconds += clock() - t0
                     self.calls += 1
                     self.depth -= 1
             m.forward = timed
@@ -307,14 +314,17 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall seconds, or this process's CPU seconds (a shared machine)")
     ap.add_argument("--profile", action="store_true", help="also time the network's forwards on each side (another set of interleaved passes)")
     ap.add_argument("--json", help="write the summaries here")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    global clock
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    clock = CLOCKS[args.clock]
     peers = {p.strip() for p in args.peers.split(",") if p.strip()}
     if not peers or peers - {"transformers", "diffusers"}:
         print("--peers takes transformers, diffusers or both", file=sys.stderr)

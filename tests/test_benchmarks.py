@@ -361,18 +361,21 @@ def test_peers_table_at_identical_tokens(tmp_path, capsys):
     from benchmarks import peers
 
     argv = ["--gemma-prompts", "2", "--llada2-prompts", "1", "--llada2-prompt-length", "8", "--llada2-gen-length", "16",
-            "--repeats", "1", "--warmup", "1", "--profile", "--json", str(tmp_path / "peers.json")]
+            "--repeats", "1", "--warmup", "1", "--profile", "--clock", "cpu", "--json", str(tmp_path / "peers.json")]
     assert peers.main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("| row | peer | settings | tokens identical |")
-    rows = [line for line in lines[2:] if line.startswith("| ") and "side" not in line][:4]
-    assert [r.split(" | ")[0][2:] for r in rows] == ["DiffusionGemma uniform", "LLaDA2 threshold, prefix cache", "LLaDA2 threshold, no cache", "LLaDA2 edit"]
+    rows = [line for line in lines[2:] if line.startswith("| ") and "side" not in line][:5]
+    assert [r.split(" | ")[0][2:] for r in rows] == [
+        "DiffusionGemma uniform", "LLaDA2 threshold, prefix cache", "LLaDA2 threshold, no cache", "LLaDA2 edit, prefix cache", "LLaDA2 edit, no cache"]
     assert all(" | yes (" in r and r.rstrip().endswith(") |") and "x (" in r for r in rows)
     doc = json.loads((tmp_path / "peers.json").read_text())
-    assert [(s["prompts"], s["identical"]) for s in doc["rows"]] == [(2, 2), (1, 1), (1, 1), (1, 1)]
+    assert [(s["prompts"], s["identical"]) for s in doc["rows"]] == [(2, 2), (1, 1), (1, 1), (1, 1), (1, 1)]
     assert all(s["tokens"] > 0 and len(s["engine_passes"]) == len(s["peer_passes"]) == 1 for s in doc["rows"])
     sides = {(p["row"], p["side"]): p for p in doc["profile"]}
-    assert len(sides) == 8 and all(p["forwards"] > 0 and 0 <= p["network_s"] <= p["seconds"] for p in sides.values())
+    assert len(sides) == 10 and all(p["forwards"] > 0 and 0 <= p["network_s"] <= p["seconds"] for p in sides.values())
     # the same prompts make the same forwards on both sides where both run one forward per step
     assert sides["DiffusionGemma uniform", "engine"]["forwards"] == sides["DiffusionGemma uniform", "peer"]["forwards"]
+    # the prefix cache stores the prompt and finished blocks on the next forward: no forward of its own
+    assert sides["LLaDA2 threshold, prefix cache", "engine"]["forwards"] == sides["LLaDA2 threshold, no cache", "engine"]["forwards"]
     assert peers.main(["--peers", "vllm"]) == 2
