@@ -79,20 +79,22 @@ def test_different_prompts_are_refused():
         diff_traces(a, a, row_a=1)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+def test_diff_command(tmp_path, capsys):
+    """The real program once (its status 1 for traces that differ); the other outcomes through the
+    same main() in this process (each fresh Python importing torch costs seconds and proves no more)."""
+    from engine.__main__ import main
 
-
-def test_diff_command(tmp_path):
     data = json.loads(SAMPLE.read_text())
     changed, p = planted(data, 1)
     (tmp_path / "b.json").write_text(json.dumps(changed))
-    done = run_cli("diff", str(SAMPLE), str(tmp_path / "b.json"))
+    done = subprocess.run([sys.executable, "-m", "engine", "diff", str(SAMPLE), str(tmp_path / "b.json")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 1, done.stderr
     assert f"step 1 (block 0, step 1 in it; A record 1, B record 1) at position {p}" in done.stdout and "final tokens: differ" in done.stdout
-    same = run_cli("diff", str(SAMPLE), str(SAMPLE), "--json")
-    assert same.returncode == 0 and json.loads(same.stdout)["first"] is None and json.loads(same.stdout)["final_equal"]
+    assert main(["diff", str(SAMPLE), str(SAMPLE), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["first"] is None and same["final_equal"]
     (tmp_path / "bad.json").write_text('{"version": 7}')
     for bad in ("bad.json", "missing.json"):
-        done = run_cli("diff", str(SAMPLE), str(tmp_path / bad))
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+        assert main(["diff", str(SAMPLE), str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: "), err
