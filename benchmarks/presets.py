@@ -14,6 +14,8 @@ Spec grammar (`--configs`), comma-separated pieces:
     NAME=PRESET          a copy of a preset under a new name (changes may follow)
     NAME=KEY:VALUE       a new configuration from the base, with KEY set
     KEY:VALUE            one more change to the configuration named just before
+KEY is a GenerationConfig field or a decoder's own option (`low_threshold`, `remdm_eta`), which
+goes into `decoder_options` (its decoder must be the configuration's).
 e.g. `llada,fastdllm,dinfer,dinfer08=dinfer,threshold:0.8,cache:dual`.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 
 from engine.config import GenerationConfig
 from engine.errors import EngineError
+from engine.registry import decoder_options
 
 PRESETS: dict[str, dict[str, Any]] = {
     "llada": dict(decoder="fixed", steps=None, remasking="low_confidence", cache="none", smoothing=False, unroll=False),
@@ -53,11 +56,13 @@ class NamedConfig:
 
 
 def parse_value(key: str, text: str) -> Any:
-    """`text` as the type GenerationConfig declares for `key` (`none` for an optional field)."""
+    """`text` as the type GenerationConfig declares for `key` (`none` for an optional field), or a
+    decoder's option declares (`remasking`, `low_threshold`, `remdm_eta`: engine/decoders.py)."""
     hints = typing.get_type_hints(GenerationConfig)
-    if key not in hints:
+    declared = decoder_options()
+    if key not in hints and key not in declared:
         raise EngineError(f"unknown generation setting '{key}'")
-    kind = hints[key]
+    kind = hints[key] if key in hints else type(declared[key][1].default)
     options = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
     if type(None) in typing.get_args(kind) and text.lower() == "none":
         return None
@@ -115,5 +120,12 @@ def parse_configs(spec: str, base: GenerationConfig) -> list[NamedConfig]:
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
         raise EngineError(f"configuration '{duplicate}' is named twice")
-    return [NamedConfig(name, base.replace(**settings)) for name, settings in entries]
+    return [NamedConfig(name, _apply(base, settings)) for name, settings in entries]
+
+
+def _apply(base: GenerationConfig, settings: dict[str, Any]) -> GenerationConfig:
+    """`base` with `settings`, a decoder's option (a name no config field has) inside `decoder_options`."""
+    fields = {k: v for k, v in settings.items() if k in GenerationConfig.__dataclass_fields__}
+    options = {k: v for k, v in settings.items() if k not in fields}
+    return base.replace(**fields, decoder_options={**base.decoder_options, **options}) if options else base.replace(**fields)
 

@@ -83,8 +83,8 @@ def sweep_points(
         # swept as tokens per step k (steps = gen_length / k); steps per block must be whole: k must divide the block length
         ks = [k for k in tokens_per_step if k >= 1 and base.block_length % k == 0]
         return [("tokens_per_step", k, probe.replace(steps=base.gen_length // k)) for k in ks]
-    if setting == "factor":
-        return [("factor", f, probe.replace(factor=f)) for f in factors]
+    if setting == OPTION_SETTING_PREFIX + "factor":  # the factor decoder's own option, with values of its own
+        return [("factor", f, probe.replace(decoder_options={**probe.decoder_options, "factor": f})) for f in factors]
     if setting == "threshold" and make_decoder(probe, mask_id=0).uses_threshold:
         return [("threshold", t, probe.replace(threshold=t)) for t in thresholds]
     if setting.startswith(OPTION_SETTING_PREFIX):  # an option the decoder declares (entropy_bound's bound)

@@ -5,6 +5,8 @@ the HTML goes through `grid.inert` (token strings come from tokenizers and trace
 
 from __future__ import annotations
 
+from typing import Any
+
 from .cells import expected_at, inert
 from .timeline import Timeline
 
@@ -19,6 +21,14 @@ _STYLE = (
 _LABEL = "color:#4b5563;padding:4px 12px 4px 0;vertical-align:top"
 NOTE = "color:#4b5563;font-size:18px"
 _CELL = "padding:2px 12px 2px 0"
+
+
+def run_option(timeline: Timeline, decoder: type, name: str) -> Any:
+    """The shown run's value of `decoder`'s declared option `name`: the trace config's
+    `decoder_options` (old traces' spellings are lifted there on load), else the declared default;
+    None for options that are not an object (a trace file's config is untrusted display data)."""
+    options = (timeline.trace.config or {}).get("decoder_options") or {}
+    return options.get(name, decoder.options[name].default) if isinstance(options, dict) else None
 
 
 def message_line(text: str) -> str:
@@ -43,14 +53,32 @@ def token_name(timeline: Timeline, token: int, mask_word: str = "[MASK]") -> str
     return f"{timeline.text_of(token)!r} (id {token})"
 
 
-def expected_words(timeline: Timeline, expected: list[int] | None, position: int, token: int, pending: str | None, mask_word: str = "[MASK]") -> str | None:
-    """The panel's "expected" row: the token the answer wants at `position` and whether `token`
-    (the one there) matches it, or `pending` when nothing is chosen there yet; None without an answer."""
-    want = expected_at(timeline, expected, position)
-    if want is None:
-        return None
-    verdict = pending if pending is not None else "matches" if want == token else "differs from the token here"
-    return f"{token_name(timeline, want, mask_word)}: {verdict}"
+class PanelRows(list):
+    """A panel's (label, value as escaped HTML) rows, as every kind's details panel builds them:
+    each added as text and escaped here."""
+
+    def add(self, label: str, text: str) -> None:
+        self.append((label, inert(text)))
+
+    def add_position(self, timeline: Timeline, position: int, span: str, never: str) -> None:
+        """The "position" row: the prompt, or which generated token, in which `span` of the run
+        ("block", "canvas") it first stood, or `never` when the run reached none."""
+        first = next((rec for rec in timeline.records if rec.block_range[0] <= position < rec.block_range[1]), None)
+        in_prompt = position < timeline.prompt_length
+        where = "prompt" if in_prompt else f"generated token {position - timeline.prompt_length + 1} of the answer"
+        if first is not None:
+            where += f", {span} {first.block} [{first.block_range[0]}, {first.block_range[1]})"
+        elif not in_prompt:
+            where += f", {never}"
+        self.add("position", f"{position} ({where})")
+
+    def add_expected(self, timeline: Timeline, expected: list[int] | None, position: int, token: int, pending: str | None, mask_word: str = "[MASK]") -> None:
+        """The "expected" row: the token the answer wants at `position` and whether `token` (the one
+        there) matches it, or `pending` when nothing is chosen there yet; no row without an answer."""
+        want = expected_at(timeline, expected, position)
+        if want is not None:
+            verdict = pending if pending is not None else "matches" if want == token else "differs from the token here"
+            self.add("expected", f"{token_name(timeline, want, mask_word)}: {verdict}")
 
 
 def history_table(head: tuple[str, ...], rows: list[tuple[tuple[str, ...], bool]]) -> str:

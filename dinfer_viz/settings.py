@@ -24,7 +24,9 @@ from typing import Any, Callable, Sequence
 from engine import Decoder, EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
 from engine.constraints import CONSTRAINT_FIELDS, spec_of
-from engine.config import setting_choices, setting_help
+from engine.config import MOVED_SETTINGS, setting_choices, setting_help
+from engine.decoders import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
+from engine.factor import FactorDecoder
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
 from engine.revising import apply_preset
 
@@ -55,20 +57,29 @@ def _c(field: str, label: str, kind: str, **kw: Any) -> Control:
     return Control(field, label, kind, setting_help(field), **kw)
 
 
+def _o(decoder: type[Decoder], name: str, label: str, kind: str, **kw: Any) -> Control:
+    """A hand-made control for a built-in decoder's declared option (`decoder_options.<name>`), its
+    help and a choice's choices from the declaration (engine/decoders.py)."""
+    option = decoder.options[name]
+    if kind == "choice":
+        kw.setdefault("choices", lambda: option.choices)
+    return Control(OPTION_SETTING_PREFIX + name, label, kind, option.help, **kw)
+
+
 SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     (
         "Decoder",
         (
             _c("decoder", "decoder", "choice"),
             _c("threshold", "threshold τ", "slider", minimum=0.05, maximum=1.0, step=0.01),
-            _c("low_threshold", "low threshold", "slider", minimum=0.0, maximum=1.0, step=0.01),
-            _c("anchor", "anchor rule", "choice"),
-            _c("credit_alpha", "credit α", "slider", minimum=0.0, maximum=2.0, step=0.05),
-            _c("credit_beta", "credit β (decay)", "slider", minimum=0.05, maximum=1.0, step=0.05),
-            _c("credit_gamma", "credit γ (boost)", "slider", minimum=0.0, maximum=1.0, step=0.05),
-            _c("factor", "factor", "slider", minimum=0.1, maximum=4.0, step=0.1),
+            _o(HierarchicalDecoder, "low_threshold", "low threshold", "slider", minimum=0.0, maximum=1.0, step=0.01),
+            _o(HierarchicalDecoder, "anchor", "anchor rule", "choice"),
+            _o(CreditDecoder, "credit_alpha", "credit α", "slider", minimum=0.0, maximum=2.0, step=0.05),
+            _o(CreditDecoder, "credit_beta", "credit β (decay)", "slider", minimum=0.05, maximum=1.0, step=0.05),
+            _o(CreditDecoder, "credit_gamma", "credit γ (boost)", "slider", minimum=0.0, maximum=1.0, step=0.05),
+            _o(FactorDecoder, "factor", "factor", "slider", minimum=0.1, maximum=4.0, step=0.1),
             _c("steps", "steps (0 = one token per step)", "int", minimum=0, none_as_zero=True),
-            _c("remasking", "remasking", "choice"),
+            _o(FixedStepDecoder, "remasking", "remasking", "choice"),
         ),
     ),
     (
@@ -226,10 +237,11 @@ def _base_type(hint: Any) -> type:
 
 
 def sections() -> list[tuple[str, tuple[Control, ...]]]:
-    """The hand-made sections (fields the engine no longer has dropped), then one automatic control
-    per GenerationConfig field that has none."""
+    """The hand-made sections (fields and options the engine no longer has dropped), then one
+    automatic control per GenerationConfig field and per decoder option that has none."""
     hints = _hints()
-    known = {f.name for f in dataclasses.fields(GenerationConfig)} | set(PAGE_FIELDS)
+    declared = decoder_options()
+    known = {f.name for f in dataclasses.fields(GenerationConfig)} | set(PAGE_FIELDS) | {OPTION_PREFIX + name for name in declared}
     out = [(title, tuple(c for c in ctrls if c.field in known)) for title, ctrls in SECTIONS]
     covered = {f for _, ctrls in out for c in ctrls for f in config_fields(c)}
     other = []
@@ -244,7 +256,8 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
         out.append((OTHER_SECTION, tuple(other)))
     # a built-in decoder's own options sit with the decoder (shown when it is chosen); the
     # plug-ins' in a section of their own
-    options = [(is_builtin(decoder), _option_control(name, decoder, option)) for name, (decoder, option) in decoder_options().items()]
+    made = {c.field for _, ctrls in out for c in ctrls}
+    options = [(is_builtin(decoder), _option_control(name, decoder, option)) for name, (decoder, option) in declared.items() if OPTION_PREFIX + name not in made]
     out = [(title, ctrls + tuple(c for builtin, c in options if builtin) if title == "Decoder" else ctrls) for title, ctrls in out]
     plugins = tuple(c for builtin, c in options if not builtin)
     if plugins:
@@ -322,10 +335,12 @@ def build_config(config: dict[str, Any] | None) -> GenerationConfig:
         raise EngineError(f"settings 'config' must be an object, got {type(config).__name__}")
     config = constraint_setting(config)
     known = {f.name for f in dataclasses.fields(GenerationConfig)}
-    unknown = sorted(k for k in set(config) - known if not k.startswith(OPTION_PREFIX))
+    unknown = sorted(k for k in set(config) - known - set(MOVED_SETTINGS) if not k.startswith(OPTION_PREFIX))
     if unknown:
         raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
     typed = {k: coerce(k, v) for k, v in config.items() if k in known and k != "decoder_options"}
+    # a settings JSON of before the move names a decoder's option as a field: the engine lifts it
+    typed |= {k: v for k, v in config.items() if k in MOVED_SETTINGS}
     options = config.get("decoder_options") or {}
     if not isinstance(options, dict):
         raise EngineError(f"decoder_options must be an object, got {type(options).__name__}")

@@ -11,6 +11,7 @@ RunHooks (what a run reports and obeys), GenerationConfig, Trace, EngineError. T
 
 from .config import GenerationConfig
 from .decoders import Decoder
+from . import factor  # registers the factor decoder, after the other built-ins of engine/decoders.py
 from .errors import EngineError
 from .generation import run_diffusion
 from .hooks import RunHooks

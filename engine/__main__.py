@@ -67,7 +67,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
     options = decoder_options()
     if options:
-        plugins = parser.add_argument_group("plug-in decoders' own settings (config.decoder_options)")
+        plugins = parser.add_argument_group("decoders' own settings (config.decoder_options; given only when set)")
     for name, (decoder, option) in options.items():
         text = f"{option.help} [read by: {decoder}] (default: {option.default})".replace("%", "%%")
         flag = "--" + name.replace("_", "-")

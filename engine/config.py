@@ -1,4 +1,5 @@
-"""GenerationConfig: every generation setting, validated in one place."""
+"""GenerationConfig: every setting a run shares (a decoder's own are its declared options, in
+`decoder_options`), validated in one place; the old names of the settings that moved there."""
 
 from __future__ import annotations
 
@@ -15,8 +16,36 @@ from .cache_modes import cache_mode_names
 from .registry import TYPE_NAMES, decoder_class, decoder_names
 from .constraints.spec import check_config as check_constraint
 
-REMASKING = ("low_confidence", "random")
-ANCHORS = ("confidence", "centre")
+# Settings that were GenerationConfig fields until each became the declared option of the one
+# decoder that reads it (engine/decoders.py `options`): old name -> that decoder. `lift_moved` is
+# the one place an old name is read; the constructor calls it, so `from_dict`, `replace`, JSON
+# configs, the server's fields and the CLI's flags all keep taking the old names.
+MOVED_SETTINGS = {
+    "remasking": "fixed", "low_threshold": "hierarchical", "anchor": "hierarchical",
+    "credit_alpha": "credit", "credit_beta": "credit", "credit_gamma": "credit", "factor": "factor",
+}
+
+
+def lift_moved(settings: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+    """GenerationConfig keywords with each old name of MOVED_SETTINGS inside `decoder_options` when
+    the run's decoder owns it (the old name wins over an option of the same name, as
+    `replace(factor=2.0)` means). With another decoder the setting is dropped at its declared
+    default (an old config's dump lists every field) or when not `strict` (a recorded trace: its
+    run ignored it); set away from it, EngineError naming the decoder that owns it."""
+    old = [name for name in settings if name in MOVED_SETTINGS]
+    if not old or not isinstance(settings.get("decoder_options") or {}, dict):  # validate names a bad options value
+        return settings
+    lifted = {k: v for k, v in settings.items() if k not in MOVED_SETTINGS}
+    decoder = lifted.get("decoder", _DEFAULT_DECODER)
+    options = dict(lifted.get("decoder_options") or {})
+    for name in old:
+        owner, value = MOVED_SETTINGS[name], settings[name]
+        if decoder == owner:
+            options[name] = value
+        elif strict and value != decoder_class(owner).options[name].default:
+            raise EngineError(f"{name} is a setting of decoder '{owner}' (decoder_options['{name}']), not of '{decoder}': choose decoder {owner} or leave it out")
+    lifted["decoder_options"] = options
+    return lifted
 
 
 def _setting(default: Any, help: str, least: int | None = None, most: int | str | None = None) -> Any:
@@ -48,7 +77,7 @@ def setting_help(name: str) -> str:
 
 def setting_choices(name: str) -> tuple[str, ...] | None:
     """The allowed values of a text setting (decoders include registered plug-ins), else None."""
-    return {"decoder": tuple(decoder_names()), "cache": cache_mode_names(), "remasking": REMASKING, "anchor": ANCHORS}.get(name)
+    return {"decoder": tuple(decoder_names()), "cache": cache_mode_names()}.get(name)
 
 
 @dataclass
@@ -64,15 +93,8 @@ class GenerationConfig:
     decoder: str = _setting("threshold", "which masked positions to commit each iteration")
     threshold: float = _setting(0.9, "commit every masked position with confidence >= it (and always the most confident one)")
     steps: int | None = _setting(None, "fixed decoder: total steps over the generation, a multiple of the number of blocks (none: one token per step)", most="gen_length")
-    remasking: str = _setting("low_confidence", "fixed decoder: commit the most confident positions, or random ones")
     temperature: float = _setting(0.0, "0 = greedy (argmax); > 0 samples with Gumbel noise")
     seed: int = _setting(0, "seeds sampling and random remasking")
-    low_threshold: float = _setting(0.6, "hierarchical: a span's anchor must exceed this")
-    anchor: str = _setting("confidence", "hierarchical: most confident position of a span, or the one nearest its centre")
-    credit_alpha: float = _setting(0.7, "credit: weight of log(1 + credit) added to the logits (CreditDecoding's default)")
-    credit_beta: float = _setting(0.8, "credit: per-iteration decay of the accumulated credit")
-    credit_gamma: float = _setting(0.2, "credit: the top-1 token gains p^gamma each iteration")
-    factor: float = _setting(1.0, "factor (Fast-dLLM): commit the n best while the n-th clears 1 - factor/(n+1)")
     cache: str = _setting("none", "which K/V each forward recomputes and which it reuses")
     prefix_look: int = _setting(16, "vicinity: the window starts this many positions before the block", least=0, most="canvas")
     after_look: int = _setting(16, "vicinity: the window ends this many positions after the block", least=0, most="canvas")
@@ -118,7 +140,7 @@ class GenerationConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GenerationConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | set(MOVED_SETTINGS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
@@ -144,12 +166,11 @@ class GenerationConfig:
         need(self.decoder in decoder_names(), f"unknown decoder '{self.decoder}'; choose from {', '.join(decoder_names())}")
         declared = decoder_class(self.decoder).options
         for name, value in self.decoder_options.items():
-            need(name in declared, f"decoder '{self.decoder}' has no setting '{name}'" + (f"; its settings: {', '.join(declared)}" if declared else ""))
+            if name not in declared:
+                owner = next((d for d in decoder_names() if name in decoder_class(d).options), None)
+                raise EngineError(f"decoder '{self.decoder}' has no setting '{name}'" + (f" (decoder '{owner}' has)" if owner else "") + (f"; its settings: {', '.join(declared)}" if declared else ""))
             declared[name].check(name, value)
         need(0.0 < self.threshold <= 1.0, f"threshold must be in (0, 1], got {self.threshold}")
-        need(0.0 <= self.low_threshold <= 1.0, f"low_threshold must be in [0, 1], got {self.low_threshold}")
-        need(self.anchor in ANCHORS, f"unknown anchor '{self.anchor}'; choose from {', '.join(ANCHORS)}")
-        need(self.remasking in REMASKING, f"unknown remasking '{self.remasking}'; choose from {', '.join(REMASKING)}")
         need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
         steps = self.total_steps()
         need(
@@ -159,11 +180,6 @@ class GenerationConfig:
         need(self.cache in cache_mode_names(), f"unknown cache mode '{self.cache}'; choose from {', '.join(cache_mode_names())}")
         self._check_ranges()
         need(0.0 <= self.cont_weight <= 1.0, f"cont_weight must be in [0, 1], got {self.cont_weight}")
-        need(
-            0.0 < self.credit_beta <= 1.0 and self.credit_alpha >= 0.0 and self.credit_gamma >= 0.0,
-            "credit_beta must be in (0, 1], credit_alpha and credit_gamma >= 0",
-        )
-        need(self.factor > 0.0, f"factor must be positive, got {self.factor}")
         need(
             0.0 <= self.cont_weight_init <= 1.0 and 0.0 <= self.cont_weight_growth <= 1.0,
             "cont_weight_init and cont_weight_growth must be in [0, 1]",
@@ -216,6 +232,18 @@ def _field_types() -> dict[str, Any]:
     annotation string again (4% of a DiffusionGemma run on tiny-gemma, which validates twice)."""
     return typing.get_type_hints(GenerationConfig)
 
+
+_DEFAULT_DECODER = GenerationConfig.decoder
+_dataclass_init = GenerationConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_taking_moved_names(self: GenerationConfig, *fields: Any, **settings: Any) -> None:
+    """The dataclass's __init__, the moved settings' old names lifted into decoder_options first."""
+    _dataclass_init(self, *fields, **lift_moved(settings))
+
+
+GenerationConfig.__init__ = _init_taking_moved_names  # type: ignore[method-assign]
 
 # the fields whose declared bound is the canvas (prompt + gen_length), known only with the prompt
 CANVAS_BOUNDED = tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.metadata.get("most") == "canvas")

@@ -24,6 +24,9 @@ import torch
 from .config import GenerationConfig
 from .registry import DecoderOption, decoder_class, register_decoder
 
+REMASKING = ("low_confidence", "random")
+ANCHORS = ("confidence", "centre")
+
 
 @dataclass
 class DecodeResult:
@@ -187,8 +190,9 @@ class Decoder:
     sweep_setting: ClassVar[str] = "threshold"
     # The paragraph the app shows beside the views (Markdown); a plug-in without one still runs.
     explanation: ClassVar[str] = ""
-    # Settings of this decoder's own that GenerationConfig lacks (plug-ins): given per run in
-    # `config.decoder_options`, read with `self.option(name)`; the CLI and the app list them.
+    # Settings of this decoder's own, with their ranges (GenerationConfig keeps what every run
+    # shares): given per run in `config.decoder_options`, checked with the config, read with
+    # `self.option(name)`; the CLI and the app list them.
     options: ClassVar[dict[str, DecoderOption]] = {}
     # Published default sets of its settings, by name (engine/revising.py: apply_preset).
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
@@ -212,6 +216,8 @@ class Decoder:
         super().__init_subclass__(**kwargs)
         if "row_wise" not in vars(cls):  # a subclass may change the rule: it says so itself, never inherits it
             cls.row_wise = False
+        if "options" in vars(cls):  # a subclass still reads its base's options (FixedStepDecoder's remasking): it keeps their declarations
+            cls.options = {**super(cls, cls).options, **cls.options}
         clash = set(cls.options) & {f.name for f in dataclasses.fields(GenerationConfig)}
         if clash:  # one flag and one control per name: an option may not shadow a config field
             raise ValueError(f"decoder {cls.__name__}: options {sorted(clash)} are GenerationConfig fields; read those from self.config")
@@ -262,7 +268,12 @@ class Decoder:
 
     def option(self, name: str) -> Any:
         """This run's value of one of `options`: the config's, else the declared default."""
-        return self.config.decoder_options.get(name, self.options[name].default)
+        return self.option_in(self.config, name)
+
+    @classmethod
+    def option_in(cls, config: GenerationConfig, name: str) -> Any:
+        """`config`'s value of one of `options` (the declared default when it gives none)."""
+        return config.decoder_options.get(name, cls.options[name].default)
 
     def predict(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return top1(logits, self.mask_id, self.config.temperature, self.generator)
@@ -289,16 +300,18 @@ class FixedStepDecoder(Decoder):
         "model's certainty: the baseline the other decoders improve on."
     )
     row_wise = True
-    settings = ("steps", "remasking")
+    settings = ("steps",)
+    options = {"remasking": DecoderOption("low_confidence", "fixed: commit the most confident positions, or random ones", REMASKING)}
     sweep_setting = "steps"
     uses_threshold = False
 
     @classmethod
     def row_wise_for(cls, config: GenerationConfig) -> bool:
-        return cls.row_wise and config.remasking != "random"  # random remasking draws from the batch's one stream
+        return cls.row_wise and cls.option_in(config, "remasking") != "random"  # random remasking draws from the batch's one stream
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
+        self.random = self.option("remasking") == "random"
         self.steps_per_block = config.total_steps() // config.num_blocks()
         self.steps_done = 0
         self.masks_at_start = torch.zeros(0, dtype=torch.long)
@@ -314,7 +327,7 @@ class FixedStepDecoder(Decoder):
         on_schedule = self.masks_at_start - committed_after(self.masks_at_start, self.steps_done, self.steps_per_block)
         k = torch.clamp(masked.sum(dim=1) - on_schedule, min=0)
         self.steps_done += 1
-        if self.config.remasking == "random":
+        if self.random:
             score = torch.rand(masked.shape, device=masked.device, generator=self.generator)
         else:
             score = confidence
@@ -370,13 +383,16 @@ class HierarchicalDecoder(Decoder):
         "clustering them."
     )
     row_wise = True
-    settings = ("threshold", "low_threshold", "anchor")
+    options = {
+        "low_threshold": DecoderOption(0.6, "hierarchical: a span's anchor must exceed this", least=0.0, most=1.0),
+        "anchor": DecoderOption("confidence", "hierarchical: most confident position of a span, or the one nearest its centre", ANCHORS),
+    }
 
     def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
         runs = masked_runs(masked)
-        eligible = masked & (confidence > self.config.low_threshold)
-        if self.config.anchor == "confidence":
+        eligible = masked & (confidence > float(self.option("low_threshold")))
+        if self.option("anchor") == "confidence":
             anchors = eligible & (confidence == reduce_per_run(confidence, runs, "amax", float("-inf")))
         else:
             anchors = self._centre_anchors(confidence, runs, eligible)
@@ -420,11 +436,16 @@ class CreditDecoder(Decoder):
         "fewer forwards are needed; the extras view shows the credit per position."
     )
     row_wise = True
-    settings = ("threshold", "credit_alpha", "credit_beta", "credit_gamma")
+    options = {
+        "credit_alpha": DecoderOption(0.7, "credit: weight of log(1 + credit) added to the logits (CreditDecoding's default)", least=0.0),
+        "credit_beta": DecoderOption(0.8, "credit: per-iteration decay of the accumulated credit", least=0.0, most=1.0, above=True),
+        "credit_gamma": DecoderOption(0.2, "credit: the top-1 token gains p^gamma each iteration", least=0.0),
+    }
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
         self.credit: torch.Tensor | None = None
+        self.alpha, self.beta, self.gamma = (float(self.option(name)) for name in ("credit_alpha", "credit_beta", "credit_gamma"))
 
     def block_init(self, masked: torch.Tensor, block_index: int) -> None:
         self.credit = None
@@ -440,56 +461,15 @@ class CreditDecoder(Decoder):
         if self.credit is None:  # first call of the block (a Python attribute: no device read)
             self.credit = torch.zeros_like(raw)
         else:
-            self.credit.mul_(cfg.credit_beta)
+            self.credit.mul_(self.beta)
         p1, v1 = probs.max(dim=-1)
-        boost = p1.pow(cfg.credit_gamma) * masked
+        boost = p1.pow(self.gamma) * masked
         self.credit.scatter_add_(-1, v1.unsqueeze(-1), boost.unsqueeze(-1))
-        fused = raw + cfg.credit_alpha * torch.log1p(self.credit)
+        fused = raw + self.alpha * torch.log1p(self.credit)
         tokens, confidence, _ = top1(fused, self.mask_id, cfg.temperature, self.generator)
         commit, forced = threshold_commit(confidence, masked, threshold)
         extras = {
             "credit": self.credit.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
             "raw_confidence": probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
         }
-        return DecodeResult(tokens, confidence, commit, forced, extras)
-
-
-@register_decoder
-class FactorDecoder(Decoder):
-    """Commits the n most confident masks while the n-th confidence stays above 1 - factor/(n+1), at least one.
-
-    Fast-dLLM's factor rule as dInfer's `get_transfer_index_dynamic` implements it (docs/algorithms.md
-    §2.4): with the K masked confidences sorted, `c_(1) >= c_(2) >= ...`, and thresholds
-    `t_n = 1 - factor / (n + 1)` (`t_1 = -1`), take the leading run of ranks with `c_(n) >= t_n`;
-    when it stops at rank K - 1 or covers all K, take all K (the reference's quirk that also admits
-    a failing last token). `forced` marks commits below their rank's threshold (rank 1 against
-    `1 - factor / 2`). Extras: `rank` (0-based, -1 unmasked) and `factor_threshold` (the threshold
-    of each masked position's rank; meaningful where `rank >= 0`).
-    """
-
-    name = "factor"
-    explanation = (
-        "**Factor (Fast-dLLM).** The masked positions are ranked by confidence and the n best are "
-        "committed while the n-th still clears `1 - factor/(n+1)`: the more tokens committed together, "
-        "the more confident each must be. There is no single threshold; the rank and its threshold "
-        "are in the extras."
-    )
-    row_wise = True
-    settings = ("factor",)
-    sweep_setting = "factor"
-    uses_threshold = False
-
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
-        tokens, confidence, _ = self.predict(logits)
-        rank = rank_in_row(confidence, masked)
-        nominal = 1.0 - self.config.factor / (rank + 2).to(confidence.dtype)  # t_(rank+1)
-        passes = masked & ((confidence >= nominal) | (rank == 0))  # t_1 = -1: rank 1 always passes
-        # leading run of passing ranks: sort the pass flags by rank and count the prefix of Trues
-        by_rank = torch.zeros_like(passes).scatter_(1, rank, passes)
-        leading = by_rank.long().cumprod(dim=1).sum(dim=1, keepdim=True)
-        k = masked.sum(dim=1, keepdim=True)
-        take = torch.where(leading >= k - 1, k, leading)
-        commit = masked & (rank < take)
-        forced = commit & (confidence < nominal)
-        extras = {"rank": torch.where(masked, rank, torch.full_like(rank, -1)), "factor_threshold": nominal}
         return DecodeResult(tokens, confidence, commit, forced, extras)

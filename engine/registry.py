@@ -133,5 +133,11 @@ def decoder_class(name: str) -> type:
 
 
 def decoder_options() -> dict[str, tuple[str, DecoderOption]]:
-    """Every registered decoder's own settings: option name -> (decoder name, declaration)."""
-    return {option: (name, spec) for name in decoder_names() for option, spec in decoder_class(name).options.items()}
+    """Every registered decoder's own settings: option name -> (the first decoder that declares it,
+    the declaration); a subclass that inherits an option (a plug-in on FixedStepDecoder) does not
+    take it from its built-in owner."""
+    found: dict[str, tuple[str, DecoderOption]] = {}
+    for name in decoder_names():
+        for option, spec in decoder_class(name).options.items():
+            found.setdefault(option, (name, spec))
+    return found

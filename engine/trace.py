@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .errors import EngineError
-from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade
+from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade, upgrade_config
 
 
 # version 1: no revisions, no uniform steps, no expected answer; version 2: no kind, capabilities,
@@ -138,8 +138,9 @@ class Trace:
         for i, r in enumerate(records):
             _need(isinstance(r, dict) and names - set(OPTIONAL_RECORD_FIELDS) <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
         trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
+        _need(isinstance(trace.config, dict), "config must be an object")
+        trace.config = upgrade_config(trace.config)
         if upgraded:
-            _need(isinstance(trace.config, dict), "config must be an object")
             trace.check(before_upgrade=True)
             upgrade(trace)
         trace.check()

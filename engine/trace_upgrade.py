@@ -1,7 +1,8 @@
 """Traces written before version 4 (docs/trace.md §7), brought to version 4 on load, so that every
 reader sees one schema: the header's `kind` and `capabilities`, every record's per-row `active`
 and `final_until`, and a uniform step's sampled proposal under its own name (versions 1-2); a
-version-3 record has no `constraint`, which version 4 reads as a run without one.
+version-3 record has no `constraint`, which version 4 reads as a run without one. Every version's
+config spells the decoders' own settings one way (`upgrade_config`).
 
 Versions 1 and 2 did not record the loop's per-row state, so it is replayed here from what they
 did record, by the rules the loop applied when they were written (the one place those rules are
@@ -12,12 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from .config import lift_moved
+
 # The schema's names, here so that engine/trace.py (which upgrades through this module) and this
 # module never import each other.
 TRACE_VERSION = 4
 MASKED, UNIFORM = "masked", "uniform"  # the diffusion kinds a trace names (engine/kinds/)
 REFRESH_FORWARD = "refresh"  # a record's `forward` for a full forward whose K/V become the cache (engine/cache.py)
 EDIT, REMASK = "edit", "remask"
+
+
+def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (any version) with the settings that became decoder options (engine/config.py
+    MOVED_SETTINGS) inside `decoder_options`, where its decoder owns them; others' dropped, since the
+    run ignored them. Readers (the app's boxes, details, a replay's config) see one spelling."""
+    return lift_moved(config, strict=False)
 
 
 def upgrade(trace: Any) -> None:

@@ -259,10 +259,10 @@ def test_settings_validation_messages():
 
 def test_visible_fields_follow_decoder_and_cache():
     shown = visible_fields("fixed", "none", smoothing=False, unroll=False)
-    assert {"steps", "remasking"} <= shown and "threshold" not in shown and "prefix_look" not in shown
+    assert {"steps", "decoder_options.remasking"} <= shown and "threshold" not in shown and "prefix_look" not in shown
     shown = visible_fields("threshold", "vicinity", smoothing=True, unroll=False)
     assert {"threshold", "prefix_look", "after_look", "cont_weight"} <= shown and "steps" not in shown and "max_unroll" not in shown
-    assert "credit_alpha" in visible_fields("some_new_decoder", "none", False, False)  # unknown: show all
+    assert "decoder_options.credit_alpha" in visible_fields("some_new_decoder", "none", False, False)  # unknown: show all
 
 
 def test_explain_covers_every_registered_decoder_and_cache_mode():

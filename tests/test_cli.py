@@ -128,8 +128,8 @@ def test_a_plug_in_decoder_and_its_declared_settings_reach_the_cli_and_the_app(m
         main(["generate", "--help"])
     assert "entropy" in capsys.readouterr().out
     shown = visible_fields("entropy", "none", smoothing=False, unroll=False)
-    assert "threshold" in shown and "steps" not in shown and "credit_alpha" not in shown
-    assert sweep_setting("fixed") == "steps" and sweep_setting("factor") == "factor" and sweep_setting("entropy") == "threshold"
+    assert "threshold" in shown and "steps" not in shown and "decoder_options.credit_alpha" not in shown
+    assert sweep_setting("fixed") == "steps" and sweep_setting("factor") == "decoder_options.factor" and sweep_setting("entropy") == "threshold"
 
 
 def test_a_plug_in_decoders_own_setting_reaches_the_cli_the_app_and_the_rule(monkeypatch, capsys, checkpoint):

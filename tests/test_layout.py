@@ -53,7 +53,7 @@ FLOORS = (
     ("engine.errors",),
     ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.constraints", "engine.config", "engine.stats", "engine.trace_upgrade", "engine.trace", "engine.hooks", "engine.trace_diff", "engine.analysis"),
     ("engine.models",),
-    ("engine.decoders", "engine.entropy_bound", "engine.revising", "engine.remasking", "engine.cache", "engine.shadow"),
+    ("engine.decoders", "engine.factor", "engine.entropy_bound", "engine.revising", "engine.remasking", "engine.cache", "engine.shadow"),
     ("engine.run", "engine.kinds", "engine.generation"),
     ("engine.runtime",),
     ("engine.pipeline", "engine.reference"),

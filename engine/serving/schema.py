@@ -14,11 +14,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import GenerationConfig
+from ..config import MOVED_SETTINGS, GenerationConfig
 from ..errors import EngineError
 from .limits import RequestLimits
 
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig))
+# settings taken by name: the config's fields and the old names of those that became decoder
+# options (`decoder_options`), which GenerationConfig lifts into its decoder's options
+SETTING_FIELDS = (*CONFIG_FIELDS, *MOVED_SETTINGS)
 # OpenAI fields accepted only at the value that asks for nothing (the engine has no such feature)
 NEUTRAL_FIELDS: dict[str, tuple[object, ...]] = {
     "n": (1,), "best_of": (1,), "top_p": (1, 1.0), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
@@ -123,7 +126,7 @@ def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> Generat
     """The extra fields as a GenerationConfig. A completion's prompt is raw text unless the request
     sets use_chat_template; a chat's goes through the template. `max_tokens` without `gen_length`:
     the canvas is max_tokens rounded up to whole blocks."""
-    settings = {name: body[name] for name in CONFIG_FIELDS if name in body} | _constraint(body)
+    settings = {name: body[name] for name in SETTING_FIELDS if name in body} | _constraint(body)
     settings.setdefault("use_chat_template", chat)
     if max_tokens is not None and "gen_length" not in settings:
         block = settings.get("block_length", GenerationConfig.block_length)
@@ -135,7 +138,7 @@ def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> Generat
 def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest:
     """Check a request body (parsed JSON) field by field; EngineError names the first problem."""
     _need(isinstance(body, dict), "the request body must be a JSON object")
-    known = {*COMMON_FIELDS, *NEUTRAL_FIELDS, *IGNORED_FIELDS, *CONFIG_FIELDS, "messages" if chat else "prompt"}
+    known = {*COMMON_FIELDS, *NEUTRAL_FIELDS, *IGNORED_FIELDS, *SETTING_FIELDS, "messages" if chat else "prompt"}
     unknown = sorted(set(body) - known)
     _need(not unknown, f"unknown field(s): {', '.join(unknown)[:200]} (generation settings: {', '.join(CONFIG_FIELDS)})")
     for name, allowed in NEUTRAL_FIELDS.items():

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine import IterationRecord
+from engine.decoders import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
+from engine.factor import FactorDecoder
 from engine.trace import CANDIDATES_MAX_BLOCK
 
 from ...cache_figure import STATES, cache_states, state_explanation
 from ...cells import inert, revision_line
 from ...constraint import dropped_at, history_cell, restricted_at, restriction_words, run_constraint, run_line
-from ...panel import expected_words, history_table, number, panel, token_name
+from ...panel import PanelRows, history_table, number, panel, run_option, token_name
 from ...timeline import Timeline, iteration_number
 
 REVISION_ROWS = 12  # a position edited back and forth lists its latest revisions
@@ -116,7 +118,7 @@ def _credit_decision(d: _Decision) -> str | None:
     if _is_number(d.extras.get("raw_confidence")) and _is_number(d.extras.get("credit")):  # a trace file's extras are untrusted
         text += (
             f" (the credit decoder's fused confidence: raw probability {number(float(d.extras['raw_confidence']))}, "
-            f"credit {float(d.extras['credit']):.3f}, logits + α·log(1 + credit) with α = {_config(d.timeline, 'credit_alpha', '?')})"
+            f"credit {float(d.extras['credit']):.3f}, logits + α·log(1 + credit) with α = {run_option(d.timeline, CreditDecoder, 'credit_alpha')})"
         )
     return _tau_in_force(d, text)
 
@@ -178,10 +180,10 @@ def _threshold_rule(c: float, tau: float, committed: bool, forced: bool) -> str:
 
 
 def _hierarchical_rule(timeline: Timeline, c: float, tau: float, committed: bool, forced: bool, extras: dict[str, Any]) -> str:
-    low = _config(timeline, "low_threshold", "?")
+    low = run_option(timeline, HierarchicalDecoder, "low_threshold")
     anchor = bool(extras.get("anchors"))
     run = extras.get("runs")
-    how = "its run's most confident position" if _config(timeline, "anchor") == "confidence" else "the eligible position nearest its run's centre"
+    how = "its run's most confident position" if run_option(timeline, HierarchicalDecoder, "anchor") == "confidence" else "the eligible position nearest its run's centre"
     run_name = f"run {run + 1} of consecutive masks" if isinstance(run, int) and run >= 0 else "its run of consecutive masks"
     # the engine's flags pick the branch: the recorded confidences are rounded to 4 decimals
     if forced:
@@ -201,7 +203,7 @@ def _factor_rule(timeline: Timeline, rec: IterationRecord, index: int, position:
     """Fast-dLLM's factor rule, recomputed from the block's recorded confidences: ranks sorted by
     confidence, rank n passes when c_(n) ≥ 1 - factor/(n + 1) (rank 1 always), the leading run of
     passing ranks commits, all K when that run reaches K - 1."""
-    factor = _config(timeline, "factor", 1.0)
+    factor = run_option(timeline, FactorDecoder, "factor")
     factor = float(factor) if _is_number(factor) else 1.0  # the engine's default, for a trace file without one
     row, s = timeline.row, rec.block_range[0]
     masks = _block_masks(timeline, rec, index)
@@ -233,7 +235,7 @@ def _fixed_rule(timeline: Timeline, rec: IterationRecord, index: int, position: 
     row, s = timeline.row, rec.block_range[0]
     k = len(rec.committed[row])
     masks = _block_masks(timeline, rec, index)
-    if _config(timeline, "remasking") == "random":
+    if run_option(timeline, FixedStepDecoder, "remasking") == "random":
         verdict = "committed" if committed else "not committed"
         return f"{verdict}: the schedule commits {k} of the block's {len(masks)} masks this step, chosen at random (remasking = random); confidence {number(c)} plays no part"
     conf = {q: float(rec.confidence[row][q - s]) for q in masks}
@@ -308,21 +310,12 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
     """HTML panel for canvas `position` after record `iteration` (-1: before the first forward) of
     a masked-diffusion `timeline` (dinfer_viz/details.py has checked both are in the run);
     `expected`: token ids the generation should produce, from the prompt's end."""
-    rows: list[tuple[str, str]] = []  # (label, value as escaped HTML)
-
-    def add(label: str, text: str) -> None:
-        rows.append((label, inert(text)))
-
+    rows = PanelRows()
+    add = rows.add
     token = timeline.canvas_at(iteration)[position]
     commit = timeline.commits.get(position)
     in_prompt = position < timeline.prompt_length
-    blocks = [rec for rec in timeline.records if rec.block_range[0] <= position < rec.block_range[1]]
-    where = "prompt" if in_prompt else f"generated token {position - timeline.prompt_length + 1} of the answer"
-    if blocks:
-        where += f", block {blocks[0].block} [{blocks[0].block_range[0]}, {blocks[0].block_range[1]})"
-    elif not in_prompt:
-        where += ", in no block this run decoded (early stop ended it first)"
-    add("position", f"{position} ({where})")
+    rows.add_position(timeline, position, "block", "in no block this run decoded (early stop ended it first)")
     constraint = run_line(timeline)
     if constraint is not None and not in_prompt:
         add("constraint", constraint)
@@ -350,9 +343,7 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         add("revised", revision_line(timeline, revision) + (" (this iteration)" if revision.iteration == iteration else ""))
     if len(done) < len(revisions):
         add("revised later", f"{len(revisions) - len(done)} more revision(s) after the iteration shown, the next at iteration {iteration_number(revisions[len(done)].iteration)}")
-    wanted = expected_words(timeline, expected, position, token, "not committed yet" if token == timeline.mask_id else None)
-    if wanted is not None:
-        add("expected", wanted)
+    rows.add_expected(timeline, expected, position, token, "not committed yet" if token == timeline.mask_id else None)
     if iteration < 0:
         add("this iteration", "before the first forward: nothing computed, nothing in the cache")
     else:

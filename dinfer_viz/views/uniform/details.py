@@ -15,9 +15,8 @@ from typing import Any
 from engine import IterationRecord
 from engine.kinds.uniform import UniformSampler
 
-from ...cells import inert
 from ...constraint import dropped_at, history_cell, restricted_at, restriction_words, run_constraint, run_line
-from ...panel import expected_words, history_table, number, panel
+from ...panel import PanelRows, history_table, number, panel, run_option
 from ...panel import token_name as _token_name
 from ...timeline import Timeline, iteration_number
 from .grid import deciding_record, uniform_state
@@ -41,8 +40,7 @@ def token_name(timeline: Timeline, token: int) -> str:
 def _option(timeline: Timeline, name: str) -> Any:
     """The run's value of a `uniform` decoder option (its declared default when the header lacks
     it), None unless a number: a trace file's config is untrusted display data."""
-    options = (timeline.trace.config or {}).get("decoder_options") or {}
-    value = options.get(name, UniformSampler.options[name].default) if isinstance(options, dict) else None
+    value = run_option(timeline, UniformSampler, name)
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -158,22 +156,13 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
 def uniform_position_details(timeline: Timeline, position: int, iteration: int, expected: list[int] | None = None) -> str:
     """HTML panel for canvas `position` after record `iteration` (-1: before the first step) of a
     uniform-state `timeline` (both within the run); `expected`: the answer's ids from the prompt's end."""
-    rows: list[tuple[str, str]] = []  # (label, value as escaped HTML)
-
-    def add(label: str, text: str) -> None:
-        rows.append((label, inert(text)))
-
+    rows = PanelRows()
+    add = rows.add
     canvas = timeline.canvas_at(iteration)
     token = canvas[position]
     in_prompt = position < timeline.prompt_length
     steps = [i for i, rec in enumerate(timeline.records) if rec.block_range[0] <= position < rec.block_range[1]]
-    where = "prompt" if in_prompt else f"generated token {position - timeline.prompt_length + 1} of the answer"
-    if steps:
-        first = timeline.records[steps[0]]
-        where += f", canvas {first.block} [{first.block_range[0]}, {first.block_range[1]})"
-    elif not in_prompt:
-        where += ", in no canvas this run denoised (the run ended first)"
-    add("position", f"{position} ({where})")
+    rows.add_position(timeline, position, "canvas", "in no canvas this run denoised (the run ended first)")
     constraint = run_line(timeline)
     if constraint is not None and not in_prompt:
         add("constraint", constraint)
@@ -183,9 +172,7 @@ def uniform_position_details(timeline: Timeline, position: int, iteration: int, 
     if ends:
         when = " (this iteration)" if ends[0] == iteration else " (later than the iteration shown)" if ends[0] > iteration else ""
         add("output", f"{token_name(timeline, timeline.canvas_at(ends[0])[position])}, written when its canvas ended at iteration {iteration_number(ends[0])}{when}")
-    wanted = expected_words(timeline, expected, position, token, "not generated yet" if state == "masked" else None, "pad")
-    if wanted is not None:
-        add("expected", wanted)
+    rows.add_expected(timeline, expected, position, token, "not generated yet" if state == "masked" else None, "pad")
     if iteration < 0:
         add("this iteration", "before the first step: the canvases start as random tokens at their first step")
     else:
