@@ -31,15 +31,14 @@ def shadow_positions(canvas: int, s: int, e: int, device: torch.device) -> torch
 
 
 def check_shadow_support(model: DiffusionLM) -> None:
-    """Refuse, before any forward, a model whose forward cannot take the shadow block: WINO runs on
-    the bidirectional families that use the engine's own layer stack (LLaDA, LLaDA-MoE), not on a
-    block-causal model (LLaDA2), a uniform-state one (DiffusionGemma) or a model with a forward of
-    its own (a compiled or otherwise wrapped model)."""
-    name = type(model).__name__
-    if model.block_causal or model.diffusion_kind != "masked":
-        raise EngineError(f"decoder 'wino' does not support the {name} family (block-causal or not masked diffusion); it runs on LLaDA and LLaDA-MoE")
-    if type(model).forward is not DiffusionLM.forward:
-        raise EngineError(f"decoder 'wino' needs the engine's layer stack, and {name} has a forward of its own; it runs on plain LLaDA and LLaDA-MoE models")
+    """Refuse, before any forward, a model whose family does not declare that its forward takes the
+    shadow block (`DiffusionLM.takes_shadow_block`: the bidirectional families on the engine's own
+    layer stack, LLaDA and LLaDA-MoE; not a block-causal one, a uniform-state one or a wrapper)."""
+    if not model.takes_shadow_block:
+        raise EngineError(
+            f"decoder 'wino' does not support the {type(model).__name__} family: its forward does not take the shadow block "
+            "(block-causal, uniform-state or a forward of its own); it runs on LLaDA and LLaDA-MoE"
+        )
 
 
 def shadow_forward(model: DiffusionLM, inputs: dict[str, torch.Tensor], s: int, e: int) -> ModelOutput:

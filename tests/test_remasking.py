@@ -336,7 +336,7 @@ def test_wino_refuses_cache_modes_and_families_in_one_line_before_a_forward():
     with pytest.raises(EngineError, match="does not support the LLaDA2MoeModelLM family.*runs on LLaDA and LLaDA-MoE"):
         run_diffusion(llada2, [PROMPT], wino_config())
     assert not ran
-    with pytest.raises(EngineError, match="ScriptedLM has a forward of its own"):
+    with pytest.raises(EngineError, match="does not support the ScriptedLM family.*a forward of its own"):
         check_shadow_support(ScriptedLM(SCRIPT, STRENGTH))
     check_shadow_support(tiny_llada_moe())  # supported: no error
     with pytest.raises(EngineError, match=r"wino_threshold_out must be in \[0, 1\]"):  # with the config, before any worker or weight

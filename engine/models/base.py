@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 import torch
 from torch import nn
@@ -71,6 +71,16 @@ class DiffusionLM(nn.Module):
     # "uniform": every position always holds a token, re-noised until accepted (DiffusionGemma,
     # engine/kinds/uniform.py). The engine's entry point runs the loop of the model's kind.
     diffusion_kind: str = "masked"
+    # Whether this family's forward takes WINO's shadow block (engine/shadow.py: a copy of the block
+    # appended, at positions given by `replace`, under the caller's attention mask): the families on
+    # the engine's bidirectional layer stack say True. A class with a forward of its own (a wrapper,
+    # another library's model) does not inherit it: it says so itself.
+    takes_shadow_block: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward" in vars(cls) and "takes_shadow_block" not in vars(cls):
+            cls.takes_shadow_block = False
 
     # the clock of this process's all-reduces, set on a sharded model (engine/runtime/parallel.py)
     comm_clock: "CommClock | None" = None

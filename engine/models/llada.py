@@ -88,6 +88,7 @@ class LLaDAModelLM(DiffusionLM):
     """LLaDA dense. `config` is the checkpoint's config.json as a dict."""
 
     kv_rope = "pre"
+    takes_shadow_block = True  # bidirectional, on the engine's layer stack
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()

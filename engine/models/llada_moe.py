@@ -103,6 +103,7 @@ class LLaDAMoEModelLM(DecoderStackLM):
     """LLaDA-MoE. `config` is the checkpoint's config.json as a dict."""
 
     fp32_suffixes = ("mlp.gate.weight",)
+    takes_shadow_block = True  # bidirectional, on the engine's layer stack
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
