@@ -28,7 +28,6 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_analysis.py::test_analyze_command",
         "test_trace_diff.py::test_diff_command",
         "test_reference_record.py::test_record_command_on_the_embedded_gemma_equals_transformers_generate",
-        "test_reference_record.py::test_record_command_refuses_in_one_line",
         "test_app_cli.py::test_the_server_listens_where_the_environment_says",
         "test_security.py::test_app_with_an_address_it_cannot_bind_says_so_in_one_line_and_exits",
     ),

@@ -94,10 +94,6 @@ def test_refusals_are_one_line(reference, llada2):
         assert "\n" not in str(err.value)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
-
-
 def test_record_command_on_the_embedded_gemma_equals_transformers_generate(tmp_path):
     """The issue's "done when": the trace loads, and its final tokens are the library's own generate."""
     from transformers import DiffusionGemmaForBlockDiffusion
@@ -106,8 +102,8 @@ def test_record_command_on_the_embedded_gemma_equals_transformers_generate(tmp_p
 
     folder = ROOT / "assets" / "tiny-gemma"
     out = tmp_path / "ref.json"
-    done = run_cli("record", "--reference", "transformers", "--model", str(folder), "--prompt", "Q: 12+7=? A:", "--decoder", "uniform",
-                   "--block-length", "16", "--gen-length", "32", "--no-use-chat-template", "--trace", str(out))
+    done = subprocess.run([sys.executable, "-m", "engine", "record", "--reference", "transformers", "--model", str(folder), "--prompt", "Q: 12+7=? A:", "--decoder", "uniform",
+                           "--block-length", "16", "--gen-length", "32", "--no-use-chat-template", "--trace", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     trace = Trace.from_json(out.read_text())
     tokenizer = load_tokenizer(folder)
@@ -118,11 +114,15 @@ def test_record_command_on_the_embedded_gemma_equals_transformers_generate(tmp_p
     assert trace.final[0][: len(theirs)] == theirs and trace.tokens
 
 
-def test_record_command_refuses_in_one_line(tmp_path):
+def test_record_command_refuses_in_one_line(tmp_path, capsys):
+    """Through the command's main() in this process: the program's own exit path is the test above's."""
+    from engine.__main__ import main
+
     for args, words in [
         (["--reference", "transformers", "--model", str(ROOT / "assets" / "tiny-llada"), "--decoder", "uniform"], "DiffusionGemma"),
         (["--reference", "diffusers", "--model", str(ROOT / "assets" / "tiny-llada"), "--smoothing"], "--smoothing"),
         (["--reference", "transformers", "--model", str(ROOT / "assets" / "tiny-gemma")], "runs uniform"),
     ]:
-        done = run_cli("record", *args, "--prompt", "Hi", "--trace", str(tmp_path / "x.json"))
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+        assert main(["record", *args, "--prompt", "Hi", "--trace", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
