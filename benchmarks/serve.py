@@ -22,6 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -69,13 +70,27 @@ def load(url: str, prompts: list[str]) -> tuple[float, list[dict[str, object]]]:
         return time.perf_counter() - t0, results
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc: no psutil)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 @contextmanager
-def server(max_batch: int, threads: int, device: str) -> Iterator[str]:
-    """`python -m engine serve` on a free loopback port; its base URL once it answers."""
+def server(max_batch: int, threads: int, device: str, *flags: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m engine serve` on a free loopback port (more `flags` of its own); its base URL
+    once it answers, and its process. A server still running at the end is stopped (SIGTERM)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "engine", "serve", "--port", str(port), "--max-batch", str(max_batch), "--threads", str(threads), "--device", device]
+    command = [sys.executable, "-m", "engine", "serve", "--port", str(port), "--max-batch", str(max_batch), "--threads", str(threads), "--device", device, *flags]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -88,10 +103,11 @@ def server(max_batch: int, threads: int, device: str) -> Iterator[str]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"error: the server did not start ({' '.join(command)})") from None
                 time.sleep(0.2)
-        yield url
+        yield url, process
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=60)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     solo = [engine.generate(p, config).text for p in prompts]
     rows = []
     for max_batch in (args.clients, 1):
-        with server(max_batch, args.threads, args.device) as url:
+        with server(max_batch, args.threads, args.device) as (url, _):
             load(url, prompts[:1])  # warm-up: the first request's allocations
             runs = [load(url, prompts) for _ in range(args.repeats)]
         wall = statistics.median(w for w, _ in runs)

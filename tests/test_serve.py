@@ -24,6 +24,7 @@ import pytest
 import torch
 import uvicorn
 
+from benchmarks.serve import children as _children
 from engine import Engine, GenerationConfig, Trace
 from engine.cli import DEFAULT_MODEL
 from engine.hooks import RunHooks
@@ -321,19 +322,6 @@ def _refused(port: int) -> bool:
     except ConnectionRefusedError:
         return True
     return False
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc: no psutil)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def test_sigint_to_the_server_ends_its_stream_with_an_error_event_and_leaves_no_process(tmp_path):

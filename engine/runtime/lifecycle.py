@@ -34,6 +34,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -132,9 +133,17 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent watchdog", daemon=True).start()
 
 
+def _end_now(signum: int, frame: Any) -> None:
+    os._exit(128 + signum)
+
+
 def _serve(rank: int, parent: int, environment: dict[str, str], load: Load, conn: Connection, stop_parts: tuple) -> None:
-    """A worker: build the handler (`load`), then answer requests until the pipe closes."""
+    """A worker: build the handler (`load`), then answer requests until the pipe closes. SIGTERM
+    (multiprocessing's own at the caller's exit) ends it at once, whatever it is doing; set before
+    the handler loads, so a launched rank's SIGTERM line (engine/runtime/launch.py: Job.join,
+    which leaves a handler already set alone) is not raised in a worker, where nobody reads it."""
     _watch_parent(parent)
+    signal.signal(signal.SIGTERM, _end_now)
     os.environ.update(environment)
     cancel = RankCancel(StopFlags(*stop_parts), rank)
 

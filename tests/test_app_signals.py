@@ -1,0 +1,82 @@
+"""SIGINT to `python app.py` while a tensor-parallel run is under way: the app exits 0 and no
+process it started outlives it (its two worker processes and multiprocessing's resource tracker).
+
+The run is held inside its request on both ranks by the marked gate decoder's files (tests/
+marked_gate_decoder.py), so the signal lands mid-run whatever the machine's speed; the gates open
+after the signal. Every outcome is read from the exit status and the processes' ends; the time
+from the signal to the exit is printed (benchmarks/RESULTS.md), never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from benchmarks.serve import children
+
+from .conftest import assert_processes_end
+from .marked_gate_decoder import __file__ as GATE_DECODER
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT_S = 600  # a bound on a hang, not a speed
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _until(predicate, app: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not predicate():
+        assert app.poll() is None, app.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"the app never {what}"
+        time.sleep(0.1)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "config", timeout=5) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.workers
+def test_sigint_to_the_app_mid_run_exits_0_and_leaves_no_process(tmp_path):
+    from gradio_client import Client
+
+    port = _free_port()
+    env = {**os.environ, "DINFER_VIZ_DECODERS": GATE_DECODER, "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        _until(lambda: _answers(url), app, "answered")
+        gates = tmp_path / "gates"
+        gates.mkdir()
+        settings = {"model": {"path": "tiny-llada", "tp_size": 2}, "config": {"decoder": "marked_gate", "gen_length": 16, "block_length": 8, "decoder_options": {"gates": str(gates)}}}
+        Client(url, verbose=False).submit("Q: 12+35=? A:", settings, "", api_name="/run")
+        _until(lambda: all((gates / f"reached-1-{rank}").exists() for rank in (0, 1)), app, "started the run on both ranks")
+        started = children(app.pid)
+        assert len(started) >= 2, started  # the two workers (and multiprocessing's resource tracker)
+        signalled = time.monotonic()
+        app.send_signal(signal.SIGINT)
+        for gate in range(1, 17):
+            (gates / str(gate)).touch()
+        assert app.wait(timeout=LIMIT_S) == 0, app.stderr.read()[-3000:]
+        print(f"SIGINT to the app's exit, a TP=2 run under way: {time.monotonic() - signalled:.2f} s")
+        assert "Traceback" not in app.stderr.read()
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
+    assert_processes_end(started, LIMIT_S, "the app")
