@@ -120,7 +120,7 @@ def test_stop_cancels_the_engine_and_frees_it(app):
     finally:
         handle.remove()
     assert len(forwards) < n  # stopped before its last iteration
-    deadline = time.time() + 10
+    deadline = time.time() + 120  # a bound for a loaded machine, not a measurement
     while job.status().code != Status.CANCELLED and time.time() < deadline:
         time.sleep(0.05)
     assert job.status().code == Status.CANCELLED
