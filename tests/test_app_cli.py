@@ -28,12 +28,16 @@ def test_unknown_flag_is_one_line(capsys):
 def test_gradio_environment_settings_win_unless_a_flag_is_given(monkeypatch, capsys):
     """A Hugging Face Space sets GRADIO_SERVER_NAME/PORT: left to Gradio unless --host/--port say
     otherwise, and a non-loopback address from the environment turns public mode on too."""
+    import socket
+
     import gradio as gr
 
     launched: list[dict] = []
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: launched.append(kw))
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
-    monkeypatch.setenv("GRADIO_SERVER_PORT", "7861")
+    with socket.socket() as s:  # a free port: the app checks that it can bind the address it is given
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("GRADIO_SERVER_PORT", str(s.getsockname()[1]))
     assert app.main(["--no-model"]) == 0
     assert launched[-1]["server_name"] is None and launched[-1]["server_port"] is None  # Gradio reads the environment
     assert "serving 0.0.0.0 to the network" in capsys.readouterr().err
