@@ -145,6 +145,7 @@ def llada2_rows(args) -> list[Row]:
     import diffusers
 
     from engine import GenerationConfig, RunHooks, run_diffusion
+    from engine.cache import BlockCausalCache
     from engine.reference import DiffusersAdapter
 
     model = tiny_llada2(args.seed)
@@ -188,7 +189,7 @@ def llada2_rows(args) -> list[Row]:
             engine_for(GenerationConfig(decoder="threshold", threshold=t, cache="none")), peer_for(t, None), len(prompts), probes),
         *(Row(f"LLaDA2 edit, {'prefix cache' if cache == 'prefix' else 'no cache'}", "diffusers LLaDA2Pipeline", f"threshold {et:g}, edit {ee:g}; {shape}",
               engine_for(GenerationConfig(decoder="edit", threshold=et, cache=cache, decoder_options={"edit_threshold": ee, "max_post_edit_steps": post})),
-              peer_for(et, ee), len(prompts), probes) for cache in ("prefix", "none")),
+              peer_for(et, ee), len(prompts), probes) for cache in reversed(BlockCausalCache.MODES)),  # the exact modes: prefix, none
     ]
     if args.compile:  # the engine's --compile: bucketed static shapes through torch.compile (engine/runtime/compiled.py)
         from engine.runtime.compiled import static_shape_model
