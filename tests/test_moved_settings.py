@@ -7,6 +7,7 @@ the server's fields, the app's settings JSON and controls, presets, sweeps and o
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,3 +167,13 @@ def test_an_old_trace_loads_with_its_settings_moved_and_fills_the_apps_boxes(tmp
     boxes = dict(zip(handlers.loaded_slots, handlers.load_trace(str(path))))
     assert boxes[f"cfg:{OPTION_PREFIX}low_threshold"] == 0.45 and boxes[f"cfg:{OPTION_PREFIX}anchor"] == "centre"
     assert boxes["cfg:decoder"] == "hierarchical"
+
+
+@pytest.mark.parametrize("stem, options", [("hierarchical-none", {"low_threshold": 0.6, "anchor": "confidence"}), ("fixed-none", {"remasking": "low_confidence"}), ("threshold-none", {})])
+def test_a_shipped_version_2_trace_reads_its_decoders_settings_as_options(stem, options):
+    path = Path(__file__).resolve().parents[1] / "assets" / "traces" / f"{stem}.json"
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and set(MOVED_SETTINGS) <= set(data["config"])  # written with the seven fields
+    trace = Trace.from_dict(data)
+    assert trace.config["decoder_options"] == options and not set(MOVED_SETTINGS) & set(trace.config)
+    assert GenerationConfig.from_dict(trace.config).decoder_options == options
