@@ -43,6 +43,13 @@ def _until(predicate, app: subprocess.Popen, what: str) -> None:
         time.sleep(0.1)
 
 
+def _default_sigint() -> None:
+    """In the app's process before it starts Python: SIGINT's default action. A shell's background
+    job (`pytest &`, as a CI script may start it) ignores SIGINT, a child inherits that, and Python
+    then installs no KeyboardInterrupt handler: the signal would be lost, not tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "config", timeout=5) as reply:
@@ -57,7 +64,7 @@ def test_sigint_to_the_app_mid_run_exits_0_and_leaves_no_process(tmp_path):
 
     port = _free_port()
     env = {**os.environ, "DINFER_VIZ_DECODERS": GATE_DECODER, "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
-    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     try:
         url = f"http://127.0.0.1:{port}/"
         _until(lambda: _answers(url), app, "answered")
