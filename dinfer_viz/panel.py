@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine import IterationRecord
+
 from .cells import expected_at, inert
 from .timeline import Timeline
 
@@ -71,6 +73,20 @@ class PanelRows(list):
         elif not in_prompt:
             where += f", {never}"
         self.add("position", f"{position} ({where})")
+
+    def record_holding(self, timeline: Timeline, iteration: int, position: int, before: str, outside: str) -> IterationRecord | None:
+        """The record shown (`iteration`) when the range it worked on (its block, its canvas) holds
+        `position`; else None, with the "this iteration" row that says why: `before` the first
+        record, or `outside` the range (formatted with its bounds `s` and `e`)."""
+        if iteration < 0:
+            self.add("this iteration", before)
+            return None
+        rec = timeline.records[iteration]
+        s, e = rec.block_range
+        if s <= position < e:
+            return rec
+        self.add("this iteration", outside.format(s=s, e=e))
+        return None
 
     def add_expected(self, timeline: Timeline, expected: list[int] | None, position: int, token: int, pending: str | None, mask_word: str = "[MASK]") -> None:
         """The "expected" row: the token the answer wants at `position` and whether `token` (the one

@@ -344,35 +344,34 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
     if len(done) < len(revisions):
         add("revised later", f"{len(revisions) - len(done)} more revision(s) after the iteration shown, the next at iteration {iteration_number(revisions[len(done)].iteration)}")
     rows.add_expected(timeline, expected, position, token, "not committed yet" if token == timeline.mask_id else None)
-    if iteration < 0:
-        add("this iteration", "before the first forward: nothing computed, nothing in the cache")
-    else:
-        rec = timeline.records[iteration]
-        s, e = rec.block_range
-        if s <= position < e:
-            candidate = rec.top1[timeline.row][position - s]
-            conf = float(rec.confidence[timeline.row][position - s])
-            restricted = restricted_at(timeline, iteration, position)
-            after = " (what the decoder saw: the constraint's allowed tokens only)" if restricted is not None else ""
-            add("top-1 now", f"{token_name(timeline, candidate)} with probability {number(conf)}{after}")
-            if restricted is not None:
-                add("constraint now", restriction_words(timeline, restricted))
-            if position in dropped_at(timeline, iteration):
-                add("dropped", "the decoder chose to write here, and the constraint's joint check dropped the write: with the writes kept before it the answer could not be completed")
-            add("top candidates", _candidates_text(timeline, rec, position))
-            if commit is not None and commit.iteration == iteration or timeline.revision_at(position, iteration) is not None:
-                pass  # the decision is the commit or the revision above, with its rule
-            elif _masked_before(timeline, position, iteration):
-                add("decision now", rule_text(timeline, iteration, position))
-            else:
-                add("decision now", (
-                    "already committed before this iteration: the decoder could have edited or remasked it here, and its rule did not"
-                    if timeline.revises else "already committed before this iteration: the decoder only reports what it would predict here"
-                ))
-            for label, text in _extras_text(timeline, iteration, position):
-                add(label, text)
+    rec = rows.record_holding(
+        timeline, iteration, position, "before the first forward: nothing computed, nothing in the cache",
+        "not in this iteration's block [{s}, {e}): the decoder did not consider it",
+    )
+    if rec is not None:
+        s = rec.block_range[0]
+        candidate = rec.top1[timeline.row][position - s]
+        conf = float(rec.confidence[timeline.row][position - s])
+        restricted = restricted_at(timeline, iteration, position)
+        after = " (what the decoder saw: the constraint's allowed tokens only)" if restricted is not None else ""
+        add("top-1 now", f"{token_name(timeline, candidate)} with probability {number(conf)}{after}")
+        if restricted is not None:
+            add("constraint now", restriction_words(timeline, restricted))
+        if position in dropped_at(timeline, iteration):
+            add("dropped", "the decoder chose to write here, and the constraint's joint check dropped the write: with the writes kept before it the answer could not be completed")
+        add("top candidates", _candidates_text(timeline, rec, position))
+        if commit is not None and commit.iteration == iteration or timeline.revision_at(position, iteration) is not None:
+            pass  # the decision is the commit or the revision above, with its rule
+        elif _masked_before(timeline, position, iteration):
+            add("decision now", rule_text(timeline, iteration, position))
         else:
-            add("this iteration", f"not in this iteration's block [{s}, {e}): the decoder did not consider it")
+            add("decision now", (
+                "already committed before this iteration: the decoder could have edited or remasked it here, and its rule did not"
+                if timeline.revises else "already committed before this iteration: the decoder only reports what it would predict here"
+            ))
+        for label, text in _extras_text(timeline, iteration, position):
+            add(label, text)
+    if iteration >= 0:
         code, sentence = state_explanation(cache_states(timeline, iteration), timeline, iteration, position)
         chip = f'<span style="display:inline-block;width:0.9em;height:0.9em;border-radius:3px;margin-right:8px;vertical-align:-0.1em;background:{STATES[code][0]}"></span>'
         rows.append(("K/V cache", chip + inert(sentence)))

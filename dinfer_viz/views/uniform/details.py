@@ -173,16 +173,13 @@ def uniform_position_details(timeline: Timeline, position: int, iteration: int, 
         when = " (this iteration)" if ends[0] == iteration else " (later than the iteration shown)" if ends[0] > iteration else ""
         add("output", f"{token_name(timeline, timeline.canvas_at(ends[0])[position])}, written when its canvas ended at iteration {iteration_number(ends[0])}{when}")
     rows.add_expected(timeline, expected, position, token, "not generated yet" if state == "masked" else None, "pad")
-    if iteration < 0:
-        add("this iteration", "before the first step: the canvases start as random tokens at their first step")
-    else:
-        rec = timeline.records[iteration]
-        s, e = rec.block_range
-        if s <= position < e:
-            for label, text in _step_rows(timeline, rec, iteration, position):
-                add(label, text)
-            add("stop rule", stop_text(timeline, rec))
-        else:
-            add("this iteration", f"not in this step's canvas [{s}, {e}): the step did not touch it")
+    rec = rows.record_holding(
+        timeline, iteration, position, "before the first step: the canvases start as random tokens at their first step",
+        "not in this step's canvas [{s}, {e}): the step did not touch it",
+    )
+    if rec is not None:
+        for label, text in _step_rows(timeline, rec, iteration, position):
+            add(label, text)
+        add("stop rule", stop_text(timeline, rec))
     title = f"Position {position} · " + (f"iteration {iteration_number(iteration)} of {timeline.iterations}" if iteration >= 0 else "before the first step (iteration 0)")
     return panel(title, rows, "Its canvas, step by step", _history(timeline, position, iteration))
