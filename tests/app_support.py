@@ -21,6 +21,8 @@ from engine import IterationRecord, Trace, save_model
 from engine.models import LLaDAModelLM
 from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
 
+from .conftest import assert_in_lane
+
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser downloaded by playwright
 BROWSER_WAIT_MS = 120_000
@@ -29,7 +31,9 @@ BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-backgr
 
 def require_browser() -> None:
     """Skip a browser test where chromium or playwright is missing; in CI, fail instead (CI
-    installs both, so a missing one is a broken setup, not a reason to pass)."""
+    installs both, so a missing one is a broken setup, not a reason to pass). A test that drives
+    chromium outside the browser lane fails: it would slow `pytest -m "not slow"`."""
+    assert_in_lane("browser", "drives chromium")
     reason = ""
     if not shutil.which(CHROMIUM):
         reason = f"{CHROMIUM} is missing (apt-get install chromium)"

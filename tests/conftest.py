@@ -35,7 +35,16 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_compiled.py",
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[compile]",
     ),
-    "browser": ("test_app_browser.py", "test_revision_browser.py", "test_uniform_browser.py"),
+    "browser": (  # require_browser() fails a test that drives chromium outside this lane
+        "test_app_browser.py",
+        "test_constraint_browser.py",
+        "test_diff_browser.py",
+        "test_page_limits_browser.py",
+        "test_projector_browser.py",
+        "test_revision_browser.py",
+        "test_run_on_display_browser.py",
+        "test_uniform_browser.py",
+    ),
     "training": ("test_train.py", "test_distill.py", "test_edit_train.py", "test_uniform_train.py"),
     "fuzz": ("test_fuzz.py",),  # generated bad inputs against every interface's one-line contract (#33)
 }
@@ -62,6 +71,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(lane)
         if lanes:
             item.add_marker(SLOW)
+
+
+_running: dict[str, pytest.Item] = {}  # the test being set up or run (this process runs one at a time)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _running["item"] = item
+
+
+def assert_in_lane(lane: str, what: str) -> None:
+    """Fail the running test unless it is in `lane` (what it does, `what`, belongs there)."""
+    item = _running.get("item")
+    if item is not None and item.get_closest_marker(lane) is None:
+        pytest.fail(f"{item.nodeid} {what}: add it to LANES[{lane!r}] in tests/conftest.py or mark it @pytest.mark.{lane}")
 
 
 def assert_processes_end(pids: list[int], limit_s: float, who: str) -> None:
@@ -112,6 +136,16 @@ def tiny_llada(seed: int = 0, **overrides) -> LLaDAModelLM:
             if p.dim() == 2:
                 p.normal_(0.0, 0.3)
     return model.eval().requires_grad_(False)
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    """A decoder registry of the test's own: the decoders it registers in this process (plug-ins
+    it loads) are gone for the tests after it, whatever order they run in."""
+    from engine import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_loaded_plugins", set(registry._loaded_plugins))
 
 
 @pytest.fixture

@@ -163,3 +163,35 @@ def test_two_sessions_of_the_app_share_one_batch_and_each_gets_its_own_text(engi
     for prompt in PROMPTS[:2]:
         assert any("batched with 1 other session's run" in m for m in messages[prompt]), messages[prompt]
         assert finals[prompt]["text"] == solo(engine, prompt, config).text
+
+
+def test_after_each_batch_the_allocator_gives_its_freed_pages_back(engine, monkeypatch):
+    """glibc keeps freed pages in its arenas; the batcher returns them after every batch, so a
+    server's memory stays flat across many shapes of request (benchmarks/load.py)."""
+    import platform
+
+    from engine.serving import batcher as batcher_module
+    from engine.serving.heap import release_freed_memory
+
+    if platform.libc_ver()[0] == "glibc":
+        assert release_freed_memory()
+    calls: list[int] = []
+    trimmed = threading.Event()
+
+    def spy() -> bool:
+        calls.append(1)
+        trimmed.set()
+        return True
+
+    monkeypatch.setattr(batcher_module, "release_freed_memory", spy)
+    host = EngineHost(SPEC)
+    host.preload()
+    batcher = RunBatcher(host)
+    config = GenerationConfig(gen_length=16, block_length=8)
+    with host.lock:
+        queues = [batcher.submit(SPEC, p, config, threading.Event()) for p in PROMPTS[:2]]
+        assert all(isinstance(q.get(timeout=600), Waiting) for q in queues)
+    for q in queues:
+        drain(q)
+    assert trimmed.wait(600)  # the leader trims once it let go of the engine, after the news
+    assert calls == [1]  # one batch of two rows: one trim, by its leader

@@ -113,14 +113,11 @@ def test_help_lists_every_decoder_and_cache_mode_with_defaults_and_who_reads_a_s
     assert "[read by: cache vicinity]" in text  # --prefix-look
 
 
-def test_a_plug_in_decoder_and_its_declared_settings_reach_the_cli_and_the_app(monkeypatch, capsys):
+def test_a_plug_in_decoder_and_its_declared_settings_reach_the_cli_and_the_app(own_registry, monkeypatch, capsys):
     """The decoder declares what it reads; the CLI's help and the app's visible controls follow."""
     from dinfer_viz.settings import sweep_setting, visible_fields
     from engine import registry
 
-    # a registry of this test's own, so the plug-in is gone for the tests after it
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_loaded_plugins", set())
     plugin = Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"
     monkeypatch.setenv("DINFER_VIZ_DECODERS", str(plugin))
     registry.load_plugins()
@@ -132,15 +129,13 @@ def test_a_plug_in_decoder_and_its_declared_settings_reach_the_cli_and_the_app(m
     assert sweep_setting("fixed") == "steps" and sweep_setting("factor") == "decoder_options.factor" and sweep_setting("entropy") == "threshold"
 
 
-def test_a_plug_in_decoders_own_setting_reaches_the_cli_the_app_and_the_rule(monkeypatch, capsys, checkpoint):
+def test_a_plug_in_decoders_own_setting_reaches_the_cli_the_app_and_the_rule(own_registry, monkeypatch, capsys, checkpoint):
     """examples/entropy_decoder.py declares `max_per_step` (engine/registry.py: DecoderOption): the CLI
     has a flag for it, the app a control shown only for that decoder, both put it in
     config.decoder_options, the decoder's rule reads it, and a wrong value is one EngineError."""
     from dinfer_viz.settings import all_controls, build_config, visible_fields
     from engine import EngineError, GenerationConfig, registry
 
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_loaded_plugins", set())
     monkeypatch.setenv("DINFER_VIZ_DECODERS", str(Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"))
     with pytest.raises(SystemExit):
         main(["generate", "--help"])

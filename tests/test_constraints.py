@@ -68,6 +68,15 @@ def test_pair_sum_regex_compiles_over_the_char_tokenizer(vocabulary):
     assert set(np.nonzero(sets.allowed_tokens(2))[0]) == digits and set(np.nonzero(sets.allowed_tokens(7))[0]) == digits
 
 
+def test_engines_over_one_tokenizer_share_its_vocabulary_and_what_it_compiled(vocabulary):
+    """A second engine on the same tokens (the app's shipped models share the char tokenizer, a
+    model loaded again) reuses the automata compiled for the first; other stop ids get their own."""
+    again = TokenVocabulary.of(hf_tokenizer(), STOP, after=(SPECIAL["mask_token_id"],))
+    assert again is vocabulary and again.automaton(PAIR) is vocabulary.automaton(PAIR)
+    other = TokenVocabulary.of(hf_tokenizer(), STOP, after=())
+    assert other is not vocabulary and other.automaton(PAIR) is not vocabulary.automaton(PAIR)
+
+
 def test_jointly_inconsistent_commits_are_dropped_in_the_decoders_order(vocabulary):
     """Two positions each allowed alone, not together: the higher-ranked write stays."""
     a = vocabulary.automaton("(ab|ba)")

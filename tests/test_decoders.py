@@ -364,7 +364,7 @@ def test_every_decoder_generates_to_the_end_with_small_json_extras(name):
 # ---- plug-in API ---------------------------------------------------------------------------------
 
 
-def test_example_plugin_registers_and_follows_its_rule():
+def test_example_plugin_registers_and_follows_its_rule(own_registry):
     load_plugins(str(EXAMPLE_PLUGIN))
     assert "entropy" in decoder_names()
     # budget -ln(0.5) = 0.69 nats; a near one-hot has ~0 entropy, conf(0.6) about 1.6 nats

@@ -8,7 +8,9 @@ import re
 import tomllib
 from pathlib import Path
 
-from .conftest import LANES, SLOW, lanes_of
+import pytest
+
+from .conftest import LANES, SLOW, assert_in_lane, lanes_of
 
 TESTS = Path(__file__).resolve().parent
 
@@ -39,3 +41,14 @@ def test_a_tests_lanes_come_from_its_file_its_name_its_parameter_set_or_its_mark
     assert lanes_of("test_compiled.py", "test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_all_reduces", "x") == ["compile", "workers"]
     assert lanes_of("test_app_models.py", "test_y", "test_y", {"browser", "filterwarnings"}) == ["browser"]
     assert lanes_of("test_lifecycle.py", "test_y", "test_y") == []  # plain Python workers: the fast lane
+
+
+def test_a_test_that_drives_chromium_outside_the_browser_lane_fails():
+    """require_browser() (tests/app_support.py) calls this first, so no browser test can slip into
+    `pytest -m "not slow"` unlisted; this test is in no lane."""
+    import pytest
+
+    from .conftest import assert_in_lane
+
+    with pytest.raises(pytest.fail.Exception, match=r"test_lanes.py::test_a_test_that_drives_chromium_outside_the_browser_lane_fails drives chromium: add it to LANES\['browser'\]"):
+        assert_in_lane("browser", "drives chromium")

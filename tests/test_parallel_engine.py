@@ -73,13 +73,6 @@ def engines(moe_folder):
         engine.close()
 
 
-@pytest.fixture
-def own_registry(monkeypatch):
-    """Decoders a test registers in this process vanish after it."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_loaded_plugins", set(registry._loaded_plugins))
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("setting", CONFIGS)
 def test_parallel_engines_decide_what_one_process_decides(engines, layout, setting):

@@ -17,12 +17,21 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-# the launched app and a page at each size: the run-on-display tests' fixtures
-from .test_run_on_display_browser import page, session  # noqa: F401
+# the launched app: the run-on-display tests' fixture
+from .test_run_on_display_browser import SIZES, open_page, session  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")
 WAIT = 300_000  # ms: generous, for a loaded 2-core machine; only ever a wait for a condition
+
+
+@pytest.fixture(params=SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def page(session, request):
+    """The page at each size: these tests are about layout."""
+    page = open_page(session, *request.param)
+    yield page
+    page.close()
+
 
 # every pair of text boxes of a figure that must stay apart: its legend, axis titles, tick labels,
 # colour bar and point labels (a box of zero size is not drawn)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -20,6 +21,12 @@ from .spec import MAX_STATES, MAX_TABLE_ENTRIES, check_regex
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 COMPILED_KEPT = 32  # automata kept per vocabulary (a server sees the same few schemas again and again)
+# Vocabularies kept in this process, by content: engines over one tokenizer (the app's shipped
+# models, a model loaded again) share one, and with it the automata already compiled; a JSON
+# object's automaton takes outlines-core seconds to build even over a 99-token vocabulary.
+VOCABULARIES_KEPT = 4
+_shared: OrderedDict[tuple, "TokenVocabulary"] = OrderedDict()
+_shared_lock = threading.Lock()
 
 
 def _byte_level_decoder() -> dict[str, int]:
@@ -87,20 +94,33 @@ class TokenVocabulary:
                 by_bytes.setdefault(b, []).append(i)
         self.vocabulary = Vocabulary(self.stop_ids[0], by_bytes)
         self._compiled: OrderedDict[str, TokenAutomaton] = OrderedDict()
+        self._lock = threading.Lock()
 
     @classmethod
     def of(cls, tokenizer: Any, stop_ids: list[int], after: tuple[int, ...] = ()) -> "TokenVocabulary":
+        """The vocabulary of `tokenizer`: the one already built for the same tokens, stop ids and
+        `after` in this process, else a new one (kept, the last `VOCABULARIES_KEPT`)."""
         tokens = token_bytes(tokenizer)
-        return cls(tokens, stop_ids, max(max(tokens, default=0), *stop_ids, *after) + 1, after)
+        key = (tuple(sorted(tokens.items())), tuple(stop_ids), tuple(after))
+        with _shared_lock:
+            if key in _shared:
+                _shared.move_to_end(key)
+                return _shared[key]
+        vocabulary = cls(tokens, stop_ids, max(max(tokens, default=0), *stop_ids, *after) + 1, after)
+        with _shared_lock:
+            vocabulary = _shared.setdefault(key, vocabulary)
+            while len(_shared) > VOCABULARIES_KEPT:
+                _shared.popitem(last=False)
+        return vocabulary
 
     def automaton(self, regex: str) -> TokenAutomaton:
         """The region automaton of `regex`: an answer in the regex's language, then end-of-text
         (any stop id, and `after` once the answer has ended) to the region's end. EngineError in
         one line when the tokenizer cannot write what the regex needs."""
-        key = regex
-        if key in self._compiled:
-            self._compiled.move_to_end(key)
-            return self._compiled[key]
+        with self._lock:
+            if regex in self._compiled:
+                self._compiled.move_to_end(regex)
+                return self._compiled[regex]
         from outlines_core import Index
 
         check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
@@ -113,9 +133,10 @@ class TokenVocabulary:
                 raise EngineError(f"the constraint needs a character this tokenizer cannot write (outlines-core finds no token for one of {missing[:120]})") from None
             raise EngineError(f"the constraint cannot be compiled over this vocabulary: {message[:200]}") from None
         automaton = self._region(index)
-        self._compiled[key] = automaton
-        while len(self._compiled) > COMPILED_KEPT:
-            self._compiled.popitem(last=False)
+        with self._lock:  # engines on other threads may share this vocabulary
+            self._compiled[regex] = automaton
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
         return automaton
 
     def _region(self, index: Any) -> TokenAutomaton:

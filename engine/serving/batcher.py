@@ -41,6 +41,7 @@ from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
 from ..stats import count_tokens
 from ..kinds import kind_named
+from .heap import release_freed_memory
 from ..trace import IterationRecord, Trace
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,8 @@ class Batcher:
                 self._run(members)
         finally:
             self.lock.release()
+        if members:  # after the lock, so the next batch does not wait on it
+            release_freed_memory()
 
     def _withdraw(self, request: BatchRequest) -> None:
         with self._mutex:
