@@ -78,7 +78,8 @@ def _flag_value(rng: random.Random) -> str:
 
 
 @pytest.mark.parametrize("case", range(CASES))
-def test_the_cli_answers_generated_bad_flags_with_exit_2_and_one_line(case, folder, capsys):
+def test_the_cli_answers_generated_bad_flags_with_exit_2_and_one_line(case, folder, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a drawn `--trace <text>` writes a file there, never into the checkout
     rng = random.Random(f"{SEED}-cli-{case}")
     flags = ["--" + name.replace("_", "-") for name in (*SETTINGS, *decoder_options(), "threads", "tp", "trace", "model") if name != "decoder_options"]
     argv = ["generate", "--model", str(folder), "--prompt", "Q: 1+2=? A:", "--gen-length", "8", "--block-length", "8"]
