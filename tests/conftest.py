@@ -9,7 +9,7 @@ import torch
 from engine.models.llada import LLaDAModelLM
 
 # The slow lanes: tests that start worker processes, torchrun jobs or a fresh Python with torch
-# (the CLI, the server, the app as programs), compile, drive chromium or train. Each lane is a marker (pyproject.toml) and implies `slow`, so `pytest -m "not slow"` runs the
+# (the CLI, the server, the app as programs), compile, drive chromium, train or score a shipped model. Each lane is a marker (pyproject.toml) and implies `slow`, so `pytest -m "not slow"` runs the
 # engine and app unit tests and `pytest -m workers` one lane. A lane holds whole test files, or one
 # test (all its parameter sets) or one parameter set of it, by name in tests/; a test's own
 # `@pytest.mark.<lane>` counts too. tests/test_lanes.py checks that every entry names a test.
@@ -46,6 +46,14 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_uniform_browser.py",
     ),
     "training": ("test_train.py", "test_distill.py", "test_edit_train.py", "test_uniform_train.py"),
+    "evaluation": (  # a shipped model scored on held-out prompts: its quality floors, not the code's rules
+        "test_embedded_model.py::test_threshold_decoder_answers_held_out_prompts_of_every_family",
+        "test_embedded_model.py::test_the_issues_targets_at_threshold_0_9",
+        "test_embedded_model.py::test_pair_sum_shows_the_speed_accuracy_trade_off",
+        "test_embedded_model.py::test_blocks_keep_the_eos_march_from_cutting_grammar_short",
+        "test_embedded_model.py::test_the_apps_default_sweep_draws_the_curve",
+        "test_serve.py::test_lm_eval_scores_the_embedded_model_through_the_server",
+    ),
     "fuzz": ("test_fuzz.py",),  # generated bad inputs against every interface's one-line contract (#33)
 }
 SLOW = "slow"

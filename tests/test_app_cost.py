@@ -22,7 +22,7 @@ from dinfer_viz.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import Trace
 
-from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, app_model, handmade_trace, launch_app
+from .app_support import BROWSER_ARGS, CHROMIUM, app_model, handmade_trace, launch_app, random_char_model, require_browser
 
 SMALL = {"gen_length": 16, "block_length": 16}
 
@@ -135,9 +135,12 @@ def test_load_says_what_it_starts_first_then_the_result(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def handlers(tmp_path_factory):
-    """The app's handlers on the test model; every engine they loaded (a TP one has worker
-    processes) is closed at the end."""
-    handlers = Handlers(EngineHost(ModelSpec(app_model(tmp_path_factory))), fps=1000, plot_hz=1000)
+    """The app's handlers on a random 2-layer model (what these tests read is the page's messages
+    and cost chart, which no model's quality changes; compiling its forwards takes a third of the
+    embedded model's 6 layers); every engine they loaded (a TP one has worker processes) is closed
+    at the end."""
+    folder = random_char_model(tmp_path_factory.mktemp("cost-model"))
+    handlers = Handlers(EngineHost(ModelSpec(str(folder))), fps=1000, plot_hz=1000)
     yield handlers
     for engine in handlers.host._engines.values():
         engine.close()
