@@ -134,7 +134,7 @@ def test_a_plug_in_decoders_own_setting_reaches_the_cli_the_app_and_the_rule(own
     has a flag for it, the app a control shown only for that decoder, both put it in
     config.decoder_options, the decoder's rule reads it, and a wrong value is one EngineError."""
     from dinfer_viz.settings import all_controls, build_config, visible_fields
-    from engine import EngineError, GenerationConfig, registry
+    from engine import EngineError, GenerationConfig
 
     monkeypatch.setenv("DINFER_VIZ_DECODERS", str(Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"))
     with pytest.raises(SystemExit):

@@ -46,9 +46,5 @@ def test_a_tests_lanes_come_from_its_file_its_name_its_parameter_set_or_its_mark
 def test_a_test_that_drives_chromium_outside_the_browser_lane_fails():
     """require_browser() (tests/app_support.py) calls this first, so no browser test can slip into
     `pytest -m "not slow"` unlisted; this test is in no lane."""
-    import pytest
-
-    from .conftest import assert_in_lane
-
     with pytest.raises(pytest.fail.Exception, match=r"test_lanes.py::test_a_test_that_drives_chromium_outside_the_browser_lane_fails drives chromium: add it to LANES\['browser'\]"):
         assert_in_lane("browser", "drives chromium")

@@ -41,8 +41,8 @@ from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
 from ..stats import count_tokens
 from ..kinds import kind_named
-from .heap import release_freed_memory
 from ..trace import IterationRecord, Trace
+from .heap import release_freed_memory
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 8

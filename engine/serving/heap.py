@@ -4,8 +4,8 @@ A server decodes requests of many shapes: each batch allocates and frees tensors
 sizes the next one does not reuse, and glibc's malloc keeps the freed pages in its arenas (one per
 thread that allocated) instead of returning them. Nothing leaks (the Python heap and every queue
 are bounded), but the process's resident memory creeps up with the mix of shapes it has seen:
-+13% over 500 requests in `benchmarks/load.py` before this. `malloc_trim(0)` returns the free
-pages of every arena; it costs well under a millisecond against a batch's tens of milliseconds.
++11.6% over 500 requests in `benchmarks/load.py` before this. `malloc_trim(0)` returns the free
+pages of every arena; it costs about 2 ms against a batch's tens of milliseconds or more.
 On a C library without it (musl, macOS) this does nothing: their allocators return memory
 themselves or keep it by design."""
 
