@@ -53,7 +53,7 @@ class Commit:
 
 @dataclass(frozen=True)
 class Revised:
-    """A committed position a revising decoder changed at record `iteration` (docs/trace.md §2.1):
+    """A committed position a revising decoder changed at record `iteration` (docs/trace.md §3.1):
     `kind` EDIT (`old` -> `new`) or REMASK (`new` is [MASK]), because `score` compared with
     `bound` as `rule` says."""
 
@@ -193,7 +193,7 @@ class Timeline:
 
     def describe_revision(self, revision: Revised) -> str:
         """A revision in words with the numbers its rule compared, e.g. "edited '4' -> '7'
-        (p(new) 0.930 > edit threshold 0.9)"; the rule's text comes from the trace (docs/trace.md §2.1)."""
+        (p(new) 0.930 > edit threshold 0.9)"; the rule's text comes from the trace (docs/trace.md §3.1)."""
         if revision.kind == EDIT:
             what = f"edited {self.text_of(revision.old)!r} -> {self.text_of(revision.new)!r}"
         else:

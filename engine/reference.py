@@ -226,7 +226,7 @@ def _ids(value) -> list[int]:
 
 
 def _uniform_record(i, block, span, step, left, scaled, read, draft, next_read, output, bound, fraction, settings, history, steps_max, seconds) -> dict[str, Any]:
-    """One step of transformers' sampler in the trace's uniform record (docs/trace.md §2.2)."""
+    """One step of transformers' sampler in the trace's uniform record (docs/trace.md §3.2)."""
     from transformers import EntropyBoundSampler, EntropyBoundSamplerConfig
 
     s, e = span

@@ -218,7 +218,7 @@ class Trace:
 def record_writes(rec: IterationRecord, row: int) -> list[tuple[int, int]]:
     """(position, token) that record `rec` wrote into row `row`'s canvas, in the order they apply.
     Masked diffusion: its commits, then its revisions (an edit writes `new`, a remask [MASK]).
-    Uniform-state (§2.2): a canvas's starting noise (first step), the accepted proposals, the fresh
+    Uniform-state (docs/trace.md §3.2): a canvas's starting noise (first step), the accepted proposals, the fresh
     noise at the positions not accepted, the canvas's output (last step)."""
     s, e = rec.block_range
     u = rec.uniform or {}
@@ -318,7 +318,7 @@ def _int_list(value: Any) -> bool:
 
 
 def _valid_uniform(u: dict, rows: int, s: int, e: int, where: str) -> None:
-    """The per-position lists a replay reads of a uniform step (§2.2)."""
+    """The per-position lists a replay reads of a uniform step (docs/trace.md §3.2)."""
     for name in ("proposal", "draft"):
         _need(isinstance(u.get(name), list) and len(u[name]) == rows and all(_int_list(r) and len(r) == e - s for r in u[name]), f"{where}.uniform.{name} must be one id per canvas position per row")
     _need(isinstance(u.get("renoised"), list) and isinstance(u.get("noise"), list) and len(u["renoised"]) == len(u["noise"]) == rows, f"{where}.uniform: renoised and noise need one list per row")

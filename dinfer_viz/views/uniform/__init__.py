@@ -1,4 +1,4 @@
-"""The uniform-state kind's view (DiffusionGemma, engine/kinds/uniform.py; docs/trace.md §2.2):
+"""The uniform-state kind's view (DiffusionGemma, engine/kinds/uniform.py; docs/trace.md §3.2):
 every canvas position holds a token at every step, the sampler accepts the lowest-entropy proposals
 within a bound and re-noises the rest, and a canvas writes its output (its last draft) when it
 ends. Its grid, figures and details panel are this package's modules; this class is what the page

@@ -1,4 +1,4 @@
-"""The details panel of a uniform-state run (DiffusionGemma; docs/trace.md §2.2): one canvas
+"""The details panel of a uniform-state run (DiffusionGemma; docs/trace.md §3.2): one canvas
 position at one step, all from the record's `uniform` dict. In such a run every position holds a
 token at every step, so the panel says what the step did there: the token the model read, the
 proposal sampled at the temperature in force, its entropy, and the entropy-bound rule's verdict with

@@ -1,5 +1,5 @@
 """The raster and the per-iteration chart of a uniform-state run (DiffusionGemma; docs/trace.md
-§2.2), drawn from the records' `uniform` dict: what each step's entropy-bound rule saw and did.
+§3.2), drawn from the records' `uniform` dict: what each step's entropy-bound rule saw and did.
 The uniform view (dinfer_viz/views/uniform/__init__.py) draws them for dinfer_viz/figures.py.
 
 In a uniform run every canvas position holds a token at every step. The raster shows the entropy of

@@ -1,4 +1,4 @@
-"""The grid of a uniform-state run (DiffusionGemma; docs/trace.md §2.2): every position holds a
+"""The grid of a uniform-state run (DiffusionGemma; docs/trace.md §3.2): every position holds a
 token at every step, so a cell's state is what the step did there. Inside the canvas being
 denoised a cell is *accepted* (its proposal passed the entropy-bound rule) or *noise* (it was
 re-noised with a random token, drawn on the record); a finished canvas shows its *output*; later
