@@ -30,6 +30,12 @@ def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = Fa
     return view_of_kind(decoder_kind(decoder)).explanation(decoder_explanation(decoder), cache, smoothing, unroll, options)
 
 
+def run_kind(config: Any) -> str:
+    """The diffusion kind a run's settings run: the config's own `kind` (the engine's `fit` sets
+    it), else the kind its decoder decodes."""
+    return config.kind or decoder_kind(config.decoder)
+
+
 def decoder_kind(decoder: str) -> str:
     """The diffusion kind a decoder decodes (its declared `kind`; masked for a name this app does not know)."""
     try:

@@ -22,6 +22,7 @@ from engine import Engine, EngineError
 from engine.cli import DEFAULT_MODEL
 from engine.cli import DTYPES as CLI_DTYPES
 from engine.cli import set_cpu_threads
+from engine.kinds import ModelTraits
 from engine.models import DiffusionLM, model_skeleton
 from engine.models.loader import embedded_models, model_class, read_config
 from engine.pipeline import load_tokenizer
@@ -143,22 +144,23 @@ class EngineHost:
             raise EngineError(f"{self.name_of(spec)} is already the run's model: choose a different second model")
         return replace(spec, path=path, label=label)
 
-    def model_kind(self, spec: ModelSpec) -> tuple[str, int | None]:
-        """(diffusion kind, canvas length or None) of `spec`'s model: a loaded engine's, else read
-        from a local folder's config.json (no weights loaded); "masked" for a hub id not loaded
-        (the engine refuses a wrong decoder in one line when it loads)."""
+    def model_kind(self, spec: ModelSpec) -> ModelTraits:
+        """What the engine's `fit` reads of `spec`'s model (its own kind, block-causal attention,
+        canvas length): a loaded engine's, else read from a local folder's config.json (no weights
+        loaded); masked diffusion for a hub id not loaded (the engine refuses a wrong decoder or
+        kind in one line when it loads)."""
         engine = self._engines.get(spec)
         if engine is not None:
-            return engine.model.diffusion_kind, getattr(engine.model, "canvas_length", None)
+            return ModelTraits.of(engine.model)
         if not Path(spec.path).is_dir():
-            return "masked", None
+            return ModelTraits("masked")
         try:
             config = read_config(Path(spec.path))
             cls = model_class(config)
         except EngineError:
-            return "masked", None  # loading will say what is wrong with the folder
+            return ModelTraits("masked")  # loading will say what is wrong with the folder
         canvas = config.get("canvas_length")
-        return cls.diffusion_kind, canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None
+        return ModelTraits(cls.diffusion_kind, bool(cls.block_causal), canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None)
 
     def reader(self, spec: ModelSpec) -> tuple[DiffusionLM, Any] | None:
         """(model, tokenizer) that answer the engine's checks of a request before Run

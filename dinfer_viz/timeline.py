@@ -112,7 +112,7 @@ class Timeline:
             revised.append(revision)
             self.revisions.setdefault(revision.position, []).append(revision)
             self.revision_counts[revision.kind] = self.revision_counts.get(revision.kind, 0) + 1
-        for p, token in record_writes(rec, self.row):
+        for p, token in record_writes(rec, self.row, self.kind):
             self._writes.setdefault(p, []).append((index, token))
         self.record_revisions.append(revised)
         self.records.append(rec)

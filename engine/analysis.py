@@ -18,7 +18,7 @@ EPS = 1e-4  # a trace keeps probabilities to 4 decimals: no smaller probability 
 
 
 def _uniform(trace: Trace) -> bool:
-    return getattr(trace, "kind", None) == "uniform" or any(rec.uniform is not None for rec in trace.iterations)
+    return getattr(trace, "kind", None) == "uniform"
 
 
 def current_tokens(trace: Trace, row: int = 0) -> list[list[int | None]]:
@@ -31,7 +31,7 @@ def current_tokens(trace: Trace, row: int = 0) -> list[list[int | None]]:
     for i, (rec, canvas) in enumerate(zip(trace.iterations, canvases(trace, row))):
         s, e = rec.block_range
         if uniform:
-            done = (rec.uniform or {}).get("output") is not None
+            done = (rec.state or {}).get("output") is not None
             cur = [canvas[p] if p < s or (done and p < e) else rec.top1[row][p - s] if p < e else None for p in range(len(canvas))]
         else:
             cur = [canvas[p] if canvas[p] != mask else rec.top1[row][p - s] if s <= p < e else None for p in range(len(canvas))]
@@ -156,7 +156,7 @@ def converged(trace: Trace, row: int = 0) -> bool | None:
     for rec in trace.iterations:
         last[rec.block] = rec
     if _uniform(trace):
-        stops = [((rec.uniform or {}).get("stopping") or {}).get("stopped") for rec in last.values()]
+        stops = [((rec.state or {}).get("stopping") or {}).get("stopped") for rec in last.values()]
         return None if any(s is None for s in stops) else all(bool(s[row]) for s in stops)
     final = _final(trace, row)
     if any(final[p] == trace.mask_id for p in _generated(trace, row)):

@@ -48,12 +48,21 @@ def lift_moved(settings: dict[str, Any], strict: bool = True) -> dict[str, Any]:
     return lifted
 
 
-def _setting(default: Any, help: str, least: int | None = None, most: int | str | None = None) -> Any:
+def _setting(
+    default: Any, help: str, least: float | None = None, most: float | str | None = None, choices: tuple[str, ...] = (), kind: str | None = None
+) -> Any:
     """A GenerationConfig field with its one-line help: the CLI's --help and the app's controls read it.
     `least`/`most`: its declared range (inclusive), checked by `validate`; `most` may name another
     field ("gen_length") or "canvas" (the prompt plus gen_length, checked by `run.check_canvas`):
-    past the canvas a count can change nothing, and a request's work stays bounded by its size."""
-    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most})
+    past the canvas a count can change nothing, and a request's work stays bounded by its size.
+    `choices`: a text setting's allowed values. `kind`: the one diffusion kind that reads it (its
+    kind file declares it among its `reads`; no other kind does)."""
+    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most, "choices": choices, "kind": kind})
+
+
+def kind_owned(name: str) -> str | None:
+    """The kind that alone reads setting `name` (`_setting`'s `kind`), None for a shared one."""
+    return next(f.metadata.get("kind") for f in dataclasses.fields(GenerationConfig) if f.name == name)
 
 
 def relative_bound(name: str, reference: int) -> int:
@@ -77,7 +86,8 @@ def setting_help(name: str) -> str:
 
 def setting_choices(name: str) -> tuple[str, ...] | None:
     """The allowed values of a text setting (decoders include registered plug-ins), else None."""
-    return {"decoder": tuple(decoder_names()), "cache": cache_mode_names()}.get(name)
+    declared = next((f.metadata.get("choices") for f in dataclasses.fields(GenerationConfig) if f.name == name), None)
+    return {"decoder": tuple(decoder_names()), "cache": cache_mode_names()}.get(name) or declared or None
 
 
 @dataclass
@@ -88,6 +98,7 @@ class GenerationConfig:
     token per step (`steps = gen_length`).
     """
 
+    kind: str | None = _setting(None, "the diffusion kind to run (none: the model's own); 'speculative' drafts a block and verifies it autoregressively on a block-causal model")
     gen_length: int = _setting(64, "positions to generate; a multiple of the block length")
     block_length: int = _setting(32, "blocks are decoded left to right; parallel decoding happens inside a block")
     decoder: str = _setting("threshold", "which masked positions to commit each iteration")
@@ -113,6 +124,8 @@ class GenerationConfig:
     align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
     early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
     use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
+    verify: str = _setting("always", "speculative: verify every draft (always: the tokens of the model's own block-1 decode) or only unconfident ones (auto)", choices=("always", "auto"), kind="speculative")
+    verify_threshold: float = _setting(0.9, "speculative, verify auto: skip the verify forward when every drafted token the decoder commits is at least this confident", least=0.0, most=1.0, kind="speculative")
     regex: str | None = _setting(None, "constrain the answer (the text before the first end-of-text) to this regex, outlines-core's syntax (docs/constraints.md)")
     json_schema: dict[str, Any] | None = _setting(None, "constrain the answer to JSON that this JSON Schema (an object, or its JSON text) accepts")
     choice: list[str] | None = _setting(None, "constrain the answer to one of these texts")
@@ -178,6 +191,9 @@ class GenerationConfig:
             f"steps ({steps}) must be a positive multiple of the number of blocks ({self.num_blocks()})",
         )
         need(self.cache in cache_mode_names(), f"unknown cache mode '{self.cache}'; choose from {', '.join(cache_mode_names())}")
+        for f in dataclasses.fields(self):  # the text settings with declared values
+            allowed = f.metadata.get("choices")
+            need(not allowed or getattr(self, f.name) in allowed, f"{f.name} must be one of {', '.join(allowed or ())}, got {str(getattr(self, f.name))[:40]!r}")
         self._check_ranges()
         need(0.0 <= self.cont_weight <= 1.0, f"cont_weight must be in [0, 1], got {self.cont_weight}")
         need(
@@ -202,7 +218,7 @@ class GenerationConfig:
                 bound = relative_bound(f.name, getattr(self, most))
                 if value > bound:
                     raise EngineError(f"{f.name} must be at most {bound} ({most} {getattr(self, most)}): more can change nothing, got {value}")
-            elif isinstance(most, int) and value > most:
+            elif isinstance(most, (int, float)) and value > most:
                 raise EngineError(f"{f.name} must be <= {most}, got {value}")
 
     def _check_types(self) -> None:

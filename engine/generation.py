@@ -1,5 +1,6 @@
-"""The engine's token-level entry point: fit the request to the model's kind, check it, then run
-that kind's loop (engine/kinds/) under the caller's hooks (engine/hooks.py)."""
+"""The engine's token-level entry point: fit the request to its kind (the request's, else the
+model's own), check it, then run that kind's loop (engine/kinds/) under the caller's hooks
+(engine/hooks.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from .config import GenerationConfig
 from .constraints import CanvasConstraint, Compiler, spec_of
 from .errors import EngineError
 from .hooks import NO_HOOKS, RunHooks
-from .kinds import fit, kind_named
+from .kinds import fit, run_kind
 from .models.base import DiffusionLM
 from .run import GenerationOutput, cancel_between_layers, check_canvas
 
@@ -22,7 +23,7 @@ def fit_request(
     and, given the tokenizer's `vocabulary`, that the answer's constraint fits the canvas (the row
     with the longest prompt has the least room). Reads only the model's config, so a model
     skeleton (no weights) can answer it."""
-    fitted = fit(config, model.diffusion_kind, getattr(model, "canvas_length", None))  # validates the fitted config
+    fitted = fit(config, model)  # validates the fitted config
     check_canvas(model, prompts, fitted, max_tokens)
     if vocabulary is not None and spec_of(fitted) is not None:
         longest = max(len(p) for p in prompts)
@@ -47,6 +48,6 @@ def run_diffusion(
     config = fit_request(model, prompts, config, hooks.max_tokens)
     if model.device.type == "meta":
         raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
-    run = kind_named(model.diffusion_kind).run
+    run = run_kind(config, model).run
     with cancel_between_layers(model, hooks.cancel):
         return run(model, prompts, config, stop_ids or [model.eos_token_id], hooks, vocabulary).run()

@@ -15,7 +15,7 @@ from .constraints import TokenVocabulary, spec_of
 from .errors import EngineError
 from .generation import fit_request, run_diffusion
 from .hooks import NO_HOOKS, RunHooks
-from .kinds import check_system_options
+from .kinds import check_system_options, run_kind
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
 from .runtime.compiled import check_options, static_shape_model
@@ -147,7 +147,9 @@ class Engine:
         self._closed = False
         skeleton = model_skeleton(path)
         requested = {"tp_size": tp_size, "ep_size": ep_size, "compile": compile, "cuda_graphs": cuda_graphs}
-        check_system_options(skeleton.diffusion_kind, {name: SYSTEM_OPTIONS[name].is_set(value) for name, value in requested.items()})
+        # the options set on; the model's own kind must run with them, a request's kind too (generate_ids)
+        self._system_options = {name: SYSTEM_OPTIONS[name].is_set(value) for name, value in requested.items()}
+        check_system_options(skeleton.diffusion_kind, self._system_options)
         job = Job.from_environment()  # a launcher's rank: its job's size is the number of processes
         check_degrees(skeleton, tp_size, ep_size, None if job is None else job.world)  # before any weight is read, process started or group joined
         world = job.world if job is not None else max(tp_size, ep_size)
@@ -242,6 +244,7 @@ class Engine:
         launched job's rank, on rank 0's request, stopped as one (engine/runtime/launch.py)."""
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
+        check_system_options(run_kind(config, self.model).name, self._system_options)  # a request's kind may run with fewer
         if self._workers is not None:
             constrained = any(hooks.constraints or ()) or spec_of(config) is not None
             config = fit_request(self.model, prompts, config, self.max_tokens, self.vocabulary if constrained else None)  # here, so a bad request never reaches a worker

@@ -31,6 +31,7 @@ from .config import GenerationConfig
 from .errors import EngineError
 from .kinds import KINDS
 from .registry import builtin_decoder_names, decoder_class
+from .step_state import step_state
 from .trace import TRACE_VERSION, Trace
 
 REFERENCES = ("transformers", "diffusers")
@@ -95,8 +96,7 @@ def _finish(data: dict[str, Any], token_strings) -> Trace:
         ids = set(data["eos_ids"]) | {data["mask_id"]} | {i for row in data["final"] + data["initial"] for i in row}
         for rec in data["iterations"]:
             ids |= {i for row in rec["top1"] for i in row} | {c[0] for row in rec.get("candidates") or [] for cs in row for c in cs}
-            u = rec.get("uniform") or {}
-            ids |= {i for key in ("proposal", "draft", "noise", "start", "output") for row in (u.get(key) or []) for i in row}
+            ids |= step_state(data["kind"]).ids(rec.get("uniform") or {})
         data["tokens"] = token_strings({i for i in ids if i >= 0})
     return Trace.from_dict(data)
 

@@ -16,13 +16,15 @@ from typing import Any, Callable
 import torch
 
 from .errors import EngineError
+from .step_state import step_state
 from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade, upgrade_config
 
 
 # version 1: no revisions, no uniform steps, no expected answer; version 2: no kind, capabilities,
 # `active` or `final_until`, and a uniform record's `top1` was its sampled proposal; version 3: no
-# constraint. All are upgraded on load (engine/trace_upgrade.py), so every reader sees version 4.
-READABLE_VERSIONS = (1, 2, 3, 4)
+# constraint; version 4: a uniform step's state under `uniform`, not `state`. All are upgraded on
+# load (engine/trace_upgrade.py), so every reader sees version 5.
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 # ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
 TokenStrings = Callable[[set[int]], dict[str, str]]
@@ -47,8 +49,9 @@ class IterationRecord:
     # per row, the committed positions this iteration changed (an edit or a remask), as `Revision`
     # dicts (docs/trace.md §3.1); None for a decoder that never revises and in version-1 traces
     revisions: list[list[dict[str, Any]]] | None = None
-    # a uniform-state step's state (docs/trace.md §3.2); None for masked diffusion
-    uniform: dict[str, Any] | None = None
+    # the kind's own step state (docs/trace.md §3.2), by the rules its kind file registers
+    # (engine/step_state.py); None for a kind that keeps none (masked diffusion)
+    state: dict[str, Any] | None = None
     # per row: whether the row took part in this step (its solo run makes this record), and the
     # canvas position before which its tokens are final (no later record changes them): the loop's
     # own per-row state, which the batcher, streaming, the app and the evaluator read (§3)
@@ -59,7 +62,7 @@ class IterationRecord:
 
 
 # the fields a record may lack (older traces, decoders that never revise, masked diffusion, free answers)
-OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "uniform", "active", "final_until", "constraint")
+OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "state", "active", "final_until", "constraint")
 # a record's `constraint`: per-row lists of one value per block position (null at positions it did
 # not restrict), and per row the canvas positions whose writes it dropped
 CONSTRAINT_PER_POSITION = ("allowed", "removed", "model_top1", "model_probability", "top1_removed")
@@ -135,6 +138,8 @@ class Trace:
         records = data.get("iterations", [])
         _need(isinstance(records, list), "iterations must be a list")
         names = set(IterationRecord.__dataclass_fields__)
+        if data.get("version") in (1, 2, 3, 4):  # the kind's state was the uniform kind's `uniform`
+            records = [{("state" if k == "uniform" else k): v for k, v in r.items()} if isinstance(r, dict) else r for r in records]
         for i, r in enumerate(records):
             _need(isinstance(r, dict) and names - set(OPTIONAL_RECORD_FIELDS) <= set(r) <= names, f"iterations[{i}] must be an object with the fields {', '.join(sorted(names))}")
         trace = cls(**{k: v for k, v in header.items() if v is not None}, iterations=[IterationRecord(**r) for r in records])
@@ -192,16 +197,16 @@ class Trace:
                     _need(_int_list(positions) and all(s <= p < e for p in positions), f"{where}.{name}[{row}] must be positions inside the block")
                 _need(rec.revisions is None or _valid_revisions(rec.revisions, row, s, e), f"{where}.revisions[{row}] must be revisions ({', '.join(REVISION_FIELDS)}) of positions inside the block")
             _need(rec.revisions is None or len(rec.revisions) == rows, f"{where}.revisions needs one list per row")
-            _need(rec.uniform is None or isinstance(rec.uniform, dict), f"{where}.uniform must be an object")
+            _need(rec.state is None or isinstance(rec.state, dict), f"{where}.state must be an object")
             if before_upgrade:
                 continue
             _need(isinstance(rec.active, list) and len(rec.active) == rows and all(isinstance(a, bool) for a in rec.active), f"{where}.active must be one true/false per row")
             _need(_int_list(rec.final_until) and len(rec.final_until) == rows and all(0 <= f <= self.canvas_length for f in rec.final_until), f"{where}.final_until must be one canvas position per row")
-            if rec.uniform is not None:
-                _valid_uniform(rec.uniform, rows, s, e, where)
+            if rec.state is not None:
+                step_state(self.kind).check(rec.state, rows, s, e, lambda ok, message: _need(ok, f"{where}.{message}"))
             _need(rec.constraint is None or _valid_constraint(rec.constraint, rows, s, e), f"{where}.constraint must hold {', '.join(CONSTRAINT_PER_POSITION)} (per row null, or one value or null per block position) and dropped (positions inside the block per row)")
         if not before_upgrade:
-            _need(self.kind in (MASKED, UNIFORM) or isinstance(self.kind, str) and self.kind != "", "kind must name a diffusion kind")
+            _need(isinstance(self.kind, str) and self.kind != "", "kind must name a diffusion kind")
             _need(isinstance(self.capabilities, dict) and all(v is None or isinstance(v, bool) for v in self.capabilities.values()), "capabilities must map names to true, false or null")
 
     def canvas_at(self, iteration: int) -> list[list[int]]:
@@ -210,29 +215,16 @@ class Trace:
         canvas = [list(row) for row in self.initial]
         for rec in self.iterations[: iteration + 1]:
             for row in range(len(canvas)):
-                for p, token in record_writes(rec, row):
+                for p, token in record_writes(rec, row, self.kind):
                     canvas[row][p] = token
         return canvas
 
 
-def record_writes(rec: IterationRecord, row: int) -> list[tuple[int, int]]:
-    """(position, token) that record `rec` wrote into row `row`'s canvas, in the order they apply.
-    Masked diffusion: its commits, then its revisions (an edit writes `new`, a remask [MASK]).
-    Uniform-state (docs/trace.md §3.2): a canvas's starting noise (first step), the accepted proposals, the fresh
-    noise at the positions not accepted, the canvas's output (last step)."""
-    s, e = rec.block_range
-    u = rec.uniform or {}
-    writes: list[tuple[int, int]] = []
-    if u.get("start") is not None:
-        writes += zip(range(s, e), u["start"][row])
-    written = u["proposal"] if u else rec.top1  # a uniform step accepts its sampled proposals
-    writes += [(p, written[row][p - s]) for p in rec.committed[row]]
-    writes += [(r["position"], r["new"]) for r in (rec.revisions[row] if rec.revisions else [])]
-    if u:
-        writes += zip(u["renoised"][row], u["noise"][row])
-    if u.get("output") is not None:
-        writes += zip(range(s, e), u["output"][row])
-    return writes
+def record_writes(rec: IterationRecord, row: int, kind: str = MASKED) -> list[tuple[int, int]]:
+    """(position, token) that record `rec` of a run of `kind` wrote into row `row`'s canvas, in
+    the order they apply, by the kind's rules (engine/step_state.py: masked diffusion's commits,
+    then its revisions; each other kind's in its own file)."""
+    return step_state(kind).writes(rec, row)
 
 
 class TraceRecorder:
@@ -265,18 +257,17 @@ class TraceRecorder:
         """Add a kind's record (engine/kinds/) to the trace, with the strings of every id it
         names, and return it; the time spent here counts as the trace's."""
         t0 = time.perf_counter()
-        self._add_tokens(record_ids(rec))
+        self._add_tokens(record_ids(rec, self.trace.kind))
         self.trace.iterations.append(rec)
         self.trace.trace_seconds += time.perf_counter() - t0
         return rec
 
 
-def record_ids(rec: IterationRecord) -> set[int]:
-    """Every token id a record names (its candidates, revisions and a uniform step's lists)."""
+def record_ids(rec: IterationRecord, kind: str = MASKED) -> set[int]:
+    """Every token id a record names (its candidates, revisions and its kind's step state)."""
     ids = {i for row in rec.top1 for i in row} | {pair[0] for row in rec.candidates or [] for pairs in row for pair in pairs}
     ids |= {r[k] for row in rec.revisions or [] for r in row for k in ("old", "new")}
-    u = rec.uniform or {}
-    ids |= {i for key in ("proposal", "draft", "noise", "start", "output") for row in (u.get(key) or []) for i in row}
+    ids |= step_state(kind).ids(rec.state) if rec.state is not None else set()
     ids |= {i for row in (rec.constraint or {}).get("model_top1") or [] for i in row or [] if i is not None}  # the model's own top-1 the constraint removed
     return ids
 
@@ -315,17 +306,6 @@ def _is_number(value: Any) -> bool:
 
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(v) for v in value)
-
-
-def _valid_uniform(u: dict, rows: int, s: int, e: int, where: str) -> None:
-    """The per-position lists a replay reads of a uniform step (docs/trace.md §3.2)."""
-    for name in ("proposal", "draft"):
-        _need(isinstance(u.get(name), list) and len(u[name]) == rows and all(_int_list(r) and len(r) == e - s for r in u[name]), f"{where}.uniform.{name} must be one id per canvas position per row")
-    _need(isinstance(u.get("renoised"), list) and isinstance(u.get("noise"), list) and len(u["renoised"]) == len(u["noise"]) == rows, f"{where}.uniform: renoised and noise need one list per row")
-    for row in range(rows):
-        _need(_int_list(u["renoised"][row]) and _int_list(u["noise"][row]) and len(u["renoised"][row]) == len(u["noise"][row]) and all(s <= p < e for p in u["renoised"][row]), f"{where}.uniform.renoised[{row}] must be positions inside the canvas, one noise id each")
-    for name in ("start", "output"):
-        _need(u.get(name) is None or (isinstance(u[name], list) and len(u[name]) == rows and all(_int_list(r) and len(r) == e - s for r in u[name])), f"{where}.uniform.{name} must be null or one id per canvas position per row")
 
 
 def _valid_constraint(constraint: Any, rows: int, s: int, e: int) -> bool:

@@ -95,7 +95,7 @@ def canvases(trace: Trace, row: int = 0) -> list[list[int]]:
     """Row `row`'s canvas after each record (what `trace.canvas_at(i)[row]` gives), in one pass."""
     canvas, out = list(trace.initial[row]), []
     for rec in trace.iterations:
-        for p, token in record_writes(rec, row):
+        for p, token in record_writes(rec, row, trace.kind):
             canvas[p] = token
         out.append(list(canvas))
     return out

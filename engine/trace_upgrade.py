@@ -1,4 +1,4 @@
-"""Traces written before version 4 (docs/trace.md §7), brought to version 4 on load, so that every
+"""Traces written before version 5 (docs/trace.md §7), brought to version 5 on load, so that every
 reader sees one schema: the header's `kind` and `capabilities`, every record's per-row `active`
 and `final_until`, and a uniform step's sampled proposal under its own name (versions 1-2); a
 version-3 record has no `constraint`, which version 4 reads as a run without one. Every version's
@@ -17,7 +17,7 @@ from .config import lift_moved
 
 # The schema's names, here so that engine/trace.py (which upgrades through this module) and this
 # module never import each other.
-TRACE_VERSION = 4
+TRACE_VERSION = 5
 MASKED, UNIFORM = "masked", "uniform"  # the diffusion kinds a trace names (engine/kinds/)
 REFRESH_FORWARD = "refresh"  # a record's `forward` for a full forward whose K/V become the cache (engine/cache.py)
 EDIT, REMASK = "edit", "remask"
@@ -31,11 +31,12 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def upgrade(trace: Any) -> None:
-    """`trace` (a Trace of version 1, 2 or 3, checked as such) in version 4's form, in place."""
-    if trace.version == 3:  # version 4 added the records' optional `constraint`: absent is none
+    """`trace` (a Trace of version 1 to 4, checked as such) in version 5's form, in place. A
+    uniform step's `uniform` became the record's `state` as the trace was read (Trace.from_dict)."""
+    if trace.version in (3, 4):  # version 4 added the records' optional `constraint` (absent: none), 5 renamed `uniform`
         trace.version = TRACE_VERSION
         return
-    uniform = trace.config.get("decoder") == UNIFORM or any(rec.uniform is not None for rec in trace.iterations)
+    uniform = trace.config.get("decoder") == UNIFORM or any(rec.state is not None for rec in trace.iterations)
     trace.kind = UNIFORM if uniform else MASKED
     revises = any(rec.revisions is not None for rec in trace.iterations)
     # version 2 did not say whether the decoder asked for a shadow block (WINO)
@@ -51,14 +52,14 @@ def upgrade(trace: Any) -> None:
 
 def _upgrade_uniform(rec: Any) -> None:
     """Version 2 kept the sampled proposal in `top1` and its probability in `confidence`: they move
-    to `uniform.proposal` / `proposal_probability`, and `top1` becomes the argmax draft. The draft's
+    to `state.proposal` / `proposal_probability`, and `top1` becomes the argmax draft. The draft's
     probability was not recorded: where it equals the proposal it is the proposal's, elsewhere 0."""
-    u = dict(rec.uniform or {})
+    u = dict(rec.state or {})
     rec.active = [bool(a) for a in u.pop("active", [True] * len(rec.top1))]
     u["proposal"], u["proposal_probability"] = rec.top1, rec.confidence
     rec.top1 = [list(row) for row in u["draft"]]
     rec.confidence = [[c if d == q else 0.0 for d, q, c in zip(draft, proposal, conf)] for draft, proposal, conf in zip(u["draft"], u["proposal"], u["proposal_probability"])]
-    rec.uniform = u
+    rec.state = u
 
 
 def _uniform_finality(trace: Any) -> None:
@@ -66,7 +67,7 @@ def _uniform_finality(trace: Any) -> None:
     final = list(trace.prompt_lengths)
     for rec in trace.iterations:
         s, e = rec.block_range
-        done = rec.uniform.get("output") is not None
+        done = rec.state.get("output") is not None
         final = [max(f, e if done else s) for f in final]
         rec.final_until = list(final)
 

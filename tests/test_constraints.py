@@ -145,7 +145,7 @@ def uniform_invariant(trace: Trace, automaton: TokenAutomaton) -> None:
             accepted = before.clone()
             open_ = positions >= s
             for p in rec.committed[r]:
-                accepted[r, p], open_[r, p] = rec.uniform["proposal"][r][p - s], False
+                accepted[r, p], open_[r, p] = rec.state["proposal"][r][p - s], False
             assert check.completable(accepted, open_)[r], f"step {i}: row {r}'s accepted proposals"
             draft = before.clone()
             draft[r, s:e] = torch.tensor(rec.top1[r])

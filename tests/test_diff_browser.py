@@ -47,7 +47,7 @@ def planted(data: dict) -> tuple[dict, int, int]:
     rec = data["iterations"][0]
     p = rec["committed"][0][0]
     w = p - rec["block_range"][0]
-    proposal = rec["uniform"]["proposal"][0]
+    proposal = rec["state"]["proposal"][0]
     proposal[w] = next(t for t in (5, 6, 7) if t != proposal[w])
     return data, 0, p
 

@@ -95,7 +95,7 @@ def test_save_model_round_trip_and_engine(tmp_path, checkpoint, model):
     engine = Engine(checkpoint)
     assert isinstance(engine.model, DiffusionGemmaLM) and engine.stop_ids[0] == 0
     out = run_uniform_diffusion(engine.model, [engine.encode("12+7=", use_chat_template=False)], uniform_config(), engine.stop_ids, RunHooks(trace=True, token_strings=engine.token_strings))
-    assert set(out.trace.tokens) >= {str(i) for rec in out.trace.iterations for row in rec.uniform["draft"] for i in row}
+    assert set(out.trace.tokens) >= {str(i) for rec in out.trace.iterations for row in rec.state["draft"] for i in row}
 
 
 def test_config_without_experts_is_one_line_error(tmp_path, checkpoint):
@@ -262,7 +262,7 @@ def test_trace_is_valid_and_replays_every_canvas_the_model_read(model):
     assert len(trace.iterations) == len(seen)
     for i, rec in enumerate(trace.iterations):
         s, e = rec.block_range
-        u = rec.uniform
+        u = rec.state
         # what the step read: the canvas rebuilt from the records before it, and its own start
         before = trace.canvas_at(i - 1)[0][s:e] if u["start"] is None else u["start"][0]
         assert before == seen[i][0].tolist()
@@ -336,4 +336,4 @@ def test_engine_generate_runs_the_uniform_loop(checkpoint):
     result = engine.generate("12+7=", config, RunHooks(trace=True), expected="19")
     direct = run_uniform_diffusion(engine.model, [engine.encode("12+7=", use_chat_template=False)], config, engine.stop_ids, RunHooks())
     assert result.output.canvas.tolist() == direct.canvas.tolist()
-    assert result.output.trace.iterations[0].uniform is not None and result.output.trace.expected
+    assert result.output.trace.iterations[0].state is not None and result.output.trace.expected

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, EngineError, GenerationConfig, RunHooks, Trace, fit, run_diffusion
-from engine.kinds import KINDS, kind_decoders
+from engine.kinds import KINDS, ModelTraits, kind_decoders
 from engine.kinds.uniform import UniformSampler
 from engine.trace import MASKED, TRACE_VERSION, UNIFORM
 
@@ -74,11 +74,11 @@ def test_carry_over_fits_a_page_chosen_for_another_model():
     """The app's Compare and lessons: settings chosen for a masked model go to their defaults on a
     uniform one (and a uniform page's decoder becomes the masked default), instead of refusing."""
     page = GenerationConfig(cache="dual", threshold=0.5, block_length=8, gen_length=32, decoder_options={})
-    fitted = fit(page, UNIFORM, 16, carry_over=True)
+    fitted = fit(page, ModelTraits(UNIFORM, canvas_length=16), carry_over=True)
     assert (fitted.decoder, fitted.cache, fitted.threshold, fitted.block_length, fitted.gen_length) == ("uniform", "none", 0.9, 16, 32)
-    back = fit(fitted, MASKED, None, carry_over=True)
+    back = fit(fitted, ModelTraits(MASKED), carry_over=True)
     assert back.decoder == GenerationConfig.decoder and back.decoder_options == {}
-    assert fit(GenerationConfig(), MASKED) == GenerationConfig()
+    assert fit(GenerationConfig(), ModelTraits(MASKED)) == GenerationConfig()
 
 
 def test_the_cli_refuses_in_one_line_with_exit_2():
@@ -97,7 +97,7 @@ def test_system_options_the_kind_does_not_support_are_refused_before_loading():
 
 
 def _as_version_2(trace: Trace) -> dict:
-    """A version-3 trace written the way version 2 wrote it (no kind, capabilities, active or
+    """A current trace written the way version 2 wrote it (no kind, capabilities, active or
     final_until; a uniform record's proposal in top1/confidence, `active` inside `uniform`)."""
     data = trace.to_dict()
     data["version"] = 2
@@ -106,7 +106,7 @@ def _as_version_2(trace: Trace) -> dict:
     for rec in data["iterations"]:
         active = rec.pop("active")
         del rec["final_until"]
-        u = rec["uniform"]
+        u = rec["uniform"] = rec.pop("state")
         if u is not None:
             rec["top1"], rec["confidence"] = u.pop("proposal"), u.pop("proposal_probability")
             u["active"] = active
@@ -141,7 +141,7 @@ def test_an_older_uniform_trace_is_upgraded(gemma):
     upgraded = Trace.from_dict(_as_version_2(out.trace))
     assert upgraded.kind == UNIFORM
     for ours, theirs in zip(out.trace.iterations, upgraded.iterations):
-        assert (theirs.active, theirs.final_until, theirs.top1, theirs.uniform["proposal"]) == (ours.active, ours.final_until, ours.top1, ours.uniform["proposal"])
+        assert (theirs.active, theirs.final_until, theirs.top1, theirs.state["proposal"]) == (ours.active, ours.final_until, ours.top1, ours.state["proposal"])
     assert upgraded.canvas_at(len(upgraded.iterations) - 1) == out.trace.final
 
 

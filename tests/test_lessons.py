@@ -165,7 +165,7 @@ def test_lesson_6_s_uniform_steps_on_a_stand_in_model_record_their_bound_and_the
     torch.set_num_threads(1)
     engine = Engine(str(tiny_gemma_folder))
     traces = [engine.generate(UNIFORM_LESSON.prompt, UNIFORM_LESSON.config(i).replace(block_length=CANVAS), RunHooks(trace=True)).output.trace for i in (1, 2)]
-    bounds = [{rec.uniform["bound"] for rec in trace.iterations} for trace in traces]
+    bounds = [{rec.state["bound"] for rec in trace.iterations} for trace in traces]
     assert bounds == [{0.1}, {UNIFORM_LESSON.config(2).decoder_options["entropy_bound"]}]
     assert first_accepted(traces[1]) > first_accepted(traces[0])  # a strict superset
 
@@ -194,7 +194,7 @@ def test_lesson_6_masked_then_noise_into_the_sum_then_fewer_steps_with_the_large
     runs = [engine.generate(lesson.prompt, lesson.config(i), RunHooks(trace=True)) for i in (1, 2)]
     assert check_answer(example, runs[0].text), runs[0].text  # step 3's sum the look sentence asks to check
     traces = [run.output.trace for run in runs]
-    assert traces[0].iterations[0].uniform["renoised"][0]  # the first step re-noised part of the canvas
+    assert traces[0].iterations[0].state["renoised"][0]  # the first step re-noised part of the canvas
     assert first_accepted(traces[1]) >= first_accepted(traces[0])
     steps = [len(trace.iterations) for trace in traces]
     assert steps[1] < steps[0], steps

@@ -47,13 +47,13 @@ def test_transformers_run_equals_its_generate_and_the_engine_step_by_step(checkp
     diff = diff_traces(ours, recorded)
     assert diff.first is None and diff.final_equal and diff.steps_equal
     for a, b in zip(ours.iterations, recorded.iterations):  # the derived acceptance is the engine's
-        assert a.committed == b.committed and a.top1 == b.top1 and a.uniform["renoised"] == b.uniform["renoised"]
-        if b.uniform["output"] is None:  # a canvas's last re-noise is never read, so never seen
-            assert a.uniform["noise"] == b.uniform["noise"] and a.uniform["proposal"] == [[t if t != NOT_EXPOSED else a.uniform["proposal"][0][w] for w, t in enumerate(b.uniform["proposal"][0])]]
+        assert a.committed == b.committed and a.top1 == b.top1 and a.state["renoised"] == b.state["renoised"]
+        if b.state["output"] is None:  # a canvas's last re-noise is never read, so never seen
+            assert a.state["noise"] == b.state["noise"] and a.state["proposal"] == [[t if t != NOT_EXPOSED else a.state["proposal"][0][w] for w, t in enumerate(b.state["proposal"][0])]]
     note = recorded.config["reference"]
     assert note["library"] == "transformers" and note["absent"] and note["derived"]
-    last = [rec for rec in recorded.iterations if rec.uniform["output"] is not None]
-    assert any(NOT_EXPOSED in rec.uniform["proposal"][0] for rec in last)  # the unseen re-noise is marked, not invented
+    last = [rec for rec in recorded.iterations if rec.state["output"] is not None]
+    assert any(NOT_EXPOSED in rec.state["proposal"][0] for rec in last)  # the unseen re-noise is marked, not invented
     assert Trace.from_json(recorded.to_json()).final == recorded.final
     validate(json.loads(recorded.to_json()))
 

@@ -489,7 +489,7 @@ def test_a_uniform_state_stream_sends_a_canvas_only_once_it_wrote_its_output(tin
     sent = ""
     for rec in trace.iterations:
         delta = row.update(rec)
-        if rec.uniform["output"] is None:
+        if rec.state["output"] is None:
             assert delta == ""  # the canvas is still being judged
         sent += delta
     rest, _, _ = row.finish(trace.final[0])

@@ -9,12 +9,12 @@ import dataclasses
 
 from engine import GenerationConfig
 from dinfer_viz.host import EngineHost, ModelSpec
-from engine.kinds import fit
+from engine.kinds import ModelTraits, fit
 
 
 def fit_to_model(config, kind, canvas_length):
     """What the page calls (TabHandlers.fit_to): the engine's fit, carrying over."""
-    return fit(config, kind, canvas_length, carry_over=True)
+    return fit(config, ModelTraits(kind, canvas_length=canvas_length), carry_over=True)
 
 from .app_support import app_model
 from .gemma_models import CANVAS
@@ -24,13 +24,13 @@ from .test_app_teaching import final
 def test_model_kind_is_read_from_the_folder_then_from_the_engine(tmp_path_factory, tiny_gemma_folder):
     host = EngineHost(ModelSpec(app_model(tmp_path_factory)))
     gemma = ModelSpec(str(tiny_gemma_folder))
-    assert host.model_kind(gemma) == ("uniform", CANVAS)  # config.json only: nothing loaded
+    assert host.model_kind(gemma) == ModelTraits("uniform", canvas_length=CANVAS)  # config.json only: nothing loaded
     assert not host.is_loaded(gemma)
-    assert host.model_kind(host.default) == ("masked", None)
-    assert host.model_kind(ModelSpec("some/hub-id")) == ("masked", None)  # unknown until loaded
+    assert host.model_kind(host.default) == ModelTraits("masked")
+    assert host.model_kind(ModelSpec("some/hub-id")) == ModelTraits("masked")  # unknown until loaded
     with host.lock:
         host.get(gemma)
-    assert host.model_kind(gemma) == ("uniform", CANVAS)
+    assert host.model_kind(gemma) == ModelTraits("uniform", canvas_length=CANVAS)
 
 
 def test_a_masked_decoder_on_a_uniform_model_becomes_its_sampler():
@@ -77,4 +77,4 @@ def test_the_page_sends_no_hidden_setting_and_fits_with_the_engine(tmp_path_fact
     assert kept.measure_staleness is True and kept.cache == "dual"
     settings = {"model": {"path": str(tiny_gemma_folder)}, "config": {"cache": "dual", "temperature": 0.7}}
     _, fitted = handlers.parse(settings)
-    assert fitted == fit(GenerationConfig(), "uniform", CANVAS, carry_over=True)
+    assert fitted == fit(GenerationConfig(), ModelTraits("uniform", canvas_length=CANVAS), carry_over=True)

@@ -47,7 +47,7 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
         page.click("#download")
     trace = json.loads(open(download.value.path()).read())
     assert trace["config"]["decoder"] == "uniform" and trace["block_length"] == 8  # fitted to the checkpoint's canvas
-    index = next(i for i, rec in enumerate(trace["iterations"]) if rec["uniform"]["output"] is None and rec["uniform"]["renoised"][0])
+    index = next(i for i, rec in enumerate(trace["iterations"]) if rec["state"]["output"] is None and rec["state"]["renoised"][0])
     rec = trace["iterations"][index]
 
     number = page.locator("#scrub input[type=number]")
@@ -56,7 +56,7 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
     expect(page.locator("#grid .caption")).to_contain_text(f"iteration {index + 1}/")
     expect(page.locator("#grid .caption")).to_contain_text(f"accepted {len(rec['committed'][0])} (entropy bound")
     assert page.locator("#grid .cells .cell.accepted").count() == len(rec["committed"][0])
-    assert page.locator("#grid .cells .cell.noise").count() == len(rec["uniform"]["renoised"][0])
+    assert page.locator("#grid .cells .cell.noise").count() == len(rec["state"]["renoised"][0])
     expect(page.locator("#grid .legend .cell.noise")).to_contain_text("noise")
     assert page.locator("#grid .legend .cell.new").count() == 0  # a masked run's states are not in this legend
     colour_bar = page.evaluate("() => document.querySelector('#raster .js-plotly-plot')._fullData.find(t => t.type === 'heatmap').colorbar.title.text")

@@ -43,7 +43,7 @@ def test_each_cell_is_what_its_record_did(timeline):
         cells = _cells(timeline, i)
         s, e = rec.block_range
         canvas, before = timeline.canvas_at(i), timeline.canvas_at(i - 1)
-        u = rec.uniform
+        u = rec.state
         done = u["output"] is not None
         for p in range(s, e):
             kinds = cells[p]["k"].split()
@@ -61,8 +61,8 @@ def test_each_cell_is_what_its_record_did(timeline):
 
 
 def test_hover_and_caption_carry_the_rules_numbers(timeline):
-    i = next(k for k, rec in enumerate(timeline.records) if rec.uniform["output"] is None and len(rec.committed[0]) >= 1)
-    rec, u = timeline.records[i], timeline.records[i].uniform
+    i = next(k for k, rec in enumerate(timeline.records) if rec.state["output"] is None and len(rec.committed[0]) >= 1)
+    rec, u = timeline.records[i], timeline.records[i].state
     s = rec.block_range[0]
     cells = _cells(timeline, i)
     p = rec.committed[0][0]

@@ -60,10 +60,10 @@ def _active(tl: Timeline, i: int) -> bool:
 
 
 def test_the_runs_exercise_accepting_several_and_a_frozen_row(single, batch):
-    assert all(rec.uniform is not None for rec in single.iterations + batch.iterations)
+    assert all(rec.state is not None for rec in single.iterations + batch.iterations)
     assert max(len(rec.committed[0]) for rec in single.iterations) >= 3
     assert any(rec.active == [True, False] for rec in batch.iterations)  # row 1 stopped first
-    assert all(any(rec.uniform["output"] is not None for rec in t.iterations) for t in (single, batch))
+    assert all(any(rec.state["output"] is not None for rec in t.iterations) for t in (single, batch))
 
 
 # ---- the raster ---------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_raster_is_each_steps_entropy_and_marks_exactly_the_accepted(single, bat
         accepted = set()
         for i, rec in enumerate(tl.records):
             s, e = rec.block_range
-            u = rec.uniform
+            u = rec.state
             for p in range(x0, tl.view_end()):
                 if s <= p < e and _active(tl, i):
                     assert z[i, p - x0] == pytest.approx(u["entropy"][tl.row][p - s], abs=1e-6)
@@ -90,10 +90,10 @@ def test_raster_is_each_steps_entropy_and_marks_exactly_the_accepted(single, bat
             accepted |= {(p, iteration_number(i)) for p in rule}
         points = marks["accepted"]
         assert set(zip(points.x.tolist(), points.y.tolist())) == accepted and len(points.x) == len(accepted)
-        bound = tl.records[-1].uniform["bound"]
+        bound = tl.records[-1].state["bound"]
         assert f"bound {bound:g}" in points.name  # the legend states the bound
         done = marks["canvas-done"]
-        assert sorted(done.y.tolist()) == [iteration_number(i) for i, rec in enumerate(tl.records) if rec.uniform["output"] is not None]
+        assert sorted(done.y.tolist()) == [iteration_number(i) for i, rec in enumerate(tl.records) if rec.state["output"] is not None]
 
 
 def test_raster_hovers_carry_the_rule_and_the_noise_drawn(single):
@@ -101,7 +101,7 @@ def test_raster_hovers_carry_the_rule_and_the_noise_drawn(single):
     heat = by_uid(confidence_raster(tl))["raster"]
     x0 = tl.view_start()
     for i, rec in enumerate(tl.records):
-        u = rec.uniform
+        u = rec.state
         s = rec.block_range[0]
         for p, noise in zip(u["renoised"][0], u["noise"][0]):
             text = heat.text[i][p - x0]
@@ -131,12 +131,12 @@ def test_iteration_chart_counts_accepted_and_renoised_with_the_temperature(singl
         marks = by_uid(iteration_chart(tl, highlight=1))
         assert marks["accepted"].x.tolist() == [iteration_number(i) for i in range(tl.iterations)]
         assert marks["accepted"].y.tolist() == [len(rec.committed[tl.row]) for rec in tl.records]
-        assert marks["renoised"].y.tolist() == [len(rec.uniform["renoised"][tl.row]) for rec in tl.records]
-        assert marks["temperature"].y.tolist() == pytest.approx([rec.uniform["temperature"] for rec in tl.records])
+        assert marks["renoised"].y.tolist() == [len(rec.state["renoised"][tl.row]) for rec in tl.records]
+        assert marks["temperature"].y.tolist() == pytest.approx([rec.state["temperature"] for rec in tl.records])
         for i, rec in enumerate(tl.records):  # a denoising step accepts or re-noises every canvas position; a frozen one nothing
             s, e = rec.block_range
             assert marks["accepted"].y[i] + marks["renoised"].y[i] == (e - s if _active(tl, i) else 0)
-        assert marks["canvas-done"].x.tolist() == [iteration_number(i) for i, rec in enumerate(tl.records) if rec.uniform["output"] is not None]
+        assert marks["canvas-done"].x.tolist() == [iteration_number(i) for i, rec in enumerate(tl.records) if rec.state["output"] is not None]
         assert "commits" not in " ".join(str(t.name) for t in iteration_chart(tl).data)
     assert iteration_chart(Timeline(single), highlight=2).layout.shapes[0].x0 == iteration_number(2)
 
@@ -172,7 +172,7 @@ def test_details_list_each_step_as_the_records_say(single, batch):
                 assert [row[1] for row in history] == [i == shown for i in steps]  # the step shown is highlighted
                 for (cells, _), i in zip(history, steps):
                     rec = tl.records[i]
-                    u, s = rec.uniform, rec.block_range[0]
+                    u, s = rec.state, rec.block_range[0]
                     read = u["start"][tl.row][p - s] if u["start"] is not None else tl.token_before(p, i)
                     assert cells[1] == f"{u['step'] + 1} · t {u['temperature']:.3g}" and cells[2] == _name(tl, read)
                     if not _active(tl, i):
@@ -192,7 +192,7 @@ def test_details_list_each_step_as_the_records_say(single, batch):
 def test_details_state_the_rule_the_temperature_and_the_stop_at_the_step_shown(single, batch):
     for tl in _timelines(single, batch):
         for i, rec in enumerate(tl.records):
-            u, (s, e) = rec.uniform, rec.block_range
+            u, (s, e) = rec.state, rec.block_range
             p = s + i % (e - s)
             rows = _rows(position_details(tl, p, i, tl.expected))
             assert rows["temperature"].startswith(f"{u['temperature']:.4g}") and f"× {u['steps_left']}/" in rows["temperature"]

@@ -213,7 +213,7 @@ class TabHandlers:
     def fit_to(self, spec: ModelSpec, config: GenerationConfig) -> GenerationConfig:
         """`config` as `spec`'s model runs it (parse): hidden settings at their defaults, then
         engine.kinds.fit carrying over from a model of another kind."""
-        return fit(without_hidden(config), *self.host.model_kind(spec), carry_over=True)
+        return fit(without_hidden(config), self.host.model_kind(spec), carry_over=True)
 
     def settings(self, *values: Any) -> dict[str, Any]:
         """Control values -> the settings JSON a run takes. Order: model path, device, dtype, the

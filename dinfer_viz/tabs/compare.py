@@ -21,7 +21,7 @@ from engine import EngineError, GenerationConfig
 from engine.constraints import spec_of
 
 from ..cells import inert_markdown
-from ..explain import decoder_kind
+from ..explain import run_kind
 from ..export import compare_csv
 from ..figures import compare_figure
 from ..grid import EMPTY_GRID, grid_value
@@ -77,8 +77,8 @@ def side_fields(decoder: str) -> set[str]:
 
 
 def diffusion_kind(config: GenerationConfig) -> str:
-    """What kind of diffusion a run's settings ran, in its view's words (the kind its decoder decodes)."""
-    return view_of_kind(decoder_kind(config.decoder)).label
+    """What kind of diffusion a run's settings ran, in its view's words."""
+    return view_of_kind(run_kind(config)).label
 
 
 def _label(config: GenerationConfig) -> str:
@@ -91,7 +91,7 @@ def _label(config: GenerationConfig) -> str:
     value = control_value(control, config) if control is not None else None
     if value:  # 0: the fixed decoder's one token per step
         parts.append(f"τ={value}" if swept == "threshold" else f"{swept.removeprefix(OPTION_PREFIX).replace('_', ' ')} {value}")
-    parts += view_of_kind(decoder_kind(config.decoder)).settings_words(config)
+    parts += view_of_kind(run_kind(config)).settings_words(config)
     if config.smoothing:
         parts.append("smoothing")
     if config.unroll:

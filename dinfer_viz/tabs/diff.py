@@ -137,10 +137,9 @@ class DiffHandlers(TabHandlers):
         names (an embedded name, a folder; public mode: the allow-list), under the engine's lock."""
         path, label = self.host.resolve(model)
         spec = replace(self.host.default, path=path, label=label, options=())
-        kind = self.host.model_kind(spec)[0]
-        reference = REFERENCE_OF_KIND.get(kind)
+        reference = REFERENCE_OF_KIND.get(ours.kind)  # the run's kind (its header), not the model's own
         if reference is None:
-            raise EngineError(f"no reference library runs a model of kind {kind!r}")
+            raise EngineError(f"no reference library runs {ours.kind} diffusion")
         config = reference_config(ours)
         check_settings(reference, config)
         prompt = list(ours.initial[0][: ours.prompt_lengths[0]])

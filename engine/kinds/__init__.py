@@ -1,10 +1,19 @@
 """The diffusion kinds, one file each (SGLang's `srt/dllm/algorithm/` shape): a run class and a
-settings declaration per kind (engine/kinds/base.py). A new kind is a file here that registers
-itself with `@register_kind`, imported below."""
+settings declaration per kind (engine/kinds/base.py). A new kind is a file dropped here that
+registers itself with `@register_kind`: every module of this package is imported below, as
+SGLang's `algorithm/__init__.py` imports its algorithm files, so nothing else is edited."""
 
-from . import masked, uniform  # noqa: F401  (each registers its kind and its decoders)
-from .base import KINDS, DiffusionKind, KindSettings, check_system_options, decoder_kind, fit, ignored_settings, kind_decoders, kind_named, register_kind
+import importlib
+import pkgutil
+
+from .base import KINDS, DiffusionKind, KindSettings, ModelTraits, check_system_options, decoder_kind, fit, ignored_settings, kind_decoders, kind_named, register_kind, run_kind
+
+# masked first: the kinds' order is the order the page and the CLI's help list them in
+for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: (m.name != "masked", m.name)):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
-    "KINDS", "DiffusionKind", "KindSettings", "check_system_options", "decoder_kind", "fit", "ignored_settings", "kind_decoders", "kind_named", "register_kind",
+    "KINDS", "DiffusionKind", "KindSettings", "ModelTraits", "check_system_options", "decoder_kind", "fit", "ignored_settings", "kind_decoders", "kind_named",
+    "register_kind", "run_kind",
 ]

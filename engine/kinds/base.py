@@ -1,18 +1,21 @@
 """What a diffusion kind declares, and the one function that fits a request's config to a model.
 
-A kind (SGLang's `DllmAlgorithm`, one file each under engine/kinds/) is a run class
+A kind (SGLang's `DllmAlgorithm`, one file each under engine/kinds/, discovered) is a run class
 (engine/run.py's `DiffusionRun`) plus a settings declaration: the GenerationConfig fields it reads
-beyond those every run reads, its default decoder, and the system options it supports. Decoders
-say which kind they run on (`Decoder.kind`). `fit` is what the CLI, the Python API, the server and
-the app all call before a run: a model runs its own kind with the default settings, and a setting
-the kind does not read, set away from its default, is refused in one line naming it.
+beyond those every run reads, its default decoder, the decoders it takes, the system options it
+supports, and the models it runs on (`DiffusionKind.refuses`). The request chooses the kind
+(`GenerationConfig.kind`; none: the model's own). Decoders say which kind they decode for
+(`Decoder.kind`). `fit` is what the CLI, the Python API, the server and the app all call before a
+run: it resolves the run's kind, refuses a kind the model cannot run in one line, and refuses a
+setting the kind does not read, set away from its default, in one line naming it. Every reader of
+"which kind runs" reads the fitted config's `kind` (`run_kind`), never the model's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from ..config import GenerationConfig
 from ..constraints import CONSTRAINT_FIELDS
@@ -21,7 +24,7 @@ from ..registry import decoder_class, decoder_names
 
 # What every kind reads: the canvas, the decoder and its own options, the seed, stopping, the
 # prompt's wrapping, the answer's constraint (the run skeleton applies it: engine/constraints/).
-SHARED_SETTINGS = frozenset({"gen_length", "block_length", "decoder", "decoder_options", "seed", "early_stop", "use_chat_template", *CONSTRAINT_FIELDS})
+SHARED_SETTINGS = frozenset({"kind", "gen_length", "block_length", "decoder", "decoder_options", "seed", "early_stop", "use_chat_template", *CONSTRAINT_FIELDS})
 _DEFAULTS = GenerationConfig()
 
 
@@ -34,28 +37,62 @@ class KindSettings:
     `system_options`: the Engine options (engine/system_options.py) it runs with; `shares_batches`:
     whether the server may decode requests of equal prompt length as rows of one batch (each row's
     records are then its solo run's: engine/serving/batcher.py); `fit_canvas`: the config for a
-    checkpoint trained on canvases of one length (None: any block length)."""
+    checkpoint trained on canvases of one length (None: any block length); `decoders`: the kind
+    whose decoders it runs ("": its own; the speculative kind drafts with masked decoders)."""
 
     reads: frozenset[str]
     default_decoder: str
     system_options: frozenset[str]
     shares_batches: bool = True
     fit_canvas: Callable[[GenerationConfig, int, bool], GenerationConfig] | None = None
+    decoders: str = ""
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What `fit` reads of a model: its own kind, whether its attention is block-causal, and the
+    canvas a uniform-state checkpoint was trained on. A loaded model, a skeleton or a model class
+    read from a folder's config.json all give them (`of`)."""
+
+    diffusion_kind: str
+    block_causal: bool = False
+    canvas_length: int | None = None
+
+    @classmethod
+    def of(cls, model: Any) -> "ModelTraits":
+        if isinstance(model, ModelTraits):
+            return model
+        canvas = getattr(model, "canvas_length", None)
+        return cls(model.diffusion_kind, bool(model.block_causal), canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None)
 
 
 class DiffusionKind:
-    """A kind: its name, its run class (a `DiffusionRun`) and its settings declaration."""
+    """A kind: its name, its run class (a `DiffusionRun`), its settings declaration, and the
+    models it runs on."""
 
     name: ClassVar[str] = ""
     settings: ClassVar[KindSettings]
     run: ClassVar[type]
+    # one line for the page and the CLI's help: what the kind does
+    summary: ClassVar[str] = ""
+
+    @classmethod
+    def refuses(cls, model: ModelTraits) -> str | None:
+        """Why a run of this kind cannot run on `model`, in words (None: it can). By default a kind
+        runs on the models whose own kind it is."""
+        return None if model.diffusion_kind == cls.name else f"this model is {model.diffusion_kind} diffusion"
+
+    @classmethod
+    def decoder_kind(cls) -> str:
+        return cls.settings.decoders or cls.name
 
 
 KINDS: dict[str, type[DiffusionKind]] = {}
 
 
 def register_kind(cls: type[DiffusionKind]) -> type[DiffusionKind]:
-    """Class decorator: the kind a model's `diffusion_kind` names runs through `cls.run`."""
+    """Class decorator: a request whose kind is `cls.name` (or a model whose own kind it is) runs
+    through `cls.run`."""
     KINDS[cls.name] = cls
     return cls
 
@@ -66,8 +103,19 @@ def kind_named(name: str) -> type[DiffusionKind]:
     return KINDS[name]
 
 
+def run_kind(config: GenerationConfig, model: Any) -> type[DiffusionKind]:
+    """The kind a run of `config` on `model` runs: the request's, else the model's own; EngineError
+    in one line when the model cannot run it."""
+    traits = ModelTraits.of(model)
+    kind = kind_named(config.kind or traits.diffusion_kind)
+    why = kind.refuses(traits)
+    if why is not None:
+        raise EngineError(f"kind '{kind.name}' cannot run on this model: {why}")
+    return kind
+
+
 def decoder_kind(decoder: str) -> str:
-    """The kind a registered decoder runs on ("masked" unless it declares another)."""
+    """The kind a registered decoder decodes for ("masked" unless it declares another)."""
     return getattr(decoder_class(decoder), "kind", "masked")
 
 
@@ -82,22 +130,27 @@ def ignored_settings(config: GenerationConfig, kind: str) -> list[str]:
     return [f.name for f in dataclasses.fields(GenerationConfig) if f.name not in reads and getattr(config, f.name) != getattr(_DEFAULTS, f.name)]
 
 
-def fit(config: GenerationConfig, kind: str, canvas_length: int | None = None, *, carry_over: bool = False) -> GenerationConfig:
-    """`config` as a model of `kind` (trained on canvases of `canvas_length`, if it says) runs it.
+def fit(config: GenerationConfig, model: Any, *, carry_over: bool = False) -> GenerationConfig:
+    """`config` as `model` (a model, a skeleton or its `ModelTraits`) runs it, its `kind` resolved
+    (`run_kind`: the request's, else the model's own).
 
     The engine's default decoder becomes the kind's own; the kind's canvas rule applies (a
     uniform-state checkpoint denoises canvases of the length it was trained with). Strict (the
     default: the CLI, the API, the server): a decoder of another kind, or a setting the kind does
     not read set away from its default, is refused in one line naming it. `carry_over` (a page
     whose settings were chosen for another model, as Compare's two sides or a lesson step): those
-    go back to their defaults instead, and any decoder of another kind becomes the kind's own
-    (keeping the options both declare)."""
-    spec = kind_named(kind).settings
-    if decoder_kind(config.decoder) != kind:
+    go back to their defaults instead, a kind the model cannot run becomes the model's own, and any
+    decoder of another kind becomes the kind's own (keeping the options both declare)."""
+    traits = ModelTraits.of(model)
+    if carry_over and config.kind and (config.kind not in KINDS or kind_named(config.kind).refuses(traits)):
+        config = dataclasses.replace(config, kind=None)
+    kind_cls = run_kind(config, traits)
+    kind, spec, runs = kind_cls.name, kind_cls.settings, "run" if config.kind else "model"
+    if decoder_kind(config.decoder) != kind_cls.decoder_kind():
         if not carry_over and config.decoder != _DEFAULTS.decoder:
             raise EngineError(
-                f"decoder '{config.decoder}' runs {decoder_kind(config.decoder)} diffusion and this model is {kind} diffusion; "
-                f"its decoders: {', '.join(kind_decoders(kind))}"
+                f"decoder '{config.decoder}' runs {decoder_kind(config.decoder)} diffusion and this {runs} is {kind} diffusion; "
+                f"its decoders: {', '.join(kind_decoders(kind_cls.decoder_kind()))}"
             )
         declared = decoder_class(spec.default_decoder).options
         shared = {k: v for k, v in config.decoder_options.items() if k in declared}
@@ -107,8 +160,8 @@ def fit(config: GenerationConfig, kind: str, canvas_length: int | None = None, *
         names = ", ".join(f"{name} ({getattr(config, name)!r}; default {getattr(_DEFAULTS, name)!r})" for name in ignored)
         raise EngineError(f"{kind} diffusion does not read {names}: leave {'it' if len(ignored) == 1 else 'them'} at the default")
     config = dataclasses.replace(config, **{name: getattr(_DEFAULTS, name) for name in ignored})
-    if spec.fit_canvas is not None and canvas_length:
-        config = spec.fit_canvas(config, canvas_length, carry_over)
+    if spec.fit_canvas is not None and traits.canvas_length:
+        config = spec.fit_canvas(config, traits.canvas_length, carry_over)
     return config.validate()
 
 

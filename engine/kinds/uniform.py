@@ -41,6 +41,7 @@ from ..hooks import RunHooks
 from ..models.diffusion_gemma import DiffusionGemmaLM
 from ..registry import DecoderOption, register_decoder
 from ..run import DiffusionRun
+from ..step_state import StepState, Writes, id_lists, per_position, register_step_state
 from ..trace import UNIFORM, IterationRecord, positions, rounded
 from .base import DiffusionKind, KindSettings, register_kind
 
@@ -297,7 +298,7 @@ class UniformRun(DiffusionRun):
 
     def _record(self, st: _Step, seconds: float) -> IterationRecord:
         """The step's record (docs/trace.md §3.2): `top1` the draft, `committed` the accepted
-        positions; `uniform` the proposal, the rule's numbers, the re-noising and the stop rule."""
+        positions; `state` the proposal, the rule's numbers, the re-noising and the stop rule."""
         s, e = st.span
         result = st.result
         renoised = ~result.commit & st.active[:, None]
@@ -310,7 +311,7 @@ class UniformRun(DiffusionRun):
             committed=positions(result.commit, s), forced=[[] for _ in noise], top1=st.draft.cpu().tolist(),
             confidence=rounded(st.draft_probability), seconds=seconds, active=st.active.cpu().tolist(), final_until=list(self.final_until),
             constraint=st.constraint,
-            uniform={
+            state={
                 "step": st.step,
                 "steps_left": st.steps_left,
                 "temperature": round(st.temperature, 6),
@@ -334,6 +335,44 @@ class UniformRun(DiffusionRun):
                 },
             },
         )
+
+
+def _is_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class UniformStepState(StepState):
+    """A uniform step's `state` (docs/trace.md §3.2): what a replay reads and writes of it."""
+
+    def check(self, state: dict[str, Any], rows: int, s: int, e: int, need: Any) -> None:
+        for name in ("proposal", "draft"):
+            per_position(state, name, rows, e - s, _is_id, need)
+        renoised, noise = state.get("renoised"), state.get("noise")
+        need(isinstance(renoised, list) and isinstance(noise, list) and len(renoised) == len(noise) == rows, "state: renoised and noise need one list per row")
+        for row in range(rows):
+            ok = isinstance(renoised[row], list) and isinstance(noise[row], list) and len(renoised[row]) == len(noise[row])
+            need(ok and all(_is_id(p) and s <= p < e for p in renoised[row]) and all(map(_is_id, noise[row])), f"state.renoised[{row}] must be positions inside the canvas, one noise id each")
+        for name in ("start", "output"):
+            if state.get(name) is not None:
+                per_position(state, name, rows, e - s, _is_id, need)
+
+    def writes(self, rec: Any, row: int) -> Writes:
+        """A canvas's starting noise (first step), the accepted proposals, the fresh noise at the
+        positions not accepted, the canvas's output (last step)."""
+        s, e = rec.block_range
+        u = rec.state
+        writes: Writes = list(zip(range(s, e), u["start"][row])) if u.get("start") is not None else []
+        writes += [(p, u["proposal"][row][p - s]) for p in rec.committed[row]]  # it accepts its sampled proposals
+        writes += zip(u["renoised"][row], u["noise"][row])
+        if u.get("output") is not None:
+            writes += zip(range(s, e), u["output"][row])
+        return writes
+
+    def ids(self, state: dict[str, Any]) -> set[int]:
+        return id_lists(state, "proposal", "draft", "noise", "start", "output")
+
+
+register_step_state(UNIFORM, UniformStepState())
 
 
 def fit_canvas(config: GenerationConfig, canvas_length: int, carry_over: bool) -> GenerationConfig:

@@ -40,7 +40,7 @@ from ..run import GenerationOutput
 from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
 from ..stats import count_tokens
-from ..kinds import kind_named
+from ..kinds import run_kind
 from ..trace import IterationRecord, Trace
 from .heap import release_freed_memory
 
@@ -239,7 +239,7 @@ class Batcher:
         except Exception as exc:
             self._fail(members, exc)
             return
-        alone = engine.model.block_causal or not kind_named(engine.model.diffusion_kind).settings.shares_batches
+        alone = engine.model.block_causal or not run_kind(members[0].config, engine.model).settings.shares_batches
         groups: dict[object, list[int]] = {}
         for i, ids in enumerate(encoded):
             groups.setdefault(i if alone else len(ids), []).append(i)

@@ -36,7 +36,7 @@ class RowText:
     def __init__(self, header: Trace, decode: Callable[[list[int]], str], max_tokens: int, stops: list[str]) -> None:
         self.canvas = list(header.initial[0])
         self.start = header.prompt_lengths[0]
-        self.mask_id, self.stop_ids = header.mask_id, set(header.eos_ids)
+        self.mask_id, self.stop_ids, self.kind = header.mask_id, set(header.eos_ids), header.kind
         self.decode, self.max_tokens, self.stops = decode, max_tokens, stops
         self.sent = ""
 
@@ -49,7 +49,7 @@ class RowText:
 
     def update(self, rec: IterationRecord) -> str:
         """The text this record made final, beyond what was sent."""
-        for p, token in record_writes(rec, 0):
+        for p, token in record_writes(rec, 0, self.kind):
             self.canvas[p] = token
         committed = []
         for token in self.canvas[self.start : rec.final_until[0]]:

@@ -71,7 +71,7 @@ class UniformView(KindView):
         canvas = timeline.canvas_at(iteration)
         cells = [{"t": f"…{first}", "k": "prompt", "tip": summary_tip(first), "c": 0, "p": -1}] if first > 0 else []
         for p, text, classes, tip in grid.uniform_cells(timeline, iteration, first):
-            c = rec.uniform["proposal_probability"][timeline.row][p - rec.block_range[0]] if "blk" in classes else 0.0
+            c = rec.state["proposal_probability"][timeline.row][p - rec.block_range[0]] if "blk" in classes else 0.0
             want = expected_at(timeline, expected, p)
             if classes[0] == "output" and want is not None and want != canvas[p]:
                 classes.append("wrong")
@@ -95,8 +95,8 @@ class UniformView(KindView):
         if at >= 0:
             rec = timeline.records[at]
             live["block"] = list(rec.block_range)
-            live["top1"] = [timeline.text_of(t) for t in rec.uniform["proposal"][row]]
-            live["conf"] = [round(float(c), 2) for c in rec.uniform["proposal_probability"][row]]
+            live["top1"] = [timeline.text_of(t) for t in rec.state["proposal"][row]]
+            live["conf"] = [round(float(c), 2) for c in rec.state["proposal_probability"][row]]
             live["win"] = []
         return live
 
@@ -145,7 +145,7 @@ class UniformView(KindView):
         canvas = timeline.canvas_at(index)
         settled = canvas[timeline.prompt_length : final]
         if final < e:
-            settled += [rec.uniform["proposal"][row][p - s] for p in rec.committed[row]]
+            settled += [rec.state["proposal"][row][p - s] for p in rec.committed[row]]
         return sum(not timeline.is_end(t) and t != timeline.mask_id for t in settled)
 
     def frame_title(self, timeline: Timeline, index: int) -> str:

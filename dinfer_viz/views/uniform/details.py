@@ -50,7 +50,7 @@ def _yes(flag: bool) -> str:
 
 def temperature_text(timeline: Timeline, rec: IterationRecord) -> str:
     """The step's temperature, with the linear schedule that gave it."""
-    u = rec.uniform
+    u = rec.state
     text = f"{u['temperature']:.4g}"
     t_min, t_max, steps = (_option(timeline, n) for n in ("t_min", "t_max", "max_denoising_steps"))
     if None not in (t_min, t_max, steps):
@@ -62,7 +62,7 @@ def verdict_text(timeline: Timeline, rec: IterationRecord, p: int) -> str:
     """The entropy-bound rule at `p` in `rec` (a step where the row denoised), in words with its
     numbers; the verdict is the engine's flag (`committed`): the recorded sums are rounded."""
     row, s = timeline.row, rec.block_range[0]
-    u = rec.uniform
+    u = rec.state
     total, bound = float(u["entropy_sum"][row][p - s]), float(u["bound"])
     rule = f"sorted by entropy, lowest first, the entropies before it sum to {number(total, bound)}"
     if p in rec.committed[row]:
@@ -75,12 +75,12 @@ def verdict_text(timeline: Timeline, rec: IterationRecord, p: int) -> str:
 def stop_text(timeline: Timeline, rec: IterationRecord) -> str:
     """The adaptive stop's state after `rec` for this row: stable count against its threshold, mean
     entropy against the confidence threshold, and what followed."""
-    stop, row = rec.uniform["stopping"], timeline.row
+    stop, row = rec.state["stopping"], timeline.row
     need = stop["stability_threshold"]
     stable = f"draft equal to each of the last {need} draft(s): {_yes(stop['stable'][row])}" if need else "stability threshold 0: the draft need not repeat"
     confident = f"mean entropy {number(float(stop['mean_entropy'][row]), float(stop['confidence_threshold']))} < confidence threshold {stop['confidence_threshold']:g}: {_yes(stop['confident'][row])}"
     then = "so this row has stopped: its canvas is frozen" if stop["stopped"][row] else "so denoising goes on"
-    if rec.uniform.get("output") is not None:
+    if rec.state.get("output") is not None:
         then += "; the canvas is done after this step, and its output is the last draft"
     return f"{stable} · {confident}, {then}"
 
@@ -88,7 +88,7 @@ def stop_text(timeline: Timeline, rec: IterationRecord) -> str:
 def token_read(timeline: Timeline, rec: IterationRecord, index: int, position: int) -> int:
     """The token the model read at `position` in step `index`: on a canvas's first step its random
     start (`uniform.start`, written by that step's record), else what the step before left."""
-    start = rec.uniform.get("start")
+    start = rec.state.get("start")
     if start is not None:
         return start[timeline.row][position - rec.block_range[0]]
     return timeline.token_before(position, index)
@@ -97,7 +97,7 @@ def token_read(timeline: Timeline, rec: IterationRecord, index: int, position: i
 def _step_rows(timeline: Timeline, rec: IterationRecord, index: int, position: int) -> list[tuple[str, str]]:
     """(label, text) of what step `index` did at `position`, inside its canvas."""
     row, s = timeline.row, rec.block_range[0]
-    u = rec.uniform
+    u = rec.state
     out = [("step", f"step {u['step'] + 1} of canvas {rec.block} [{s}, {rec.block_range[1]}), {u['steps_left']} step(s) left counting this one"), ("temperature", temperature_text(timeline, rec))]
     decided = deciding_record(timeline, index)
     if decided != index:
@@ -132,7 +132,7 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
         s, e = rec.block_range
         if not s <= position < e:
             continue
-        u = rec.uniform
+        u = rec.state
         step = f"{u['step'] + 1} · t {u['temperature']:.3g}"
         if deciding_record(timeline, i) != i:
             cells: tuple[str, ...] = (str(iteration_number(i)), step, token_name(timeline, token_read(timeline, rec, i, position)), "—", "—", "—", "row stopped: frozen", "—")
@@ -168,7 +168,7 @@ def uniform_position_details(timeline: Timeline, position: int, iteration: int, 
         add("constraint", constraint)
     state = uniform_state(timeline, canvas, position, iteration)
     add("token", f"{token_name(timeline, token)}: {STATE_WORDS[state]}")
-    ends = [i for i in steps if timeline.records[i].uniform.get("output") is not None]
+    ends = [i for i in steps if timeline.records[i].state.get("output") is not None]
     if ends:
         when = " (this iteration)" if ends[0] == iteration else " (later than the iteration shown)" if ends[0] > iteration else ""
         add("output", f"{token_name(timeline, timeline.canvas_at(ends[0])[position])}, written when its canvas ended at iteration {iteration_number(ends[0])}{when}")

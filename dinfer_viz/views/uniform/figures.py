@@ -44,7 +44,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
     row = timeline.row
     x0, x1 = timeline.view_start(), timeline.view_end()
     rows = heatmap_rows(first, upto, x1 - x0, keep=highlight)
-    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.uniform["entropy"][row] if _active(timeline, rec) else None, masked_only=False, rows=rows)
+    z = _block_matrix(timeline, first, upto, lambda i, rec: rec.state["entropy"][row] if _active(timeline, rec) else None, masked_only=False, rows=rows)
     text = np.full(z.shape, "", dtype=object)
     for k, rec in enumerate(timeline.records[i] for i in rows):
         s, e = rec.block_range
@@ -52,7 +52,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
             for p in range(max(s, x0), min(e, x1)):
                 text[k, p - x0] = _plain(step_verdict(timeline, rec, p))
     finite = z[np.isfinite(z)]
-    bound = float(records[-1].uniform["bound"])  # one per run: the `uniform` decoder's option
+    bound = float(records[-1].state["bound"])  # one per run: the `uniform` decoder's option
     fig = go.Figure()
     fig.add_trace(
         raster_heatmap(
@@ -76,7 +76,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
             uid="accepted",
         )
     )
-    ends = [(i, rec) for i, rec in enumerate(records, start=first) if rec.uniform.get("output") is not None]
+    ends = [(i, rec) for i, rec in enumerate(records, start=first) if rec.state.get("output") is not None]
     if ends:
         fig.add_trace(
             go.Scatter(
@@ -107,16 +107,16 @@ def _accepted_text(timeline: Timeline, i: int, p: int, expected: list[int] | Non
     """An accepted proposal's hover: the rule's numbers, and the expected token when it differs."""
     rec = timeline.records[i]
     offset = p - rec.block_range[0]
-    lines = [step_verdict(timeline, rec, p) + f" (p {rec.uniform['proposal_probability'][timeline.row][offset]:.3f})"]
+    lines = [step_verdict(timeline, rec, p) + f" (p {rec.state['proposal_probability'][timeline.row][offset]:.3f})"]
     want = expected_at(timeline, expected, p)
-    if want is not None and want != rec.uniform["proposal"][timeline.row][offset]:
+    if want is not None and want != rec.state["proposal"][timeline.row][offset]:
         lines.append(f"expected {timeline.text_of(want)!r}")
     return "<br>".join(_plain(line) for line in lines)
 
 
 def _stop_text(timeline: Timeline, rec: IterationRecord) -> str:
     """Why a canvas ended at `rec`: this row's stop rule fired (stable and confident), or its steps ran out."""
-    stop = rec.uniform["stopping"]
+    stop = rec.state["stopping"]
     if stop["stopped"][timeline.row]:
         return f"this row stopped: draft stable and mean entropy {stop['mean_entropy'][timeline.row]:.4g} < {stop['confidence_threshold']:g}"
     return f"the steps ran out (mean entropy {stop['mean_entropy'][timeline.row]:.4g}, confidence threshold {stop['confidence_threshold']:g})"
@@ -132,13 +132,13 @@ def uniform_iteration_chart(timeline: Timeline, upto: int | None, highlight: int
     row = timeline.row
     its = np.array([iteration_number(i) for i in range(len(records))], dtype=np.float32)
     accepted = np.array([len(r.committed[row]) for r in records], dtype=np.float32)
-    renoised = np.array([len(r.uniform["renoised"][row]) for r in records], dtype=np.float32)
-    temperature = np.array([r.uniform["temperature"] for r in records], dtype=np.float32)
+    renoised = np.array([len(r.state["renoised"][row]) for r in records], dtype=np.float32)
+    temperature = np.array([r.state["temperature"] for r in records], dtype=np.float32)
     fig = go.Figure()
     fig.add_trace(go.Bar(x=its, y=accepted, name="accepted", marker_color=CELL_COLOURS["accepted"][0], uid="accepted"))
     fig.add_trace(go.Bar(x=its, y=renoised, name="re-noised", marker_color=NOISE_BAR, uid="renoised"))
     fig.add_trace(go.Scatter(x=its, y=temperature, yaxis="y2", name="temperature", mode="lines", line=dict(color="#111827", width=1.5, shape="hv"), uid="temperature"))
-    done = [i for i, r in enumerate(records) if r.uniform.get("output") is not None]
+    done = [i for i, r in enumerate(records) if r.state.get("output") is not None]
     if done:
         fig.add_trace(
             go.Scatter(

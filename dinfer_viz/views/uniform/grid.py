@@ -60,7 +60,7 @@ def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
     the bound, accepted or re-noised (and the random token drawn). The verdict is the engine's flag
     (`committed`): the recorded sums are rounded to 4 decimals."""
     row, s = timeline.row, rec.block_range[0]
-    u = rec.uniform
+    u = rec.state
     total, bound = u["entropy_sum"][row][p - s], u["bound"]
     if p in rec.committed[row]:
         return f"accepted {timeline.text_of(u['proposal'][row][p - s])!r}: the lower entropies sum to {total:.4g} ≤ bound {bound:g}"
@@ -72,8 +72,8 @@ def step_verdict(timeline: Timeline, rec: IterationRecord, p: int) -> str:
 def _rule(timeline: Timeline, rec: IterationRecord, p: int) -> str:
     """The hover's line for `p` in `rec`: its proposal and entropy, then the rule's verdict."""
     row, s = timeline.row, rec.block_range[0]
-    proposal = rec.uniform["proposal"][row][p - s]
-    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.uniform['proposal_probability'][row][p - s]:.3f}) · entropy {rec.uniform['entropy'][row][p - s]:.3f} · {step_verdict(timeline, rec, p)}"
+    proposal = rec.state["proposal"][row][p - s]
+    return f"proposal {timeline.text_of(proposal)!r} (id {proposal}, p {rec.state['proposal_probability'][row][p - s]:.3f}) · entropy {rec.state['entropy'][row][p - s]:.3f} · {step_verdict(timeline, rec, p)}"
 
 
 # what a cell's hover says its state is
@@ -111,7 +111,7 @@ def uniform_cells(timeline: Timeline, iteration: int, first: int) -> list[tuple[
     block = range(*timeline.records[iteration].block_range) if iteration >= 0 else range(0)
     decided = deciding_record(timeline, iteration) if iteration >= 0 else -1  # once per grid, not per cell
     # the step that wrote each finished canvas's output (its last draft)
-    wrote = {p: i for i in range(iteration + 1) if timeline.records[i].uniform.get("output") is not None for p in range(*timeline.records[i].block_range)}
+    wrote = {p: i for i in range(iteration + 1) if timeline.records[i].state.get("output") is not None for p in range(*timeline.records[i].block_range)}
     out = []
     for p in range(first, timeline.canvas_length):
         state = uniform_state(timeline, canvas, p, iteration, done, decided)
@@ -135,7 +135,7 @@ def uniform_caption(timeline: Timeline, iteration: int, total: int) -> str:
     """What step `iteration` did: the canvas and step, temperature, accepted and re-noised counts
     against the bound, the stop rule's state."""
     rec = timeline.records[iteration]
-    u, row = rec.uniform, timeline.row
+    u, row = rec.state, timeline.row
     s, e = rec.block_range
     stop = u["stopping"]
     head = f"iteration {iteration_number(iteration)}/{total} · canvas {rec.block} [{s}, {e}) step {u['step'] + 1} · temperature {u['temperature']:.2f}"
