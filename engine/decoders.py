@@ -1,13 +1,14 @@
 """Component 3, the decoders: which masked positions of the current block to commit, and to what.
 
-A decoder sees the block's logits `[B, W, V]` and its mask `[B, W]` and returns a DecodeResult;
+A decoder's one call per iteration, `step(logits, block)`, sees the block's logits `[B, W, V]` and
+the block (`Block`: its mask `[B, W]`, tokens, editable positions, threshold) and returns a DecodeResult;
 it never writes the canvas (the iteration manager does) and never reads a device value on the
 host (no `.item()`, no Python branch on a tensor), so iterations can be queued back to back.
 
 Every decoder sets the [MASK] logit to -inf before the softmax and the argmax, so a predicted
 [MASK] is never committed and confidences are over real tokens.
 
-Plug-in API (engine/registry.py): subclass `Decoder`, set `name`, decorate with
+Plug-in API (engine/registry.py): subclass `Decoder`, set `name`, implement `step`, decorate with
 `@register_decoder`; a setting the config lacks is declared in `options` and read with
 `self.option(name)`. The class is built once per generate call with the GenerationConfig and the
 mask id; see examples/entropy_decoder.py.
@@ -175,8 +176,9 @@ class Block:
 
 
 class Decoder:
-    """Base class. Subclasses implement `decode` (a rule that only fills masks) or `step` (one that
-    also revises); `block_init`/`block_done`/`block_continues` are optional hooks."""
+    """Base class. Subclasses implement `step(logits, block)`: a rule that only fills masks reads
+    `block.masked` and `block.threshold`, one that revises also `block.tokens` and `block.editable`;
+    `block_init`/`block_done`/`block_continues` are optional hooks."""
 
     name: ClassVar[str] = ""
     # The diffusion kind whose models it decodes (engine/kinds/): "masked" unless it says.
@@ -221,6 +223,11 @@ class Decoder:
         clash = set(cls.options) & {f.name for f in dataclasses.fields(GenerationConfig)}
         if clash:  # one flag and one control per name: an option may not shadow a config field
             raise ValueError(f"decoder {cls.__name__}: options {sorted(clash)} are GenerationConfig fields; read those from self.config")
+        if "decode" in vars(cls) and "step" not in vars(cls):  # the former call shape: the loop would never call it
+            raise TypeError(
+                f"decoder {cls.__name__} defines decode(logits, masked, threshold), which the engine no longer calls; "
+                "implement step(logits, block) instead (block.masked, block.threshold)"
+            )
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         self.config = config
@@ -235,12 +242,8 @@ class Decoder:
 
     def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         """The decoder's one call per iteration: what to commit (and, revising, to edit or remask)
-        given the block's logits `[B, W, V]`. A rule that only fills masks implements `decode`."""
-        return self.decode(logits, block.masked, block.threshold)
-
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
-        """A rule that only fills masks: `step` with the block's mask and threshold."""
-        raise NotImplementedError
+        given the block's logits `[B, W, V]` and the `block` they are for."""
+        raise NotImplementedError(f"decoder {type(self).__name__} does not implement step(logits, block)")
 
     def commit_order(self, result: DecodeResult) -> torch.Tensor:
         """`[B, W]`: the order the rule ranks its writes in, highest first (a constraint keeps them
@@ -320,7 +323,8 @@ class FixedStepDecoder(Decoder):
         self.masks_at_start = masked.sum(dim=1)
         self.steps_done = 0
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked = block.masked
         tokens, confidence, _ = self.predict(logits)
         # the count that leaves the block on schedule after this step: the step's share, or more
         # when a constraint kept back an earlier step's commit (then the last step fills the rest)
@@ -354,9 +358,9 @@ class ThresholdDecoder(Decoder):
     )
     row_wise = True
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         tokens, confidence, _ = self.predict(logits)
-        commit, forced = threshold_commit(confidence, masked, threshold)
+        commit, forced = threshold_commit(confidence, block.masked, block.threshold)
         return DecodeResult(tokens, confidence, commit, forced)
 
 
@@ -388,7 +392,8 @@ class HierarchicalDecoder(Decoder):
         "anchor": DecoderOption("confidence", "hierarchical: most confident position of a span, or the one nearest its centre", ANCHORS),
     }
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked = block.masked
         tokens, confidence, _ = self.predict(logits)
         runs = masked_runs(masked)
         eligible = masked & (confidence > float(self.option("low_threshold")))
@@ -396,7 +401,7 @@ class HierarchicalDecoder(Decoder):
             anchors = eligible & (confidence == reduce_per_run(confidence, runs, "amax", float("-inf")))
         else:
             anchors = self._centre_anchors(confidence, runs, eligible)
-        above = masked & (confidence > threshold)
+        above = masked & (confidence > block.threshold)
         best = best_per_row(confidence, masked)
         commit = anchors | above | best
         return DecodeResult(tokens, confidence, commit, commit & ~(anchors | above), {"runs": runs, "anchors": anchors})
@@ -453,7 +458,7 @@ class CreditDecoder(Decoder):
     def block_done(self, block_index: int) -> None:
         self.credit = None
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         cfg = self.config
         raw = logits.to(torch.float32, copy=True)
         raw[..., self.mask_id] = float("-inf")
@@ -463,11 +468,11 @@ class CreditDecoder(Decoder):
         else:
             self.credit.mul_(self.beta)
         p1, v1 = probs.max(dim=-1)
-        boost = p1.pow(self.gamma) * masked
+        boost = p1.pow(self.gamma) * block.masked
         self.credit.scatter_add_(-1, v1.unsqueeze(-1), boost.unsqueeze(-1))
         fused = raw + self.alpha * torch.log1p(self.credit)
         tokens, confidence, _ = top1(fused, self.mask_id, cfg.temperature, self.generator)
-        commit, forced = threshold_commit(confidence, masked, threshold)
+        commit, forced = threshold_commit(confidence, block.masked, block.threshold)
         extras = {
             "credit": self.credit.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
             "raw_confidence": probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),

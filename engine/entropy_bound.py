@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .decoders import DecodeResult, Decoder, _real_token_logits
+from .decoders import Block, DecodeResult, Decoder, _real_token_logits
 from .registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
 
 
@@ -60,7 +60,8 @@ class EntropyBoundDecoder(Decoder):
     def commit_order(self, result: DecodeResult) -> torch.Tensor:
         return -result.extras["entropy"]  # lowest entropy first, the rule's own order
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked = block.masked
         tokens, confidence, _ = self.predict(logits)
         entropy = self.entropy(_real_token_logits(logits, self.mask_id))
         commit, lower_sum = self.accept(entropy, self.option("entropy_bound"), masked)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .decoders import DecodeResult, Decoder, rank_in_row
+from .decoders import Block, DecodeResult, Decoder, rank_in_row
 from .registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
 
 
@@ -35,7 +35,8 @@ class FactorDecoder(Decoder):
     sweep_setting = OPTION_SETTING_PREFIX + "factor"
     uses_threshold = False
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked = block.masked
         tokens, confidence, _ = self.predict(logits)
         rank = rank_in_row(confidence, masked)
         nominal = 1.0 - float(self.option("factor")) / (rank + 2).to(confidence.dtype)  # t_(rank+1)

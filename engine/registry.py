@@ -4,11 +4,11 @@ declares a setting of its own.
 A module of its own so that config.py (which checks a decoder's name and options) and decoders.py
 (which registers the built-ins and reads GenerationConfig) never import each other.
 
-Plug-in API: subclass `engine.Decoder`, set `name`, decorate with `@register_decoder`; declare
-settings the config lacks in `options` (a `DecoderOption` per name) and read them with
-`self.option(name)`. A decoder in a file of its own is picked up by the CLI and the app when its
-path (or module name) is listed in $DINFER_VIZ_DECODERS (several separated by `os.pathsep`); see
-examples/entropy_decoder.py.
+Plug-in API: subclass `engine.Decoder`, set `name`, implement `step(logits, block)`, decorate with
+`@register_decoder`; declare settings the config lacks in `options` (a `DecoderOption` per name)
+and read them with `self.option(name)`. A decoder in a file of its own is picked up by the CLI and
+the app when its path (or module name) is listed in $DINFER_VIZ_DECODERS (several separated by
+`os.pathsep`); see examples/entropy_decoder.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import math
 import torch
 
 from engine import Decoder, DecoderOption, register_decoder
-from engine.decoders import DecodeResult, rank_in_row
+from engine.decoders import Block, DecodeResult, rank_in_row
 
 
 @register_decoder
@@ -27,13 +27,16 @@ class EntropyBoundedDecoder(Decoder):
     # `decoder_options={"max_per_step": N}`
     options = {"max_per_step": DecoderOption(0, "commit at most this many positions per iteration (0: no cap)")}
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    # one call per iteration: `block.masked` `[B, W]` the block's [MASK] positions, `block.threshold`
+    # the threshold in force (also `block.tokens`, `block.editable` for a rule that revises commits)
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
+        masked = block.masked
         tokens, confidence, probs = self.predict(logits)
         entropy = -(probs * probs.clamp_min(1e-30).log()).sum(dim=-1)
         rank = rank_in_row(-entropy, masked)  # lowest entropy first
         by_rank = torch.zeros_like(entropy).scatter_(1, rank, torch.where(masked, entropy, 0.0))
         spent_before = by_rank.cumsum(dim=1) - by_rank  # entropy of the better-ranked positions
-        within = (spent_before <= -math.log(threshold)).gather(1, rank)
+        within = (spent_before <= -math.log(block.threshold)).gather(1, rank)
         commit = masked & within
         if self.option("max_per_step") > 0:
             commit &= rank < self.option("max_per_step")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.decoders import Block
 from engine.models.llada import LLaDAModelLM
 
 # The slow lanes: tests that start worker processes, torchrun jobs or a fresh Python with torch
@@ -144,6 +145,12 @@ def tiny_llada(seed: int = 0, **overrides) -> LLaDAModelLM:
             if p.dim() == 2:
                 p.normal_(0.0, 0.3)
     return model.eval().requires_grad_(False)
+
+
+def fill_block(masked: torch.Tensor, threshold: float, mask_id: int) -> Block:
+    """The `Block` a decoder's `step` gets for a block whose only change is filling its masks:
+    [MASK] at the `masked` positions, the others committed (token 0, editable)."""
+    return Block(masked, torch.where(masked, mask_id, 0), ~masked, threshold)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from engine import register_decoder
-from engine.decoders import DecodeResult
+from engine.decoders import Block, DecodeResult
 from tests.turnstile_decoder import TurnstileDecoder
 
 
@@ -20,6 +20,6 @@ from tests.turnstile_decoder import TurnstileDecoder
 class MarkedGateDecoder(TurnstileDecoder):
     name = "marked_gate"
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         Path(self.option("gates"), f"reached-{self.calls + 1}-{os.environ.get('RANK', '0')}").touch()
-        return super().decode(logits, masked, threshold)
+        return super().step(logits, block)

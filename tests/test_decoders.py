@@ -15,10 +15,10 @@ import torch
 from engine import EngineError, GenerationConfig, RunHooks, run_diffusion, save_model
 from engine.__main__ import main as cli_main
 from engine.decoders import make_decoder
-from engine.registry import decoder_names, load_plugins
+from engine.registry import decoder_class, decoder_names, load_plugins
 from tinymodel.tokenizer import save_tokenizer, special_ids
 
-from .conftest import TINY_CONFIG, tiny_llada
+from .conftest import TINY_CONFIG, fill_block, tiny_llada
 
 V, MASK = 12, 11  # 11 real tokens, then [MASK]
 BUILT_IN = ("fixed", "threshold", "hierarchical", "credit", "factor")
@@ -49,7 +49,7 @@ def decoder(name, **cfg):
 def decode(name, logits, masked, threshold=0.9, **cfg):
     dec = decoder(name, threshold=threshold, **cfg)
     dec.block_init(masked, 0)
-    return dec.decode(logits, masked, threshold)
+    return dec.step(logits, fill_block(masked, threshold, MASK))
 
 
 def mask(rows):
@@ -108,7 +108,7 @@ def test_decoders_never_wait_for_the_device(name):
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            masked = masked & ~dec.decode(logits, masked, 0.5).commit
+            masked = masked & ~dec.step(logits, fill_block(masked, 0.5, MASK)).commit
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -216,7 +216,8 @@ def test_credit_with_alpha_zero_is_threshold_exactly():
         plain.block_init(masked, 0)
         for _ in range(4):
             logits = torch.randn(2, 10, V) * 3
-            a, b = credit.decode(logits, masked, 0.6), plain.decode(logits, masked, 0.6)
+            block = fill_block(masked, 0.6, MASK)
+            a, b = credit.step(logits, block), plain.step(logits, block)
             assert torch.equal(a.tokens, b.tokens) and torch.equal(a.confidence, b.confidence)
             assert torch.equal(a.commit, b.commit) and torch.equal(a.forced, b.forced)
             masked = masked & ~a.commit
@@ -240,7 +241,7 @@ def test_credit_three_iterations_by_hand():
     def step(probs, masked):
         logits = logits_for([probs])
         logits[..., MASK] = 30.0
-        return dec.decode(logits, masked, 0.8)
+        return dec.step(logits, fill_block(masked, 0.8, MASK))
 
     r1 = step([a, b, d1], masked)
     assert r1.extras["credit"][0].tolist() == pytest.approx([0.8, 0.9, 0.6])
@@ -273,12 +274,12 @@ def test_credit_memory_lives_for_one_block_only():
     masked = mask(["mmmm"])
     dec.block_init(masked, 0)
     assert dec.credit is None
-    dec.decode(torch.randn(1, 4, V), masked, 0.9)
+    dec.step(torch.randn(1, 4, V), fill_block(masked, 0.9, MASK))
     assert dec.credit.shape == (1, 4, V) and dec.credit.dtype == torch.float32
     dec.block_done(0)
     assert dec.credit is None
     dec.block_init(mask(["mm"]), 1)  # a shorter last block gets a fresh tensor of its own width
-    dec.decode(torch.randn(1, 2, V), mask(["mm"]), 0.9)
+    dec.step(torch.randn(1, 2, V), fill_block(mask(["mm"]), 0.9, MASK))
     assert dec.credit.shape == (1, 2, V)
 
 
@@ -383,6 +384,22 @@ def test_a_broken_plugin_is_one_engine_error(tmp_path):
     bad.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(EngineError, match="cannot load decoder plug-in .*bad_decoder.py.*boom"):
         load_plugins(str(bad))
+
+
+def test_a_plugin_with_the_former_decode_is_told_to_implement_step(tmp_path, own_registry):
+    """`decode(logits, masked, threshold)` is no longer called: a plug-in defining only that is
+    refused when it loads, in one line, rather than never running its rule (or, on a built-in
+    base, silently running the base's)."""
+    old = tmp_path / "old_decoder.py"
+    old.write_text(
+        "from engine import Decoder, register_decoder\n\n\n@register_decoder\nclass OldDecoder(Decoder):\n"
+        "    name = 'old'\n\n    def decode(self, logits, masked, threshold):\n        return None\n"
+    )
+    with pytest.raises(EngineError, match=r"old_decoder.py.*OldDecoder defines decode\(logits, masked, threshold\).*implement step\(logits, block\)") as refused:
+        load_plugins(str(old))
+    assert "\n" not in str(refused.value) and "old" not in decoder_names()
+    with pytest.raises(TypeError, match=r"implement step\(logits, block\)"):
+        type("OldThreshold", (decoder_class("threshold"),), {"name": "old_threshold", "decode": lambda self, logits, masked, threshold: None})
 
 
 def _tiny_checkpoint(folder: Path) -> Path:

@@ -7,6 +7,8 @@ import torch
 from engine import GenerationConfig
 from engine.decoders import make_decoder
 
+from .conftest import fill_block
+
 V, MASK = 6, 5
 
 
@@ -22,7 +24,7 @@ def decode(name, logits, masked, threshold=0.9, **cfg):
     config = GenerationConfig(decoder=name, threshold=threshold, **cfg)
     dec = make_decoder(config, MASK)
     dec.block_init(masked, 0)
-    return dec.decode(logits, masked, threshold)
+    return dec.step(logits, fill_block(masked, threshold, MASK))
 
 
 def test_threshold_commits_all_above_and_marks_nothing_forced():
@@ -73,13 +75,13 @@ def test_fixed_schedule_spreads_masks_over_steps_earliest_first():
     config = GenerationConfig(decoder="fixed", steps=4, gen_length=8, block_length=4)
     dec = make_decoder(config, MASK)
     dec.block_init(masked, 0)
-    first = dec.decode(logits, masked, 0.9)
+    first = dec.step(logits, fill_block(masked, 0.9, MASK))
     # confidences 0.9, 0.8, 0.7, 0.6, 0.6(=max(0.5,0.5)): the three most confident
     assert first.commit.tolist() == [[True, True, True, False, False]]
     masked = masked & ~first.commit
-    second = dec.decode(logits, masked, 0.9)
+    second = dec.step(logits, fill_block(masked, 0.9, MASK))
     assert second.commit.tolist() == [[False, False, False, True, True]]
-    assert not dec.decode(logits, masked & ~second.commit, 0.9).commit.any()  # beyond its steps: no-op
+    assert not dec.step(logits, fill_block(masked & ~second.commit, 0.9, MASK)).commit.any()  # beyond its steps: no-op
 
 
 def test_fixed_batch_rows_have_their_own_quota():
@@ -88,7 +90,7 @@ def test_fixed_batch_rows_have_their_own_quota():
     config = GenerationConfig(decoder="fixed", steps=2, gen_length=4, block_length=4)
     dec = make_decoder(config, MASK)
     dec.block_init(masked, 0)
-    r = dec.decode(logits, masked, 0.9)
+    r = dec.step(logits, fill_block(masked, 0.9, MASK))
     assert r.commit.sum(1).tolist() == [2, 1]
     assert (r.commit & ~masked).sum() == 0
 
@@ -101,5 +103,5 @@ def test_fixed_random_remasking_is_seeded():
     for _ in range(2):
         dec = make_decoder(config, MASK, torch.Generator().manual_seed(3))
         dec.block_init(masked, 0)
-        picks.append(dec.decode(logits, masked, 0.9).commit)
+        picks.append(dec.step(logits, fill_block(masked, 0.9, MASK)).commit)
     assert torch.equal(picks[0], picks[1]) and picks[0].sum() == 2

@@ -13,7 +13,7 @@ from engine.config import GenerationConfig
 from engine.decoders import make_decoder
 from engine.registry import decoder_class
 
-from .conftest import tiny_llada
+from .conftest import fill_block, tiny_llada
 from .moe_models import tiny_llada2, tiny_llada_moe
 
 MASK_ID = 9
@@ -61,7 +61,7 @@ def expected_commits(masked: list[bool], bound: float) -> set[int]:
 def test_commits_exactly_what_the_rule_says(bound, masked):
     config = GenerationConfig(decoder="entropy_bound", decoder_options={"entropy_bound": bound})
     decoder = make_decoder(config, MASK_ID)
-    result = decoder.decode(logits_with_entropies(DISTRIBUTIONS), torch.tensor([masked]), threshold=0.9)
+    result = decoder.step(logits_with_entropies(DISTRIBUTIONS), fill_block(torch.tensor([masked]), 0.9, MASK_ID))
     committed = set(result.commit[0].nonzero().flatten().tolist())
     assert committed == expected_commits(masked, bound)
     assert committed and not result.forced.any()  # at least one, by the rule itself
@@ -73,7 +73,7 @@ def test_commits_exactly_what_the_rule_says(bound, masked):
 
 def test_no_mask_no_commit():
     decoder = make_decoder(GenerationConfig(decoder="entropy_bound"), MASK_ID)
-    result = decoder.decode(logits_with_entropies(DISTRIBUTIONS), torch.zeros(1, 6, dtype=torch.bool), threshold=0.9)
+    result = decoder.step(logits_with_entropies(DISTRIBUTIONS), fill_block(torch.zeros(1, 6, dtype=torch.bool), 0.9, MASK_ID))
     assert not result.commit.any()
 
 

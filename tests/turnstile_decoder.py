@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from engine import DecoderOption, GenerationConfig, register_decoder
-from engine.decoders import DecodeResult, FixedStepDecoder
+from engine.decoders import Block, DecodeResult, FixedStepDecoder
 
 
 @register_decoder
@@ -26,9 +26,9 @@ class TurnstileDecoder(FixedStepDecoder):
         super().__init__(config, mask_id, generator)
         self.calls = 0  # decodes in this request (a decoder lives for one request)
 
-    def decode(self, logits: torch.Tensor, masked: torch.Tensor, threshold: float) -> DecodeResult:
+    def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         self.calls += 1
         gate = Path(self.option("gates")) / str(self.calls)
         while not gate.exists():  # the test's file is the event; the sleep only spares the CPU
             time.sleep(0.002)
-        return super().decode(logits, masked, threshold)
+        return super().step(logits, block)
