@@ -1,8 +1,10 @@
-"""The run skeleton every diffusion kind shares (docs/algorithms.md §1): the canvas's generator,
-the trace header and recorder, `on_start` before the clock, cancel, metering, and the output and
-stats. A kind (engine/kinds/) subclasses `DiffusionRun` and implements `decode`, the loop over its
-blocks; each of its steps ends in `emit`, which hands the step's record to the trace and the
-caller. What the stats count: docs/counting.md.
+"""The run skeleton every diffusion kind shares (docs/algorithms.md §1): the canvas (a masked one,
+`masked_canvas`) and its generator, the trace header and recorder, `on_start` before the clock,
+cancel, each forward counted and metered (`metered`: its cost in the record, so every kind's cost
+panel fills), the finality every kind that fills masks left to right shares (`first_open`), and the
+output and stats. A kind (engine/kinds/) subclasses `DiffusionRun` and implements `run_blocks`, the
+loop over its blocks; each of its steps ends in `emit`, which hands the step's record to the trace
+and the caller. What the stats count: docs/counting.md.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, TypeVar
 
 import torch
 
@@ -21,6 +23,8 @@ from .hooks import CancelFlag, RunHooks
 from .models.base import DiffusionLM, ForwardCounters
 from .stats import GenerationStats, count_tokens, generated_mask
 from .trace import IterationRecord, Trace
+
+T = TypeVar("T")
 
 
 class GenerationCancelled(EngineError):
@@ -89,6 +93,39 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def masked_canvas(prompts: list[list[int]], gen_length: int, mask_id: int) -> torch.Tensor:
+    """`[B, longest prompt + gen_length]`: each prompt at the start of its row, [MASK] after it."""
+    x = torch.full((len(prompts), max(len(p) for p in prompts) + gen_length), mask_id, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        x[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return x
+
+
+def forward_cost(forward_seconds: float, since: ForwardCounters, comm_seconds: float) -> dict[str, Any]:
+    """An IterationRecord's `cost` (docs/trace.md §3): one process's entry in the per-rank lists
+    (engine/runtime/workers.py appends the other ranks'), and what its forward compiled or replayed. Compute
+    is the forward's wall time less its all-reduces and its compiling (floored at 0: a forward that
+    compiled also counted its all-reduces)."""
+    compute = max(0.0, forward_seconds - comm_seconds - since.compile_seconds)
+    return {
+        "compute_seconds": [compute],
+        "comm_seconds": [comm_seconds],
+        "compile_seconds": since.compile_seconds,
+        "compiles": since.compiles,
+        "captures": since.captures,
+        "graph_replay": since.replays > 0,
+    }
+
+
+def added_costs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cost of a step that ran forwards `a` and `b` (either may be None: not recorded)."""
+    if a is None or b is None:
+        return a or b
+    summed = {k: [x + y for x, y in zip(a[k], b[k])] for k in ("compute_seconds", "comm_seconds")}
+    return {**summed, "compile_seconds": a["compile_seconds"] + b["compile_seconds"], "compiles": a["compiles"] + b["compiles"],
+            "captures": a["captures"] + b["captures"], "graph_replay": a["graph_replay"] or b["graph_replay"]}
+
+
 @dataclass(frozen=True)
 class Meter:
     """The model's running totals at one moment: its compile/graph counters and this process's
@@ -105,7 +142,7 @@ class Meter:
 class DiffusionRun:
     """One run of a kind: the state every kind keeps, and the parts of the loop they share.
 
-    A subclass sets `kind` and implements `decode` (the blocks, left to right, each step ending in
+    A subclass sets `kind` and implements `run_blocks` (the blocks, left to right, each step ending in
     `emit`); `prompt_lengths`, `canvas` and `mask_id` are what its header records."""
 
     kind: ClassVar[str] = ""
@@ -131,7 +168,7 @@ class DiffusionRun:
         )
         self.trace: Trace | None = self.recorder.trace if self.recorder is not None else None
 
-    def decode(self) -> None:
+    def run_blocks(self) -> None:
         """The kind's loop over its blocks."""
         raise NotImplementedError
 
@@ -140,8 +177,28 @@ class DiffusionRun:
             self.hooks.on_start(self.recorder.header())
         meter = Meter.read(self.model)
         start = time.perf_counter()
-        self.decode()
+        self.run_blocks()
         return self.output(start, meter)
+
+    def metered(self, forward: Callable[[], T]) -> tuple[T, dict[str, Any] | None]:
+        """Run one model forward, counted in `nfe`, and its cost for the record (docs/trace.md §3;
+        measured only when recording: it syncs the device)."""
+        before = Meter.read(self.model) if self.records else None
+        start = time.perf_counter()
+        out = forward()
+        self.nfe += 1
+        if before is None:
+            return out, None
+        sync(self.device)
+        after = Meter.read(self.model)
+        return out, forward_cost(time.perf_counter() - start, after.counters.since(before.counters), after.comm_seconds - before.comm_seconds)
+
+    def first_open(self) -> list[int]:
+        """Per row, the position before which its tokens are final when commits are: the first
+        [MASK] after its prompt (the canvas's end when none is left)."""
+        positions = torch.arange(self.x.shape[1], device=self.device).unsqueeze(0)
+        open_ = (self.x == self.mask_id) & (positions >= torch.tensor(self.prompt_lengths, device=self.device).unsqueeze(1))
+        return torch.where(open_, positions, torch.full_like(positions, self.x.shape[1])).min(dim=1).values.tolist()
 
     def check_cancel(self) -> None:
         if self.hooks.cancel is not None and self.hooks.cancel.is_set():
@@ -180,7 +237,8 @@ class DiffusionRun:
             captures=done.captures,
             graph_replays=done.replays,
             compile_seconds=done.compile_seconds,
-            **self.stats_extra,
+            **{k: v for k, v in self.stats_extra.items() if k in GenerationStats.__dataclass_fields__},
+            counts={k: v for k, v in self.stats_extra.items() if k not in GenerationStats.__dataclass_fields__},
         )
         if self.recorder is not None:
             self.recorder.finish(self.x.cpu().tolist(), stats.to_dict(), self.excluded_seconds)

@@ -14,12 +14,14 @@
 - edits, remasks: committed tokens a revising decoder replaced or returned to [MASK] (0 for the
   others). A revising run's `tokens` are still the final ones, so its TPF is final tokens per
   forward, as LLaDA2.1 reports it: a token written, edited and written again counts once.
+- a kind's own counters (`counts`, flattened into `to_dict`): the speculative kind's verified
+  steps, accepted drafted tokens and skipped verifies (engine/kinds/speculative.py).
 - tps = tokens / seconds / batch (tokens per second per sequence); tpf = tokens / nfe / batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ class GenerationStats:
     compile_seconds: float = 0.0
     edits: int = 0
     remasks: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def tps(self) -> float:
@@ -54,7 +57,8 @@ class GenerationStats:
         return self.nfe / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tps": self.tps, "tpf": self.tpf, "forwards_per_second": self.forwards_per_second}
+        flat = {k: v for k, v in asdict(self).items() if k != "counts"}
+        return {**flat, **self.counts, "tps": self.tps, "tpf": self.tpf, "forwards_per_second": self.forwards_per_second}
 
 
 def generated_mask(canvas: torch.Tensor, prompt_lengths: list[int], stop_ids: list[int], mask_id: int) -> torch.Tensor:

@@ -86,6 +86,10 @@ class DiffusionKind:
     def decoder_kind(cls) -> str:
         return cls.settings.decoders or cls.name
 
+    @classmethod
+    def check(cls, config: GenerationConfig) -> None:
+        """Refuse, in one line, a fitted config this kind cannot run (beyond its settings)."""
+
 
 KINDS: dict[str, type[DiffusionKind]] = {}
 
@@ -162,6 +166,7 @@ def fit(config: GenerationConfig, model: Any, *, carry_over: bool = False) -> Ge
     config = dataclasses.replace(config, **{name: getattr(_DEFAULTS, name) for name in ignored})
     if spec.fit_canvas is not None and traits.canvas_length:
         config = spec.fit_canvas(config, traits.canvas_length, carry_over)
+    kind_cls.check(config)
     return config.validate()
 
 

@@ -23,8 +23,8 @@ from ..constraints import Compiler, Restriction
 from ..decoders import Block, DecodeResult, apply_decode, make_decoder, top_candidates
 from ..errors import EngineError
 from ..hooks import RunHooks
-from ..models.base import DiffusionLM, ForwardCounters
-from ..run import DiffusionRun, Meter, sync
+from ..models.base import DiffusionLM
+from ..run import DiffusionRun, masked_canvas, sync
 from ..system_options import SYSTEM_OPTIONS
 from ..trace import CANDIDATES_MAX_BLOCK, EDIT, MASKED, REMASK, TOP_CANDIDATES, IterationRecord, Revision, candidate_lists, jsonable, positions, rounded
 from .base import DiffusionKind, KindSettings, SHARED_SETTINGS, register_kind
@@ -37,22 +37,6 @@ def block_ranges(prompt_lengths: list[int], canvas_length: int, block_length: in
     if align:
         first = first // block_length * block_length
     return [(s, min(s + block_length, canvas_length)) for s in range(first, canvas_length, block_length)]
-
-
-def forward_cost(forward_seconds: float, since: ForwardCounters, comm_seconds: float) -> dict[str, Any]:
-    """An IterationRecord's `cost` (docs/trace.md §3): one process's entry in the per-rank lists
-    (engine/runtime/workers.py appends the other ranks'), and what its forward compiled or replayed. Compute
-    is the forward's wall time less its all-reduces and its compiling (floored at 0: a forward that
-    compiled also counted its all-reduces)."""
-    compute = max(0.0, forward_seconds - comm_seconds - since.compile_seconds)
-    return {
-        "compute_seconds": [compute],
-        "comm_seconds": [comm_seconds],
-        "compile_seconds": since.compile_seconds,
-        "compiles": since.compiles,
-        "captures": since.captures,
-        "graph_replay": since.replays > 0,
-    }
 
 
 @dataclass
@@ -79,7 +63,7 @@ class _Iteration:
 
 
 class MaskedRun(DiffusionRun):
-    """One masked-diffusion run; `decode` is the loop."""
+    """One masked-diffusion run; `run_blocks` is the loop."""
 
     kind = MASKED
 
@@ -88,10 +72,8 @@ class MaskedRun(DiffusionRun):
     ) -> None:
         super().__init__(model, prompts, config, stop_ids, hooks, compiler)
         lengths = [len(p) for p in prompts]
-        self.length = max(lengths) + config.gen_length
-        x = torch.full((len(prompts), self.length), model.mask_token_id, dtype=torch.long)
-        for row, p in enumerate(prompts):
-            x[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+        x = masked_canvas(prompts, config.gen_length, model.mask_token_id)
+        self.length = x.shape[1]
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin(lengths, x, model.mask_token_id, self.decoder.capabilities())
         self.cache = KVCacheManager.for_model(model, config, self.length)
@@ -107,7 +89,7 @@ class MaskedRun(DiffusionRun):
         return {"inputs_embeds": self.embeds[:, a:b]} if self.embeds is not None else {"input_ids": self.x[:, a:b]}
 
     # ---- the loop -----------------------------------------------------------------------------
-    def decode(self) -> None:
+    def run_blocks(self) -> None:
         cfg = self.cfg
         blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
         self.nfe += self.cache.prefill(self.model, blocks[0][0], self._inputs)
@@ -137,7 +119,7 @@ class MaskedRun(DiffusionRun):
             self.check_cancel()
             group = self._group(remaining)
             for _ in range(group):
-                self.step(block_index, s, e)
+                self.iteration_call(block_index, s, e)
             forwards += group
             if forwards > guard:
                 raise EngineError(f"block {block_index} still has masks after {forwards} forwards: decoder '{cfg.decoder}' made no progress")
@@ -151,7 +133,7 @@ class MaskedRun(DiffusionRun):
             return 1
         return min(max(remaining // cfg.expected_tpf, 1), cfg.max_unroll)
 
-    def step(self, block_index: int, s: int, e: int) -> None:
+    def iteration_call(self, block_index: int, s: int, e: int) -> None:
         """One call of dInfer's iteration (docs/algorithms.md §1.3): a refresh and its decode are
         followed, in the same call, by the next forward and its decode, so the block's mask check
         never falls between them and a block entry costs two forwards even when the refresh's decode
@@ -165,12 +147,8 @@ class MaskedRun(DiffusionRun):
         plan = self.cache.plan(self.iteration, block_index, s, e)
         threshold, weight = self._schedule()
         masked = self.x[:, s:e] == self.mask_id
-        meter = Meter.read(self.model) if self.records else None
-        forward_start = time.perf_counter()
         shadow = (s, e) if self.decoder.shadow_block else None
-        out = self.cache.forward(self.model, plan, block_index, masked=masked, shadow=shadow, **self._inputs(plan.start, plan.end))
-        cost = self._cost(meter, forward_start) if meter is not None else None
-        self.nfe += 1
+        out, cost = self.metered(lambda: self.cache.forward(self.model, plan, block_index, masked=masked, shadow=shadow, **self._inputs(plan.start, plan.end)))
         logits = out.logits[:, s - plan.start : e - plan.start]
         probe_start = time.perf_counter()
         measured = self._staleness(plan, s, e, logits) if self.cfg.measure_staleness else {}
@@ -196,7 +174,6 @@ class MaskedRun(DiffusionRun):
         if self.embeds is not None:
             self._smooth(plan.start, plan.end, out.logits, weight)
         if self.records:
-            sync(self.device)
             step = _Iteration(block_index, (s, e), plan, threshold, masked, logits, result, active, before, measured, cost, 0.0, restriction, model_logits, dropped)
             step.seconds = time.perf_counter() - t0 - probe_seconds
             self.emit(self._record(step), time.perf_counter())
@@ -239,13 +216,6 @@ class MaskedRun(DiffusionRun):
         self.refresh_active = active if plan.kind == REFRESH else None
         return active
 
-    def _cost(self, before: Meter, start: float) -> dict[str, Any]:
-        """The cost of the forward begun at `start` (a device sync, so only when recording)."""
-        sync(self.device)
-        seconds = time.perf_counter() - start
-        after = Meter.read(self.model)
-        return forward_cost(seconds, after.counters.since(before.counters), after.comm_seconds - before.comm_seconds)
-
     def _smooth(self, a: int, b: int, logits: torch.Tensor, weight: float) -> None:
         """Still-masked positions in `[a, b)` get `E[M] + w * softmax(logits) @ W_e` (additive, as
         dInfer's h2e); everything else its plain embedding."""
@@ -260,9 +230,7 @@ class MaskedRun(DiffusionRun):
         first mask after the prompt)."""
         if self.decoder.revises:
             return [s] * self.x.shape[0]
-        open_ = (self.x == self.mask_id) & (self.positions >= self.prompt_end)
-        first = torch.where(open_, self.positions, torch.full_like(self.positions, self.length))
-        return first.min(dim=1).values.tolist()
+        return self.first_open()
 
     def _record(self, it: _Iteration) -> IterationRecord:
         s, e = it.span

@@ -168,7 +168,7 @@ class _Step:
 
 
 class UniformRun(DiffusionRun):
-    """One uniform-state run; `decode` is the loop (the calls it makes of the model:
+    """One uniform-state run; `run_blocks` is the loop (the calls it makes of the model:
     DiffusionGemmaLM's `new_cache`, `encode`, `decoder_masks`, `denoise`)."""
 
     kind = UNIFORM
@@ -196,7 +196,7 @@ class UniformRun(DiffusionRun):
     def _random_tokens(self) -> torch.Tensor:
         return torch.randint(0, self.model.vocab_size, (self.x.shape[0], self.width), generator=self.generator, device=self.device)
 
-    def decode(self) -> None:
+    def run_blocks(self) -> None:
         p = self.prompt_length
         cache = self.model.new_cache()
         ended = torch.zeros(self.x.shape[0], dtype=torch.bool, device=self.device)  # rows past an end-of-text id
@@ -229,8 +229,7 @@ class UniformRun(DiffusionRun):
             self.check_cancel()
             t0 = time.perf_counter()
             active = ~stopped
-            logits = self.model.denoise(canvas, cache, masks, positions_, self_conditioning)
-            self.nfe += 1
+            logits, cost = self.metered(lambda: self.model.denoise(canvas, cache, masks, positions_, self_conditioning))
             temperature = self.sampler.temperature(steps_left, self.device)
             scaled = logits / temperature
             decided, restriction, dropped = scaled, None, None  # what the sampler and the draft read
@@ -275,7 +274,9 @@ class UniformRun(DiffusionRun):
                 )
                 state_seconds = time.perf_counter() - t0
                 emitted = time.perf_counter()
-                self.emit(self._record(state, state_seconds), emitted)
+                record = self._record(state, state_seconds)
+                record.cost = cost
+                self.emit(record, emitted)
             self.iteration += 1
             if last:
                 break

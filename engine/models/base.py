@@ -8,6 +8,7 @@ from typing import Any, Callable, Collection, Protocol
 import torch
 from torch import nn
 
+from ..errors import EngineError
 from .layers import AttentionCache, QuerySlots, query_range
 
 
@@ -114,14 +115,20 @@ class DiffusionLM(nn.Module):
         use_cache: bool = False,
         attention_mask: torch.Tensor | None = None,
         persist: bool = False,
+        positions: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Logits of the query tokens (token ids or embeddings); the cache arguments as the
-        layers module's docstring says, handed to each layer as its `AttentionCache`."""
+        layers module's docstring says, handed to each layer as its `AttentionCache`. `positions`
+        (a `[q]` tensor, with an index-tensor `replace` and a past): each query token's position
+        where it differs from its slot (a spare slot past the canvas holding a second token at a
+        position: the speculative kind's verify queries, engine/kinds/speculative.py)."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         slots = query_range(replace, x.shape[1], persist, past_kv)
+        if positions is not None and (self.kv_rope != "post" or not isinstance(slots, torch.Tensor)):
+            raise EngineError("positions apart from slots need keys cached after RoPE (kv_rope 'post') and an index-tensor replace")
         kvs = []
         for i, layer in enumerate(self.layer_modules()):
-            cache = AttentionCache(self.rope, self.kv_rope, None if past_kv is None else past_kv[i], slots, persist, attention_mask)
+            cache = AttentionCache(self.rope, self.kv_rope, None if past_kv is None else past_kv[i], slots, persist, attention_mask, positions)
             x, k, v = layer(x, cache)
             if use_cache:
                 kvs.append(torch.stack([k, v]))

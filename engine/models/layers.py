@@ -111,8 +111,9 @@ def write_past(past: torch.Tensor, fresh: torch.Tensor, replace: QuerySlots) -> 
 class AttentionCache:
     """One layer's share of a forward's cache arguments (the module docstring): the rotary table
     and where the cache holds keys relative to it (`kv_rope`), this layer's store `past`
-    `[2, B, H_kv, T, D]` or None, the query tokens' `slots`, `persist`, and the boolean
-    attention `mask` (True = may attend) or None."""
+    `[2, B, H_kv, T, D]` or None, the query tokens' `slots`, `persist`, the boolean
+    attention `mask` (True = may attend) or None, and the query tokens' `positions` where they
+    differ from their slots (None: a token sits at its slot)."""
 
     rope: "RotaryEmbedding"
     kv_rope: str
@@ -120,6 +121,7 @@ class AttentionCache:
     slots: QuerySlots
     persist: bool
     mask: torch.Tensor | None
+    positions: torch.Tensor | None = None
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,7 +136,7 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: A
     Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form.
     """
     rope, past, slots = cache.rope, cache.past, cache.slots
-    where = slots if isinstance(slots, torch.Tensor) else slots[0]
+    where = cache.positions if cache.positions is not None else slots if isinstance(slots, torch.Tensor) else slots[0]
     q = rope(q, where)
     if cache.kv_rope == "post":
         k = rope(k, where)

@@ -9,7 +9,7 @@ inside the layers crosses between ranks. Rank 0 sends the trace header, each ite
 (with the token strings the engine added for it) and the output back over its pipe; the caller
 replays them into its own callbacks and returns the output, as one process would have. When the
 run is recorded, every other rank sends the cost of each of its iterations (its compute and
-all-reduce seconds, engine/iteration.py: `forward_cost`), and the caller appends them to rank 0's
+all-reduce seconds, engine/run.py: `forward_cost`), and the caller appends them to rank 0's
 record before handing it on, so a record's cost lists every rank.
 
 The caller is not a rank: torch.distributed allows one process group per process, so a caller

@@ -1,0 +1,268 @@
+"""Self-speculative decoding on a block-causal model (S2D2, arXiv 2603.25702; docs/algorithms.md §10).
+
+A block-diffusion model whose blocks are one token long is an autoregressive model: a [MASK] query
+that sees the clean text before it predicts the next token. So one checkpoint drafts and verifies.
+Per step, in the current block `[s, e)`, whose open positions are always a suffix `[c, e)`:
+  1. **draft**: one forward of the open positions (they see the committed text and each other, as
+     in block diffusion); the request's masked decoder (`--decoder`) proposes a token at each.
+  2. **verify** (`verify=always`, or `auto` when the router does not skip): one forward that feeds
+     the drafted tokens `[c, e-1)` as text (each seeing the text before it: blocks of one) and a
+     [MASK] query per open position `[c, e)`, which sees the text before it and the drafted tokens
+     before it. Keep the longest drafted prefix whose verifier argmax agrees; at the first
+     disagreement commit the verifier's token. Every step commits at least one token, and every
+     token is the one the model's own greedy block-length-1 decode would write.
+  3. **router** (`verify=auto`): skip the verify forward when the decoder commits the first open
+     position and every position of the run of its commits from there is at least
+     `verify_threshold` confident; that run is committed as a plain diffusion step (no equality).
+
+K/V: one store of the committed text's keys and values computed as blocks of one (causally), the
+autoregressive model's cache, which the verifier's equality needs; the draft reads it too (a
+bidirectional draft over the causal cache, as LinearSpec). A verify query sits at its position in
+a spare slot past the canvas (`positions`), since its position also holds a drafted token.
+One prompt per run (per-row cursors would break the verify forward's shape); the server runs each
+request alone. Records: docs/trace.md §3.4.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..config import GenerationConfig
+from ..constraints import Compiler
+from ..decoders import Block, DecodeResult, make_decoder, top1, top_candidates
+from ..errors import EngineError
+from ..hooks import RunHooks
+from ..models.base import DiffusionLM, ModelOutput
+from ..registry import decoder_class
+from ..run import DiffusionRun, added_costs, masked_canvas
+from ..step_state import StepState, id_lists, per_position, register_step_state
+from ..trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, IterationRecord, candidate_lists, rounded
+from .base import DiffusionKind, KindSettings, ModelTraits, register_kind
+from .masked import block_ranges
+
+SPECULATIVE = "speculative"
+DRAFT, DRAFT_VERIFY = "draft", "draft+verify"  # a record's `forward`: the forwards its step ran
+
+
+class SpeculativeRun(DiffusionRun):
+    """One self-speculative run; `run_blocks` is the loop, `speculate` one step."""
+
+    kind = SPECULATIVE
+
+    def __init__(
+        self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
+    ) -> None:
+        super().__init__(model, prompts, config, stop_ids, hooks, compiler)
+        if len(prompts) != 1:
+            raise EngineError(f"speculative decoding runs one prompt at a time, got {len(prompts)}")
+        if hooks.constraints is not None or config.regex or config.json_schema or config.choice:
+            raise EngineError("speculative decoding takes no answer constraint (its verifier's tokens are the model's own)")
+        self.decoder = make_decoder(config, model.mask_token_id, self.generator)
+        self.begin([len(prompts[0])], masked_canvas(prompts, config.gen_length, model.mask_token_id), model.mask_token_id, self.decoder.capabilities())
+        self.length = self.x.shape[1]
+        self.spare = self.length  # the first spare slot: verify queries sit at length + (position - c)
+        self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + block_length, D]
+        self.stored = 0  # the committed text [0, stored) has its K/V in the store
+        self.counts = torch.zeros(3, dtype=torch.long)  # steps verified, drafted tokens accepted, steps skipped
+        self.ended = False  # early stop: an end-of-text was committed and the rest of the canvas filled
+        model.rope.table(self.length, self.device)  # positions given as tensors read the table as it is
+
+    def run_blocks(self) -> None:
+        blocks = block_ranges(self.prompt_lengths, self.length, self.cfg.block_length, True)
+        for index, (s, e) in enumerate(blocks):
+            self.decoder.block_init(self.x[:, s:e] == self.mask_id, index)
+            c = max(s, self.prompt_lengths[0])
+            while c < e and not self.ended:
+                self.check_cancel()
+                c = self.speculate(index, s, e, c)
+            self.decoder.block_done(index)
+            if self.ended:
+                break
+        verified, accepted, skipped = self.counts.tolist()
+        self.stats_extra = {"verified_steps": verified, "accepted_draft_tokens": accepted, "skipped_verifies": skipped}
+
+    # ---- one step ------------------------------------------------------------------------------
+    def speculate(self, index: int, s: int, e: int, c: int) -> int:
+        """Draft `[c, e)`, verify it (unless the router skips), commit; returns the new first open position."""
+        t0 = time.perf_counter()
+        masked = self.x[:, s:e] == self.mask_id
+        draft_out, draft_cost = self.metered(lambda: self._draft_forward(c, e))
+        logits = torch.zeros(1, e - s, draft_out.logits.shape[-1], dtype=draft_out.logits.dtype, device=self.device)
+        logits[:, c - s :] = draft_out.logits[:, -(e - c) :]
+        result = self.decoder.step(logits, Block(masked, self.x[:, s:e], torch.zeros_like(masked), self.cfg.threshold))
+        draft = torch.where(masked, result.tokens, self.x[:, s:e])
+        skip = self._router_run(result, c - s) if self.cfg.verify == "auto" else 0
+        verifier = verify_probability = None
+        verify_cost = None
+        if skip:
+            n, written, corrected = skip, draft[0, c - s : c - s + skip].tolist(), None
+            self.counts[2] += 1
+        else:
+            verify_out, verify_cost = self.metered(lambda: self._verify_forward(draft, s, c, e))
+            verifier, verify_probability, _ = top1(verify_out.logits[:, -(e - c) :], self.mask_id)
+            agree = (draft[0, c - s :] == verifier[0]).long().cumprod(0)
+            n = int(agree.sum())  # the host sync: the accepted length
+            self._store_verified(verify_out, c, min(n, e - c - 1))
+            written = draft[0, c - s : c - s + n].tolist() + ([int(verifier[0, n])] if n < e - c else [])
+            corrected = c + n if n < e - c else None
+            self.counts[0] += 1
+            self.counts[1] += n
+        self.x[0, c : c + len(written)] = torch.tensor(written, device=self.device)
+        self._stop_at_end_of_text(c, written)
+        if self.records:
+            self.emit(self._record(index, s, e, c, logits, result, draft, written, corrected, verifier, verify_probability, added_costs(draft_cost, verify_cost), t0), time.perf_counter())
+        self.iteration += 1
+        return c + len(written)
+
+    def _router_run(self, result: DecodeResult, first: int) -> int:
+        """verify=auto: the length of the decoder's run of commits from the first open position
+        when each of them is at least `verify_threshold` confident (the step then skips its verify
+        forward), else 0."""
+        confident = result.commit[0, first:] & (result.confidence[0, first:] >= self.cfg.verify_threshold)
+        return int(confident.long().cumprod(0).sum())
+
+    # ---- the two forwards --------------------------------------------------------------------
+    def _draft_forward(self, c: int, e: int) -> ModelOutput:
+        """The committed text not yet stored `[stored, c)` (as blocks of one, so its K/V are the
+        store's kind, kept) and the open positions `[c, e)` (one bidirectional block)."""
+        a = self.stored
+        queries = torch.arange(a, e, device=self.device)
+        keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
+        sees = (keys.unsqueeze(0) <= queries.unsqueeze(1)) | ((queries.unsqueeze(1) >= c) & (keys.unsqueeze(0) < e))
+        out = self._forward(self.x[:, a:e], queries, queries, sees)
+        if c > a:
+            self._write(out.kv[..., : c - a, :], a)
+        return out
+
+    def _verify_forward(self, draft: torch.Tensor, s: int, c: int, e: int) -> ModelOutput:
+        """The drafted tokens `[c, e-1)` as text (causal) and a [MASK] query per open position
+        `[c, e)` in the spare slots, each seeing the text before its position and itself."""
+        k = e - c
+        text = torch.arange(c, e - 1, device=self.device)
+        at = torch.arange(c, e, device=self.device)
+        spare = self.spare + torch.arange(k, device=self.device)
+        keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
+        text_sees = keys.unsqueeze(0) <= text.unsqueeze(1)
+        query_sees = (keys.unsqueeze(0) < at.unsqueeze(1)) | (keys.unsqueeze(0) == spare.unsqueeze(1))
+        ids = torch.cat([draft[:, c - s : e - 1 - s], torch.full((1, k), self.mask_id, device=self.device)], dim=1)
+        return self._forward(ids, torch.cat([text, spare]), torch.cat([text, at]), torch.cat([text_sees, query_sees]))
+
+    def _forward(self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, sees: torch.Tensor) -> ModelOutput:
+        """Queries `ids` at `slots` (rotated at `positions`) over the store, `sees` `[q, slots]`."""
+        if self.store is None:  # the first forward: its own queries are every key there is
+            return self.model(input_ids=ids, replace=positions, attention_mask=sees[:, slots], use_cache=True)
+        return self.model(input_ids=ids, past_kv=self.store, replace=slots, positions=positions, attention_mask=sees, use_cache=True)
+
+    def _write(self, kv: torch.Tensor, a: int) -> None:
+        if self.store is None:
+            self.store = kv.new_zeros(*kv.shape[:4], self.length + self.cfg.block_length, kv.shape[5])
+        self.store[..., a : a + kv.shape[4], :] = kv
+        self.stored = max(self.stored, a + kv.shape[4])
+
+    def _store_verified(self, out: ModelOutput, c: int, n: int) -> None:
+        """The K/V of the `n` accepted drafted tokens, computed as text by the verify forward."""
+        if n > 0:
+            self._write(out.kv[..., :n, :], c)
+
+    def _stop_at_end_of_text(self, c: int, written: list[int]) -> None:
+        """Early stop: after a committed end-of-text the rest of the canvas is end-of-text (the
+        block-length-1 decode fills it so after that token's block)."""
+        ends = [i for i, token in enumerate(written) if token in self.stop_ids]
+        if self.cfg.early_stop and ends:
+            self.x[:, c + ends[0] + 1 :] = self.stop_ids[0]
+            self.ended = True
+
+    # ---- the record ----------------------------------------------------------------------------
+    def _record(
+        self, index: int, s: int, e: int, c: int, logits: torch.Tensor, result: DecodeResult, draft: torch.Tensor, written: list[int],
+        corrected: int | None, verifier: torch.Tensor | None, verify_probability: torch.Tensor | None, cost: dict[str, Any] | None, t0: float,
+    ) -> IterationRecord:
+        width, open_ = e - s, c - s
+        masked = torch.zeros(1, width, dtype=torch.bool, device=self.device)
+        masked[:, open_:] = True
+        top = self.x[0, s:e].tolist()
+        top[open_ + len(written) :] = draft[0, open_ + len(written) :].tolist()
+        candidates = top_candidates(logits, self.mask_id, TOP_CANDIDATES) if width <= CANDIDATES_MAX_BLOCK else None
+
+        def open_only(values: list) -> list:
+            return [None] * open_ + values
+
+        state: dict[str, Any] = {
+            "open_from": [c],
+            "draft": [open_only(draft[0, open_:].tolist())],
+            "draft_probability": [open_only(rounded(result.confidence[0, open_:]))],
+            "draft_commits": [[s + w for w in result.commit[0].nonzero().flatten().tolist()]],
+            "verified": [verifier is not None],
+            "verify": [open_only(verifier[0].tolist()) if verifier is not None else [None] * width],
+            "verify_probability": [open_only(rounded(verify_probability[0])) if verify_probability is not None else [None] * width],
+            "accepted": [len(written) - (corrected is not None)],
+            "corrected": [corrected],
+            "verify_threshold": self.cfg.verify_threshold if self.cfg.verify == "auto" else None,
+        }
+        return IterationRecord(
+            iteration=self.iteration, block=index, block_range=[s, e], forward=DRAFT if verifier is None else DRAFT_VERIFY,
+            recomputed=[[min(self.stored, c), e]], threshold=self.cfg.threshold if self.decoder.uses_threshold else None,
+            committed=[list(range(c, c + len(written)))], forced=[[]], top1=[top], confidence=[[0.0] * open_ + rounded(result.confidence[0, open_:])],
+            seconds=time.perf_counter() - t0, cost=cost, candidates=candidate_lists(candidates, masked) if candidates is not None else None,
+            active=[True], final_until=self.first_open(), state=state,
+        )
+
+
+class SpeculativeStepState(StepState):
+    """A speculative step's `state` (docs/trace.md §3.4). Its writes are the masked kind's (the
+    committed tokens are `top1` at `committed`), so only the check and the ids are its own."""
+
+    def check(self, state: dict[str, Any], rows: int, s: int, e: int, need: Any) -> None:
+        def is_id(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_p(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        for name, ok in (("draft", is_id), ("verify", is_id), ("draft_probability", is_p), ("verify_probability", is_p)):
+            per_position(state, name, rows, e - s, ok, need, nullable=True)
+        for name in ("open_from", "verified", "accepted", "corrected", "draft_commits"):
+            need(isinstance(state.get(name), list) and len(state[name]) == rows, f"state.{name} needs one entry per row")
+        for row in range(rows):
+            need(is_id(state["open_from"][row]) and s <= state["open_from"][row] <= e, "state.open_from must be a position in the block")
+            need(isinstance(state["verified"][row], bool) and is_id(state["accepted"][row]) and state["accepted"][row] >= 0, "state: verified must be true/false and accepted a count")
+            corrected = state["corrected"][row]
+            need(corrected is None or (is_id(corrected) and s <= corrected < e), "state.corrected must be null or a position in the block")
+
+    def ids(self, state: dict[str, Any]) -> set[int]:
+        return id_lists(state, "draft", "verify")
+
+
+register_step_state(SPECULATIVE, SpeculativeStepState())
+
+
+@register_kind
+class SpeculativeKind(DiffusionKind):
+    """Self-speculative decoding: drafts with a masked decoder, on block-causal models only, in one
+    process, eagerly (its verify forward's shape changes with the open positions)."""
+
+    name = SPECULATIVE
+    run = SpeculativeRun
+    summary = "the model drafts a block in parallel, then checks its draft autoregressively in one forward"
+    settings = KindSettings(
+        reads=frozenset({"threshold", "steps", "verify", "verify_threshold"}),
+        default_decoder=GenerationConfig.decoder,
+        system_options=frozenset(),
+        shares_batches=False,
+        decoders="masked",
+    )
+
+    @classmethod
+    def refuses(cls, model: ModelTraits) -> str | None:
+        if model.diffusion_kind != "masked" or not model.block_causal:
+            return "it needs a block-causal masked-diffusion model (LLaDA2), whose blocks of one token decode autoregressively"
+        return None
+
+    @classmethod
+    def check(cls, config: GenerationConfig) -> None:
+        decoder = decoder_class(config.decoder)
+        if decoder.revises or decoder.shadow_block:
+            raise EngineError(f"decoder '{config.decoder}' revises or needs a shadow block: speculative decoding drafts with a decoder that only fills masks")
