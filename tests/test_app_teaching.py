@@ -166,7 +166,7 @@ def test_every_figure_saves_as_a_png_and_the_model_box_names_the_embedded_models
 from dinfer_viz import readouts  # noqa: E402
 from dinfer_viz.explain import explain  # noqa: E402
 from dinfer_viz.settings import control_value  # noqa: E402
-from dinfer_viz.tabs import run as run_tab  # noqa: E402
+from dinfer_viz.tabs import run_settings  # noqa: E402
 from dinfer_viz.tabs.compare import COMPARE_DEFAULTS, COMPARE_FIELDS, COMPARE_VIEW, side_fields  # noqa: E402
 from engine import GenerationConfig  # noqa: E402
 
@@ -194,7 +194,7 @@ def test_the_explanation_states_the_forward_count_rule_of_a_cache():
 
 
 def test_forward_costs_are_measured_on_the_loaded_model_and_a_parallel_engine_says_why_not(handlers, monkeypatch):
-    monkeypatch.setattr(run_tab, "COST_LENGTHS", (32, 64))
+    monkeypatch.setattr(run_settings, "COST_LENGTHS", (32, 64))
     fig, message = handlers.forward_costs(*page_values(handlers))
     assert "measured on" in message and {t.uid for t in fig.data} >= {"fc-full", "fc-dual"}
     fake = SimpleNamespace(model=SimpleNamespace(device=SimpleNamespace(type="meta"), max_positions=512))

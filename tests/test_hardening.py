@@ -424,7 +424,7 @@ def test_replay_of_nonsense_is_a_message(handlers):
 
 
 def test_an_unexpected_exception_in_a_handler_is_one_line_in_the_page(handlers, monkeypatch):
-    import dinfer_viz.tabs.run as module
+    import dinfer_viz.tabs.run_view as module  # the run's final view reads the readout there
 
     monkeypatch.setattr(module, "readout", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     message = _message(handlers, _last(handlers.run("Q: 1+2=? A:", {"config": {"gen_length": 8, "block_length": 8}})))

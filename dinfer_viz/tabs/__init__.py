@@ -1,6 +1,7 @@
 """The app's tabs, one module each: its handlers (a class), its layout and its events (`build`).
 
 - run: prompt, settings, the live run, replay of a run or a loaded trace (its page: run_page)
+  (its handlers in parts: run_settings, replay, run_files; the panels they draw: run_view)
 - compare: two settings on the Run tab's prompt, side by side
 - sweep: one setting swept over prompts with known answers
 - model: the Model and system section (in the Run tab) and the model status line

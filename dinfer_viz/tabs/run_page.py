@@ -1,5 +1,6 @@
 """The Run tab's page: its components (the settings column, the view column) and their events.
-The handlers they call are tabs/run.py's; docs/app.md §2-3 describe its views and controls.
+The handlers they call are tabs/run.py's `RunHandlers` (its parts: run_settings, replay, run_files);
+docs/app.md §2-3 describe its views and controls.
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""The Run tab's settings column: the check of the settings and the prompt before Run (Run is
+refused, with the reason, before the engine would refuse it), the controls shown for a decoder and
+cache mode with their explanation, the expected answer suggested for a prompt, the lessons' steps
+filling the controls, and the forward-cost chart measured on the tab's model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from engine import EngineError
+from engine.constraints import spec_of
+from engine.pipeline import check_request, encode_prompt
+
+from .. import answers
+from ..cache_figure import forward_cost_figure, measure_forward_costs
+from ..cells import inert_markdown
+from ..explain import explain
+from ..grid import inert
+from ..lessons import lesson_named
+from ..readouts import plural
+from ..settings import all_controls, control_value, sweep_setting, visible_fields
+from .common import TabHandlers, error_text
+
+# Canvas lengths of the forward-cost chart (those above the model's limit are left out)
+COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
+# The expected box takes the suggested response only while it is empty or still holds the page's
+# last suggestion: an answer the user typed stays when the prompt changes. Decided in the browser
+# when the suggestion arrives, on the box's value at that moment, so that an answer typed while the
+# suggestion was on its way stays too (the server saw the box as it was when the prompt changed).
+KEEP_TYPED_JS = "(suggestion, current, last) => (current === '' || current === last) ? [suggestion, suggestion] : [current, last]"
+
+
+class RunSettingsHandlers(TabHandlers):
+    """The Run tab's events on its settings: checks, the controls shown, suggestions, lessons, costs."""
+
+    def check(self, *values: Any) -> tuple[str, Any]:
+        """(message next to the controls, Run button update): Run is refused while invalid (a
+        constraint by the engine's own check, before any run). The message may quote what the
+        user typed (a regex), so it is escaped."""
+        try:
+            _, config = self.parse(self.settings(*values))
+        except EngineError as exc:
+            return error_text(inert_markdown(str(exc))), gr.update(interactive=False)
+        held = spec_of(config)
+        return "settings ok" + (f" · the answer is held to {inert_markdown(held.describe())}" if held is not None else ""), gr.update(interactive=True)
+
+    def check_with_prompt(self, prompt: str, *values: Any) -> tuple[str, Any, Any]:
+        """`check`, then this server's bounds and the engine's checks of this prompt on this model
+        (its max_sequence_length, prompt included: engine/pipeline.py check_request), with the
+        prompt box's length hint; the page redoes it as the prompt, the settings or the model
+        change, so Run is refused, with the reason, before the engine would refuse it."""
+        message, button = self.check(*values)
+        hint = self.limits_text()
+        if not button["interactive"]:
+            return message, button, gr.update(info=hint)
+        try:
+            model, config = self.parse(self.settings(*values))
+            reader = self.host.reader(model) if prompt and prompt.strip() else None
+            if reader is not None:
+                hint = self.limits_text(len(encode_prompt(reader[1], prompt, config.use_chat_template)), reader[0].max_positions, model.label or self.host.label_of(model.path))
+                check_request(*reader, prompt, config)
+            self.check_request(prompt, config)
+        except EngineError as exc:
+            return error_text(inert_markdown(str(exc))), gr.update(interactive=False), gr.update(info=hint)
+        return message, button, gr.update(info=hint)
+
+    def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> tuple:
+        """Show only the controls that matter for this decoder / cache mode / feature set, the
+        explanation of the choice, and the setting a sweep of this decoder varies."""
+        shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll))
+        return (
+            *(gr.update(visible=c.field in shown) for c in all_controls()),
+            self.explanation(decoder, cache, smoothing, unroll, *system),
+            gr.update(value=sweep_setting(decoder)),
+        )
+
+    def explanation(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> str:
+        """The explanation panel: the decoder, cache mode and features, and the system options that
+        are on (`system`: the Model and system controls' values, in `option_names` order)."""
+        return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)))
+
+    def suggest_expected(self, prompt: str) -> tuple[str, str]:
+        """(the known right response of an arithmetic prompt, "" for other families; the note on the
+        prompt's family). Whether the expected box takes the response is the page's decision
+        (KEEP_TYPED_JS)."""
+        return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
+
+    def lesson_step(self, name: str | None, step: Any) -> tuple:
+        """Step `step` (0-based; past the last: the last) of the lesson `name`: (the step menu, the
+        prompt, the sentence of what to look at, every Run control's value in all_controls' order,
+        the model box: the step's model, or unchanged when the lesson names none).
+        An unknown lesson or step changes nothing but the sentence, which says why."""
+        try:
+            lesson = lesson_named(name)
+            index = min(max(int(step or 0), 0), len(lesson.steps) - 1)
+            config = lesson.config(index)
+        except (EngineError, TypeError, ValueError) as exc:
+            return (gr.skip(), gr.skip(), error_text(inert_markdown(str(exc))), *(gr.skip() for _ in all_controls()), gr.skip())
+        choices = [(f"{i + 1}. {s.title}", i) for i, s in enumerate(lesson.steps)]
+        last = " (the last step)" if index == len(lesson.steps) - 1 else ""
+        note = f"**Step {index + 1} of {len(lesson.steps)}{last}: {inert(lesson.steps[index].title)}.** Press Run, then: {inert(lesson.steps[index].look)}"
+        return (gr.update(choices=choices, value=index), lesson.prompt, note, *(control_value(c, config) for c in all_controls()), lesson.model(index) or gr.skip())
+
+    def forward_costs(self, *values: Any) -> tuple[Any, str]:
+        """Measure each forward kind's cost against canvas length on the Run tab's model (its
+        settings' values, TabHandlers.settings' order): (figure, one-line message)."""
+        try:
+            spec, _ = self.parse(self.settings(*values))
+            with self.host.lock:
+                engine = self.host.get(spec)
+                limit = engine.model.max_positions
+                lengths = [n for n in COST_LENGTHS if not limit or n <= limit]
+                rows = measure_forward_costs(engine, lengths)
+        except EngineError as exc:
+            return gr.skip(), error_text(str(exc))
+        return forward_cost_figure(rows), f"measured on {inert_markdown(spec.describe())}: median of {plural(rows[0]['repeats'] if rows else 0, 'forward')} per kind and length"
