@@ -114,3 +114,15 @@ def save_per_expert(model: torch.nn.Module, folder: Path, state: dict[str, torch
     (folder / "config.json").write_text(json.dumps(model.config, indent=2) + "\n")
     save_file(state if state is not None else per_expert_state(model), folder / "model.safetensors")
     return folder
+
+
+def save_llada2_folder(folder: Path, seed: int = 3) -> Path:
+    """A random LLaDA2 checkpoint with the embedded character tokenizer (tiny-llada's), its special
+    ids and vocabulary in range: a model folder the CLI, the app and the references load."""
+    from engine import save_model
+    from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
+
+    ids = special_ids()
+    save_model(tiny_llada2(seed=seed, vocab_size=build_tokenizer().get_vocab_size(), mask_token_id=ids["mask_token_id"], eos_token_id=ids["eos_token_id"]), folder)
+    save_tokenizer(folder)
+    return folder

@@ -18,7 +18,7 @@ from dinfer_viz.tabs.diff import ANALYSIS_VIEW, DIFF_VIEW, STEP_VIEW
 from dinfer_viz.tabs.shown import FINISHED, LIVE, RunState
 from dinfer_viz.timeline import Timeline
 from dinfer_viz.ui import Handlers
-from engine import RunHooks, Trace, save_model
+from engine import RunHooks, Trace
 
 from .app_support import handmade_trace
 
@@ -149,14 +149,9 @@ def test_a_reference_the_library_cannot_run_is_refused_in_one_line(handlers, tmp
 def test_a_diffusers_reference_recorded_in_the_app_equals_the_engines_run(tmp_path):
     """An LLaDA2 folder (the parity tests' tiny network with the embedded character tokenizer):
     diffusers' LLaDA2Pipeline with editing on runs the engine's `edit` decoder step for step."""
-    from tinymodel.tokenizer import build_tokenizer, save_tokenizer, special_ids
+    from .moe_models import save_llada2_folder
 
-    from .moe_models import tiny_llada2
-
-    ids = special_ids()
-    folder = tmp_path / "tiny-llada2"
-    save_model(tiny_llada2(seed=3, vocab_size=build_tokenizer().get_vocab_size(), mask_token_id=ids["mask_token_id"], eos_token_id=ids["eos_token_id"]), folder)
-    save_tokenizer(folder)
+    folder = save_llada2_folder(tmp_path / "tiny-llada2")
     h = Handlers(EngineHost(ModelSpec(str(folder))))
     config = {"decoder": "edit", "threshold": 0.7, "gen_length": 8, "block_length": 4, "early_stop": False, "use_chat_template": False, "decoder_options": {"edit_threshold": 0.5}}
     shown = shown_run(h, "abcd", config)

@@ -1,0 +1,153 @@
+"""The speculative kind (engine/kinds/speculative.py, docs/algorithms.md §10): with verify=always its
+tokens are the model's own block-length-1 decode's, token for token, on many prompts; its records
+say what each step drafted, verified, kept and corrected, and replay to its canvas; a model or a
+request it cannot run is refused in one line; and a kind file copied under another name into
+engine/kinds/, with a view file in dinfer_viz/views/, runs through the CLI with no other edit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import EngineError, GenerationConfig, RunHooks, Trace, run_diffusion
+from engine.kinds import KINDS, ModelTraits, fit
+
+from .conftest import tiny_llada
+from .moe_models import EOS, save_llada2_folder, tiny_llada2
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_llada2(seed=3).eval()
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 14, (count,), generator=g).tolist()
+    return [torch.randint(0, EOS, (n,), generator=g).tolist() for n in lengths]
+
+
+def speculative(model, prompt, **settings) -> object:
+    config = GenerationConfig(kind="speculative", gen_length=16, block_length=8, **settings)
+    return run_diffusion(model, [prompt], config, stop_ids=[EOS], hooks=RunHooks(trace=True))
+
+
+@pytest.mark.parametrize("early_stop", [False, True])
+def test_verified_tokens_equal_the_block_length_one_decode(model, early_stop):
+    for prompt in prompts(16, seed=int(early_stop)):
+        ar = run_diffusion(model, [prompt], GenerationConfig(gen_length=16, block_length=1, early_stop=early_stop), stop_ids=[EOS])
+        for threshold in (0.9, 0.3):  # the draft changes what a step commits, never which tokens
+            out = speculative(model, prompt, threshold=threshold, early_stop=early_stop)
+            assert out.token_ids == ar.token_ids and out.canvas.tolist() == ar.canvas.tolist(), (prompt, threshold)
+
+
+def test_each_record_says_what_its_step_drafted_kept_and_corrected(model):
+    out = speculative(model, prompts(1, seed=5)[0], early_stop=False)
+    trace = Trace.from_json(out.trace.to_json())  # validated by the kind's own rules on load
+    assert trace.kind == "speculative" and trace.config["kind"] == "speculative"
+    assert out.stats.nfe == sum(2 if r.state["verified"][0] else 1 for r in trace.iterations)
+    assert out.stats.to_dict()["verified_steps"] == len(trace.iterations)
+    for rec in trace.iterations:
+        st, written = rec.state, rec.committed[0]
+        c = st["open_from"][0]
+        assert written and written == list(range(c, c + len(written)))  # at least one, from the first open position
+        assert len(written) == st["accepted"][0] + (st["corrected"][0] is not None)
+        s = rec.block_range[0]
+        for p in written[: st["accepted"][0]]:  # kept: the verifier agreed with the draft
+            assert st["draft"][0][p - s] == st["verify"][0][p - s] == rec.top1[0][p - s]
+        if st["corrected"][0] is not None:  # replaced: the verifier's token, not the draft's
+            p = st["corrected"][0]
+            assert st["draft"][0][p - s] != st["verify"][0][p - s] == rec.top1[0][p - s]
+        assert rec.forward == "draft+verify" and rec.cost is not None and rec.final_until == [c + len(written)]
+    assert trace.canvas_at(len(trace.iterations) - 1) == trace.final
+
+
+def test_auto_skips_the_verify_of_a_confident_draft(model):
+    prompt = prompts(1, seed=7)[0]
+    skipped = speculative(model, prompt, verify="auto", verify_threshold=0.0, threshold=0.01, early_stop=False)
+    assert all(r.forward == "draft" and not r.state["verified"][0] for r in skipped.trace.iterations)
+    assert skipped.stats.nfe == len(skipped.trace.iterations) and skipped.stats.to_dict()["skipped_verifies"] == skipped.stats.nfe
+    never = speculative(model, prompt, verify="auto", verify_threshold=1.0, early_stop=False)  # nothing is that confident
+    assert never.token_ids == speculative(model, prompt, early_stop=False).token_ids
+
+
+def test_what_it_cannot_run_is_refused_in_one_line(model):
+    dense = tiny_llada()
+    with pytest.raises(EngineError, match="kind 'speculative' cannot run on this model: it needs a block-causal"):
+        run_diffusion(dense, [[1, 2, 3]], GenerationConfig(kind="speculative", gen_length=8, block_length=8))
+    refusals = {
+        "no diffusion kind 'nope'": GenerationConfig(kind="nope"),
+        "masked diffusion does not read verify": GenerationConfig(verify="auto"),
+        "verify must be one of always, auto": GenerationConfig(kind="speculative", verify="sometimes"),
+        "decoder 'edit' revises or needs a shadow block": GenerationConfig(kind="speculative", decoder="edit"),
+        "speculative diffusion does not read temperature": GenerationConfig(kind="speculative", temperature=0.5),
+        "decoder 'uniform' runs uniform diffusion and this run is speculative diffusion": GenerationConfig(kind="speculative", decoder="uniform"),
+    }
+    for message, config in refusals.items():
+        with pytest.raises(EngineError, match=message) as caught:
+            fit(config, ModelTraits.of(model))
+        assert "\n" not in str(caught.value)
+    with pytest.raises(EngineError, match="one prompt at a time"):
+        run_diffusion(model, [[1, 2], [3, 4]], GenerationConfig(kind="speculative", gen_length=8, block_length=8), stop_ids=[EOS])
+    carried = fit(GenerationConfig(kind="speculative"), ModelTraits("masked"), carry_over=True)  # a page's setting on a dense model
+    assert carried.kind is None
+
+
+TOY_VIEW = '''
+from dinfer_viz.views.base import register
+from dinfer_viz.views.masked import MaskedView
+
+
+@register
+class ToyView(MaskedView):
+    kind = "{name}"
+    label = "toy"
+'''
+
+DRAW = '''
+import json, sys
+from engine import Trace
+from dinfer_viz.timeline import Timeline
+from dinfer_viz.views import view_for
+trace = Trace.from_json(open(sys.argv[1]).read())
+timeline = Timeline(trace)
+view = view_for(timeline)
+cells = view.grid_value(timeline, len(timeline.records) - 1, None)["cells"]
+print(json.dumps({"kind": trace.kind, "view": type(view).__name__, "cells": len(cells)}))
+'''
+
+
+def test_a_kind_file_and_a_view_file_dropped_in_run_with_no_other_edit(tmp_path):
+    """docs/algorithms.md §10.1: the speculative kind's file copied under another name, and a view
+    for it, dropped into the discovery paths; the CLI runs it and the app draws its trace."""
+    name = f"toy_spec_{abs(hash(tmp_path)) % 10**8}"
+    kind_file = ROOT / "engine" / "kinds" / f"{name}.py"
+    view_file = ROOT / "dinfer_viz" / "views" / f"{name}.py"
+    source = (ROOT / "engine" / "kinds" / "speculative.py").read_text()
+    folder = tmp_path / "model"
+    save_llada2_folder(folder)
+    try:
+        kind_file.write_text(source.replace('SPECULATIVE = "speculative"', f'SPECULATIVE = "{name}"').replace("from .masked import", "from engine.kinds.masked import").replace("from .base import", "from engine.kinds.base import"))
+        view_file.write_text(TOY_VIEW.format(name=name))
+        trace_path = tmp_path / "trace.json"
+        run = subprocess.run(
+            [sys.executable, "-m", "engine", "generate", "--model", str(folder), "--kind", name, "--gen-length", "16", "--block-length", "8",
+             "--prompt", "abcab", "--json", "--trace", str(trace_path)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert json.loads(run.stdout)["token_ids"]
+        drawn = subprocess.run([sys.executable, "-c", DRAW, str(trace_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert drawn.returncode == 0, drawn.stderr[-2000:]
+        assert json.loads(drawn.stdout) == {"kind": name, "view": "ToyView", "cells": json.loads(trace_path.read_text())["canvas_length"]}
+    finally:
+        kind_file.unlink(missing_ok=True)
+        view_file.unlink(missing_ok=True)
+    assert name not in KINDS  # this process never imported it
