@@ -20,14 +20,14 @@ from .settings import decoder_presets
 from .views import view_of_kind
 
 
-def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = False, system: Mapping[str, Any] | None = None) -> str:
-    """Markdown for the chosen decoder, cache mode and features, and the system options that are
-    on (`system`: Engine keyword -> value, as the Model and system controls hold them), composed by
-    the view of the decoder's kind (a uniform-state sampler reads no cache mode or iteration
-    feature, so its text names none)."""
+def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = False, system: Mapping[str, Any] | None = None, kind: str | None = None) -> str:
+    """Markdown for the chosen kind, decoder, cache mode and features, and the system options that
+    are on (`system`: Engine keyword -> value, as the Model and system controls hold them), composed
+    by the view of the kind chosen (none: the decoder's kind; a uniform-state sampler reads no
+    cache mode or iteration feature, so its text names none)."""
     chosen = system or {}
     options = [SYSTEM_OPTIONS[name].explanation for name, value in chosen.items() if name in SYSTEM_OPTIONS and SYSTEM_OPTIONS[name].is_set(value)]
-    return view_of_kind(decoder_kind(decoder)).explanation(decoder_explanation(decoder), cache, smoothing, unroll, options)
+    return view_of_kind(kind or decoder_kind(decoder)).explanation(decoder_explanation(decoder), cache, smoothing, unroll, options)
 
 
 def run_kind(config: Any) -> str:

@@ -24,9 +24,10 @@ from typing import Any, Callable, Sequence
 from engine import Decoder, EngineError, GenerationConfig
 from engine.cache_modes import cache_mode
 from engine.constraints import CONSTRAINT_FIELDS, spec_of
-from engine.config import MOVED_SETTINGS, setting_choices, setting_help
+from engine.config import MOVED_SETTINGS, kind_owned, setting_choices, setting_help
 from engine.decoders import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
 from engine.factor import FactorDecoder
+from engine.kinds import KINDS
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
 from engine.revising import apply_preset
 
@@ -67,6 +68,15 @@ def _o(decoder: type[Decoder], name: str, label: str, kind: str, **kw: Any) -> C
 
 
 SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
+    (
+        "Diffusion kind",
+        (
+            # empty: the model's own kind (engine/kinds/: the kinds registered, discovered from their files)
+            _c("kind", "kind (empty: the model's own)", "choice", choices=lambda: list(KINDS)),
+            _c("verify", "verify", "choice"),
+            _c("verify_threshold", "verify threshold τ_v (auto)", "slider", minimum=0.0, maximum=1.0, step=0.01),
+        ),
+    ),
     (
         "Decoder",
         (
@@ -417,7 +427,7 @@ def without_hidden(config: GenerationConfig) -> GenerationConfig:
     reaches the engine (measure staleness ticked under cache dual, then cache none chosen: every
     later run would otherwise still probe staleness and draw its heatmaps). The decoder's own
     options it does not declare go too."""
-    shown = visible_fields(config.decoder, config.cache, config.smoothing, config.unroll)
+    shown = visible_fields(config.decoder, config.cache, config.smoothing, config.unroll, config.kind)
     defaults = GenerationConfig()
     reset = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(GenerationConfig) if f.name in _controlled() and f.name not in shown}
     options = {k: v for k, v in config.decoder_options.items() if OPTION_PREFIX + k in shown or OPTION_PREFIX + k not in _controlled()}
@@ -428,8 +438,9 @@ def _controlled() -> set[str]:
     return {c.field for c in all_controls()}
 
 
-def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> set[str]:
-    """The fields whose controls matter for this combination (the others are hidden)."""
+def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None = None) -> set[str]:
+    """The fields whose controls matter for this combination (the others are hidden); a setting
+    one kind owns (engine/config.py's `kind=`) shows only when that kind is chosen."""
     names = {c.field for c in all_controls()}
     decoder_section = {c.field for c in dict(SECTIONS)["Decoder"]} - {"decoder"}
     cache_section = {c.field for c in dict(SECTIONS)["KV cache"]} - {"cache"}
@@ -441,4 +452,5 @@ def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool) -> s
         hidden |= {c.field for c in dict(SECTIONS)["Iteration smoothing"]} - {"smoothing"}
     if not unroll:
         hidden |= {c.field for c in dict(SECTIONS)["Loop unrolling"]} - {"unroll"}
+    hidden |= {n for n in names if not n.startswith(OPTION_PREFIX) and kind_owned(n) not in (None, kind)}
     return names - hidden

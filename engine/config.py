@@ -62,7 +62,7 @@ def _setting(
 
 def kind_owned(name: str) -> str | None:
     """The kind that alone reads setting `name` (`_setting`'s `kind`), None for a shared one."""
-    return next(f.metadata.get("kind") for f in dataclasses.fields(GenerationConfig) if f.name == name)
+    return next((f.metadata.get("kind") for f in dataclasses.fields(GenerationConfig) if f.name == name), None)
 
 
 def relative_bound(name: str, reference: int) -> int:

@@ -294,10 +294,10 @@ def _wire_files(h: RunHandlers, p: Parts, loaded: list[Any]) -> None:
 
 
 def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.components.Component) -> None:
-    """Decoder, cache mode and features decide which controls show, the explanation, and the
+    """Kind, decoder, cache mode and features decide which controls show, the explanation, and the
     setting the Sweep tab varies (`parameter`, hence wired once that tab exists); the system
     options add their paragraphs to the explanation."""
-    choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"]]
+    choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"], tab.controls["kind"]]
     inputs = [*choice, *tab.system]
     changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter]
     gr.on([c.change for c in choice], h.structure, inputs, changed, **LATEST)

@@ -67,20 +67,21 @@ class RunSettingsHandlers(TabHandlers):
             return error_text(inert_markdown(str(exc))), gr.update(interactive=False), gr.update(info=hint)
         return message, button, gr.update(info=hint)
 
-    def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> tuple:
-        """Show only the controls that matter for this decoder / cache mode / feature set, the
-        explanation of the choice, and the setting a sweep of this decoder varies."""
-        shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll))
+    def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None, *system: Any) -> tuple:
+        """Show only the controls that matter for this kind / decoder / cache mode / feature set,
+        the explanation of the choice, and the setting a sweep of this decoder varies."""
+        shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll), kind or None)
         return (
             *(gr.update(visible=c.field in shown) for c in all_controls()),
-            self.explanation(decoder, cache, smoothing, unroll, *system),
+            self.explanation(decoder, cache, smoothing, unroll, kind, *system),
             gr.update(value=sweep_setting(decoder)),
         )
 
-    def explanation(self, decoder: str, cache: str, smoothing: bool, unroll: bool, *system: Any) -> str:
-        """The explanation panel: the decoder, cache mode and features, and the system options that
-        are on (`system`: the Model and system controls' values, in `option_names` order)."""
-        return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)))
+    def explanation(self, decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None, *system: Any) -> str:
+        """The explanation panel: the kind (when the page chooses one), the decoder, cache mode and
+        features, and the system options that are on (`system`: the Model and system controls'
+        values, in `option_names` order)."""
+        return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)), kind or None)
 
     def suggest_expected(self, prompt: str) -> tuple[str, str]:
         """(the known right response of an arithmetic prompt, "" for other families; the note on the

@@ -125,4 +125,4 @@ def shown_view(
 def ran_explanation(timeline: Timeline) -> str:
     """The explanation panel for the settings `timeline`'s run ran with (its trace's header)."""
     cfg = timeline.trace.config or {}
-    return explain(cfg.get("decoder", "?"), cfg.get("cache", "?"), bool(cfg.get("smoothing")), bool(cfg.get("unroll")))
+    return explain(cfg.get("decoder", "?"), cfg.get("cache", "?"), bool(cfg.get("smoothing")), bool(cfg.get("unroll")), kind=timeline.kind)

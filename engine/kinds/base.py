@@ -143,11 +143,10 @@ def fit(config: GenerationConfig, model: Any, *, carry_over: bool = False) -> Ge
     default: the CLI, the API, the server): a decoder of another kind, or a setting the kind does
     not read set away from its default, is refused in one line naming it. `carry_over` (a page
     whose settings were chosen for another model, as Compare's two sides or a lesson step): those
-    go back to their defaults instead, a kind the model cannot run becomes the model's own, and any
-    decoder of another kind becomes the kind's own (keeping the options both declare)."""
+    go back to their defaults instead, and any decoder of another kind becomes the kind's own
+    (keeping the options both declare). A kind the request names is never carried over: the model
+    runs it or refuses it in one line."""
     traits = ModelTraits.of(model)
-    if carry_over and config.kind and (config.kind not in KINDS or kind_named(config.kind).refuses(traits)):
-        config = dataclasses.replace(config, kind=None)
     kind_cls = run_kind(config, traits)
     kind, spec, runs = kind_cls.name, kind_cls.settings, "run" if config.kind else "model"
     if decoder_kind(config.decoder) != kind_cls.decoder_kind():
