@@ -151,3 +151,45 @@ def test_a_kind_file_and_a_view_file_dropped_in_run_with_no_other_edit(tmp_path)
         kind_file.unlink(missing_ok=True)
         view_file.unlink(missing_ok=True)
     assert name not in KINDS  # this process never imported it
+
+
+def test_the_server_takes_kind_and_streams_its_final_text(tmp_path):
+    """`"kind": "speculative"` through the OpenAI server (each such request runs alone): streamed or
+    not, four concurrent clients each get the engine's own text, which is the block-length-1
+    decode's; a dense model refuses the kind with a one-line 400."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from engine import Engine
+    from engine.serving.app import create_app
+    from engine.serving.limits import RequestLimits
+    from engine.serving.traces import TraceStore
+
+    from .test_serve import running
+
+    engine = Engine(str(save_llada2_folder(tmp_path / "llada2")))
+    app = create_app(engine, RequestLimits(max_prompt_chars=200, max_gen_length=64, max_body_bytes=4096, max_prompts=4), max_batch=8, max_pending=16, traces=TraceStore(max_traces=8))
+    settings = {"gen_length": 16, "block_length": 8}
+    bodies = [{"prompt": p, "max_tokens": 16, "stream": stream, "kind": "speculative", **settings} for p in ("abca", "bbcab", "cab", "aacbb") for stream in (False, True)]
+
+    def text(url: str, body: dict) -> str:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            if not body["stream"]:
+                return http.post("/completions", json=body).json()["choices"][0]["text"]
+            with http.stream("POST", "/completions", json=body) as response:
+                chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+            return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+    with running(app) as url:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda b: text(url, b), bodies))
+        for body, answer in zip(bodies, got):
+            plain = GenerationConfig(**settings, use_chat_template=False)
+            assert answer == engine.generate(body["prompt"], GenerationConfig(kind="speculative", **settings, use_chat_template=False)).texts[0]
+            assert answer == engine.generate(body["prompt"], plain.replace(block_length=1)).texts[0]
+        dense = create_app(Engine("tiny-llada"), RequestLimits(max_prompt_chars=200, max_gen_length=64, max_body_bytes=4096, max_prompts=4), max_batch=1, max_pending=4, traces=TraceStore(max_traces=4))
+    with running(dense) as url:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            refused = http.post("/completions", json={"prompt": "Q: 1+1=? A:", "max_tokens": 8, "kind": "speculative", **settings})
+    assert refused.status_code == 400 and "kind 'speculative' cannot run on this model" in refused.json()["error"]["message"]
