@@ -145,7 +145,7 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
         bargroupgap=0.05,
         shapes=shapes,
         # below the gr.Plot label badge, which covers the figure's top left
-        title=dict(text=_shares(ms), font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
+        title=dict(text="<br>".join(t for t in (_shares(ms), view_for(timeline).cost_note(timeline)) if t), font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
         xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration")),
         yaxis=layout_y,
         yaxis2=dict(

@@ -14,6 +14,7 @@ from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_ra
 from dinfer_viz.sweep_chart import sweep_figure
 from dinfer_viz.cells import REVISION_STATES
 from dinfer_viz.views import view_for
+from dinfer_viz.views.speculative import SPECULATIVE_STATES
 from dinfer_viz.views.uniform import UNIFORM_STATES
 from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value, legend_html
 from dinfer_viz.readouts import live_line, readout
@@ -101,13 +102,18 @@ def test_grid_template_has_an_explicit_colour_for_every_state():
         "masked": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False, trace=header),
         "revising": SimpleNamespace(kind="masked", capabilities={"revises": True}, revises=False, trace=header),  # the header says, before any revision
         "uniform": SimpleNamespace(kind="uniform", capabilities={"revises": False}, revises=False, trace=header),
+        "speculative": SimpleNamespace(kind="speculative", capabilities={"revises": False}, revises=False, trace=header),
     }
     legends = {name: legend_html(kind) for name, kind in kinds.items()}
     assert legend_html(None) == legends["masked"]
     for kind, (colour, label) in CELL_COLOURS.items():
         assert f".cell.{kind}{{background:{colour}}}" in GRID_CSS
         shown = [name for name, legend in legends.items() if f'class="cell {kind}"' in legend]
-        expected = ["uniform"] if kind in UNIFORM_STATES else ["revising"] if kind in REVISION_STATES else ["masked", "revising", "uniform"] if kind in ("prompt", "masked", "fill") else ["masked", "revising"]
+        expected = (
+            ["uniform"] if kind in UNIFORM_STATES else ["revising"] if kind in REVISION_STATES else ["speculative"] if kind in SPECULATIVE_STATES
+            else ["masked", "revising", "uniform", "speculative"] if kind in ("prompt", "masked", "fill")
+            else ["masked", "revising", "speculative"] if kind in ("old", "new") else ["masked", "revising"]
+        )
         assert shown == expected, kind
         if "uniform" not in shown or kind in UNIFORM_STATES:
             assert label in legends[shown[0]]  # the legend names it (a uniform run names prompt/masked/fill its own way)

@@ -102,6 +102,11 @@ class KindView:
         and the name of each record `forward` in its legend."""
         raise NotImplementedError
 
+    def cost_note(self, timeline: Timeline) -> str:
+        """For a kind whose records carry `cost`: a line the cost panel adds under its title (the
+        forwards a step's cost sums, when a step runs several), or "" for none."""
+        return ""
+
     # ---- text -----------------------------------------------------------------------------------
     def details(self, timeline: Timeline, position: int, iteration: int, expected: list[int] | None) -> str:
         """The details panel's HTML for `position` after record `iteration` (both within the run)."""
