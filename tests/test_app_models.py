@@ -127,7 +127,7 @@ def test_the_page_sends_the_run_tabs_settings_to_both_sides_when_model_b_is_set(
     from dinfer_viz.tabs.compare import COMPARE_FIELDS, DECODER_OWN
 
     base = ["tiny-llada", "cpu", "auto", *[None] * len(handlers.option_names), *(control_value(c, GenerationConfig()) for c in all_controls())]
-    sides = ["fixed", 0.5, "none", 8, False, False, "none", "", *(control_value(c, GenerationConfig()) for c in all_controls() if c.field in DECODER_OWN)] * 2
+    sides = ["fixed", 0.5, "none", 8, False, False, "none", "", *(control_value(c, GenerationConfig()) for c in all_controls() if c.field in DECODER_OWN), None] * 2
     assert len(sides) == 2 * len(COMPARE_FIELDS)
     a, b = handlers.compare_settings(*base, *sides, DISTILLED, False)  # last: "B uses its own settings"
     assert a["config"] == b["config"] and a["config"]["decoder"] == GenerationConfig().decoder

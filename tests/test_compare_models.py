@@ -109,13 +109,13 @@ def test_b_uses_its_own_settings_on_model_b_only_when_asked(handlers, models):
     bound = {"config": {"decoder": "uniform", "gen_length": 16, "block_length": CANVAS, "decoder_options": {"entropy_bound": 0.5}}}
     uniform = finished(handlers.compare(PROMPT, {"config": SMALL}, bound, "tiny-gemma", 1, "", True))["state"].b
     assert uniform.trace.config["decoder_options"] == {"entropy_bound": 0.5}
-    assert {rec.uniform["bound"] for rec in uniform.records} == {0.5}
+    assert {rec.state["bound"] for rec in uniform.records} == {0.5}
 
 
 def test_the_page_applies_b_s_side_on_model_b_only_with_b_uses_its_own_settings(handlers):
     base = ["tiny-llada", "cpu", "auto", *[None] * len(handlers.option_names), *(control_value(c, GenerationConfig()) for c in all_controls())]
     own = [control_value(c, GenerationConfig()) for c in all_controls() if c.field in DECODER_OWN]  # each decoder's other settings, at their defaults
-    a_side, b_side = ["fixed", 0.5, "none", 8, False, False, "none", "", *own], ["edit", 0.3, "none", 32, False, False, "none", "", *own]
+    a_side, b_side = ["fixed", 0.5, "none", 8, False, False, "none", "", *own, None], ["edit", 0.3, "none", 32, False, False, "none", "", *own, None]
     assert len(a_side) == len(COMPARE_FIELDS)
     a, b = handlers.compare_settings(*base, *a_side, *b_side, "other-llada", True)
     assert a["config"]["decoder"] == GenerationConfig().decoder  # A: the Run tab's settings

@@ -43,9 +43,11 @@ COMPARE_VIEW = ("grid_a", "readout_a", "text_a", "grid_b", "readout_b", "text_b"
 # reads it, so B can run the edit decoder with its own edit threshold; last, so API clients and the
 # page's value order keep the earlier ones in place.
 DECODER_OWN = tuple(f for f in decoder_settings() if f != "threshold")
-COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll", CONSTRAINT, CONSTRAINT_TEXT, *DECODER_OWN)
-# each side's controls, row by row: the decoder's own under the decoder's row
-SIDE_ROWS = (COMPARE_FIELDS[:3], DECODER_OWN, COMPARE_FIELDS[3:6], COMPARE_FIELDS[6:8])
+# The diffusion kind last of all (threshold decoding against self-speculation on one model), its
+# verify settings the Run tab's.
+COMPARE_FIELDS = ("decoder", "threshold", "cache", "block_length", "smoothing", "unroll", CONSTRAINT, CONSTRAINT_TEXT, *DECODER_OWN, "kind")
+# each side's controls, row by row: the kind first, the decoder's own under the decoder's row
+SIDE_ROWS = (("kind",), COMPARE_FIELDS[:3], DECODER_OWN, COMPARE_FIELDS[3:6], COMPARE_FIELDS[6:8])
 # B changes one setting of A (the first lesson's first comparison): what differs is what explains
 COMPARE_DEFAULTS = ({"decoder": "fixed", "cache": "none"}, {"decoder": "threshold", "cache": "none"})
 SAME_MODEL = ("same as A: compare settings", "")  # model B's first choice
