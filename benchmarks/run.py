@@ -47,8 +47,9 @@ class Call:
 
 def total(stats: list[GenerationStats]) -> GenerationStats:
     """Several calls' stats as one: every count summed, so `.tps`/`.tpf` are the aggregate rates."""
-    summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(GenerationStats) if f.name != "batch"}
-    return GenerationStats(batch=1, **summed)
+    summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(GenerationStats) if f.name not in ("batch", "counts")}
+    counts = {name: sum(s.counts.get(name, 0) for s in stats) for name in {k for s in stats for k in s.counts}}  # a kind's own counters
+    return GenerationStats(batch=1, counts=counts, **summed)
 
 
 class Scorer:
@@ -181,6 +182,8 @@ def summarize(runs: list[ConfigRun]) -> list[dict[str, Any]]:
                 "tps_ratio": _median_ratio([s.tps for s in passes], [b.tps for b in base_stats]),
                 "tpf_ratio": overall.tpf / base_tpf if base_tpf else None,
                 "trace_overhead": run.trace_overhead(),
+                # the speculative kind: drafted tokens the verifier kept, per verify forward (engine/kinds/speculative.py)
+                "accepted_per_verify": overall.counts["accepted_draft_tokens"] / overall.counts["verified_steps"] if overall.counts.get("verified_steps") else None,
                 "config": run.named.config.to_dict(),
             }
         )
@@ -194,7 +197,7 @@ def _times(value: float | None) -> str:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table, one row per configuration; ratios are to the first row."""
     base = rows[0]["name"]
-    header = ["config", "prompts", "tokens", "NFE", "TPF", "TPS median", "TPS min-max", "accuracy", f"TPS / {base}", f"TPF / {base}", "trace on/off"]
+    header = ["config", "prompts", "tokens", "NFE", "TPF", "TPS median", "TPS min-max", "accuracy", f"TPS / {base}", f"TPF / {base}", "trace on/off", "accepted / verify"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         accuracy = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}% ({r['correct']}/{r['scored']})"
@@ -210,6 +213,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             _times(r["tps_ratio"]),
             _times(r["tpf_ratio"]),
             _times(r["trace_overhead"]),
+            "-" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
