@@ -316,3 +316,17 @@ def test_parallel_degrees_run_as_processes_on_the_cpu_and_take_a_gpu_each_on_cud
         assert on_cuda["tp_size"].available == available and on_cuda["ep_size"].available == available
     monkeypatch.setattr(system, "cuda_count", lambda: 1)
     assert offered_options("cuda")[0].reason == "needs 2 CUDA GPUs (one per process); this machine has 1"
+
+
+def test_every_kind_the_engine_registers_has_a_view_found_from_its_file():
+    """Kinds and views are discovered from their packages (engine/kinds/, dinfer_viz/views/): every
+    view module registers a view, and every registered kind is drawn by one."""
+    import pkgutil
+
+    import dinfer_viz.views
+    from dinfer_viz.views import VIEWS
+    from engine.kinds import KINDS
+
+    files = {m.name for m in pkgutil.iter_modules(dinfer_viz.views.__path__)} - {"base"}
+    assert {type(view).__module__.split(".")[2] for view in VIEWS.values()} == files
+    assert set(KINDS) <= set(VIEWS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, EngineError, GenerationConfig, RunHooks, Trace, fit, run_diffusion
+import engine.kinds
 from engine.kinds import KINDS, ModelTraits, kind_decoders
 from engine.kinds.uniform import UniformSampler
 from engine.trace import MASKED, TRACE_VERSION, UNIFORM
@@ -28,8 +30,9 @@ def gemma() -> Engine:
     return Engine(GEMMA)
 
 
-def test_each_kind_declares_its_settings_and_decoders():
-    assert set(KINDS) == {MASKED, UNIFORM}
+def test_each_kind_file_registers_its_kind_and_declares_its_settings_and_decoders():
+    files = {m.name for m in pkgutil.iter_modules(engine.kinds.__path__)} - {"base"}
+    assert {cls.__module__.rsplit(".", 1)[-1] for cls in KINDS.values()} == files and {MASKED, UNIFORM} <= set(KINDS)
     assert kind_decoders(UNIFORM) == [UniformSampler.name]
     assert "threshold" in kind_decoders(MASKED) and UniformSampler.name not in kind_decoders(MASKED)
     assert KINDS[UNIFORM].settings.reads == frozenset() and "cache" in KINDS[MASKED].settings.reads

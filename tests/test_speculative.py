@@ -7,6 +7,7 @@ engine/kinds/, with a view file in dinfer_viz/views/, runs through the CLI with 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -126,31 +127,29 @@ print(json.dumps({"kind": trace.kind, "view": type(view).__name__, "cells": len(
 
 def test_a_kind_file_and_a_view_file_dropped_in_run_with_no_other_edit(tmp_path):
     """docs/algorithms.md §10.1: the speculative kind's file copied under another name, and a view
-    for it, dropped into the discovery paths; the CLI runs it and the app draws its trace."""
-    name = f"toy_spec_{abs(hash(tmp_path)) % 10**8}"
-    kind_file = ROOT / "engine" / "kinds" / f"{name}.py"
-    view_file = ROOT / "dinfer_viz" / "views" / f"{name}.py"
-    source = (ROOT / "engine" / "kinds" / "speculative.py").read_text()
-    folder = tmp_path / "model"
-    save_llada2_folder(folder)
-    try:
-        kind_file.write_text(source.replace('SPECULATIVE = "speculative"', f'SPECULATIVE = "{name}"').replace("from .masked import", "from engine.kinds.masked import").replace("from .base import", "from engine.kinds.base import"))
-        view_file.write_text(TOY_VIEW.format(name=name))
-        trace_path = tmp_path / "trace.json"
-        run = subprocess.run(
-            [sys.executable, "-m", "engine", "generate", "--model", str(folder), "--kind", name, "--gen-length", "16", "--block-length", "8",
-             "--prompt", "abcab", "--json", "--trace", str(trace_path)],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
-        )
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert json.loads(run.stdout)["token_ids"]
-        drawn = subprocess.run([sys.executable, "-c", DRAW, str(trace_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert drawn.returncode == 0, drawn.stderr[-2000:]
-        assert json.loads(drawn.stdout) == {"kind": name, "view": "ToyView", "cells": json.loads(trace_path.read_text())["canvas_length"]}
-    finally:
-        kind_file.unlink(missing_ok=True)
-        view_file.unlink(missing_ok=True)
-    assert name not in KINDS  # this process never imported it
+    for it, dropped into the discovery paths of a copy of the two packages (so no other test sees
+    them); the CLI runs it and the app draws its trace."""
+    name = "toy_spec"
+    repo = tmp_path / "repo"
+    for package in ("engine", "dinfer_viz", "tinymodel"):
+        shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "assets").symlink_to(ROOT / "assets")
+    source = (repo / "engine" / "kinds" / "speculative.py").read_text()
+    (repo / "engine" / "kinds" / f"{name}.py").write_text(source.replace('SPECULATIVE = "speculative"', f'SPECULATIVE = "{name}"'))
+    (repo / "dinfer_viz" / "views" / f"{name}.py").write_text(TOY_VIEW.format(name=name))
+    folder = save_llada2_folder(tmp_path / "model")
+    trace_path = tmp_path / "trace.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "--model", str(folder), "--kind", name, "--gen-length", "16", "--block-length", "8",
+         "--prompt", "abcab", "--json", "--trace", str(trace_path)],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["token_ids"]
+    drawn = subprocess.run([sys.executable, "-c", DRAW, str(trace_path)], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    assert json.loads(drawn.stdout) == {"kind": name, "view": "ToyView", "cells": json.loads(trace_path.read_text())["canvas_length"]}
+    assert name not in KINDS  # this process never saw it
 
 
 def test_the_server_takes_kind_and_streams_its_final_text(tmp_path):
