@@ -301,7 +301,7 @@ def test_traces_record_the_constraint_and_older_versions_load(embedded, tmp_path
     out = embedded.generate("Q: ?+?=38 A:", GenerationConfig(threshold=0.1, choice=[" 30 +  8"]), RunHooks(trace=True)).output  # not what the model answers
     assert out.trace.iterations and embedded.decode(out.token_ids[0]) == " 30 +  8"
     data = json.loads(out.trace.to_json())
-    assert data["version"] == TRACE_VERSION == 4
+    assert data["version"] == TRACE_VERSION == 5
     rec = Trace.from_dict(data).iterations[0]
     s, e = rec.block_range
     prompt = out.prompt_lengths[0]
@@ -312,7 +312,7 @@ def test_traces_record_the_constraint_and_older_versions_load(embedded, tmp_path
     old = dict(data, version=3)
     old["iterations"] = [{k: v for k, v in r.items() if k != "constraint"} for r in data["iterations"]]
     upgraded = Trace.from_dict(old)
-    assert upgraded.version == 4 and all(r.constraint is None for r in upgraded.iterations)
+    assert upgraded.version == TRACE_VERSION and all(r.constraint is None for r in upgraded.iterations)
     broken = json.loads(out.trace.to_json())
     broken["iterations"][0]["constraint"]["allowed"] = [[1]]
     with pytest.raises(EngineError, match="constraint"):

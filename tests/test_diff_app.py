@@ -139,7 +139,7 @@ def test_a_reference_the_library_cannot_run_is_refused_in_one_line(handlers, tmp
     shown = shown_run(handlers)
     cases = [
         (RunState(Timeline(handmade_trace()), None, FINISHED), "", "--cache"),  # a masked model: diffusers has no vicinity cache
-        (shown, str(tmp_path / "missing"), "diffusers"),  # not an LLaDA2 folder
+        (shown, str(tmp_path / "missing"), "not found"),  # the run's kind names the library (transformers), the folder is missing
     ]
     for run, model, words in cases:
         message = slots(DIFF_VIEW, handlers.record(run, model))["message"]
