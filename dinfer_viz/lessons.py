@@ -85,6 +85,12 @@ LARGER_BOUND = 2.0  # the uniform sampler's entropy bound in lesson 6's last ste
 # regex would change nothing there.
 STRUCTURE_LESSON_PROMPT = "Q: ?+? A:"
 PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/constraints.py's
+# Lesson 8: the embedded block-diffusion model (LLaDA2 layout, block-causal), whose blocks of one
+# token decode autoregressively; an addition's answer restates both operands, so a block's draft
+# is mostly easy and the verifier keeps long runs of it (tests/test_lessons.py holds the step-3
+# tokens to step 1's)
+SPECULATIVE_MODEL = "tiny-llada2"
+SPECULATIVE_LESSON_PROMPT = "Q: 123+45=? A:"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -268,6 +274,32 @@ LESSONS: tuple[Lesson, ...] = (
                 {"threshold": 0.9},
                 "The careful threshold spends more forwards on the same shape: the structure came from the constraint at no extra "
                 "forward, not from caution; compare the iterations and TPF with step 2.",
+            ),
+        ),
+    ),
+    Lesson(
+        "8 · the model checks its own draft: block length 1 → blocks of 8 → speculative",
+        SPECULATIVE_LESSON_PROMPT,
+        {"gen_length": 32, "block_length": 1, "decoder": "threshold", "threshold": 0.9, "cache": "none", MODEL: SPECULATIVE_MODEL},
+        (
+            Step(
+                "block length 1: the model as an autoregressive decoder",
+                {"block_length": 1},
+                "A block-diffusion model with blocks of one token is an autoregressive model: one forward per token, left to right. "
+                "Note the answer and count the iterations.",
+            ),
+            Step(
+                "blocks of 8, threshold τ 0.9",
+                {"block_length": 8},
+                "Diffusion inside each block of 8: confident positions commit together, so fewer forwards than tokens; nothing checks "
+                "them against what the autoregressive decoder would have written.",
+            ),
+            Step(
+                "the speculative kind: draft the block, verify it autoregressively",
+                {"kind": "speculative"},
+                "Each step drafts the open positions in one forward and checks the draft in a second, keeping the agreeing prefix "
+                "(green) and taking the verifier's token at the first disagreement: the answer is step 1's, token for token, and the "
+                "chart counts the drafted tokens each verify kept.",
             ),
         ),
     ),
