@@ -66,7 +66,8 @@ class SpeculativeRun(DiffusionRun):
         self.spare = self.length  # the first spare slot: verify queries sit at length + (position - c)
         self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + block_length, D]
         self.stored = 0  # the committed text [0, stored) has its K/V in the store
-        self.counts = torch.zeros(3, dtype=torch.long)  # steps verified, drafted tokens accepted, steps skipped
+        # the kind's own counters (GenerationStats.counts): steps verified, drafted tokens kept, verifies skipped
+        self.stats_extra = {"verified_steps": 0, "accepted_draft_tokens": 0, "skipped_verifies": 0}
         self.ended = False  # early stop: an end-of-text was committed and the rest of the canvas filled
         model.rope.table(self.length, self.device)  # positions given as tensors read the table as it is
 
@@ -81,8 +82,6 @@ class SpeculativeRun(DiffusionRun):
             self.decoder.block_done(index)
             if self.ended:
                 break
-        verified, accepted, skipped = self.counts.tolist()
-        self.stats_extra = {"verified_steps": verified, "accepted_draft_tokens": accepted, "skipped_verifies": skipped}
 
     # ---- one step ------------------------------------------------------------------------------
     def speculate(self, index: int, s: int, e: int, c: int) -> int:
@@ -99,7 +98,7 @@ class SpeculativeRun(DiffusionRun):
         verify_cost = None
         if skip:
             n, written, corrected = skip, draft[0, c - s : c - s + skip].tolist(), None
-            self.counts[2] += 1
+            self.stats_extra["skipped_verifies"] += 1
         else:
             verify_out, verify_cost = self.metered(lambda: self._verify_forward(draft, s, c, e))
             verifier, verify_probability, _ = top1(verify_out.logits[:, -(e - c) :], self.mask_id)
@@ -108,8 +107,8 @@ class SpeculativeRun(DiffusionRun):
             self._store_verified(verify_out, c, min(n, e - c - 1))
             written = draft[0, c - s : c - s + n].tolist() + ([int(verifier[0, n])] if n < e - c else [])
             corrected = c + n if n < e - c else None
-            self.counts[0] += 1
-            self.counts[1] += n
+            self.stats_extra["verified_steps"] += 1
+            self.stats_extra["accepted_draft_tokens"] += n
         self.x[0, c : c + len(written)] = torch.tensor(written, device=self.device)
         self._stop_at_end_of_text(c, written)
         if self.records:
