@@ -67,12 +67,14 @@ class RunBatcher:
     def max_batch(self) -> int:
         return self._batcher.max_batch
 
-    def submit(self, spec: ModelSpec, prompt: str, config: GenerationConfig, cancel: threading.Event, expected: str = "") -> "queue.SimpleQueue[object]":
+    def submit(
+        self, spec: ModelSpec, prompt: str, config: GenerationConfig, cancel: threading.Event, expected: str = "", fitted: bool = False
+    ) -> "queue.SimpleQueue[object]":
         """Start a run; its events (Waiting, Loading, Started, IterationRecords, then Finished or
         Failed) arrive in the returned queue, from a batch's leader thread or its own. `expected`:
-        the answer its header carries (engine/serving/batcher.py: BatchRequest)."""
+        the answer its header carries, `fitted`: its config is fit's (engine/serving/batcher.py: BatchRequest)."""
         sink = QueueSink(spec)
-        self._batcher.submit(BatchRequest(prompt, config, cancel, sink, batch_key(spec, config), expected=expected))
+        self._batcher.submit(BatchRequest(prompt, config, cancel, sink, batch_key(spec, config), expected=expected, fitted=fitted))
         return sink.events
 
     def _engine_for(self, members: list[BatchRequest]) -> Engine:

@@ -274,20 +274,22 @@ def run_live(
     speed: float = 0.0,
     batcher: RunBatcher | None = None,
     expected: str = "",
+    fitted: bool = False,
 ) -> Iterator[Frame]:
     """Generate `prompt` with `config` and yield paced frames of the growing timeline (module
     docstring); `speed`: iterations shown per second, 0 for as fast as the engine. With `batcher`,
     a run that waits for the engine may join other sessions' runs in one batch
     (dinfer_viz/batching.py); without, it runs alone. `expected`: the answer the header carries
-    (as ids, their strings in its tokens) for the views to mark where the run departs from it."""
+    (as ids, their strings in its tokens) for the views to mark where the run departs from it.
+    `fitted`: `config` is engine.kinds.fit's for this model (the page's `parse`): not fitted again."""
     t0 = time.perf_counter()
     cancel = threading.Event()
 
     def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> object:
         hooks = RunHooks(trace=True, on_start=lambda header: post(Started(header)), on_iteration=post, cancel=cancel)
-        return engine.generate(prompt, config, hooks, expected=expected or None)
+        return engine.generate(prompt, config, hooks, expected=expected or None, fitted=fitted)
 
-    events = batcher.submit(spec, prompt, config, cancel, expected) if batcher is not None else start_worker(host, spec, job, cancel)
+    events = batcher.submit(spec, prompt, config, cancel, expected, fitted) if batcher is not None else start_worker(host, spec, job, cancel)
     run = LiveRun(events, FrameClock(fps, plot_hz), Playback(speed), t0, cancel)
     with _PACERS_LOCK:
         _PACERS[run.id] = run.pacer

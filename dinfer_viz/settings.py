@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from engine import Decoder, EngineError, GenerationConfig
-from engine.cache_modes import cache_mode
 from engine.constraints import CONSTRAINT_FIELDS, spec_of
-from engine.config import MOVED_SETTINGS, kind_owned, setting_choices, setting_help
+from engine.config import MOVED_SETTINGS, setting_choices, setting_help
 from engine.decoders import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
 from engine.factor import FactorDecoder
 from engine.kinds import KINDS
+from engine.settings_read import settings_read, switch_settings
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
 from engine.revising import apply_preset
 
@@ -337,8 +337,9 @@ def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
         raise EngineError(f"{field}: expected a finite {base.__name__}, got {str(value)[:40]!r}") from None
 
 
-def build_config(config: dict[str, Any] | None) -> GenerationConfig:
-    """A validated GenerationConfig from a (partial) settings dict; EngineError if anything is off."""
+def build_config(config: dict[str, Any] | None, validate: bool = True) -> GenerationConfig:
+    """A GenerationConfig from a (partial) settings dict, each value of its field's type, validated
+    unless the caller fits it next (engine.kinds.fit validates); EngineError if anything is off."""
     if config is None:
         config = {}
     if not isinstance(config, dict):
@@ -357,7 +358,7 @@ def build_config(config: dict[str, Any] | None) -> GenerationConfig:
     # The page sends every plug-in's controls; the run keeps those its decoder declares.
     mine = decoder_fields(str(typed.get("decoder", GenerationConfig.decoder)))
     options = {**options, **{k[len(OPTION_PREFIX):]: coerce(k, v) for k, v in config.items() if k.startswith(OPTION_PREFIX) and k in mine}}
-    return GenerationConfig.from_dict({**typed, "decoder_options": options})
+    return GenerationConfig.from_dict({**typed, "decoder_options": options}, validate)
 
 
 def constraint_setting(config: dict[str, Any]) -> dict[str, Any]:
@@ -408,17 +409,17 @@ def build_spec(model: dict[str, Any] | None, default: ModelSpec, resolve: Callab
 
 
 def parse_settings(
-    settings: dict[str, Any] | None, default: ModelSpec, resolve: Callable[[str], tuple[str, str]] | None = None
+    settings: dict[str, Any] | None, default: ModelSpec, resolve: Callable[[str], tuple[str, str]] | None = None, validate: bool = True
 ) -> tuple[ModelSpec, GenerationConfig]:
-    """Both halves of a run's settings JSON, validated; `resolve` (EngineHost.resolve) maps and
-    checks the model path."""
+    """Both halves of a run's settings JSON, checked (the config `validate`d unless the caller fits
+    it next: build_config); `resolve` (EngineHost.resolve) maps and checks the model path."""
     settings = settings or {}
     if not isinstance(settings, dict):
         raise EngineError("settings must be a JSON object with 'model' and 'config'")
     unknown = sorted(set(settings) - {"model", "config"})
     if unknown:
         raise EngineError(f"unknown settings key(s): {', '.join(unknown)} (expected 'model' and 'config')")
-    return build_spec(settings.get("model"), default, resolve), build_config(settings.get("config"))
+    return build_spec(settings.get("model"), default, resolve), build_config(settings.get("config"), validate)
 
 
 def without_hidden(config: GenerationConfig) -> GenerationConfig:
@@ -439,18 +440,9 @@ def _controlled() -> set[str]:
 
 
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None = None) -> set[str]:
-    """The fields whose controls matter for this combination (the others are hidden); a setting
-    one kind owns (engine/config.py's `kind=`) shows only when that kind is chosen."""
-    names = {c.field for c in all_controls()}
-    decoder_section = {c.field for c in dict(SECTIONS)["Decoder"]} - {"decoder"}
-    cache_section = {c.field for c in dict(SECTIONS)["KV cache"]} - {"cache"}
-    plugin_options = {n for n in names if n.startswith(OPTION_PREFIX)}
-    hidden = (decoder_section | plugin_options) - decoder_fields(decoder)
-    mode = cache_mode(cache)
-    hidden |= cache_section - set(mode.settings if mode is not None else cache_section)
-    if not smoothing:
-        hidden |= {c.field for c in dict(SECTIONS)["Iteration smoothing"]} - {"smoothing"}
-    if not unroll:
-        hidden |= {c.field for c in dict(SECTIONS)["Loop unrolling"]} - {"unroll"}
-    hidden |= {n for n in names if not n.startswith(OPTION_PREFIX) and kind_owned(n) not in (None, kind)}
-    return names - hidden
+    """The fields whose controls matter for this combination (the others are hidden): the settings
+    a run of it reads, as the engine says (engine/settings_read.py), and the switches that choose
+    them (kind, decoder, cache, smoothing, unroll) always. An unknown decoder shows every decoder's."""
+    read = settings_read(GenerationConfig(kind=kind, decoder=decoder, cache=cache, smoothing=smoothing, unroll=unroll))
+    shown = read | set(switch_settings())
+    return {c.field for c in all_controls() if (config_fields(c) if c.field in PAGE_FIELDS else {c.field}) <= shown}

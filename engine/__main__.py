@@ -16,10 +16,10 @@ import sys
 import typing
 from pathlib import Path
 
-from .cache_modes import cache_modes
 from .cli import DEFAULT_MODEL, MODEL_HELP, OneLineParser, check_threads, checked_device, printable, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from .config import GenerationConfig, parse_schema, setting_choices, setting_help
-from .registry import decoder_class, decoder_names, decoder_options
+from .registry import OPTION_SETTING_PREFIX, decoder_options
+from .settings_read import readers_note
 from .errors import EngineError
 from .serving.command import add_serve_command
 from .hooks import RunHooks
@@ -32,24 +32,15 @@ from .runtime.launch import first_on_its_node
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per GenerationConfig field: typed from its annotation, its default, choices and help
-    from the field's declaration (engine/config.py), and for a decoder's setting, which decoders read it."""
+    from the field's declaration (engine/config.py), and who reads it (engine/settings_read.py)."""
     hints = typing.get_type_hints(GenerationConfig)
-    readers: dict[str, list[str]] = {}
-    for name in decoder_names():
-        for setting in decoder_class(name).settings:
-            readers.setdefault(setting, []).append(name)
-    for mode in cache_modes():
-        for setting in mode.settings:
-            readers.setdefault(setting, []).append(f"cache {mode.name}")
     group = parser.add_argument_group("generation settings (every GenerationConfig field)")
     for field in dataclasses.fields(GenerationConfig):
         if field.name in ("decoder_options", *CONSTRAINT_FLAGS):  # one flag per declared option, and the constraint's, below
             continue
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
-        text = setting_help(field.name).replace("%", "%%")
-        if field.name in readers:
-            text += f" [read by: {', '.join(readers[field.name])}]"
+        text = " ".join(filter(None, (setting_help(field.name), readers_note(field.name)))).replace("%", "%%")
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=text)
             continue
@@ -68,8 +59,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     options = decoder_options()
     if options:
         plugins = parser.add_argument_group("decoders' own settings (config.decoder_options; given only when set)")
-    for name, (decoder, option) in options.items():
-        text = f"{option.help} [read by: {decoder}] (default: {option.default})".replace("%", "%%")
+    for name, (_, option) in options.items():
+        text = f"{option.help} {readers_note(OPTION_SETTING_PREFIX + name)} (default: {option.default})".replace("%", "%%")
         flag = "--" + name.replace("_", "-")
         if isinstance(option.default, bool):  # None when not given: only given options are sent
             plugins.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
@@ -78,12 +69,13 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
-    """The config the flags describe; a plug-in's option goes to decoder_options when given."""
+    """The config the flags describe, not validated yet (the command's `fit` validates it, once); a
+    plug-in's option goes to decoder_options when given."""
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig) if f.name not in ("decoder_options", "json_schema")}
     if args.json_schema is not None:
         fields["json_schema"] = read_schema(args.json_schema)
     given = {name: getattr(args, name) for name in decoder_options() if getattr(args, name, None) is not None}
-    return GenerationConfig(**fields, decoder_options=given).validate()
+    return GenerationConfig(**fields, decoder_options=given)
 
 
 def read_schema(value: str) -> dict:
@@ -118,24 +110,31 @@ def write_trace(path: Path, text: str) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from .kinds import fit
     from .models import model_skeleton
     from .pipeline import Engine
 
-    config = config_from_args(args)  # validate before the (slow) model load
-    if not args.prompt or not args.prompt.strip():
-        raise EngineError("empty prompt")
-    system = system_kwargs(args)
-    if args.trace:
-        check_writable(Path(args.trace))
-    check_threads(args.threads)
+    config = config_from_args(args)
+    try:
+        if not args.prompt or not args.prompt.strip():
+            raise EngineError("empty prompt")
+        system = system_kwargs(args)
+        if args.trace:
+            check_writable(Path(args.trace))
+        check_threads(args.threads)
+        skeleton = model_skeleton(args.model)
+    except EngineError:
+        config.validate()  # a bad config is the first thing said, as ever
+        raise
+    config = fit(config, skeleton)  # validated here, once, before the (slow) model load; the engine trusts it
     runtime = apply_runtime(args)
     # before the engine: --tp/--ep worker processes share this process's threads (engine/runtime/workers.py)
-    set_cpu_threads(model_skeleton(args.model), args.threads)
+    set_cpu_threads(skeleton, args.threads)
     with Engine(args.model, **runtime, **system) as engine:
         missing = engine.unencodable(args.prompt, config.use_chat_template)
         if missing and engine.rank == 0:
             print(f"warning: the tokenizer has no token for {''.join(sorted(set(missing)))!r}: the model sees an unknown token there", file=sys.stderr)
-        result = engine.generate(args.prompt, config, hooks=RunHooks(trace=bool(args.trace)))
+        result = engine.generate(args.prompt, config, hooks=RunHooks(trace=bool(args.trace)), fitted=True)
     out = result.output
     if engine.rank != 0:  # a launched job's other ranks hold the same output: rank 0 speaks for the job
         return 0
@@ -154,7 +153,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from .reference import check_settings, record_reference
 
-    config = config_from_args(args)
+    config = config_from_args(args).validate()
     check_settings(args.reference, config)  # before the (slow) model load
     check_writable(Path(args.trace))
     trace = record_reference(args.reference, args.model, args.prompt, config, device=args.device)

@@ -49,15 +49,17 @@ def lift_moved(settings: dict[str, Any], strict: bool = True) -> dict[str, Any]:
 
 
 def _setting(
-    default: Any, help: str, least: float | None = None, most: float | str | None = None, choices: tuple[str, ...] = (), kind: str | None = None
+    default: Any, help: str, least: float | None = None, most: float | str | None = None, choices: tuple[str, ...] = (), kind: str | None = None,
+    needs: str | None = None,
 ) -> Any:
     """A GenerationConfig field with its one-line help: the CLI's --help and the app's controls read it.
     `least`/`most`: its declared range (inclusive), checked by `validate`; `most` may name another
     field ("gen_length") or "canvas" (the prompt plus gen_length, checked by `run.check_canvas`):
     past the canvas a count can change nothing, and a request's work stays bounded by its size.
     `choices`: a text setting's allowed values. `kind`: the one diffusion kind that reads it (its
-    kind file declares it among its `reads`; no other kind does)."""
-    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most, "choices": choices, "kind": kind})
+    kind file declares it among its `reads`; no other kind does). `needs`: the switch (a bool field)
+    without which no run reads it (engine/settings_read.py: who reads which setting)."""
+    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most, "choices": choices, "kind": kind, "needs": needs})
 
 
 def kind_owned(name: str) -> str | None:
@@ -114,13 +116,13 @@ class GenerationConfig:
     persist_window: bool = _setting(False, "vicinity: write the recomputed window back into the cache (dInfer discards it)")
     measure_staleness: bool = _setting(False, "cached modes: compare every cached forward with an exact one (KL, top-1 agreement); slower, excluded from timings")
     smoothing: bool = _setting(False, "feed still-masked positions a mix of [MASK] and the expected embedding of the last prediction")
-    cont_weight: float = _setting(0.3, "smoothing: ceiling of the mixing weight")
-    cont_weight_init: float = _setting(0.15, "smoothing: mixing weight at iteration 0")
-    cont_weight_growth: float = _setting(0.02, "smoothing: mixing weight added per iteration")
-    threshold_decay: float = _setting(0.02, "smoothing: the threshold starts at 1 and falls to the decoder's by this much per iteration")
+    cont_weight: float = _setting(0.3, "smoothing: ceiling of the mixing weight", needs="smoothing")
+    cont_weight_init: float = _setting(0.15, "smoothing: mixing weight at iteration 0", needs="smoothing")
+    cont_weight_growth: float = _setting(0.02, "smoothing: mixing weight added per iteration", needs="smoothing")
+    threshold_decay: float = _setting(0.02, "smoothing: the threshold starts at 1 and falls to the decoder's by this much per iteration", needs="smoothing")
     unroll: bool = _setting(False, "queue several iterations per host check (fewer device syncs)")
-    expected_tpf: int = _setting(4, "unroll: iterations queued = masks left / expected TPF", least=1, most="gen_length")
-    max_unroll: int = _setting(8, "unroll: at most this many iterations per host check", least=1, most="gen_length")
+    expected_tpf: int = _setting(4, "unroll: iterations queued = masks left / expected TPF", least=1, most="gen_length", needs="unroll")
+    max_unroll: int = _setting(8, "unroll: at most this many iterations per host check", least=1, most="gen_length", needs="unroll")
     align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
     early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
     use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
@@ -152,12 +154,15 @@ class GenerationConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GenerationConfig":
+    def from_dict(cls, data: dict[str, Any], validate: bool = True) -> "GenerationConfig":
+        """The config of these settings (unknown names refused); not `validate`d when the caller's
+        `fit` validates it next (engine/kinds/base.py: a request is validated once)."""
         known = {f.name for f in dataclasses.fields(cls)} | set(MOVED_SETTINGS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
-        return cls(**data).validate()
+        config = cls(**data)
+        return config.validate() if validate else config
 
     def replace(self, **changes: Any) -> "GenerationConfig":
         return dataclasses.replace(self, **changes).validate()

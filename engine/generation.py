@@ -23,7 +23,14 @@ def fit_request(
     and, given the tokenizer's `vocabulary`, that the answer's constraint fits the canvas (the row
     with the longest prompt has the least room). Reads only the model's config, so a model
     skeleton (no weights) can answer it."""
-    fitted = fit(config, model)  # validates the fitted config
+    return check_fitted(model, prompts, fit(config, model), max_tokens, vocabulary)  # fit validates the fitted config
+
+
+def check_fitted(
+    model: DiffusionLM, prompts: list[list[int]], fitted: GenerationConfig, max_tokens: int | None = None, vocabulary: Compiler | None = None
+) -> GenerationConfig:
+    """`fit_request`'s checks of the prompt on a config `fit` already gave for `model` (the CLI
+    fits on the model's skeleton before loading it): not validated again."""
     check_canvas(model, prompts, fitted, max_tokens)
     if vocabulary is not None and spec_of(fitted) is not None:
         longest = max(len(p) for p in prompts)
@@ -46,8 +53,18 @@ def run_diffusion(
     (the config's `regex`, `json_schema` or `choice`, or the hooks' per row) is compiled over.
     """
     config = fit_request(model, prompts, config, hooks.max_tokens)
+    return run_fitted(model, prompts, config, stop_ids=stop_ids, hooks=hooks, vocabulary=vocabulary)
+
+
+@torch.inference_mode()
+def run_fitted(
+    model: DiffusionLM, prompts: list[list[int]], fitted: GenerationConfig, *, stop_ids: list[int] | None = None, hooks: RunHooks = NO_HOOKS,
+    vocabulary: Compiler | None = None,
+) -> GenerationOutput:
+    """`run_diffusion` on a config already fitted and checked for these prompts (`fit_request`):
+    a parallel engine's workers run the parent's fitted config, never fitting or validating it again."""
     if model.device.type == "meta":
         raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
-    run = run_kind(config, model).run
+    run = run_kind(fitted, model).run
     with cancel_between_layers(model, hooks.cancel):
-        return run(model, prompts, config, stop_ids or [model.eos_token_id], hooks, vocabulary).run()
+        return run(model, prompts, fitted, stop_ids or [model.eos_token_id], hooks, vocabulary).run()

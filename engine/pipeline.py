@@ -13,7 +13,7 @@ import torch
 from .config import GenerationConfig
 from .constraints import TokenVocabulary, spec_of
 from .errors import EngineError
-from .generation import fit_request, run_diffusion
+from .generation import check_fitted, fit_request, run_fitted
 from .hooks import NO_HOOKS, RunHooks
 from .kinds import check_system_options, run_kind
 from .models import DiffusionLM, load_model, model_skeleton
@@ -97,9 +97,10 @@ class TextResult:
 def _load_shard(path: str, dtype: torch.dtype | None, max_tokens: int | None, tp_size: int, ep_size: int, compile: bool, device: str) -> RankGenerate:
     """In a worker process (engine/runtime/workers.py), whose environment names its rank as
     torchrun's would: this rank's Engine, which joins the group and reads only its shard, and its
-    generate in this process (the caller coordinates the ranks' requests and stops). (A compiled
-    engine compiles on its first forward, so it compiles the shard.)"""
-    return Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, tp_size=tp_size, ep_size=ep_size, compile=compile)._generate_here
+    generate in this process (the caller coordinates the ranks' requests and stops), which runs the
+    caller's fitted config without fitting it again. (A compiled engine compiles on its first
+    forward, so it compiles the shard.)"""
+    return Engine(path, device=device, dtype=dtype, max_tokens=max_tokens, tp_size=tp_size, ep_size=ep_size, compile=compile)._run_fitted_here
 
 
 def check_text(text: str) -> None:
@@ -223,11 +224,12 @@ class Engine:
         return list(self.encode(answer, use_chat_template=False)) + [self.stop_ids[0]]
 
     def generate(
-        self, prompts: str | list[str], config: GenerationConfig, hooks: RunHooks = NO_HOOKS, *, expected: str | list[str] | None = None
+        self, prompts: str | list[str], config: GenerationConfig, hooks: RunHooks = NO_HOOKS, *, expected: str | list[str] | None = None, fitted: bool = False
     ) -> TextResult:
-        """Encode (once), generate (which validates `config`), decode. `expected`: an answer per
-        prompt (one string for all) that the trace header carries as ids (`Trace.expected`, its
-        strings in `tokens`) for a viewer; see engine.run_diffusion for `hooks`."""
+        """Encode (once), generate (which fits and validates `config`, unless `fitted`: see
+        generate_ids), decode. `expected`: an answer per prompt (one string for all) that the trace
+        header carries as ids (`Trace.expected`, its strings in `tokens`) for a viewer; see
+        engine.run_diffusion for `hooks`."""
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
         if expected is not None:
@@ -235,26 +237,31 @@ class Engine:
             if len(answers) != len(batch):
                 raise EngineError(f"{len(answers)} expected answers for {len(batch)} prompts")
             hooks = hooks.but(expected_ids=[self.answer_ids(a) if a else [] for a in answers])
-        out = self.generate_ids(encoded, config, hooks)
+        out = self.generate_ids(encoded, config, hooks, fitted=fitted)
         return TextResult([self.decode(ids) for ids in out.token_ids], out)
 
-    def generate_ids(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks = NO_HOOKS) -> GenerationOutput:
+    def generate_ids(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks = NO_HOOKS, *, fitted: bool = False) -> GenerationOutput:
         """engine.run_diffusion on token ids, with this engine's stop ids, limit, name and token
         strings; on a parallel engine, in its workers (the output's canvas then on the CPU); on a
-        launched job's rank, on rank 0's request, stopped as one (engine/runtime/launch.py)."""
+        launched job's rank, on rank 0's request, stopped as one (engine/runtime/launch.py).
+        The config is fitted and validated here, once (engine/generation.py: `fit_request`); the
+        workers and the loop run the fitted config. `fitted`: `config` is already `fit`'s answer
+        for this model (the CLI's, on the model's skeleton; the app's): only the prompt's checks."""
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
         check_system_options(run_kind(config, self.model).name, self._system_options)  # a request's kind may run with fewer
+        # a parallel engine checks the constraint's room here too (in one process the run does)
+        room = self._workers is not None and (any(hooks.constraints or ()) or spec_of(config) is not None)
+        config = (check_fitted if fitted else fit_request)(self.model, prompts, config, self.max_tokens, self.vocabulary if room else None)
         if self._workers is not None:
-            constrained = any(hooks.constraints or ()) or spec_of(config) is not None
-            config = fit_request(self.model, prompts, config, self.max_tokens, self.vocabulary if constrained else None)  # here, so a bad request never reaches a worker
             return self._workers.run_request(prompts, config, hooks)  # each rank's engine adds its limit, name and strings
         if self._job is not None:
-            return self._job.run(prompts, config, hooks, self._generate_here)
-        return self._generate_here(prompts, config, hooks)
+            return self._job.run(prompts, config, hooks, self._run_fitted_here)
+        return self._run_fitted_here(prompts, config, hooks)
 
-    def _generate_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
-        """The loop in this process, with this engine's stop ids, limit, name and token strings."""
+    def _run_fitted_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
+        """The loop in this process on a fitted config (generate_ids's, or a parallel engine's
+        caller's), with this engine's stop ids, limit, name and token strings."""
         hooks = hooks.but(max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings)
         constrained = any(hooks.constraints or ()) or spec_of(config) is not None
-        return run_diffusion(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks, vocabulary=self.vocabulary if constrained else None)
+        return run_fitted(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks, vocabulary=self.vocabulary if constrained else None)

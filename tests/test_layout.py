@@ -54,7 +54,7 @@ FLOORS = (
     ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.constraints", "engine.config", "engine.stats", "engine.step_state", "engine.trace_upgrade", "engine.trace", "engine.hooks", "engine.trace_diff", "engine.analysis"),
     ("engine.models",),
     ("engine.decoders", "engine.factor", "engine.entropy_bound", "engine.revising", "engine.remasking", "engine.cache", "engine.shadow"),
-    ("engine.run", "engine.kinds", "engine.generation"),
+    ("engine.run", "engine.kinds", "engine.generation", "engine.settings_read"),
     ("engine.runtime",),
     ("engine.pipeline", "engine.reference"),
     ("engine.serving", "engine.cli", "engine.__main__"),

@@ -200,13 +200,13 @@ class TabHandlers:
         self.option_names = [o.name for o in offered_options()]
 
     def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
-        """A run's settings, validated, its model checked against the host's allow-list; the
-        settings whose controls are hidden back at their defaults (settings.without_hidden), then
-        the config fitted to the model's kind of diffusion by the engine's own function
-        (engine.kinds.fit, carrying over: the page's settings may have been chosen for a model of
-        another kind, so what this kind does not read goes back to its defaults, a decoder of
-        another kind becomes the kind's own)."""
-        spec, config = parse_settings(settings, self.host.default, self.host.resolve)
+        """A run's settings, its model checked against the host's allow-list; the settings whose
+        controls are hidden back at their defaults (settings.without_hidden), then the config
+        fitted to the model's kind of diffusion by the engine's own function (engine.kinds.fit,
+        carrying over: the page's settings may have been chosen for a model of another kind, so
+        what this kind does not read goes back to its defaults, a decoder of another kind becomes
+        the kind's own), which validates it: once, as the engine then runs it (`fitted`)."""
+        spec, config = parse_settings(settings, self.host.default, self.host.resolve, validate=False)
         check_offered(spec.options, spec.device, self.allowed_system)  # public mode's system options
         return spec, self.fit_to(spec, config)
 

@@ -84,7 +84,7 @@ class RunHandlers(RunSettingsHandlers, ReplayHandlers, RunFileHandlers):
         # page at once: the slider, the grid and the header follow this one from now on
         starting = progress_line(f"loading {spec.describe()}", notes["loading"]) if phase == "loading" else f"starting a run on {inert_markdown(model)}…"
         yield outputs(RUN_VIEW, self.no_run_view(starting, header=f"run shown: {model_code(model)} · starting"))
-        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher, expected=expected):
+        for frame in run_live(self.host, spec, prompt, config, self.fps, self.plot_hz, speed, batcher=self.batcher, expected=expected, fitted=True):
             if frame.stage == "running" and live.live is None:  # the first frame: the engine is loaded
                 unknown = self._unencodable(spec, prompt, config)
             phase = phase if frame.stage == "busy" else frame.stage

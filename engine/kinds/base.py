@@ -128,9 +128,16 @@ def kind_decoders(kind: str) -> list[str]:
     return [name for name in decoder_names() if decoder_kind(name) == kind]
 
 
+def kind_reads(kind: str) -> frozenset[str]:
+    """The GenerationConfig fields a run of `kind` may read: SHARED_SETTINGS and its `reads` (the
+    kind level of engine/settings_read.py, which `fit` checks)."""
+    return SHARED_SETTINGS | kind_named(kind).settings.reads
+
+
 def ignored_settings(config: GenerationConfig, kind: str) -> list[str]:
-    """The settings `config` sets away from their defaults that a run of `kind` would not read."""
-    reads = SHARED_SETTINGS | kind_named(kind).settings.reads
+    """The settings `config` sets away from their defaults that a run of `kind` would not read
+    (the kind level only: a setting the chosen decoder does not read is accepted)."""
+    reads = kind_reads(kind)
     return [f.name for f in dataclasses.fields(GenerationConfig) if f.name not in reads and getattr(config, f.name) != getattr(_DEFAULTS, f.name)]
 
 

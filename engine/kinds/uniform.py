@@ -383,6 +383,8 @@ def fit_canvas(config: GenerationConfig, canvas_length: int, carry_over: bool) -
     settings are carried over from another model's page."""
     if not carry_over and config.block_length not in (canvas_length, GenerationConfig.block_length):
         raise EngineError(f"this uniform-state model denoises canvases of {canvas_length} tokens: block_length {config.block_length} is not supported (leave it at the default)")
+    if config.gen_length < 1:  # left for fit's validation to refuse, not rounded up to a canvas
+        return config
     length = max(canvas_length, -(-config.gen_length // canvas_length) * canvas_length)
     return dataclasses.replace(config, block_length=canvas_length, gen_length=length)
 

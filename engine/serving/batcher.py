@@ -151,7 +151,8 @@ class RowSink(Protocol):
 class BatchRequest:
     """`prompt`: text (encoded with the engine's tokenizer and the config's chat-template switch)
     or token ids as given. `key`: `batch_key`'s answer for it (None: it runs alone). `expected`: an
-    answer its header carries as ids (`Trace.expected`; "" for none), which leaves the decoding alone."""
+    answer its header carries as ids (`Trace.expected`; "" for none), which leaves the decoding alone.
+    `fitted`: its config is engine.kinds.fit's for the engine's model (the app's), not fitted again."""
 
     prompt: str | list[int]
     config: GenerationConfig
@@ -159,6 +160,7 @@ class BatchRequest:
     sink: RowSink
     key: str | None
     expected: str = ""
+    fitted: bool = False
     claimed: threading.Event = field(default_factory=threading.Event)  # a batch took it
 
 
@@ -284,6 +286,6 @@ class Batcher:
         )
         specs = tuple(spec_of(r.config) for r in members)  # each row its own constraint, the batch's config without one
         free = dataclasses.replace(members[0].config, **dict.fromkeys(CONSTRAINT_FIELDS))
-        out = engine.generate_ids(encoded, free, hooks.but(constraints=specs) if any(specs) else hooks)
+        out = engine.generate_ids(encoded, free, hooks.but(constraints=specs) if any(specs) else hooks, fitted=members[0].fitted)
         for r, view, ids in zip(members, views, out.token_ids):
             r.sink.finished(view.result(out, engine.decode(ids)))
