@@ -224,12 +224,15 @@ class Engine:
         return list(self.encode(answer, use_chat_template=False)) + [self.stop_ids[0]]
 
     def generate(
-        self, prompts: str | list[str], config: GenerationConfig, hooks: RunHooks = NO_HOOKS, *, expected: str | list[str] | None = None, fitted: bool = False
+        self, prompts: str | list[str], config: GenerationConfig | None = None, hooks: RunHooks = NO_HOOKS, *, expected: str | list[str] | None = None,
+        fitted: bool = False,
     ) -> TextResult:
         """Encode (once), generate (which fits and validates `config`, unless `fitted`: see
-        generate_ids), decode. `expected`: an answer per prompt (one string for all) that the trace
-        header carries as ids (`Trace.expected`, its strings in `tokens`) for a viewer; see
-        engine.run_diffusion for `hooks`."""
+        generate_ids), decode. No `config`: the engine's defaults, as the model's own kind runs
+        them. `expected`: an answer per prompt (one string for all) that the trace header carries as
+        ids (`Trace.expected`, its strings in `tokens`) for a viewer; see engine.run_diffusion for
+        `hooks`."""
+        config = GenerationConfig() if config is None else config
         batch = [prompts] if isinstance(prompts, str) else list(prompts)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
         if expected is not None:
@@ -240,7 +243,7 @@ class Engine:
         out = self.generate_ids(encoded, config, hooks, fitted=fitted)
         return TextResult([self.decode(ids) for ids in out.token_ids], out)
 
-    def generate_ids(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks = NO_HOOKS, *, fitted: bool = False) -> GenerationOutput:
+    def generate_ids(self, prompts: list[list[int]], config: GenerationConfig | None = None, hooks: RunHooks = NO_HOOKS, *, fitted: bool = False) -> GenerationOutput:
         """engine.run_diffusion on token ids, with this engine's stop ids, limit, name and token
         strings; on a parallel engine, in its workers (the output's canvas then on the CPU); on a
         launched job's rank, on rank 0's request, stopped as one (engine/runtime/launch.py).
@@ -249,6 +252,7 @@ class Engine:
         for this model (the CLI's, on the model's skeleton; the app's): only the prompt's checks."""
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
+        config = GenerationConfig() if config is None else config
         check_system_options(run_kind(config, self.model).name, self._system_options)  # a request's kind may run with fewer
         # a parallel engine checks the constraint's room here too (in one process the run does)
         room = self._workers is not None and (any(hooks.constraints or ()) or spec_of(config) is not None)

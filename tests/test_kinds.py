@@ -192,3 +192,11 @@ def test_a_batched_row_sees_its_solo_run_by_the_loops_active_flags(config):
         mine = views[row].trace.iterations
         assert len(mine) == solo.stats.nfe == len(solo.trace.iterations)
         assert [(r.committed, r.revisions, r.final_until) for r in mine] == [(r.committed, r.revisions, r.final_until) for r in solo.trace.iterations]
+
+
+def test_an_engine_runs_its_models_own_kind_with_no_config(gemma):
+    """`Engine(name).generate(prompt)`: the engine's defaults, fitted to the model's own kind (a
+    uniform-state model: its sampler on its canvas), as the CLI runs them with no flags."""
+    res = gemma.generate("Q: 7+58=? A:")
+    assert res.output.trace is None and res.texts[0].strip()
+    assert res.texts == gemma.generate("Q: 7+58=? A:", GenerationConfig()).texts
