@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.analysis import analyze, finalization_steps
+from engine.analysis import analyze, decided_steps
 
 from .figure_base import _finish, message_figure, shown_iteration_shapes
 from .grid import inert
@@ -70,7 +70,7 @@ def order_figure(timeline: Timeline, result: dict[str, Any] | None = None) -> go
     if not timeline.iterations:
         return message_figure("no steps recorded: no finalisation order", 340)
     result = result if result is not None else analyze(timeline.trace, timeline.row)
-    steps = finalization_steps(timeline.trace, timeline.row)
+    steps = decided_steps(timeline.trace, timeline.row)
     positions = sorted(steps)
     rho = result["order_correlation"]
     fig = go.Figure(go.Scatter(
@@ -81,7 +81,7 @@ def order_figure(timeline: Timeline, result: dict[str, Any] | None = None) -> go
     for s in sorted({rec.block_range[0] for rec in timeline.records}):  # block starts, as the raster draws them
         fig.add_shape(type="line", xref="x", yref="paper", x0=s - 0.5, x1=s - 0.5, y0=0, y1=1, line=dict(color="#2563eb", width=1))
     fig.update_layout(
-        title=dict(text=f"order correlation ρ = {_number(rho)} (1: left to right)", font=dict(size=12)),
+        title=dict(text=f"order correlation ρ = {_number(rho)} (1: left to right)" + (f"; {result['order_left_out']} early-stop positions left out" if result.get("order_left_out") else ""), font=dict(size=12)),
         xaxis=dict(title=dict(text="canvas position")),
         yaxis=dict(range=[0.5, timeline.iterations + 0.5], title=dict(text="finalised at iteration")),
         margin=dict(t=50), showlegend=False,

@@ -130,11 +130,20 @@ def _ranks(values: list[float]) -> list[float]:
     return ranks
 
 
+def decided_steps(trace: Trace, row: int = 0) -> dict[int, int]:
+    """`finalization_steps` of the positions some record's block covered: early stop fills the
+    canvas after a row's end with end-of-text at no step, and those positions would all count as
+    final at the last step, reading as a left-to-right order the decoder never chose."""
+    recorded = max((rec.block_range[1] for rec in trace.iterations), default=0)
+    return {p: t for p, t in finalization_steps(trace, row).items() if p < recorded}
+
+
 def order_correlation(trace: Trace, row: int = 0) -> dict[str, Any]:
-    """Rank correlation of position against finalisation step: over the generated positions, and
-    within each block the run recorded (a block of one position counts 1.0; a block finalised in
-    one step has none); `within_blocks` is the mean of the blocks that have one."""
-    steps = finalization_steps(trace, row)
+    """Rank correlation of position against finalisation step: over the generated positions a step
+    decided (`decided_steps`: not those early stop filled, counted in `filled`), and within each
+    block the run recorded (a block of one position counts 1.0; a block finalised in one step has
+    none); `within_blocks` is the mean of the blocks that have one."""
+    steps = decided_steps(trace, row)
     overall = spearman(list(steps), list(steps.values()))
     spans = sorted({tuple(rec.block_range) for rec in trace.iterations})
     per_block = []
@@ -143,7 +152,8 @@ def order_correlation(trace: Trace, row: int = 0) -> dict[str, Any]:
         if ps:
             per_block.append(1.0 if len(ps) == 1 else spearman(ps, [steps[p] for p in ps]))
     known = [c for c in per_block if c is not None]
-    return {"overall": overall, "within_blocks": round(sum(known) / len(known), 6) if known else None, "per_block": per_block}
+    filled = len(_generated(trace, row)) - len(steps)
+    return {"overall": overall, "within_blocks": round(sum(known) / len(known), 6) if known else None, "per_block": per_block, "filled": filled}
 
 
 def converged(trace: Trace, row: int = 0) -> bool | None:
@@ -181,6 +191,7 @@ def analyze(trace: Trace, row: int = 0) -> dict[str, Any]:
         "order_correlation": order["overall"],
         "order_correlation_within_blocks": order["within_blocks"],
         "order_correlation_per_block": order["per_block"],
+        "order_left_out": order["filled"],  # positions early stop filled: not in the order correlation
         "converged": converged(trace, row),
     }
 

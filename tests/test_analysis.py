@@ -89,3 +89,17 @@ def test_analyze_command(capsys):
     assert main(["analyze", str(sample), "--row", "3"]) == 2
     err = capsys.readouterr().err
     assert "no row 3" in err and err.count("\n") == 1, err
+
+
+def test_positions_early_stop_filled_are_left_out_of_the_order():
+    """#44 item 7: early stop fills the canvas after a row's end at no step; counted as final at the
+    last step they made any early-stopped run read 'left to right'. They are left out, and counted."""
+    from engine import Engine, GenerationConfig, RunHooks
+    from engine.analysis import analyze, decided_steps, finalization_steps
+
+    trace = Engine("tiny-llada").generate("Q: 7+58=? A:", GenerationConfig(gen_length=64, block_length=8), RunHooks(trace=True)).output.trace
+    recorded = max(rec.block_range[1] for rec in trace.iterations)
+    assert recorded < trace.canvas_length  # the run stopped early
+    result, decided = analyze(trace), decided_steps(trace)
+    assert set(decided) == {p for p in finalization_steps(trace) if p < recorded}
+    assert result["order_left_out"] == trace.canvas_length - recorded == len(finalization_steps(trace)) - len(decided)
