@@ -59,8 +59,9 @@ class Lesson:
         return {k: v for k, v in self._merged(index).items() if k != MODEL}
 
     def model(self, index: int) -> str | None:
-        """The embedded model step `index` runs on, by the name the model box takes (None: the
-        lesson leaves the model as it is)."""
+        """The embedded model step `index` runs on, by the name the model box takes (every built-in
+        lesson names one, so its first step never runs on the previous lesson's model; None: a
+        lesson that names none leaves the model box as it is)."""
         return self._merged(index).get(MODEL)
 
     def config(self, index: int) -> GenerationConfig:
@@ -100,7 +101,7 @@ LESSONS: tuple[Lesson, ...] = (
         # a grammar prompt with a long answer, so each step's iteration count differs visibly; on
         # the shipped model, fixed and τ = 0.9 answer it right and the later steps break a word
         "the slow",
-        {**_SHORT, "cache": "none", "decoder": "fixed"},
+        {**_SHORT, "cache": "none", "decoder": "fixed", MODEL: BASE_MODEL},
         (
             Step(
                 "fixed: one token per iteration",
@@ -132,7 +133,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         "2 · cache none → prefix → dual → vicinity",
         "Q: ?+?=38 A:",
-        {**_SHORT, "decoder": "threshold", "cache": "none"},
+        {**_SHORT, "decoder": "threshold", "cache": "none", MODEL: BASE_MODEL},
         (
             Step(
                 "no cache",
@@ -162,7 +163,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         "3 · smoothing off → on",
         "Q: ?+?=57 A:",
-        {**_SHORT, "decoder": "threshold", "cache": "none", "smoothing": False},
+        {**_SHORT, "decoder": "threshold", "cache": "none", "smoothing": False, MODEL: BASE_MODEL},
         (
             Step(
                 "smoothing off",
@@ -182,7 +183,7 @@ LESSONS: tuple[Lesson, ...] = (
         # a grammar prompt the shipped model answers right in blocks of 32 and cuts to one word in a
         # single block (tests/test_embedded_model.py holds it to both)
         "his dirty",
-        {"gen_length": 64, "decoder": "threshold", "cache": "none", "block_length": 64},
+        {"gen_length": 64, "decoder": "threshold", "cache": "none", "block_length": 64, MODEL: BASE_MODEL},
         (
             Step(
                 "one block of 64",
@@ -255,7 +256,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson(
         "7 · structure for free: τ 0.1 → the pair-sum regex → τ 0.9 with it",
         STRUCTURE_LESSON_PROMPT,
-        {**_SHORT, "decoder": "threshold", "threshold": 0.1, "cache": "none"},
+        {**_SHORT, "decoder": "threshold", "threshold": 0.1, "cache": "none", MODEL: BASE_MODEL},
         (
             Step(
                 "threshold τ = 0.1, no constraint",
