@@ -92,6 +92,7 @@ class SweepState:
     outcomes: list[Outcome] = field(default_factory=list)
     done: bool = False
     failed: bool = False  # ended by an error (message says which)
+    stopped: bool = False  # ended by Stop (its points so far stay)
     message: str = ""
     per_value: int = 0  # prompts each curve runs at each value (0: unknown, every point complete)
     passes: int = 1  # runs of each prompt timed (TPS is their median; one pass is noisy)
@@ -280,8 +281,11 @@ def run_sweep(
     also: ModelSpec | None = None,
     passes: int = 1,
     unconstrained_too: bool = False,
+    cancel: threading.Event | None = None,
 ) -> Iterator[SweepState]:
-    """Yield the growing SweepState at most every `interval` seconds, and when done. `also`: a
+    """Yield the growing SweepState at most every `interval` seconds, and when done. `cancel`: the
+    sweep's Stop (set by the page's Stop button): the engine stops within its next layer, the
+    sweep yields its state once more, marked stopped, and ends. `also`: a
     second model swept the same way once the first is done (EngineHost.second_model); `passes`:
     runs of each prompt timed (module docstring); `unconstrained_too`: each value also without
     the config's constraint, right after it with it (a stopped sweep leaves both curves at the same
@@ -303,7 +307,7 @@ def run_sweep(
             + (" x 2 curves" if len(variants) > 1 else "") + f"); this server runs at most {most:,}"
         )
     state = SweepState(parameter, per_value=len(examples), passes=passes)
-    cancel = threading.Event()
+    cancel = cancel if cancel is not None else threading.Event()
 
     def job_on(model: str, model_box: str) -> Job:
         def job(engine: Engine, post: Callable[[object], None], cancel: threading.Event) -> None:
@@ -339,11 +343,16 @@ def run_sweep(
             # one worker per model: each takes the engine lock for its own part, as a run does
             events = start_worker(host, current, job_on(host.name_of(current), current.label or host.label_of(current.path)), cancel)
             while True:
+                if cancel.is_set():  # Stop (the engine's own "cancelled" failure included): what ran stays, nothing more runs
+                    state.done = state.stopped = True
+                    state.message = f"stopped: {len(state.outcomes)}/{total} prompts run"
+                    yield state
+                    return
                 try:
                     event = events.get(timeout=POLL_SECONDS)
                 except queue.Empty:
-                    # a frame now and then while a prompt runs: Stop closes this generator, which
-                    # Gradio can do only between its steps, and the close sets `cancel`
+                    # a frame now and then while a prompt runs (Stop sets `cancel`, read at the loop's top;
+                    # a generator Gradio closes sets it too, in `finally`)
                     if time.perf_counter() - last >= interval:
                         last = time.perf_counter()
                         yield state
@@ -359,7 +368,7 @@ def run_sweep(
                     yield state
                 elif isinstance(event, Finished):
                     break
-                elif isinstance(event, Failed):
+                elif isinstance(event, Failed) and not cancel.is_set():
                     state.done = state.failed = True
                     state.message = event.message
                     yield state

@@ -514,3 +514,27 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     expect(page.locator("#grid-a .caption")).to_contain_text("iteration 1/")
     expect(page.locator("#grid-b .caption")).to_contain_text("iteration 1/")
     page.wait_for_function(f"JSON.stringify(({red})()) === '[1]'")
+
+
+def test_the_sweeps_stop_stops_the_sweep(session, tmp_path):
+    """#44 item 1, in the page at a projector's 1024x768: the default sweep (every held-out pair-sum
+    prompt at each default value) started, its Stop clicked once the page shows progress; the page
+    says stopped, the engine is free (its lock, taken by the test), and the sweep stays stopped."""
+    import re
+
+    from playwright.sync_api import expect
+
+    page, host = session.page, session.host
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.get_by_role("tab", name="Threshold sweep").click()
+    page.click("#sweep-btn")
+    expect(page.locator("#sweep-message")).to_contain_text(re.compile(r"[1-9][0-9]*/[0-9]+ prompts run"), timeout=300_000)
+    page.click("#sweep-stop")
+    expect(page.locator("#sweep-message")).to_contain_text(re.compile(r"stopped: \d+/\d+ prompts run"), timeout=120_000)
+    assert host.lock.acquire(timeout=120)  # the sweep's engine worker let go
+    host.lock.release()
+    run, total = map(int, re.search(r"stopped: (\d+)/(\d+) prompts run", page.locator("#sweep-message").inner_text()).groups())
+    assert run < total
+    page.screenshot(path=str(tmp_path / "sweep-stopped.png"))
+    expect(page.locator("#sweep-message")).not_to_contain_text("done")
+    page.get_by_role("tab", name="Run").click()

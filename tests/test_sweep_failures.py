@@ -20,6 +20,9 @@ from dinfer_viz.sweep_chart import MARKER_PX, PLOT_PX, _pixel, label_box, place_
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW, _failure_summary, _sweep_rows
 from dinfer_viz.ui import Handlers
+import threading
+import time
+from types import SimpleNamespace
 from tinymodel.aup import aup_by_curve
 from tinymodel.tasks import Example
 
@@ -166,3 +169,32 @@ def test_the_comparison_needs_a_constraint(handlers):
     frames = list(handlers.sweep({"config": SMALL}, [], 1, "threshold", "0.9", WRONG_PROMPTS, "", 1, True))
     message = dict(zip(SWEEP_VIEW, frames[-1]))["message"]
     assert "set a constraint" in message and "\n" not in message
+
+
+def test_stop_ends_the_sessions_sweep_and_frees_the_engine(handlers, own_registry, tmp_path):
+    """#44 item 1: the page's Stop reached Gradio's cancel only, which left the sweep's engine
+    running (its generator is never closed). Stop now sets the session's sweep cancel: the sweep's
+    next state is its last, marked stopped, and the engine is free. Decided by the gate decoder's
+    files (tests/marked_gate_decoder.py), never by timing: the sweep's first prompt is inside its
+    first decode when Stop comes."""
+    import importlib
+
+    importlib.import_module("tests.marked_gate_decoder")  # registers "marked_gate" (in this test's registry)
+    request, other = SimpleNamespace(session_hash="session-a"), SimpleNamespace(session_hash="session-b")
+    config = {**SMALL, "decoder": "marked_gate", "decoder_options": {"gates": str(tmp_path)}}
+    frames = handlers.sweep({"config": config}, [], 1, "threshold", "0.9, 0.5, 0.3", WRONG_PROMPTS, "", 1, False, request=request)
+    rest: list[dict] = []
+    started = threading.Thread(target=lambda: rest.extend(dict(zip(SWEEP_VIEW, frame)) for frame in frames))  # the page's stream
+    started.start()
+    while not (tmp_path / "reached-1-0").exists():  # the first prompt's first decode is at its gate
+        time.sleep(0.002)
+    handlers.stop_quietly(None, None, other)  # another session's Stop leaves this sweep alone
+    handlers.stop_quietly(None, None, request)
+    for n in range(1, 65):  # let the decode go: the engine then meets the cancel at its next layer
+        (tmp_path / str(n)).touch()
+    started.join()  # the stream ended by itself
+    last = rest[-1]["state"]
+    assert last.stopped and last.done and rest[-1]["message"].startswith("stopped:")
+    assert len(last.outcomes) == 0  # the first prompt was cancelled; nothing ran after it
+    assert handlers.host.lock.acquire(timeout=120)  # the engine's worker let go (a bound on a hang, not a timing)
+    handlers.host.lock.release()

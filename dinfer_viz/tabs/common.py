@@ -15,8 +15,9 @@ import logging
 import re
 import shutil
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Sequence
 
@@ -198,6 +199,8 @@ class TabHandlers:
         self.max_gen_length = max_gen_length
         self._files: Path | None = None  # made on the first file written
         self.option_names = [o.name for o in offered_options()]
+        self._sweeps: dict[str, SweepStop] = {}  # each session's running sweep: its Stop (stop_sweep)
+        self._stopped_sweeps: dict[str, SweepStop] = {}  # a sweep this Stop ended, for its message (stopped)
 
     def parse(self, settings: dict[str, Any] | None) -> tuple[ModelSpec, GenerationConfig]:
         """A run's settings, its model checked against the host's allow-list; the settings whose
@@ -276,5 +279,40 @@ class TabHandlers:
             shutil.rmtree(self._files, ignore_errors=True)
             self._files = None
 
-    def stopped(self) -> str:
-        return "stopped: the engine ends its current iteration and is free for the next run"
+    def stopped(self, request: gr.Request | None = None) -> str:
+        """The message after any Stop: the session's sweep's own ("stopped: k/N prompts run"), if
+        this Stop ended one, else the engine's."""
+        self.stop_sweep(request)
+        sweep = self._stopped_sweeps.pop(_session(request), None)
+        return sweep.message if sweep is not None and sweep.message else "stopped: the engine ends its current iteration and is free for the next run"
+
+    def sweep_stop(self, request: gr.Request | None) -> "SweepStop":
+        """A new sweep's Stop, kept for its session (the API's calls without a session share one)."""
+        stop = SweepStop()
+        self._sweeps[_session(request)] = stop
+        return stop
+
+    def stop_sweep(self, request: gr.Request | None) -> None:
+        """Stop the session's sweep, if one runs: its engine stops within a layer, and the sweep
+        ends with its last state marked stopped (dinfer_viz/sweep.py: run_sweep's `cancel`); this
+        waits (a bound, not a pace) for that last frame to go, so the click's follow-up cancel of
+        the sweep's event never cuts it off."""
+        stop = self._sweeps.pop(_session(request), None)
+        if stop is not None:
+            stop.cancel.set()
+            stop.ended.wait(30.0)
+            self._stopped_sweeps[_session(request)] = stop
+
+
+@dataclass
+class SweepStop:
+    """A running sweep's Stop: `cancel` (set by Stop), `ended` (its stream has sent its last
+    frame) and that frame's `message`."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+    message: str = ""
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""

@@ -144,19 +144,22 @@ class RunHandlers(RunSettingsHandlers, ReplayHandlers, RunFileHandlers):
             "details": details_view(None, None, -1, None), "cache_states": gr.update(visible=False), "header": header or self.model_status(),
         }
 
-    def stop_quietly(self, state: RunState | None, pinned: int | None = None) -> tuple:
-        """Another tab's Stop: a live Run stays as Stop leaves it; otherwise the Run tab is untouched."""
+    def stop_quietly(self, state: RunState | None, pinned: int | None = None, request: gr.Request | None = None) -> tuple:
+        """Another tab's Stop: the session's sweep stops; a live Run stays as Stop leaves it;
+        otherwise the Run tab is untouched."""
+        self.stop_sweep(request)
         if state is None or state.status != LIVE:
             return outputs(RUN_VIEW, {})
         return self.stop(state, pinned)
 
-    def stop(self, state: RunState | None, pinned: int | None = None) -> tuple:
+    def stop(self, state: RunState | None, pinned: int | None = None, request: gr.Request | None = None) -> tuple:
         """Stop: a live run's stream is halted (runner.LiveRun.halt: the engine is cancelled, and
         the stream's last frame is the stopped run, `_stopped_view`); this waits for that frame to
         go, so the click's follow-up cancel (of a run still queued, of Compare or Sweep) never cuts
-        it off. Nothing live: the message says the engine is free."""
+        it off. Nothing live: the message says the engine is free. The session's sweep stops too."""
         if state is None or state.status != LIVE or state.live is None:
-            return outputs(RUN_VIEW, {"message": self.stopped()})
+            return outputs(RUN_VIEW, {"message": self.stopped(request)})
+        self.stop_sweep(request)
         state.live.halt()
         return outputs(RUN_VIEW, {})
 

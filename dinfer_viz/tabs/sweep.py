@@ -21,7 +21,7 @@ from ..readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
 from ..sweep import MAX_KEPT_PER_VALUE, MAX_PER_SET, SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
 from ..timeline import Timeline, iteration_number
-from .common import ENGINE_QUEUE, PRIVATE, Stoppable, TabHandlers, error_text, guarded, outputs
+from .common import ENGINE_QUEUE, PRIVATE, Stoppable, SweepStop, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, stored_view
 from .run_page import RunTab
 
@@ -125,13 +125,26 @@ class SweepHandlers(TabHandlers):
         passes: float = 1,
         unconstrained_too: bool = False,
         failures_at: str = ALL_VALUES,
+        request: gr.Request | None = None,
     ) -> Iterator[tuple]:
         """Run every chosen prompt at every value, on the settings' model and then on `also_model`
         when one is named (same settings); stream the accuracy-vs-TPF chart and tables. `passes`:
         runs of each prompt timed; TPS is the median over them. `unconstrained_too`: each value
         also without the settings' constraint (a second curve). `failures_at`: the wrong answers
         listed (a `failure_groups` key; "" every value). The state comes with every frame, so a
-        stopped sweep's wrong answers still open."""
+        stopped sweep's wrong answers still open. `request`: the session, whose Stop ends this sweep
+        (`stop_sweep`: Gradio's cancel of the event alone left the sweep's engine running)."""
+        stop = self.sweep_stop(request)
+        try:
+            yield from self._sweep_frames(stop, settings, tasks, per_task, parameter, values, own_prompts, also_model, passes, unconstrained_too, failures_at)
+        finally:  # the last frame has gone (or the stream was closed): a Stop waiting on it goes on
+            stop.ended.set()
+
+    def _sweep_frames(
+        self, stop: SweepStop, settings: dict[str, Any] | None, tasks: list[str] | None, per_task: float, parameter: str, values: str, own_prompts: str,
+        also_model: str | None, passes: float, unconstrained_too: bool, failures_at: str,
+    ) -> Iterator[tuple]:
+        """`sweep`'s frames; each one's message is kept in `stop` (what a Stop says after it)."""
         try:
             passes = passes_count(passes)
             spec, config = self.parse(settings)
@@ -140,7 +153,7 @@ class SweepHandlers(TabHandlers):
             for example in examples:
                 self.check_request(example.prompt, config)
             numbers = parse_values(values)
-            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also, passes=passes, unconstrained_too=bool(unconstrained_too))
+            states = run_sweep(self.host, spec, config, parameter, numbers, examples, also=also, passes=passes, unconstrained_too=bool(unconstrained_too), cancel=stop.cancel)
             first = next(states)  # a generator: its own checks (setting, values) raise on this first step
         except EngineError as exc:
             yield outputs(SWEEP_VIEW, {"message": error_text(str(exc))})
@@ -158,6 +171,7 @@ class SweepHandlers(TabHandlers):
             }
             if state.done:
                 out["csv"] = self.write_file(f"sweep-{state.parameter}", ".csv", state.csv())
+            stop.message = state.message
             yield outputs(SWEEP_VIEW, out)
 
     def show_failures(self, state: SweepState | None, failures_at: str = ALL_VALUES) -> tuple:
@@ -232,7 +246,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
             )
         with gr.Row():
             sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep-btn")
-            stop_btn = gr.Button("Stop", variant="stop")
+            stop_btn = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
         message = gr.Markdown(elem_id="sweep-message")
         # the chart, then the table across the whole tab: beside the chart, the table's later
         # columns (model, edits, remasks, AUP...) sat behind a scroll even at 1400 px
