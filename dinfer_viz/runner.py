@@ -384,8 +384,20 @@ class LiveRun:
                     self.clock.spent(time.perf_counter() - self.last_yield, plots)
                     continue
             if time.perf_counter() - self.last_yield >= HEARTBEAT_SECONDS:
-                # nothing new (a long forward, a wait, a page still painting): yield so Gradio can close us
-                yield self._frame("busy", message=self.status if target <= self.shown and not self.playback.paused else "")
+                # nothing new (a long forward, a wait, a slow playback, a page still painting): yield so Gradio can close us
+                yield self._frame("busy", message=self._busy_message(target))
+
+    def _busy_message(self, target: int) -> str:
+        """What a heartbeat says: a playback behind the engine says so (the engine may long have
+        finished: a slow playback is not a slow forward), else the engine's status; nothing while
+        the page paints what is due or the playback is paused."""
+        if self.playback.paused or target > self.shown:
+            return ""
+        made = self.timeline.iterations if self.timeline is not None else 0
+        if made > self.shown:
+            engine = "the engine has finished" if self.result is not None else "the engine runs ahead"
+            return f"playing back: iteration {self.shown} of {made} ({engine})"
+        return self.status
 
     def _arrived(self) -> Iterator[object]:
         """The events come in: sleeps until one, or until the clock allows a frame when there is

@@ -201,3 +201,29 @@ def test_host_keeps_the_default_and_one_other(host):
         host.get(bf16)  # evicts f32, never the default
         assert host.get(default) is first
     assert host.is_loaded(bf16) and not host.is_loaded(f32)
+
+
+def test_a_heartbeat_during_a_slow_playback_says_it_is_playing_back(host):
+    """#44 item 4: a slow playback of a run the engine finished long ago said "a forward is
+    running" at every heartbeat. The heartbeat's words come from the run's own state: records made
+    beyond those shown mean a playback, and a finished engine says so."""
+    import queue
+
+    from dinfer_viz.runner import FrameClock, LiveRun, Playback
+    from dinfer_viz.timeline import Timeline
+    from engine import RunHooks
+
+    with host.lock:
+        result = host.get(host.default).generate(PROMPT, GenerationConfig(gen_length=8, block_length=8, decoder="fixed"), RunHooks(trace=True))
+    live = LiveRun(queue.SimpleQueue(), FrameClock(20, 3), Playback(1.0), 0.0)
+    live.timeline, live.shown, live.status = Timeline(result.output.trace), 3, "generating: a forward is running"
+    made = live.timeline.iterations
+    assert live._busy_message(3) == f"playing back: iteration 3 of {made} (the engine runs ahead)"
+    live.result = result
+    assert live._busy_message(3) == f"playing back: iteration 3 of {made} (the engine has finished)"
+    assert live._busy_message(4) == ""  # the page is still painting the frame that is due
+    live.shown = made
+    live.result = None
+    assert live._busy_message(made) == "generating: a forward is running"  # nothing to play back: the engine's own status
+    live.playback.pause()
+    assert live._busy_message(made) == ""
