@@ -317,3 +317,35 @@ def test_traces_record_the_constraint_and_older_versions_load(embedded, tmp_path
     broken["iterations"][0]["constraint"]["allowed"] = [[1]]
     with pytest.raises(EngineError, match="constraint"):
         Trace.from_dict(broken)
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        ({"regex": "(a{1000}){1000}"}, "about 1,000,000 states"),
+        ({"regex": "(a{200}){200}"}, "about 40,000 states"),
+        ({"regex": "(.{600}){7}"}, "about 16,800 states"),  # a non-ASCII character is up to 4 bytes
+        ({"json_schema": {"type": "string", "maxLength": 1024}}, "about 6,146 states"),
+    ],
+)
+def test_a_constraint_whose_repetitions_multiply_past_the_bound_is_refused_before_it_is_built(config, words, monkeypatch):
+    """#43 item 1: the byte-level DFA is built by outlines-core, uninterruptibly; these took
+    minutes and gigabytes, or 35 s to refuse. The regex's structure bounds it first."""
+    import outlines_core
+
+    from engine.constraints import spec
+
+    spec._byte_states.cache_clear()
+    monkeypatch.setattr(outlines_core, "Index", lambda *a: pytest.fail("built a refused automaton"))
+    with pytest.raises(EngineError, match=words) as caught:
+        GenerationConfig(**config).validate()
+    assert "\n" not in str(caught.value)
+
+
+def test_the_structural_bound_lets_ordinary_constraints_through():
+    from engine.constraints.spec import MAX_STATES, structural_bound
+
+    for regex in (r" [0-9]{1,3} \+ [0-9]{1,3}", "(yes|no)", "a{1024}", "[a-z]+@[a-z]+\\.com"):
+        assert structural_bound(regex) <= MAX_STATES
+    assert structural_bound("(?P<x") is None  # Python cannot parse it: outlines-core's own build judges it
+    GenerationConfig(json_schema={"type": "object"}).validate()

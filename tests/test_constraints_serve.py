@@ -106,3 +106,33 @@ def test_a_bad_constraint_is_a_400_in_one_line(client, extra, message):
         client.completions.create(model=client.model, prompt="Q: 1+1=? A:", max_tokens=32, extra_body=extra)
     text = caught.value.body["message"] if isinstance(caught.value.body, dict) else str(caught.value)
     assert message in text and "\n" not in text
+
+
+def test_a_constraint_being_checked_never_holds_the_other_clients(monkeypatch):
+    """#43 item 1: a request's checks (a constraint's automaton can take seconds) ran on the event
+    loop, and nothing else was answered meanwhile. They run in a thread now: while one request's
+    check is held (a gate, not a timing), GET /v1/models answers; and a regex whose repetitions
+    multiply past the bound is refused at once, in one line, without being built."""
+    from engine.serving.app import Server
+
+    entered, release = threading.Event(), threading.Event()
+    checked = Server._checked
+
+    def held(self, body, chat):
+        entered.set()
+        release.wait(600)
+        return checked(self, body, chat)
+
+    monkeypatch.setattr(Server, "_checked", held)
+    for client in serve(Engine(DEFAULT_MODEL)):
+        http = httpx.Client(base_url=str(client.base_url), timeout=600)
+        body = {"model": client.model, "prompt": "Q: 1+1=? A:", "max_tokens": 8, "gen_length": 8, "block_length": 8}
+        slow = threading.Thread(target=lambda: http.post("/completions", json=body))
+        slow.start()
+        assert entered.wait(600)
+        assert http.get("/models").status_code == 200  # answered while the other request's check is held
+        release.set()
+        slow.join()
+        monkeypatch.setattr(Server, "_checked", checked)
+        refused = http.post("/completions", json={**body, "structured_outputs": {"regex": "(a{1000}){1000}"}})
+        assert refused.status_code == 400 and "would need about 1,000,000 states" in refused.json()["error"]["message"]

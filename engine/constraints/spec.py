@@ -109,10 +109,60 @@ def check_schema(schema: Any) -> None:
 
 
 def check_regex(regex: str) -> None:
-    """Syntax, repetition counts and DFA size, on the byte-level DFA outlines-core builds (cached)."""
+    """Syntax, repetition counts and DFA size, on the byte-level DFA outlines-core builds (cached),
+    after a bound read off the regex's structure that refuses, at once, what could not fit: the
+    build itself is not interruptible, and `(a{1000}){1000}` took minutes and gigabytes."""
     if len(regex) > MAX_REGEX_CHARS:
         raise EngineError(f"the constraint's regex has {len(regex)} characters; at most {MAX_REGEX_CHARS}")
+    bound = structural_bound(regex)
+    if bound is not None and bound > MAX_STATES:
+        raise EngineError(f"regex: its automaton would need about {bound:,} states (repetitions multiply what they repeat); at most {MAX_STATES:,}")
     _byte_states(regex)
+
+
+# a character outside ASCII is up to 4 bytes, so a class or `.` that admits one is up to 4 states of
+# the byte-level DFA per character
+_WIDE = 4
+
+
+def structural_bound(regex: str) -> int | None:
+    """An estimate, read off the regex's parse (Python's, whose syntax this shares for what it
+    bounds), of the byte-level DFA's states a counted repetition forces: a literal byte 1, a class
+    or `.` that admits non-ASCII characters 4, a concatenation or an alternation the sum of its
+    parts, `X{m,n}` n times X (an unbounded one m + 1 times). None where Python cannot parse it
+    (outlines-core's own build then checks it)."""
+    import re._constants as c
+    import re._parser as parser
+
+    try:
+        parsed = parser.parse(regex)
+    except (re.error, RecursionError, OverflowError):
+        return None
+
+    def wide(items: list) -> bool:  # a class (its items) admitting a character outside ASCII
+        if any(op is c.NEGATE for op, _ in items):
+            return True
+        return any((op is c.LITERAL and av > 0x7F) or (op is c.RANGE and av[1] > 0x7F) or op is c.CATEGORY for op, av in items)
+
+    def size(pattern: Any) -> int:
+        total = 0
+        for op, av in pattern:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                low, high, sub = av
+                total += (high if high != c.MAXREPEAT else low + 1) * size(sub)
+            elif op is c.SUBPATTERN or op is c.ATOMIC_GROUP:
+                total += size(av[-1])
+            elif op is c.BRANCH:
+                total += sum(size(branch) for branch in av[1])
+            elif op is c.IN:
+                total += _WIDE if wide(av) else 1
+            elif op is c.ANY:
+                total += _WIDE
+            elif op is c.LITERAL or op is c.NOT_LITERAL:
+                total += 1 if op is c.LITERAL and av <= 0x7F else _WIDE
+        return total
+
+    return size(parsed)
 
 
 @lru_cache(maxsize=256)

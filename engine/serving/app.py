@@ -197,16 +197,10 @@ class Server:
         task.add_done_callback(self._watchers.discard)
 
     async def complete(self, request: Request, chat: bool) -> Response:
-        parsed = parse_request(await self.read_body(request), chat, self.limits)
-        if parsed.model is not None and parsed.model != self.engine.name:
-            raise HTTPError(404, f"model '{parsed.model[:80]}' is not served here; this server serves '{self.engine.name}'", "model_not_found")
-        encoded = []
-        for i, prompt in enumerate(parsed.prompts):
-            self.limits.check(parsed.prompt_chars(i), parsed.config)
-            ids = encode_prompt(self.engine, prompt, parsed.config.use_chat_template)
-            vocabulary = self.engine.vocabulary if spec_of(parsed.config) is not None else None  # the constraint's room checked too
-            fit_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens, vocabulary)  # refused here, in one line, before any forward
-            encoded.append(ids)
+        body = await self.read_body(request)
+        # the checks compile a constraint's automaton (seconds for a JSON schema on a large
+        # vocabulary): off the event loop, so every other client, /v1/models included, is answered meanwhile
+        parsed, encoded = await asyncio.to_thread(self._checked, body, chat)
         self._reserve(len(encoded))
         request_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
         cancel, events = threading.Event(), asyncio.Queue()
@@ -225,6 +219,21 @@ class Server:
             return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         body = await reply.whole()
         return JSONResponse(body, headers=headers)
+
+    def _checked(self, body: Any, chat: bool) -> tuple[ParsedRequest, list[list[int]]]:
+        """The request parsed, each prompt encoded and every check a run makes before any forward
+        (the canvas, the kind, the constraint's room): refused here, in one line."""
+        parsed = parse_request(body, chat, self.limits)
+        if parsed.model is not None and parsed.model != self.engine.name:
+            raise HTTPError(404, f"model '{parsed.model[:80]}' is not served here; this server serves '{self.engine.name}'", "model_not_found")
+        encoded = []
+        for i, prompt in enumerate(parsed.prompts):
+            self.limits.check(parsed.prompt_chars(i), parsed.config)
+            ids = encode_prompt(self.engine, prompt, parsed.config.use_chat_template)
+            vocabulary = self.engine.vocabulary if spec_of(parsed.config) is not None else None  # the constraint's room checked too
+            fit_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens, vocabulary)
+            encoded.append(ids)
+        return parsed, encoded
 
 
 class Reply:
