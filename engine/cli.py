@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
+from .arguments import DTYPES, check_device
 from .errors import EngineError
 from .models.loader import embedded_models
 from .system_options import system_options
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parent.parent / "assets" / "tiny-llada")
 MODEL_HELP = f"model folder, hub id (org/name) or an embedded model's name ({', '.join(embedded_models())}; default tiny-llada)"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # torch's own choice (one thread per physical core), read before anything changes it
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
@@ -48,20 +48,9 @@ def check_threads(requested: int | None) -> None:
 def checked_device(value: str) -> str:
     """argparse type for `--device`: a device torch knows and this machine has (cpu, cuda, cuda:1, mps)."""
     try:
-        parsed = torch.device(value)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not a device; use cpu, cuda, cuda:N or mps") from None
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise argparse.ArgumentTypeError(f"'{value}': this machine has no CUDA device (use --device cpu)")
-        if parsed.index is not None and parsed.index >= count:
-            raise argparse.ArgumentTypeError(f"'{value}': this machine has {count} CUDA device(s)")
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise argparse.ArgumentTypeError(f"'{value}': MPS is not available here (use --device cpu)")
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise argparse.ArgumentTypeError(f"'{value}': only cpu, cuda and mps devices are supported")
-    return value
+        return check_device(value)
+    except EngineError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -106,7 +106,7 @@ class GenerationConfig:
     decoder: str = _setting("threshold", "which masked positions to commit each iteration")
     threshold: float = _setting(0.9, "commit every masked position with confidence >= it (and always the most confident one)")
     steps: int | None = _setting(None, "fixed decoder: total steps over the generation, a multiple of the number of blocks (none: one token per step)", most="gen_length")
-    temperature: float = _setting(0.0, "0 = greedy (argmax); > 0 samples with Gumbel noise")
+    temperature: float = _setting(0.0, "0 = greedy (argmax); > 0 samples with Gumbel noise", least=0.0, most=100.0)
     seed: int = _setting(0, "seeds sampling and random remasking")
     cache: str = _setting("none", "which K/V each forward recomputes and which it reuses")
     prefix_look: int = _setting(16, "vicinity: the window starts this many positions before the block", least=0, most="canvas")
@@ -260,7 +260,12 @@ _dataclass_init = GenerationConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init_taking_moved_names(self: GenerationConfig, *fields: Any, **settings: Any) -> None:
-    """The dataclass's __init__, the moved settings' old names lifted into decoder_options first."""
+    """The dataclass's __init__, the moved settings' old names lifted into decoder_options first; a
+    name it does not know is an EngineError naming those it does (not the dataclass's TypeError)."""
+    known = [f.name for f in dataclasses.fields(GenerationConfig)]
+    unknown = sorted(set(settings) - set(known) - set(MOVED_SETTINGS))
+    if unknown or len(fields) > len(known):
+        raise EngineError(f"unknown generation setting(s): {', '.join(unknown) or 'too many positional values'}; the settings: {', '.join(known)}")
     _dataclass_init(self, *fields, **lift_moved(settings))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
+from .arguments import is_int, need, shown
 from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
 
 if TYPE_CHECKING:
@@ -42,6 +43,17 @@ class RunHooks:
     token_strings: TokenStrings | None = None
     expected_ids: list[int] | None = None
     constraints: tuple["ConstraintSpec | None", ...] | None = None
+
+    def __post_init__(self) -> None:
+        """Each hook of its kind (engine/arguments.py: the API's edge): a wrong one is an
+        EngineError in one line here, not an AttributeError mid-run."""
+        need(isinstance(self.trace, bool), f"RunHooks.trace must be True or False, got {shown(self.trace)}")
+        for name in ("on_start", "on_iteration", "token_strings"):
+            value = getattr(self, name)
+            need(value is None or callable(value), f"RunHooks.{name} must be a function or None, got {shown(value)}")
+        need(self.cancel is None or callable(getattr(self.cancel, "is_set", None)), f"RunHooks.cancel must be a threading.Event (anything with is_set()) or None, got {shown(self.cancel)}")
+        need(self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1), f"RunHooks.max_tokens must be a positive integer or None, got {shown(self.max_tokens)}")
+        need(self.expected_ids is None or (isinstance(self.expected_ids, list) and all(is_int(i) or isinstance(i, list) for i in self.expected_ids)), f"RunHooks.expected_ids must be a list of token ids (one list per row), got {shown(self.expected_ids)}")
 
     def records(self, measure_staleness: bool = False) -> bool:
         """Whether the run keeps a trace."""

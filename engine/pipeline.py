@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import torch
 
+from .arguments import check_device, check_dtype, check_engine_arguments, check_instance, check_prompts, check_token_prompts
 from .config import GenerationConfig
 from .constraints import TokenVocabulary, spec_of
 from .errors import EngineError
@@ -112,6 +114,14 @@ def check_text(text: str) -> None:
         raise EngineError(f"the prompt is not valid text: character {exc.start} is {text[exc.start]!r}, a lone surrogate (bytes that are not UTF-8?)") from None
 
 
+def _checked_call(config: Any, hooks: Any) -> GenerationConfig:
+    """A call's config (None: the defaults) and hooks, of their types (engine/arguments.py)."""
+    config = GenerationConfig() if config is None else config
+    check_instance("config", config, GenerationConfig, " (GenerationConfig.from_dict reads a dict)")
+    check_instance("hooks", hooks, RunHooks)
+    return config
+
+
 class Engine:
     """A loaded model with its tokenizer: `Engine(path).generate("Q: 48+57=? A:", config)`."""
 
@@ -143,6 +153,8 @@ class Engine:
         §6.5); the first generate at new shapes compiles or captures, and `GenerationStats` and
         each record's `cost` count it.
         """
+        check_engine_arguments(path, max_tokens, {"compile": compile, "cuda_graphs": cuda_graphs})
+        device, dtype = check_device(device), check_dtype(dtype)
         self.path = str(path)
         self.max_tokens = max_tokens
         self._closed = False
@@ -232,8 +244,8 @@ class Engine:
         them. `expected`: an answer per prompt (one string for all) that the trace header carries as
         ids (`Trace.expected`, its strings in `tokens`) for a viewer; see engine.run_diffusion for
         `hooks`."""
-        config = GenerationConfig() if config is None else config
-        batch = [prompts] if isinstance(prompts, str) else list(prompts)
+        batch = check_prompts(prompts)
+        config = _checked_call(config, hooks)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
         if expected is not None:
             answers = [expected] * len(batch) if isinstance(expected, str) else list(expected)
@@ -252,7 +264,8 @@ class Engine:
         for this model (the CLI's, on the model's skeleton; the app's): only the prompt's checks."""
         if self._closed:
             raise EngineError("this engine was closed; load the model again")
-        config = GenerationConfig() if config is None else config
+        config = _checked_call(config, hooks)
+        check_token_prompts(prompts, self.model.embedding_weight().shape[0])  # the rows an id may name
         check_system_options(run_kind(config, self.model).name, self._system_options)  # a request's kind may run with fewer
         # a parallel engine checks the constraint's room here too (in one process the run does)
         room = self._workers is not None and (any(hooks.constraints or ()) or spec_of(config) is not None)

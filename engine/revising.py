@@ -64,7 +64,7 @@ class EditDecoder(Decoder):
     options: ClassVar[dict[str, DecoderOption]] = {
         "edit_threshold": DecoderOption(0.5, "edit: overwrite a committed token when another has probability above this", least=0.0, most=1.0),
         "max_post_edit_steps": DecoderOption(16, "edit: iterations that may still edit once the block has no masks", least=0, most=MAX_POST_EDIT_STEPS),
-        "repetition_penalty": DecoderOption(0.0, "edit: taken from the logit of the previous position's token (0: off)", least=0.0),
+        "repetition_penalty": DecoderOption(0.0, "edit: taken from the logit of the previous position's token (0: off)", least=0.0, most=100.0),
     }
     # the three published default sets (threshold, edit threshold, post-edit steps)
     presets: ClassVar[dict[str, dict[str, Any]]] = {

@@ -114,6 +114,10 @@ def check_regex(regex: str) -> None:
     build itself is not interruptible, and `(a{1000}){1000}` took minutes and gigabytes."""
     if len(regex) > MAX_REGEX_CHARS:
         raise EngineError(f"the constraint's regex has {len(regex)} characters; at most {MAX_REGEX_CHARS}")
+    for m in _REPEAT.finditer(regex):
+        counts = [int(g) for g in m.groups() if g]
+        if max(counts) > MAX_REPEAT:
+            raise EngineError(f"regex: the repetition {m.group(0)} asks for more than {MAX_REPEAT}")
     bound = structural_bound(regex)
     if bound is not None and bound > MAX_STATES:
         raise EngineError(f"regex: its automaton would need about {bound:,} states (repetitions multiply what they repeat); at most {MAX_STATES:,}")
@@ -169,10 +173,6 @@ def structural_bound(regex: str) -> int | None:
 def _byte_states(regex: str) -> int:
     from outlines_core import Index
 
-    for m in _REPEAT.finditer(regex):
-        counts = [int(g) for g in m.groups() if g]
-        if max(counts) > MAX_REPEAT:
-            raise EngineError(f"regex: the repetition {m.group(0)} asks for more than {MAX_REPEAT}")
     try:
         index = Index(regex, _byte_vocabulary())
     except (ValueError, RuntimeError) as exc:

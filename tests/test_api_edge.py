@@ -1,0 +1,83 @@
+"""The Python API's edge (#43 item 7; engine/arguments.py): every wrong type or value given to
+`Engine`, `Engine.generate`, `generate_ids`, `GenerationConfig` and `RunHooks` is an EngineError in
+one line, never a TypeError, AttributeError, AssertionError or IndexError from inside, and the
+engine goes on answering."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine import Engine, EngineError, GenerationConfig, RunHooks
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine("tiny-llada")
+
+
+def refused(call, words: str) -> None:
+    with pytest.raises(EngineError, match=words) as caught:
+        call()
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda e: e.generate(None), "prompts must be a text or a non-empty list of texts"),
+        (lambda e: e.generate(123), "prompts must be"),
+        (lambda e: e.generate([]), "prompts must be"),
+        (lambda e: e.generate(["ok", 5]), "prompts must be"),
+        (lambda e: e.generate("Q: 1+1=? A:", {"gen_length": 8}), "config must be a GenerationConfig"),
+        (lambda e: e.generate("Q: 1+1=? A:", GenerationConfig(gen_length=8, block_length=8), {"trace": True}), "hooks must be a RunHooks"),
+        (lambda e: e.generate_ids([[1, 2, 10**9]], GenerationConfig(gen_length=8, block_length=8)), "token id 1000000000 is outside the vocabulary"),
+        (lambda e: e.generate_ids([[1, -3]], GenerationConfig(gen_length=8, block_length=8)), "token id -3 is outside"),
+        (lambda e: e.generate_ids("abc", GenerationConfig(gen_length=8, block_length=8)), "lists of token ids"),
+        (lambda e: e.generate_ids([[1.5]], GenerationConfig(gen_length=8, block_length=8)), "lists of token ids"),
+    ],
+)
+def test_a_call_with_a_wrong_argument_is_one_line(engine, call, words):
+    refused(lambda: call(engine), words)
+    assert engine.generate("Q: 1+1=? A:", GenerationConfig(gen_length=8, block_length=8)).texts[0]  # it goes on
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"path": 123}, "the model must be a folder"),
+        ({"device": "cuda"} if not torch.cuda.is_available() else {"device": "cuda:99"}, "CUDA device"),
+        ({"device": 5}, "device must be a text"),
+        ({"dtype": "float8"}, "dtype 'float8' is not one of"),
+        ({"dtype": torch.int64}, "dtype must be one of"),
+        ({"max_tokens": -1}, "max_tokens must be a positive integer"),
+        ({"tp_size": 0}, "tp and ep must be >= 1"),
+        ({"compile": "yes"}, "compile must be True or False"),
+    ],
+)
+def test_an_engine_with_a_wrong_argument_is_one_line(kwargs, words):
+    arguments = {"path": "tiny-llada", **kwargs}
+    refused(lambda: Engine(arguments.pop("path"), **arguments), words)
+
+
+def test_the_dtype_may_be_named():
+    assert Engine("tiny-llada", dtype="float32").model.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: GenerationConfig(unknown=1), "unknown generation setting\\(s\\): unknown; the settings: kind, gen_length"),
+        (lambda: GenerationConfig(temperature=1e308).validate(), "temperature must be <= 100"),
+        (lambda: GenerationConfig(decoder="edit", decoder_options={"repetition_penalty": 1e308}).validate(), "repetition_penalty must be in \\[0, 100\\]"),
+        (lambda: RunHooks(cancel=True), "RunHooks.cancel must be a threading.Event"),
+        (lambda: RunHooks(trace="yes"), "RunHooks.trace must be True or False"),
+        (lambda: RunHooks(on_iteration=5), "RunHooks.on_iteration must be a function"),
+        (lambda: RunHooks(max_tokens=0), "RunHooks.max_tokens must be a positive integer"),
+    ],
+)
+def test_a_config_or_hooks_with_a_wrong_value_is_one_line(make, words):
+    refused(make, words)
+    RunHooks(cancel=threading.Event(), on_iteration=print, max_tokens=64)  # the right kinds pass
