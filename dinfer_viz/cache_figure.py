@@ -46,6 +46,7 @@ from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
 from .figure_base import FORWARD_COLOURS, _finish, _upto, heatmap_rows, legend_at_foot, heatmap_y, rows_title, MAX_HEATMAP_CELLS
+from .cells import inert_markdown
 from .figure_base import message_figure
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
 
@@ -345,4 +346,4 @@ def cache_rule_markdown(cache_mode: str) -> str:
     """The forward count rule of `cache_mode` (NFE, the extra forward a block entry can cost, why an
     iteration after a refresh can commit nothing), in a few sentences of Markdown."""
     mode = declared_mode(cache_mode)
-    return mode.forward_rule if mode is not None else f"**{cache_mode} cache.** No forward count rule written for this cache mode yet."
+    return mode.forward_rule if mode is not None else f"**{inert_markdown(cache_mode)} cache.** No forward count rule written for this cache mode yet."  # a trace file's name

@@ -16,6 +16,7 @@ from engine.registry import decoder_class
 from engine.system_options import SYSTEM_OPTIONS, system_options
 from engine.trace import MASKED
 
+from .cells import inert_markdown
 from .settings import decoder_presets
 from .views import view_of_kind
 
@@ -51,7 +52,7 @@ def decoder_explanation(decoder: str) -> str:
         text = decoder_class(decoder).explanation
     except EngineError:
         text = ""
-    text = text or f"**{decoder}.** No explanation written for this decoder yet; the engine registers it, so it runs."
+    text = text or f"**{inert_markdown(decoder)}.** No explanation written for this decoder yet; the engine registers it, so it runs."  # the name may come from a trace file
     return text + presets_markdown(decoder)
 
 

@@ -10,7 +10,7 @@ from engine.cache_modes import cache_mode
 from engine.trace import MASKED
 
 from ...cache_figure import cache_rule_markdown
-from ...cells import CELL_COLOURS, CELL_MARKS, legend_block
+from ...cells import CELL_COLOURS, CELL_MARKS, inert_markdown, legend_block
 from ...constraint import constraint_marks
 from ...timeline import Timeline, iteration_number
 from ..base import KindView, register
@@ -91,7 +91,7 @@ class MaskedView(KindView):
 
     def explanation(self, decoder_text: str, cache: str, smoothing: bool, unroll: bool, options: list[str]) -> str:
         mode = cache_mode(cache)
-        parts = [decoder_text, mode.explanation if mode is not None else f"**{cache} cache.** No explanation written for this cache mode yet."]
+        parts = [decoder_text, mode.explanation if mode is not None else f"**{inert_markdown(cache)} cache.** No explanation written for this cache mode yet."]  # a trace file's name
         if mode is None or not mode.exact:  # what a cache costs in forwards, and why a short canvas hides its saving
             parts.append(cache_rule_markdown(cache))
         if smoothing:
