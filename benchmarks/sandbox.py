@@ -10,7 +10,10 @@ Each program runs in its own `bwrap` sandbox (docs/performance.md §5.1):
   or written;
 - no capabilities, no new user namespaces, and a seccomp filter that kills the program when it
   starts a process (fork, vfork, a clone that is not a thread): a fork bomb or a grandchild cannot
-  start, and a program that tries fails;
+  start, and a program that tries fails; the same filter answers EPERM to ptrace, the kernel
+  keyring (keyctl, add_key, request_key), io_uring and reading or writing another process's memory;
+- an environment of four variables, bwrap's own included (the sandbox's PID 1 is bwrap, whose
+  /proc/1/environ a program can read: it must hold nothing of the caller's);
 - limits on address space, file size, open files and core dumps (`prlimit`);
 - at the timeout the sandbox's PID 1 is killed, which kills every process of its namespace; the
   call returns only once the namespace is empty.
@@ -53,6 +56,7 @@ class SandboxUnavailable(EngineError):
 _LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL = 0x7FFF0000, 0x80000000
 _ENOSYS = 0x00050000 | 38  # SECCOMP_RET_ERRNO with ENOSYS
+_EPERM = 0x00050000 | 1
 _CLONE_THREAD = 0x00010000
 # The kernel's audit architecture and the process-creating calls of each architecture filtered
 # (clone3 keeps its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone).
@@ -60,6 +64,15 @@ _ARCHES = {
     "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "clone3": 435}, 56),
     "aarch64": (0xC00000B7, {"clone3": 435}, 220),
 }
+# Calls answered EPERM: ptrace, keyctl, add_key, request_key, io_uring_setup/enter/register,
+# process_vm_readv/writev (a program has no use for them, and each reaches past its own process)
+_DENIED = {
+    "x86_64": (101, 250, 248, 249, 425, 426, 427, 310, 311),
+    "aarch64": (117, 219, 217, 218, 425, 426, 427, 270, 271),
+}
+# what the sandbox's processes see of an environment: bwrap is started with it, and its
+# `--clearenv` leaves the program the same (`--setenv` below)
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": WORK, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 
 
 @functools.cache
@@ -72,13 +85,14 @@ def process_filter() -> bytes | None:
     audit_arch, refused, clone = arch
     # Each instruction: (op, where to go when true, when false, k); None goes on to the next one,
     # a name to one of the returns that close the program.
-    returns = {"allow": _ALLOW, "enosys": _ENOSYS, "kill": _KILL}
+    returns = {"allow": _ALLOW, "enosys": _ENOSYS, "eperm": _EPERM, "kill": _KILL}
     code: list[tuple[int, str | None, str | None, int]] = [
         (_LD, None, None, 4),
         (_JEQ, None, "kill", audit_arch),  # another ABI (i386 on x86_64) has other numbers
         (_LD, None, None, 0),
         (_JGE, "kill", None, 0x40000000),  # x32 calls on x86_64
         *((_JEQ, "enosys" if name == "clone3" else "kill", None, nr) for name, nr in refused.items()),
+        *((_JEQ, "eperm", None, nr) for nr in _DENIED[platform.machine()]),
         (_JEQ, None, "allow", clone),
         (_LD, None, None, 16),
         (_JSET, "allow", "kill", _CLONE_THREAD),
@@ -129,8 +143,7 @@ def _command(filter_fd: int, program_fd: int, info_fd: int) -> list[str]:
         "--proc", "/proc", "--dev", "/dev", *mounts, "--remount-ro", "/dev",
         "--ro-bind-data", str(program_fd), f"{WORK}/program.py", "--remount-ro", "/",
         "--seccomp", str(filter_fd), "--info-fd", str(info_fd),
-        "--chdir", WORK, "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK,
-        "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
+        "--chdir", WORK, "--clearenv", *(arg for name, value in SANDBOX_ENV.items() for arg in ("--setenv", name, value)),
         "--", sys.executable, "-I", f"{WORK}/program.py",
     ]  # fmt: skip
 
@@ -154,7 +167,7 @@ def _run_boxed(program: str, timeout: float, stderr: IO[bytes] | int = subproces
         try:
             process = subprocess.Popen(
                 _command(filter_fd, program_fd, info_write),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=SANDBOX_ENV,
                 pass_fds=(filter_fd, program_fd, info_write), start_new_session=True,
             )  # fmt: skip
         finally:
@@ -184,7 +197,7 @@ def _run_unboxed(program: str, timeout: float) -> int | None:
         path = Path(folder) / "program.py"
         path.write_text(program)
         process = subprocess.Popen(
-            [*_limits(), sys.executable, "-I", str(path)], cwd=folder,
+            [*_limits(), sys.executable, "-I", str(path)], cwd=folder, env={**SANDBOX_ENV, "HOME": folder, "TMPDIR": folder},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:

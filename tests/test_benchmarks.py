@@ -379,3 +379,29 @@ def test_peers_table_at_identical_tokens(tmp_path, capsys):
     # the prefix cache stores the prompt and finished blocks on the next forward: no forward of its own
     assert sides["LLaDA2 threshold, prefix cache", "engine"]["forwards"] == sides["LLaDA2 threshold, no cache", "engine"]["forwards"]
     assert peers.main(["--peers", "vllm"]) == 2
+
+
+SECRET = "DINFER_VIZ_TEST_SECRET"
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        # the caller's environment: neither the program's own nor the sandbox's PID 1 (bwrap) holds it
+        f"import sys\nseen = open('/proc/1/environ', 'rb').read() + open('/proc/self/environ', 'rb').read()\nsys.exit(1 if b'{SECRET}' in seen else 0)",
+        # each refused with EPERM (the program sees the refusal and says so by exiting 0)
+        "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nsys.exit(0 if libc.ptrace(0, 0, 0, 0) == -1 and ctypes.get_errno() == 1 else 1)",
+        "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nsys.exit(0 if libc.syscall(250, 0, 0, 0, 0) == -1 and ctypes.get_errno() == 1 else 1)",  # keyctl
+        "import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nsys.exit(0 if libc.syscall(425, 8, 0) == -1 and ctypes.get_errno() == 1 else 1)",  # io_uring_setup
+    ],
+    ids=["environment", "ptrace", "keyctl", "io_uring"],
+)
+def test_the_code_sandbox_hides_the_host(program, monkeypatch):
+    """#43 item 3: a scored program read the caller's whole environment through /proc/1/environ,
+    and could ptrace, use the kernel keyring and io_uring."""
+    import platform
+
+    if platform.machine() != "x86_64" and "syscall(" in program:
+        pytest.skip("the raw syscall numbers here are x86_64's")
+    monkeypatch.setenv(SECRET, "s3cret")
+    assert scoring.run_python(program, timeout=20) is True
