@@ -81,3 +81,27 @@ def test_the_dtype_may_be_named():
 def test_a_config_or_hooks_with_a_wrong_value_is_one_line(make, words):
     refused(make, words)
     RunHooks(cancel=threading.Event(), on_iteration=print, max_tokens=64)  # the right kinds pass
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"n_layers": 1_000_000}, "n_layers 1000000 is beyond any checkpoint"),
+        ({"vocab_size": 2**40}, "vocab_size 1099511627776 is beyond"),
+        ({"max_sequence_length": 10**12}, "max_sequence_length 1000000000000 is beyond"),
+        ({"rope_theta": "NaN"}, "rope_theta must be a finite number"),
+    ],
+)
+def test_a_config_json_out_of_bounds_is_refused_before_anything_is_built(tmp_path, change, words):
+    """#43 item 5: `n_layers: 1000000` gave no answer in 120 s (a million layers built), a string
+    rope_theta a TypeError; 2**40 vocabulary rows and a 10**12 canvas were accepted."""
+    import json
+    import shutil
+
+    from engine.models.loader import EMBEDDED_ROOT
+
+    folder = tmp_path / "model"
+    shutil.copytree(EMBEDDED_ROOT / "tiny-llada", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    refused(lambda: Engine(str(folder)), words)

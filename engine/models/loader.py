@@ -7,6 +7,7 @@ file or the tensor at fault, because a user with a 16 GB download needs to know 
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -97,7 +98,40 @@ def read_config(folder: Path) -> dict[str, Any]:
     config = _read_json(file)
     if not isinstance(config, dict):
         raise EngineError(f"{file} must hold a JSON object, not {type(config).__name__}")
+    check_config_bounds(config, file)
     return config
+
+
+# The sizes a config.json may give (every family's names; a DiffusionGemma's nested text_config
+# too), each far above any real checkpoint's, so a file cannot make the loader build a million
+# layers or allocate a 2**40-row embedding before it says anything (#43 item 5).
+SIZE_BOUNDS = {
+    "n_layers": 1_024, "num_hidden_layers": 1_024,
+    "d_model": 65_536, "hidden_size": 65_536, "head_dim": 4_096,
+    "n_heads": 1_024, "num_attention_heads": 1_024, "n_kv_heads": 1_024, "num_key_value_heads": 1_024,
+    "mlp_hidden_size": 1 << 20, "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20, "expert_intermediate_size": 1 << 20,
+    "vocab_size": 1 << 22, "embedding_size": 1 << 22,
+    "max_sequence_length": 1 << 22, "max_position_embeddings": 1 << 22, "canvas_length": 1 << 16,
+    "num_experts": 4_096, "num_experts_per_tok": 4_096,
+}
+# settings that must be finite numbers when given (a string there failed inside the first forward)
+NUMBER_FIELDS = ("rope_theta", "rms_norm_eps", "layer_norm_eps", "routed_scaling_factor", "partial_rotary_factor")
+
+
+def check_config_bounds(config: dict[str, Any], file: Path) -> None:
+    """Every size within SIZE_BOUNDS and every NUMBER_FIELDS entry a finite number, in one line
+    naming the field (the families check what they need of the rest)."""
+    for scope in (config, config.get("text_config")):
+        if not isinstance(scope, dict):
+            continue
+        for name, most in SIZE_BOUNDS.items():
+            value = scope.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > most:
+                raise EngineError(f"{file}: {name} {str(value)[:24]} is beyond any checkpoint this engine loads (at most {most:,})")
+        for name in NUMBER_FIELDS:
+            value = scope.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+                raise EngineError(f"{file}: {name} must be a finite number, got {str(value)[:40]!r}")
 
 
 def _read_json(file: Path) -> Any:
