@@ -17,7 +17,9 @@ import typing
 from pathlib import Path
 
 from .cli import DEFAULT_MODEL, MODEL_HELP, OneLineParser, check_threads, checked_device, printable, add_runtime_args, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
+from .arguments import read_text_file
 from .config import GenerationConfig, parse_schema, setting_choices, setting_help
+from .constraints.spec import MAX_SCHEMA_CHARS
 from .registry import OPTION_SETTING_PREFIX, decoder_options
 from .settings_read import readers_note
 from .errors import EngineError
@@ -80,12 +82,7 @@ def config_from_args(args: argparse.Namespace) -> GenerationConfig:
 
 def read_schema(value: str) -> dict:
     """`--json-schema`: JSON text (it starts with `{`) or a file holding it; EngineError in one line."""
-    text = value
-    if not value.lstrip().startswith("{"):
-        try:
-            text = Path(value).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EngineError(f"--json-schema: cannot read {value}: {exc.strerror if isinstance(exc, OSError) else 'not text'}") from None
+    text = value if value.lstrip().startswith("{") else read_text_file(value, "--json-schema: the file", MAX_SCHEMA_CHARS * 4)
     return parse_schema(text)
 
 
@@ -164,12 +161,9 @@ def _record(args: argparse.Namespace) -> int:
 
 def read_trace(path: str):
     """A trace file, checked on load; EngineError in one line naming the file."""
-    from .trace import Trace
+    from .trace import MAX_TRACE_BYTES, Trace
 
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EngineError(f"cannot read the trace {path}: {exc.strerror if isinstance(exc, OSError) else 'not text'}") from None
+    text = read_text_file(path, "the trace", MAX_TRACE_BYTES)
     try:
         return Trace.from_json(text)
     except EngineError as exc:

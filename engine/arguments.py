@@ -6,6 +6,7 @@ and dtype rules)."""
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import torch
@@ -84,3 +85,20 @@ def check_token_prompts(prompts: Any, vocab_size: int) -> None:
 
 def check_instance(name: str, value: Any, cls: type, hint: str = "") -> None:
     need(isinstance(value, cls), f"{name} must be a {cls.__name__}{hint}, got {shown(value)}")
+
+
+def read_text_file(path: str | os.PathLike, what: str, limit: int) -> str:
+    """A regular file's text, at most `limit` bytes: a FIFO would block the read and a device
+    (/dev/zero) never end it, so each is refused, as is a longer file, in one line."""
+    try:
+        info = os.stat(path)
+        need(stat.S_ISREG(info.st_mode), f"{what} {str(path)[:200]} is not a regular file")
+        need(info.st_size <= limit, f"{what} {str(path)[:200]} holds {info.st_size:,} bytes; at most {limit:,}")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        need(len(data) <= limit, f"{what} {str(path)[:200]} holds more than {limit:,} bytes")
+        return data.decode("utf-8")
+    except OSError as exc:
+        raise EngineError(f"cannot read {what} {str(path)[:200]}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise EngineError(f"{what} {str(path)[:200]} is not UTF-8 text") from None

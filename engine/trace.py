@@ -25,6 +25,9 @@ from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION,
 # constraint; version 4: a uniform step's state under `uniform`, not `state`. All are upgraded on
 # load (engine/trace_upgrade.py), so every reader sees version 5.
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# the largest trace file read (the largest the app writes, 1,024 positions of the fixed decoder in
+# one block, is 12.5 MB)
+MAX_TRACE_BYTES = 64 << 20
 
 # ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
 TokenStrings = Callable[[set[int]], dict[str, str]]
@@ -157,6 +160,8 @@ class Trace:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise EngineError(f"trace: not valid JSON ({exc})") from None
+        except ValueError as exc:  # an integer of more digits than Python converts (4,300)
+            raise EngineError(f"trace: {str(exc)[:120]}") from None
         return cls.from_dict(data)
 
     def check(self, before_upgrade: bool = False) -> None:

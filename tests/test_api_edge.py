@@ -105,3 +105,29 @@ def test_a_config_json_out_of_bounds_is_refused_before_anything_is_built(tmp_pat
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     refused(lambda: Engine(str(folder)), words)
+
+
+def test_files_that_are_not_regular_or_too_long_are_refused_before_reading(tmp_path, capsys):
+    """#43 item 6: `--json-schema FIFO` and `analyze FIFO` hung; `analyze /dev/zero` read until
+    memory ran out; a trace holding a 5,000-digit integer was a ValueError."""
+    import os
+
+    from engine.__main__ import main
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"version": ' + "9" * 5000 + "}")
+    cases = [
+        (["analyze", str(fifo)], "is not a regular file"),
+        (["analyze", "/dev/zero"], "is not a regular file"),
+        (["analyze", str(huge)], "trace: "),
+        (["generate", "--json-schema", str(fifo), "--prompt", "x"], "is not a regular file"),
+    ]
+    for argv, words in cases:
+        try:
+            status = main(argv)
+        except SystemExit as exc:  # argparse's own refusals exit
+            status = exc.code
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and words in err and "\n" not in err, (argv, status, err)

@@ -15,6 +15,8 @@ from typing import Any
 import gradio as gr
 
 from engine import EngineError, GenerationConfig, Trace
+from engine.arguments import read_text_file
+from engine.trace import MAX_TRACE_BYTES
 from engine.analysis import analyze
 from engine.reference import check_settings, record_diffusers, record_transformers
 
@@ -53,7 +55,7 @@ def read_trace(file: Any, side: str) -> tuple[Trace, str]:
     """(an uploaded trace file, its name), or EngineError in one line naming the side."""
     name = Path(getattr(file, "name", file)).name
     try:
-        return Trace.from_json(Path(getattr(file, "name", file)).read_text(encoding="utf-8")), name
+        return Trace.from_json(read_text_file(getattr(file, "name", file), "the trace", MAX_TRACE_BYTES)), name
     except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
         raise EngineError(f"cannot load trace {side} ({name}): {exc}") from None
 

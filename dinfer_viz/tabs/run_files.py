@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine import EngineError, GenerationConfig, Trace
+from engine.arguments import read_text_file
+from engine.trace import MAX_TRACE_BYTES
 
 from ..cells import inert_markdown
 from ..export import run_gif, run_mp4
@@ -72,7 +74,7 @@ class RunFileHandlers(TabHandlers):
         if not path:
             return outputs(self.loaded_slots, {"message": "no file"})
         try:
-            trace = Trace.from_json(Path(path).read_text(encoding="utf-8"))
+            trace = Trace.from_json(read_text_file(path, "the trace", MAX_TRACE_BYTES))
             tl = Timeline(trace)
         except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
             return outputs(self.loaded_slots, {"message": error_text(f"cannot load this trace: {inert_markdown(str(exc))}")})  # it may quote the file
