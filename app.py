@@ -23,6 +23,18 @@ from engine.errors import EngineError
 from engine.system_options import system_options
 
 
+def port_number(text: str) -> int:
+    """argparse type for --port: a TCP port a server can listen on (99999 was a traceback, 0 a
+    port the app could not report)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text[:40]}' is not a port number") from None
+    if not 1 <= port <= 65_535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 1-65535")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python app.py", description="dinfer-viz: a visual debugger for masked-diffusion LM inference")
     # Environment defaults for hosts that start `python app.py` with no arguments (a Space)
@@ -32,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Left unset, Gradio's own settings decide (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, as a
     # Hugging Face Space sets them; else 127.0.0.1:7860): a flag overrides them only when given.
     p.add_argument("--host", default=None, help="address to listen on (0.0.0.0 for every interface; default: $GRADIO_SERVER_NAME or 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="default: $GRADIO_SERVER_PORT or 7860")
+    p.add_argument("--port", type=port_number, default=None, help="1-65535 (default: $GRADIO_SERVER_PORT or 7860)")
     p.add_argument("--fps", type=float, default=20.0, help="most live frames per second (grid and readouts)")
     p.add_argument("--plot-hz", type=float, default=3.0, help="most live plot redraws per second")
     p.add_argument("--max-prompt-chars", type=int, default=4000, help="longest prompt a visitor may send (characters)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import app
 
 
@@ -82,3 +84,14 @@ def test_model_and_device_defaults_come_from_the_environment(monkeypatch, tmp_pa
     monkeypatch.setenv("DINFER_VIZ_MODEL", str(tmp_path / "from-env"))
     assert app.main([]) == 2  # the variable's folder is what it tried to load
     assert str(tmp_path / "from-env") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-5", "http"])
+def test_a_port_out_of_range_is_one_line_and_status_2(port, capsys):
+    """#43 item 6: --port 99999 was an AttributeError traceback, --port 0 an httpx one."""
+    try:
+        status = app.main(["--port", port])
+    except SystemExit as exc:
+        status = exc.code
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "--port" in err and "\n" not in err, err
