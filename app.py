@@ -20,7 +20,11 @@ from pathlib import Path
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
 from engine.errors import EngineError
+from engine.run import stop_every_run
 from engine.system_options import system_options
+
+
+EXIT_WAIT_S = 60.0  # the longest an exit waits for a forward under way to end (a bound, not a pace)
 
 
 def port_number(text: str) -> int:
@@ -131,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         demo.launch(server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs())
     finally:
+        # a run under way ends at its next step, and the exit waits for the engine to be free: a
+        # thread inside a forward at exit aborted the process (SIGABRT) instead of exiting 0
+        stop_every_run()
+        if host.lock.acquire(timeout=EXIT_WAIT_S):
+            host.lock.release()
         handlers.remove_files()
         signal.signal(signal.SIGTERM, previous)
     return 0

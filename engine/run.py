@@ -10,6 +10,7 @@ and the caller. What the stats count: docs/counting.md.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, TypeVar
@@ -38,6 +39,19 @@ class GenerationOutput:
     token_ids: list[list[int]]
     stats: GenerationStats
     trace: Trace | None
+
+
+# Set once the process is shutting down (the app's SIGINT/SIGTERM): every run in it stops at its
+# next step as a cancelled one does, so the caller can wait for no thread to be inside a forward
+# when the interpreter exits (a torch thread pool torn down under one aborts the process:
+# "terminate called without an active exception"). Checked between steps only: a hook between
+# layers on every run would cost every forward, and change what a compiled forward traces.
+_STOPPING = threading.Event()
+
+
+def stop_every_run() -> None:
+    """Cancel every run of this process, now and from now on (the process is shutting down)."""
+    _STOPPING.set()
 
 
 @contextlib.contextmanager
@@ -201,7 +215,7 @@ class DiffusionRun:
         return torch.where(open_, positions, torch.full_like(positions, self.x.shape[1])).min(dim=1).values.tolist()
 
     def check_cancel(self) -> None:
-        if self.hooks.cancel is not None and self.hooks.cancel.is_set():
+        if _STOPPING.is_set() or (self.hooks.cancel is not None and self.hooks.cancel.is_set()):
             raise GenerationCancelled("generation cancelled")
 
     @property
