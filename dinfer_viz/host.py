@@ -31,6 +31,7 @@ from engine.pipeline import load_tokenizer
 DTYPES: dict[str, torch.dtype | None] = {"auto": None, **CLI_DTYPES}
 
 DISTILLED = "tiny-llada-td"
+MAX_MODEL_NAME = 1_024  # characters in a model box: a folder path, a hub id or an embedded model's name
 EDITING = "tiny-llada-edit"  # trained with LLaDA2.1's mixed objective for the edit decoder (tinymodel/edit.py)
 UNIFORM_STATE = "tiny-gemma"  # a DiffusionGemma: uniform-state diffusion (tinymodel/uniform.py)
 # What a shipped model's folder name does not say, shown beside it wherever a visitor picks a model
@@ -123,7 +124,11 @@ class EngineHost:
     def resolve(self, path: str) -> tuple[str, str]:
         """(folder or hub id to load, label to show) for what a visitor typed; EngineError for a
         model outside the allow-list (public mode), before anything is read or downloaded. An
-        embedded model's name is its folder in either mode (it wins over a hub id of that name)."""
+        embedded model's name is its folder in either mode (it wins over a hub id of that name).
+        A name no file system takes (longer than MAX_MODEL_NAME, or a part over 255 bytes) is
+        refused here: every later look at it was an OSError."""
+        if len(path) > MAX_MODEL_NAME or any(len(part.encode()) > 255 for part in path.split("/")):
+            raise EngineError(f"the model name is {len(path):,} characters long (a folder, a hub id or an embedded model's name; at most {MAX_MODEL_NAME:,}, each part of a path at most 255 bytes)")
         if self.allowed is None:
             return (self.embedded[path], path) if path in self.embedded else (path, "")
         if path in self.allowed:

@@ -131,3 +131,13 @@ def test_files_that_are_not_regular_or_too_long_are_refused_before_reading(tmp_p
             status = exc.code
         err = capsys.readouterr().err.strip()
         assert status == 2 and words in err and "\n" not in err, (argv, status, err)
+
+
+def test_a_model_name_no_file_system_takes_is_one_line_in_the_app():
+    """#43 item 6: a 5,000-character model path in the app was "internal error: OSError"."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import Handlers
+
+    h = Handlers(EngineHost(ModelSpec("tiny-llada")))
+    for name in ("a" * 5000, "folder/" + "b" * 300):
+        refused(lambda: h.parse({"model": {"path": name}}), "the model name is")  # what Run and every settings check call
