@@ -141,3 +141,21 @@ def test_a_model_name_no_file_system_takes_is_one_line_in_the_app():
     h = Handlers(EngineHost(ModelSpec("tiny-llada")))
     for name in ("a" * 5000, "folder/" + "b" * 300):
         refused(lambda: h.parse({"model": {"path": name}}), "the model name is")  # what Run and every settings check call
+
+
+def test_a_replay_outside_the_run_is_one_line():
+    """#43 item 6: `/replay -5` returned a bare update; an iteration past the run's too."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.tabs.run_view import RUN_VIEW
+    from dinfer_viz.tabs.shown import FINISHED, RunState
+    from dinfer_viz.timeline import Timeline
+    from dinfer_viz.ui import Handlers
+
+    from .app_support import handmade_trace
+
+    h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)
+    state = RunState(Timeline(handmade_trace()), None, FINISHED)
+    for number in (-5, 5, 10**30):
+        message = dict(zip(RUN_VIEW, h.replay(number, state)))["message"]
+        assert "the iteration to show must be from 0" in message and "\n" not in message.strip()
+    assert dict(zip(RUN_VIEW, h.replay(4, state)))["grid"]  # the last iteration shows

@@ -38,6 +38,8 @@ class ReplayHandlers(TabHandlers):
             return outputs(RUN_VIEW, {"message": "nothing to replay: run something or load a trace"})
         try:
             it = record_index(iteration)
+            if not -1 <= it < state.timeline.iterations:  # the slider's range; an API client's number may be any
+                raise EngineError(f"the iteration to show must be from 0 (before the first forward) to {state.timeline.iterations}, not {it + 1}")
         except EngineError as exc:
             return outputs(RUN_VIEW, {"message": error_text(str(exc))})
         return outputs(RUN_VIEW, unpinned_kept(timeline_view(state.timeline, it, state.expected, highlight=True, pinned=pinned), pinned))
