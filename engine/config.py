@@ -224,7 +224,7 @@ class GenerationConfig:
                 if value > bound:
                     raise EngineError(f"{f.name} must be at most {bound} ({most} {getattr(self, most)}): more can change nothing, got {value}")
             elif isinstance(most, (int, float)) and value > most:
-                raise EngineError(f"{f.name} must be <= {most}, got {value}")
+                raise EngineError(f"{f.name} must be <= {most}, got {str(value)[:40]}")
 
     def _check_types(self) -> None:
         """Every field of its declared type (int for float is fine), floats finite: a JSON or

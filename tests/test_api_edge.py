@@ -159,3 +159,22 @@ def test_a_replay_outside_the_run_is_one_line():
         message = dict(zip(RUN_VIEW, h.replay(number, state)))["message"]
         assert "the iteration to show must be from 0" in message and "\n" not in message.strip()
     assert dict(zip(RUN_VIEW, h.replay(4, state)))["grid"]  # the last iteration shows
+
+
+def test_a_trace_with_an_absurd_generation_length_loads_without_filling_the_boxes(tmp_path):
+    """#43 item 6: a trace whose config said gen_length 10**30 filled the page's box with it, and
+    the client got a CancelledError (the page's JSON writer takes no such integer). That box stays
+    as it is, the others are filled, and the run replays."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.ui import Handlers
+
+    from .app_support import handmade_trace
+
+    trace = handmade_trace()
+    trace.config = {**trace.config, "gen_length": 10**30}
+    path = tmp_path / "long.json"
+    path.write_text(trace.to_json())
+    h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)
+    out = dict(zip(h.loaded_slots, h.load_trace(str(path))))
+    assert "loaded a trace" in out["message"] and out["cfg:gen_length"] == {"__type__": "update"}  # left as it is
+    assert out["cfg:decoder"] == "threshold"

@@ -38,6 +38,9 @@ def load_view(fields: Sequence[str] | None = None) -> tuple[str, ...]:
     return (*RUN_VIEW, "prompt", "model_box", *(f"cfg:{f}" for f in (fields if fields is not None else [c.field for c in all_controls()])))
 
 
+JSON_SAFE_INT = 2**53  # the largest integer a page's number box (a JavaScript number) holds exactly
+
+
 class RunFileHandlers(TabHandlers):
     """The Run tab's events on files: load a trace or a sample, export the run on display."""
 
@@ -62,8 +65,11 @@ class RunFileHandlers(TabHandlers):
             return out
         named = set(trace.config or {})
         for c in all_controls():  # a plug-in registered after the page was built has no box here
-            if config_fields(c) & named and f"cfg:{c.field}" in self.loaded_slots:
-                out[f"cfg:{c.field}"] = control_value(c, config)
+            value = control_value(c, config) if config_fields(c) & named and f"cfg:{c.field}" in self.loaded_slots else None
+            # a number no page box holds (a file's gen_length 10**30: the page's JSON writer refused
+            # it and the client saw the event cancelled) leaves its box as it is
+            if value is not None and not (isinstance(value, int) and abs(value) > JSON_SAFE_INT):
+                out[f"cfg:{c.field}"] = value
         return out
 
     @guarded(lambda h: h.loaded_slots)
