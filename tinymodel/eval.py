@@ -164,11 +164,11 @@ def per_row_commits(output: GenerationOutput, stop_ids: list[int], mask_id: int)
     forwards = [0] * len(output.prompt_lengths)
     for rec in trace.iterations:
         s = rec.block_range[0]
-        written = rec.uniform["proposal_probability"] if rec.uniform is not None else rec.confidence
+        written = rec.state["proposal_probability"] if rec.state is not None else rec.confidence
         for row, positions in enumerate(rec.committed):
             if not rec.active[row]:
                 continue
-            forwards[row] += 1 + (rec.uniform is not None and rec.uniform["step"] == 0)
+            forwards[row] += 1 + (rec.state is not None and rec.state["step"] == 0)
             for p in positions:
                 at_commit[row][p] = written[row][p - s]
             for revision in (rec.revisions or [[]] * len(rec.committed))[row]:
