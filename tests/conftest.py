@@ -45,6 +45,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_projector_browser.py",
         "test_revision_browser.py",
         "test_run_on_display_browser.py",
+        "test_speculative_browser.py",
         "test_uniform_browser.py",
     ),
     "training": ("test_train.py", "test_distill.py", "test_edit_train.py", "test_uniform_train.py"),

@@ -1,0 +1,68 @@
+"""Self-speculative decoding in a real browser (Debian's chromium through Playwright, at a
+projector's 1024x768): lesson 8 on the embedded block-diffusion model `tiny-llada2` steps from
+block length 1 to the speculative kind; the run shows its drafts, accepted tokens and corrections,
+its details panel says why a drafted token was kept or replaced, and its answer is step 1's.
+What each step did is read from the run's own trace (downloaded from the page)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+
+from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
+WAIT = 300_000  # ms: a bound on a condition on a loaded machine, never a pace
+
+
+def _run_step(page, step: int) -> dict:
+    """Run the lesson's current step; its trace, downloaded from the page."""
+    from playwright.sync_api import expect
+
+    page.click("#run-btn")
+    expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
+    with page.expect_download() as download:
+        page.click("#download")
+    return json.loads(open(download.value.path()).read())
+
+
+def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_path):
+    from playwright.sync_api import expect
+
+    from dinfer_viz.lessons import LESSONS
+
+    lesson = next(l for l in LESSONS if l.name.startswith("8 "))
+    page = session.page
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.goto(session.url)
+    page.locator("#lessons-box").get_by_text("Lessons").click()
+    page.locator("#lesson input").fill(lesson.name)
+    page.keyboard.press("Enter")
+    expect(page.locator("#lesson-note")).to_contain_text("Step 1 of 3")
+    autoregressive = _run_step(page, 1)
+    page.click("#lesson-next")
+    page.click("#lesson-next")
+    expect(page.locator("#lesson-note")).to_contain_text("Step 3 of 3")
+    expect(page.locator("#cfg-kind input")).to_have_value("speculative")
+    trace = _run_step(page, 3)
+    assert trace["kind"] == "speculative" and trace["final"] == autoregressive["final"]  # the block-length-1 answer
+    assert trace["stats"]["nfe"] < autoregressive["stats"]["nfe"]  # in fewer forwards
+    expect(page.locator("#explain")).to_contain_text("verif")
+    # scrub to a step that corrected a draft, if one did, else to the first; its cells say which is which
+    steps = trace["iterations"]
+    chosen = next((i for i, r in enumerate(steps) if r["state"]["corrected"][0] is not None), 0)
+    page.locator("#scrub input[type=number]").fill(str(chosen + 1))
+    page.keyboard.press("Enter")
+    expect(page.locator("#grid .cells .cell.new").first).to_be_visible(timeout=WAIT)
+    rec = steps[chosen]
+    position = rec["state"]["corrected"][0] if rec["state"]["corrected"][0] is not None else rec["committed"][0][0]
+    page.locator(f"#grid .cells .cell[data-p='{position}']").click()
+    expect(page.locator("#details")).to_contain_text("verifier", timeout=WAIT)
+    path = os.path.join(SHOTS, "speculative-1024.png") if SHOTS else str(tmp_path / "speculative-1024.png")
+    page.screenshot(path=path, full_page=True)
+    assert os.path.getsize(path) > 20_000
