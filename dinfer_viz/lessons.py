@@ -87,11 +87,11 @@ LARGER_BOUND = 2.0  # the uniform sampler's entropy bound in lesson 6's last ste
 STRUCTURE_LESSON_PROMPT = "Q: ?+? A:"
 PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/constraints.py's
 # Lesson 8: the embedded block-diffusion model (LLaDA2 layout, block-causal), whose blocks of one
-# token decode autoregressively; an addition's answer restates both operands, so a block's draft
-# is mostly easy and the verifier keeps long runs of it (tests/test_lessons.py holds the step-3
-# tokens to step 1's)
+# token decode autoregressively. A held-out pair-sum the autoregressive decode answers right
+# (` 19 + 31`, 9 forwards); the speculative kind writes it again in 6, one verify correcting the
+# draft (tests/test_speculative_browser.py holds step 3's tokens to step 1's)
 SPECULATIVE_MODEL = "tiny-llada2"
-SPECULATIVE_LESSON_PROMPT = "Q: 123+45=? A:"
+SPECULATIVE_LESSON_PROMPT = "Q: ?+?=50 A:"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}

@@ -192,3 +192,33 @@ def test_the_server_takes_kind_and_streams_its_final_text(tmp_path):
         with httpx.Client(base_url=url, timeout=600) as http:
             refused = http.post("/completions", json={"prompt": "Q: 1+1=? A:", "max_tokens": 8, "kind": "speculative", **settings})
     assert refused.status_code == 400 and "kind 'speculative' cannot run on this model" in refused.json()["error"]["message"]
+
+
+HELD_OUT_PER_FAMILY = 6
+
+
+def test_on_the_shipped_block_diffusion_model_speculation_writes_the_autoregressive_tokens_in_fewer_forwards():
+    """The issue's check on `tiny-llada2` (evaluation lane: it reads the shipped weights): on
+    held-out prompts of every family, `--kind speculative --verify always --block-length 8
+    --gen-length 32` writes the token ids of `--block-length 1`, in fewer forwards than tokens
+    (summed over the prompts); one prompt through the CLI exactly as the issue writes it."""
+    from engine import Engine
+    from tinymodel.tasks import TASKS, split_examples
+
+    engine = Engine("tiny-llada2")
+    spec = GenerationConfig(kind="speculative", verify="always", block_length=8, gen_length=32)
+    ar = GenerationConfig(block_length=1, gen_length=32)
+    forwards = tokens = 0
+    for example in split_examples(list(TASKS), "held_out", HELD_OUT_PER_FAMILY):
+        a, s = engine.generate(example.prompt, ar), engine.generate(example.prompt, spec)
+        assert s.output.token_ids == a.output.token_ids, example.prompt
+        forwards, tokens = forwards + s.output.stats.nfe, tokens + s.output.stats.tokens
+    assert forwards < tokens, (forwards, tokens)
+    prompt = "Q: 123+45=? A:"
+    runs = [
+        subprocess.run([sys.executable, "-m", "engine", "generate", "--model", "tiny-llada2", *flags, "--block-length", block, "--gen-length", "32", "--prompt", prompt, "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+        for flags, block in ((["--kind", "speculative", "--verify", "always"], "8"), ([], "1"))
+    ]
+    spec_out, ar_out = (json.loads(r.stdout) for r in runs)
+    assert spec_out["token_ids"] == ar_out["token_ids"] and spec_out["nfe"] < spec_out["tokens"]

@@ -48,6 +48,7 @@ def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_pa
     page.click("#lesson-next")
     page.click("#lesson-next")
     expect(page.locator("#lesson-note")).to_contain_text("Step 3 of 3")
+    page.get_by_text("Diffusion kind", exact=True).click()  # the settings section, closed by default
     expect(page.locator("#cfg-kind input")).to_have_value("speculative")
     trace = _run_step(page, 3)
     assert trace["kind"] == "speculative" and trace["final"] == autoregressive["final"]  # the block-length-1 answer
@@ -63,6 +64,8 @@ def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_pa
     position = rec["state"]["corrected"][0] if rec["state"]["corrected"][0] is not None else rec["committed"][0][0]
     page.locator(f"#grid .cells .cell[data-p='{position}']").click()
     expect(page.locator("#details")).to_contain_text("verifier", timeout=WAIT)
-    path = os.path.join(SHOTS, "speculative-1024.png") if SHOTS else str(tmp_path / "speculative-1024.png")
-    page.screenshot(path=path, full_page=True)
-    assert os.path.getsize(path) > 20_000
+    page.locator("#grid").scroll_into_view_if_needed()
+    for name, full in (("speculative-1024.png", False), ("speculative-1024-page.png", True)):
+        path = os.path.join(SHOTS, name) if SHOTS else str(tmp_path / name)
+        page.screenshot(path=path, full_page=full)
+        assert os.path.getsize(path) > 20_000

@@ -29,7 +29,7 @@ add_states(
 )
 SPECULATIVE_STATES = ("corrected", "rejected")
 STATES = ("prompt", "masked", "old", "new", *SPECULATIVE_STATES, "fill")
-LABELS = {"new": "accepted now: drafted, and the verifier agrees (or the verify was skipped)"}
+LABELS = {"new": "accepted now: the verifier agrees (or no verify ran)"}
 MARKS = ("blk", "wrong")
 FORWARD_NAMES = {DRAFT_VERIFY: "draft + verify forwards", DRAFT: "draft forward only (verify skipped)"}
 
