@@ -156,8 +156,9 @@ class Meter:
 class DiffusionRun:
     """One run of a kind: the state every kind keeps, and the parts of the loop they share.
 
-    A subclass sets `kind` and implements `run_blocks` (the blocks, left to right, each step ending in
-    `emit`); `prompt_lengths`, `canvas` and `mask_id` are what its header records."""
+    A subclass sets `kind` and implements `setup` (its state and canvas: `begin`) and `run_blocks`
+    (the blocks, left to right, each step ending in `emit`); `prompt_lengths`, `canvas` and
+    `mask_id` are what its header records."""
 
     kind: ClassVar[str] = ""
 
@@ -170,10 +171,15 @@ class DiffusionRun:
         self.nfe = self.iteration = self.host_syncs = 0
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
         self.stats_extra: dict[str, Any] = {}  # a kind's own counters (a revising decoder's edits)
+        self.setup(prompts)
+
+    def setup(self, prompts: list[list[int]]) -> None:
+        """The kind's own state for these prompts; it calls `begin` with its canvas before any forward."""
+        raise NotImplementedError
 
     def begin(self, prompt_lengths: list[int], canvas: torch.Tensor, mask_id: int, capabilities: dict[str, bool]) -> None:
         """The run's canvas, its constraint and its trace header (a kind calls it once, from its
-        constructor, before any forward); each row's answer starts at its `prompt_lengths` entry."""
+        `setup`, before any forward); each row's answer starts at its `prompt_lengths` entry."""
         self.prompt_lengths, self.x, self.mask_id = prompt_lengths, canvas.to(self.device), mask_id
         self.constraint = CanvasConstraint.build(row_constraints(self.cfg, self.hooks, len(prompt_lengths)), self.compiler, prompt_lengths, canvas.shape[1])
         self.recorder = self.hooks.begin_trace(

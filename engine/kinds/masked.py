@@ -19,11 +19,9 @@ import torch
 
 from ..cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
 from ..config import GenerationConfig, kind_owned
-from ..constraints import Compiler, Restriction
+from ..constraints import Restriction
 from ..decoders import Block, DecodeResult, apply_decode, make_decoder, top_candidates
 from ..errors import EngineError
-from ..hooks import RunHooks
-from ..models.base import DiffusionLM
 from ..run import DiffusionRun, masked_canvas, sync
 from ..system_options import SYSTEM_OPTIONS
 from ..trace import CANDIDATES_MAX_BLOCK, EDIT, MASKED, REMASK, TOP_CANDIDATES, IterationRecord, Revision, candidate_lists, jsonable, positions, rounded
@@ -67,10 +65,8 @@ class MaskedRun(DiffusionRun):
 
     kind = MASKED
 
-    def __init__(
-        self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
-    ) -> None:
-        super().__init__(model, prompts, config, stop_ids, hooks, compiler)
+    def setup(self, prompts: list[list[int]]) -> None:
+        model, config = self.model, self.cfg
         lengths = [len(p) for p in prompts]
         x = masked_canvas(prompts, config.gen_length, model.mask_token_id)
         self.length = x.shape[1]

@@ -31,11 +31,9 @@ from typing import Any
 import torch
 
 from ..config import GenerationConfig
-from ..constraints import Compiler
 from ..decoders import Block, DecodeResult, make_decoder, top1, top_candidates
 from ..errors import EngineError
-from ..hooks import RunHooks
-from ..models.base import DiffusionLM, ModelOutput
+from ..models.base import ModelOutput
 from ..registry import decoder_class
 from ..run import DiffusionRun, added_costs, masked_canvas
 from ..step_state import StepState, id_lists, per_position, register_step_state
@@ -52,10 +50,8 @@ class SpeculativeRun(DiffusionRun):
 
     kind = SPECULATIVE
 
-    def __init__(
-        self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
-    ) -> None:
-        super().__init__(model, prompts, config, stop_ids, hooks, compiler)
+    def setup(self, prompts: list[list[int]]) -> None:
+        model, config, hooks = self.model, self.cfg, self.hooks
         if len(prompts) != 1:
             raise EngineError(f"speculative decoding runs one prompt at a time, got {len(prompts)}")
         if hooks.constraints is not None or config.regex or config.json_schema or config.choice:

@@ -33,11 +33,9 @@ from typing import Any, ClassVar
 import torch
 
 from ..config import GenerationConfig
-from ..constraints import Compiler
 from ..decoders import Block, DecodeResult, Decoder
 from ..entropy_bound import EntropyBoundDecoder
 from ..errors import EngineError
-from ..hooks import RunHooks
 from ..models.diffusion_gemma import DiffusionGemmaLM
 from ..registry import DecoderOption, register_decoder
 from ..run import DiffusionRun
@@ -173,10 +171,9 @@ class UniformRun(DiffusionRun):
 
     kind = UNIFORM
 
-    def __init__(
-        self, model: DiffusionGemmaLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
-    ) -> None:
-        super().__init__(model, prompts, config, stop_ids, hooks, compiler)
+    def setup(self, prompts: list[list[int]]) -> None:
+        model: DiffusionGemmaLM = self.model  # this kind's models: engine/models/diffusion_gemma.py
+        config = self.cfg
         model.check_text_only(prompts)
         self.sampler = UniformSampler(config, model.mask_token_id, self.generator)
         self.pad = model.mask_token_id
