@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.cli import DEFAULT_MODEL, OneLineParser, add_runtime_args
 from engine.errors import EngineError
-from engine.run import stop_every_run
+from engine.run import every_run_stopped
 from engine.system_options import system_options
 
 
@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # a run under way ends at its next step, and the exit waits for the engine to be free: a
         # thread inside a forward at exit aborted the process (SIGABRT) instead of exiting 0
-        stop_every_run()
-        if host.lock.acquire(timeout=EXIT_WAIT_S):
-            host.lock.release()
+        with every_run_stopped():
+            if host.lock.acquire(timeout=EXIT_WAIT_S):
+                host.lock.release()
         handlers.remove_files()
         signal.signal(signal.SIGTERM, previous)
     return 0

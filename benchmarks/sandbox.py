@@ -197,7 +197,7 @@ def _run_unboxed(program: str, timeout: float) -> int | None:
         path = Path(folder) / "program.py"
         path.write_text(program)
         process = subprocess.Popen(
-            [*_limits(), sys.executable, "-I", str(path)], cwd=folder, env={**SANDBOX_ENV, "HOME": folder, "TMPDIR": folder},
+            [*_limits(), sys.executable, "-I", str(path)], cwd=folder,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:

@@ -21,12 +21,12 @@ from .pipeline import Engine, load_tokenizer
 from . import entropy_bound, revising  # register the EB-Sampler and the decoders that revise their commits
 from . import remasking  # registers the decoders that remask their commits (remdm, wino)
 from .registry import DecoderOption, decoder_names, register_decoder
-from .run import GenerationCancelled, GenerationOutput, stop_every_run
+from .run import GenerationCancelled, GenerationOutput, every_run_stopped
 from .stats import GenerationStats
 from .trace import IterationRecord, Trace
 
 __all__ = [
-    "stop_every_run",
+    "every_run_stopped",
     "Decoder",
     "DecoderOption",
     "Engine",

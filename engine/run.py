@@ -49,9 +49,16 @@ class GenerationOutput:
 _STOPPING = threading.Event()
 
 
-def stop_every_run() -> None:
-    """Cancel every run of this process, now and from now on (the process is shutting down)."""
+@contextlib.contextmanager
+def every_run_stopped() -> Iterator[None]:
+    """While inside: every run of this process stops at its next step, and none starts (the
+    process is shutting down; the caller waits here for its engine to be free). Cleared on the
+    way out, so a process that goes on (a test calling the app's main) runs again."""
     _STOPPING.set()
+    try:
+        yield
+    finally:
+        _STOPPING.clear()
 
 
 @contextlib.contextmanager
