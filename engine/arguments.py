@@ -59,13 +59,12 @@ def check_dtype(value: Any) -> torch.dtype | None:
     return value
 
 
-def check_engine_arguments(path: Any, max_tokens: Any, switches: dict[str, Any]) -> None:
+def check_engine_arguments(path: Any, max_tokens: Any) -> None:
     """Engine's own arguments (the device and dtype: `check_device`, `check_dtype`; the degrees:
-    engine/runtime/parallel.py's `check_degrees`)."""
+    engine/runtime/parallel.py's `check_degrees`; compile and CUDA graphs: runtime/compiled.py's
+    `check_options`)."""
     need(isinstance(path, (str, os.PathLike)) and str(path).strip() != "", f"the model must be a folder, a hub id or an embedded model's name, got {shown(path)}")
     need(max_tokens is None or (is_int(max_tokens) and max_tokens >= 1), f"max_tokens must be a positive integer or None, got {shown(max_tokens)}")
-    for name, value in switches.items():
-        need(isinstance(value, bool), f"{name} must be True or False, got {shown(value)}")
 
 
 def check_prompts(prompts: Any) -> list[str]:

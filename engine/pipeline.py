@@ -153,7 +153,7 @@ class Engine:
         §6.5); the first generate at new shapes compiles or captures, and `GenerationStats` and
         each record's `cost` count it.
         """
-        check_engine_arguments(path, max_tokens, {"compile": compile, "cuda_graphs": cuda_graphs})
+        check_engine_arguments(path, max_tokens)
         device, dtype = check_device(device), check_dtype(dtype)
         self.path = str(path)
         self.max_tokens = max_tokens

@@ -54,7 +54,7 @@ def test_a_call_with_a_wrong_argument_is_one_line(engine, call, words):
         ({"dtype": torch.int64}, "dtype must be one of"),
         ({"max_tokens": -1}, "max_tokens must be a positive integer"),
         ({"tp_size": 0}, "tp and ep must be >= 1"),
-        ({"compile": "yes"}, "compile must be True or False"),
+        ({"compile": "yes"}, "compile and cuda_graphs must be true or false"),
     ],
 )
 def test_an_engine_with_a_wrong_argument_is_one_line(kwargs, words):

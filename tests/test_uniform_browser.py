@@ -64,7 +64,7 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
     names = page.evaluate("() => document.querySelector('#raster .js-plotly-plot')._fullData.map(t => t.name || '')")
     assert any("bound" in n for n in names)  # the accepted markers, named with the bound
 
-    cell = page.locator(f"#grid .cells .cell[data-p='{rec['uniform']['renoised'][0][0]}']")
+    cell = page.locator(f"#grid .cells .cell[data-p='{rec['state']['renoised'][0][0]}']")
     cell.click()
     details = page.locator("#details")
     expect(details).to_contain_text("entropy")
