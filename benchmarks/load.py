@@ -35,8 +35,10 @@ import torch
 
 from engine import Engine
 from engine.cli import DEFAULT_MODEL, OneLineParser, checked_device
+from engine.hooks import RunHooks
 from engine.serving.limits import RequestLimits
 from engine.serving.schema import parse_request
+from engine.serving.streaming import RowText
 
 from .machine import describe, one_line
 from .serve import children, server
@@ -67,11 +69,15 @@ def endpoint(body: dict[str, Any]) -> str:
 
 def solo_text(engine: Engine, body: dict[str, Any]) -> str:
     """The request's answer as one process alone gives it: its settings as the server reads them
-    (engine/serving/schema.py), through `Engine.generate`."""
+    (engine/serving/schema.py), through `Engine.generate`, the text cut as the server cuts a row's
+    (engine/serving/streaming.py: at the first end-of-text id, max_tokens, a stop string; a model
+    that writes tokens after an end-of-text id has them in `Engine.generate`'s text, not in the answer)."""
     chat = "messages" in body
     parsed = parse_request(body, chat, RequestLimits())
     prompt = body["messages"][0]["content"] if chat else body["prompt"]
-    return engine.generate(prompt, parsed.config).text
+    out = engine.generate(prompt, parsed.config, hooks=RunHooks(trace=True)).output
+    text, _, _ = RowText(out.trace, engine.decode, parsed.max_tokens, parsed.stop).finish(out.canvas[0].tolist())
+    return text
 
 
 @dataclass
@@ -133,6 +139,11 @@ def load(url: str, clients: int, requests: int, first: int = 0) -> list[tuple[in
     return answers
 
 
+def percentile(values: list[float], q: int) -> float:
+    """The `q`-th percentile of `values` (statistics.quantiles' exclusive method; one value: itself)."""
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
 def rss_mib(pid: int) -> float:
     """The process's resident memory (VmRSS), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -172,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     errors = sum(a.error is not None for _, a in answers)
     warm_errors = sum(a.error is not None or a.text != solo[i] for i, a in warm)
     latencies = sorted(a.seconds for _, a in answers)
-    p95 = statistics.quantiles(latencies, n=20)[18] if len(latencies) > 1 else latencies[0]
     before, after = memory[0], memory[-1]
     half = memory[len(memory) // 2]
     print(f"embedded model, {len(MIX)} kinds of request (streamed and not, completions and chat, fixed/threshold/hierarchical/credit, "
@@ -180,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| clients | requests | identical to solo | RSS after warm-up (MiB) | halfway | after | growth | second half's growth | p50 latency (s) | p95 latency (s) | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.clients} | {len(answers)} | {same}/{len(answers)} | {before:.0f} | {half:.0f} | {after:.0f} | {after - before:+.1f} MiB ({(after - before) / before:+.1%}) "
-          f"| {after - half:+.1f} MiB | {statistics.median(latencies):.2f} | {p95:.2f} | {errors} |")
+          f"| {after - half:+.1f} MiB | {statistics.median(latencies):.2f} | {percentile(latencies, 95):.2f} | {errors} |")
     print(f"RSS after warm-up and after each round of {ROUND} requests (MiB): {', '.join(f'{m:.0f}' for m in memory)}")
     print(f"warm-up: {len(warm)} requests, {warm_errors} not identical to solo or failed; SIGINT to exit: {exit_seconds:.2f} s (exit status {code}), processes left: {len(left)}")
     if errors or warm_errors or same != len(answers):

@@ -3,7 +3,7 @@ the embedded model on the CPU, driven by the `openai` client package and raw HTT
 
 Concurrency is decided by the engine's own state, never by timing: the test holds the batcher's
 lock (the engine busy) while the clients' requests arrive, and lets it go once the batcher counts
-them all waiting; a disconnect is held mid-run by the turnstile decoder's gate files
+them all waiting (`all_queued`; the server runs continuous batching, `lockstep` the other); a disconnect is held mid-run by the turnstile decoder's gate files
 (tests/turnstile_decoder.py) and observed through the trace store's status.
 """
 
@@ -31,6 +31,7 @@ from engine.hooks import RunHooks
 from engine.serving.app import Server, create_app
 from engine.serving.command import server_config
 from engine.serving.limits import RequestLimits
+from engine.serving.scheduler import ContinuousBatcher
 from engine.serving.streaming import RowText
 from engine.serving.traces import TraceStore
 from engine.trace import EDIT, IterationRecord, Revision
@@ -125,22 +126,58 @@ def test_models_and_one_completion_equal_the_engine(served):
         assert extra["finish_reason"] == "stop" and extra["batch"] == 1
 
 
+@pytest.fixture(scope="module")
+def lockstep(served: Served) -> Iterator[Served]:
+    """The same engine behind the lockstep batcher (`serve --batching lockstep`)."""
+    app = create_app(served.engine, LIMITS, max_batch=16, max_pending=32, traces=TraceStore(max_traces=64), batching="lockstep")
+    with running(app) as url:
+        yield Served(served.engine, app.state.server, url)
+
+
+def all_queued(server: Server, rows: int) -> bool:
+    """Every one of `rows` rows has reached the batcher: waiting for the lockstep one, waiting on a
+    forward for the continuous one (engine/serving/scheduler.py)."""
+    batcher = server.batcher
+    if isinstance(batcher, ContinuousBatcher):
+        return batcher.running == rows and batcher.scheduler.rows_at_forward == rows
+    return batcher.waiting == rows
+
+
+@pytest.mark.parametrize("batching", ["continuous", "lockstep"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_sixteen_concurrent_clients_get_their_solo_tokens(served, stream):
+def test_sixteen_concurrent_clients_get_their_solo_tokens(request, batching, stream):
+    served = request.getfixturevalue("served" if batching == "continuous" else "lockstep")
     alone = {p: solo(served.engine, p) for p in PROMPTS}
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         with served.server.batcher.lock:  # the engine is busy while the 16 requests arrive
             futures = [pool.submit(complete, served, p, stream) for p in PROMPTS]
-            until(lambda: served.server.batcher.waiting == len(PROMPTS))
+            until(lambda: all_queued(served.server, len(PROMPTS)))
         results = [f.result() for f in futures]
     lengths = [len(served.engine.encode(p, False)) for p in PROMPTS]
     for prompt, length, (text, extra) in zip(PROMPTS, lengths, results):
         assert text == alone[prompt].text, prompt
         assert extra["usage"]["forwards"] == alone[prompt].output.stats.nfe, prompt
-        # the batch is every waiting request whose prompt encodes to this one's length
-        assert extra["batch"] == lengths.count(length), prompt
+        if batching == "lockstep":  # the batch is every waiting request whose prompt encodes to this one's length
+            assert extra["batch"] == lengths.count(length), prompt
+        else:  # the first row's first forward ran alone (the others were still arriving), the next took all 16
+            assert extra["batch"] == len(PROMPTS), prompt
     assert max(extra["batch"] for _, extra in results) >= 4  # they really were batched
     assert served.server.pending == 0
+
+
+@pytest.mark.parametrize("batching", ["continuous", "lockstep"])
+def test_a_request_is_validated_once_when_parsed_and_once_when_fitted_never_per_row(request, batching, monkeypatch):
+    """The server fits the config to the model once (its checks before any forward) and its rows
+    run that config as it is (`BatchRequest.fitted`): four rows, two validations in all (it was
+    one plus two per row)."""
+    served = request.getfixturevalue("served" if batching == "continuous" else "lockstep")
+    alone = [solo(served.engine, p).text for p in PROMPTS[:4]]
+    calls = []
+    validate = GenerationConfig.validate
+    monkeypatch.setattr(GenerationConfig, "validate", lambda self: (calls.append(self), validate(self))[1])
+    out = served.client.completions.create(model=served.engine.name, prompt=PROMPTS[:4], max_tokens=32, extra_body=SETTINGS)
+    assert [c.text for c in out.choices] == alone
+    assert len(calls) == 2
 
 
 def test_chat_completion_streamed_and_not(served):

@@ -2,10 +2,13 @@
 bridge from the batcher's threads to the event loop (docs/serving.md).
 
 `create_app(engine)` -> a FastAPI app: GET /v1/models, POST /v1/completions and
-/v1/chat/completions (JSON, or server-sent events with `stream: true`), GET /v1/traces/{id}.
-Every prompt of a request is one row submitted to the engine batcher (engine/serving/batcher.py),
-so concurrent requests with the same settings decode as one batch and each gets its solo tokens.
-A client that disconnects cancels its rows (the batch goes on for the others).
+/v1/chat/completions (JSON, or server-sent events with `stream: true`), GET /v1/traces/{id},
+GET /metrics (Prometheus text: engine/serving/metrics.py).
+Every prompt of a request is one row submitted to the engine's batcher: continuous batching
+(engine/serving/scheduler.py: rows of any length share forwards, each leaves when it is done) or
+the lockstep batcher (engine/serving/batcher.py: equal prompt lengths and settings decode as one
+batch); either way each row gets its solo tokens. A client that disconnects cancels its rows
+(the others go on).
 """
 
 from __future__ import annotations
@@ -16,19 +19,23 @@ import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..constraints import spec_of
+from ..cache import PrefixStore
+from ..constraints import compile_in_background, spec_of
 from ..errors import EngineError
-from ..generation import fit_request
+from ..generation import check_fitted
+from ..kinds import fit
 from ..pipeline import Engine, TextResult
 from ..trace import IterationRecord, Trace
 from .batcher import MAX_BATCH, BatchRequest, Batcher, batch_key
+from .scheduler import ContinuousBatcher, shares_forwards
 from .limits import RequestLimits, TooLarge
+from .metrics import ServerMetrics
 from .schema import ParsedRequest, parse_request
 from .streaming import RowText, sse
 from .traces import CANCELLED, DONE, FAILED, RUNNING, TraceStore
@@ -39,6 +46,8 @@ RETRY_AFTER_SECONDS = 1  # what a 503 (busy, or shutting down) tells a client to
 # 5000 digits, nesting 100000 deep, a lone surrogate): the client's input, so a 400, never a 500
 BAD_INPUT_ERRORS = (ValueError, UnicodeError, OverflowError, RecursionError)
 SHUTTING_DOWN = "the server is shutting down"
+BATCHING = ("continuous", "lockstep")  # the batchers a server may run (docs/serving.md §3)
+PREFIX_CACHE_BYTES = 256 << 20  # the prompt blocks' K/V a block-causal model's server keeps across requests
 
 
 class HTTPError(Exception):
@@ -96,6 +105,9 @@ class RowSinkToLoop:
     def record(self, record: IterationRecord) -> None:
         self._post("record", record)
 
+    def batched(self, rows: int) -> None:
+        self._post("batched", rows)
+
     def finished(self, result: TextResult) -> None:
         if result.output.trace is not None:
             self.server.traces.done(self.trace_id, result.output.trace)
@@ -119,14 +131,27 @@ class Row:
     result: TextResult | None = None
     error: str | None = None
     completion_tokens: int = 0  # counted when it finishes
+    draft: str = ""  # the provisional text last sent (a stream with `provisional: true`)
 
 
 class Server:
-    """One engine, its batcher, its trace store and the bounds of a request."""
+    """One engine, its batcher, its trace store and the bounds of a request. `batching`: one of
+    BATCHING; continuous needs an engine that generates in this process (`shares_forwards`), and
+    another runs the lockstep batcher. `prefix_cache_bytes`: the bound of the prompt blocks' K/V a
+    block-causal model in this process shares across requests (0: none; docs/serving.md §3)."""
 
-    def __init__(self, engine: Engine, limits: RequestLimits, max_batch: int, max_pending: int, traces: TraceStore) -> None:
+    def __init__(
+        self, engine: Engine, limits: RequestLimits, max_batch: int, max_pending: int, traces: TraceStore, batching: str = BATCHING[0],
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    ) -> None:
+        if batching not in BATCHING:
+            raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.engine, self.limits, self.traces, self.max_pending = engine, limits, traces, max_pending
-        self.batcher = Batcher(threading.Lock(), lambda members: engine, max_batch)
+        kind = ContinuousBatcher if batching == "continuous" and shares_forwards(engine) else Batcher
+        self.batcher: Batcher | ContinuousBatcher = kind(threading.Lock(), lambda members: engine, max_batch, on_forward=lambda rows: self.metrics.forward(rows))
+        self.metrics = ServerMetrics(lambda: self.batcher.waiting, lambda: self.batcher.running)
+        if engine.model.block_causal and prefix_cache_bytes > 0 and shares_forwards(engine):  # the weights are here
+            engine.model.prefix_store = PrefixStore(prefix_cache_bytes, on_hit=self.metrics.prefix_hit)
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._watchers: set[asyncio.Task] = set()  # disconnect watchers, referenced until they end
@@ -197,11 +222,16 @@ class Server:
         task.add_done_callback(self._watchers.discard)
 
     async def complete(self, request: Request, chat: bool) -> Response:
-        body = await self.read_body(request)
-        # the checks compile a constraint's automaton (seconds for a JSON schema on a large
-        # vocabulary): off the event loop, so every other client, /v1/models included, is answered meanwhile
-        parsed, encoded = await asyncio.to_thread(self._checked, body, chat)
-        self._reserve(len(encoded))
+        arrived = time.monotonic()
+        try:
+            body = await self.read_body(request)
+            # the checks compile a constraint's automaton (seconds for a JSON schema on a large
+            # vocabulary): off the event loop, so every other client, /v1/models included, is answered meanwhile
+            parsed, encoded = await asyncio.to_thread(self._checked, body, chat)
+            self._reserve(len(encoded))
+        except Exception:
+            self.metrics.requests.labels("refused").inc()
+            raise
         request_id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
         cancel, events = threading.Event(), asyncio.Queue()
         self._cancels.add(cancel)
@@ -211,39 +241,48 @@ class Server:
         for i, ids in enumerate(encoded):
             row = Row(i, self.traces.new(), len(ids))
             rows.append(row)
-            self.batcher.submit(BatchRequest(ids, parsed.config, cancel, RowSinkToLoop(self, i, row.trace_id, cancel, loop, events), key))
+            sink = RowSinkToLoop(self, i, row.trace_id, cancel, loop, events)
+            self.batcher.submit(BatchRequest(ids, parsed.config, cancel, sink, key, fitted=True))
         self.watch_disconnect(request, cancel, [r.trace_id for r in rows])
         headers = {"X-Trace-Ids": ",".join(r.trace_id for r in rows)}
-        reply = Reply(self, parsed, request_id, rows, events, done=lambda: self._cancels.discard(cancel))
+        reply = Reply(self, parsed, request_id, rows, events, arrived, done=lambda: self._cancels.discard(cancel))
         if parsed.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         body = await reply.whole()
         return JSONResponse(body, headers=headers)
 
     def _checked(self, body: Any, chat: bool) -> tuple[ParsedRequest, list[list[int]]]:
-        """The request parsed, each prompt encoded and every check a run makes before any forward
+        """The request parsed, its config fitted to the model (once: its rows run it as it is,
+        `BatchRequest.fitted`), each prompt encoded and every check a run makes before any forward
         (the canvas, the kind, the constraint's room): refused here, in one line."""
         parsed = parse_request(body, chat, self.limits)
         if parsed.model is not None and parsed.model != self.engine.name:
             raise HTTPError(404, f"model '{parsed.model[:80]}' is not served here; this server serves '{self.engine.name}'", "model_not_found")
-        encoded = []
-        for i, prompt in enumerate(parsed.prompts):
+        for i in range(len(parsed.prompts)):
             self.limits.check(parsed.prompt_chars(i), parsed.config)
-            ids = encode_prompt(self.engine, prompt, parsed.config.use_chat_template)
-            vocabulary = self.engine.vocabulary if spec_of(parsed.config) is not None else None  # the constraint's room checked too
-            fit_request(self.engine.model, [ids], parsed.config, self.engine.max_tokens, vocabulary)
+        config = fit(parsed.config, self.engine.model)
+        vocabulary = self.engine.vocabulary if spec_of(config) is not None else None  # the constraint's room checked too
+        encoded = []
+        for prompt in parsed.prompts:
+            ids = encode_prompt(self.engine, prompt, config.use_chat_template)
+            check_fitted(self.engine.model, [ids], config, self.engine.max_tokens, vocabulary)
             encoded.append(ids)
-        return parsed, encoded
+        return replace(parsed, config=config), encoded
 
 
 class Reply:
     """The answer to one request: its rows' events turned into one JSON body or a stream of chunks."""
 
-    def __init__(self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, done: Callable[[], None]) -> None:
+    def __init__(
+        self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, arrived: float, done: Callable[[], None]
+    ) -> None:
         self.server, self.parsed, self.id, self.rows, self.events = server, parsed, request_id, rows, events
         self.done = done  # called once every row has ended
         self.created = int(time.time())
+        self.arrived = arrived  # time.monotonic() when the request came: its latency's start
+        self.first_text: float | None = None  # when its first final text went out
         self.forwards = 0
+        self.metrics = server.metrics
 
     def _row_text(self, header: Trace) -> RowText:
         return RowText(header, self.server.engine.decode, self.parsed.max_tokens, self.parsed.stop)
@@ -257,16 +296,30 @@ class Reply:
             if kind == "started":
                 header, row.batch = value  # type: ignore[misc]
                 row.text = self._row_text(header)
+            elif kind == "batched":  # continuous batching: the most rows its forwards shared so far
+                row.batch = max(row.batch, value)  # type: ignore[call-overload]
             elif kind == "finished":
                 row.result = value  # type: ignore[assignment]
                 self.forwards += row.result.output.stats.nfe
+                self.metrics.forwards_per_request.observe(row.result.output.stats.nfe)
                 open_rows -= 1
             elif kind == "failed":
                 row.error = str(value)
                 open_rows -= 1
             if not open_rows:
-                self.done()
+                self._ended()
             yield row, kind, value
+
+    def _ended(self) -> None:
+        """Every row has ended: the request's status and times in the metrics."""
+        self.done()
+        errors = [r.error for r in self.rows if r.error is not None]
+        status = "ok" if not errors else "cancelled" if errors[0] in ("cancelled", SHUTTING_DOWN) or self.server.stopping else "failed"
+        self.metrics.requests.labels(status).inc()
+        now = time.monotonic()
+        self.metrics.latency.observe(now - self.arrived)
+        if status == "ok":
+            self.metrics.first_token.observe((self.first_text or now) - self.arrived)
 
     def usage(self) -> dict[str, int]:
         completion = sum(r.completion_tokens for r in self.rows)
@@ -277,6 +330,7 @@ class Reply:
         """The rest of the row's text and its finish reason, its completion tokens counted."""
         assert row.text is not None and row.result is not None
         rest, reason, row.completion_tokens = row.text.finish(row.result.output.canvas[0].tolist())
+        self.metrics.tokens.inc(row.completion_tokens)
         return rest, reason
 
     def _choice(self, row: Row, text: str, reason: str | None, delta: bool) -> dict[str, Any]:
@@ -318,11 +372,21 @@ class Reply:
                 yield sse(self._envelope([{**first, "batch": row.batch}], True))
             elif kind == "record" and row.text is not None:
                 delta = row.text.update(value)  # type: ignore[arg-type]
-                if delta:
+                if delta and self.first_text is None:
+                    self.first_text = time.monotonic()
+                if self.parsed.provisional:  # the draft after the final text, whenever either changed
+                    draft = row.text.provisional()
+                    if delta or draft != row.draft:
+                        row.draft = draft
+                        yield sse(self._envelope([{**self._choice(row, delta, None, delta=True), "provisional": draft}], True))
+                elif delta:
                     yield sse(self._envelope([self._choice(row, delta, None, delta=True)], True))
             elif kind == "finished":
                 rest, reason = self._finish(row)
-                yield sse(self._envelope([self._choice(row, rest, reason, delta=True)], True))
+                last = {**self._choice(row, rest, reason, delta=True), "batch": row.batch}
+                if self.parsed.provisional:
+                    last["provisional"] = ""  # everything is final
+                yield sse(self._envelope([last], True))
             elif kind == "failed":
                 yield sse(error_body(row.error or "failed", "server_error"))
         if self.parsed.include_usage:
@@ -337,14 +401,18 @@ def create_app(
     max_pending: int = DEFAULT_MAX_PENDING,
     traces: TraceStore | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    batching: str = BATCHING[0],
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (module docstring). `on_shutdown`: called when the server
-    stops (uvicorn re-raises a SIGTERM once it has shut down, so code after its run never runs)."""
+    stops (uvicorn re-raises a SIGTERM once it has shut down, so code after its run never runs);
+    `batching`: "continuous" or "lockstep", `prefix_cache_bytes` (`Server`)."""
     # `is None`, not `or`: an empty store is falsy (its __len__), and it is the caller's bounds
-    server = Server(engine, limits, max_batch, max_pending, TraceStore() if traces is None else traces)
+    server = Server(engine, limits, max_batch, max_pending, TraceStore() if traces is None else traces, batching, prefix_cache_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        compile_in_background(lambda: engine.vocabulary)  # json_object's grammar, which no first request should wait for
         yield
         if on_shutdown is not None:
             on_shutdown()
@@ -376,6 +444,10 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await server.complete(request, chat=True)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.scrape(), media_type=server.metrics.content_type)
 
     @app.get("/v1/traces/{trace_id}")
     async def trace(trace_id: str):

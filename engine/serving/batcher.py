@@ -118,6 +118,17 @@ class RowView:
         return TextResult([text], GenerationOutput(canvas, [self.prompt_length], [out.token_ids[r]], stats, trace))
 
 
+def report_failure(members: list[BatchRequest], exc: Exception) -> None:
+    """Tell each member its run failed, in one line (an engine error's own; anything else logged)."""
+    if isinstance(exc, EngineError):
+        message = str(exc)
+    else:  # a bug or an out-of-memory must not kill the other requests
+        log.exception("engine run failed")
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    for r in members:
+        r.sink.failed(message)
+
+
 class AllCancelled:
     """The batch's cancel flag: set once every member has stopped."""
 
@@ -139,6 +150,9 @@ class RowSink(Protocol):
 
     def record(self, record: IterationRecord) -> None:
         """Its row's part of one iteration (renumbered as its solo run's)."""
+
+    def batched(self, rows: int) -> None:
+        """Continuous batching (scheduler.py): one of its forwards decoded `rows` rows, more than any before."""
 
     def finished(self, result: TextResult) -> None:
         """Its row's text, tokens, stats and trace."""
@@ -168,14 +182,19 @@ class Batcher:
     """Where requests wait for the engine, and where a leader gathers its batch (module docstring).
 
     `lock`: held for every use of the engine (a host may share it with its other users);
-    `engine_for(members)`: the engine a claimed batch runs on (the host loads it there, lock held)."""
+    `engine_for(members)`: the engine a claimed batch runs on (the host loads it there, lock held);
+    `on_forward(rows)`: told of each model forward a batch ran, with its rows (the server's metrics)."""
 
-    def __init__(self, lock: threading.Lock, engine_for: Callable[[list[BatchRequest]], Engine], max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self, lock: threading.Lock, engine_for: Callable[[list[BatchRequest]], Engine], max_batch: int = MAX_BATCH,
+        on_forward: Callable[[int], None] | None = None,
+    ) -> None:
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1, got {max_batch}")
-        self.lock, self.engine_for, self.max_batch = lock, engine_for, max_batch
+        self.lock, self.engine_for, self.max_batch, self.on_forward = lock, engine_for, max_batch, on_forward
         self._mutex = threading.Lock()  # guards `_waiting` and every request's `claimed`
         self._waiting: list[BatchRequest] = []
+        self.running = 0  # rows of the batch decoding now
 
     @property
     def waiting(self) -> int:
@@ -239,7 +258,7 @@ class Batcher:
             engine = self.engine_for(members)
             encoded = [r.prompt if isinstance(r.prompt, list) else engine.encode(r.prompt, r.config.use_chat_template) for r in members]
         except Exception as exc:
-            self._fail(members, exc)
+            report_failure(members, exc)
             return
         alone = engine.model.block_causal or not run_kind(members[0].config, engine.model).settings.shares_batches
         groups: dict[object, list[int]] = {}
@@ -254,17 +273,7 @@ class Batcher:
             try:
                 self._generate(engine, batch, [encoded[i] for i in rows])
             except Exception as exc:
-                self._fail(batch, exc)
-
-    @staticmethod
-    def _fail(members: list[BatchRequest], exc: Exception) -> None:
-        if isinstance(exc, EngineError):
-            message = str(exc)
-        else:  # a bug or an out-of-memory must not kill the other requests
-            log.exception("engine run failed")
-            message = f"internal error: {type(exc).__name__}: {exc}"
-        for r in members:
-            r.sink.failed(message)
+                report_failure(batch, exc)
 
     def _generate(self, engine: Engine, members: list[BatchRequest], encoded: list[list[int]]) -> None:
         views: list[RowView] = []
@@ -286,6 +295,13 @@ class Batcher:
         )
         specs = tuple(spec_of(r.config) for r in members)  # each row its own constraint, the batch's config without one
         free = dataclasses.replace(members[0].config, **dict.fromkeys(CONSTRAINT_FIELDS))
-        out = engine.generate_ids(encoded, free, hooks.but(constraints=specs) if any(specs) else hooks, fitted=members[0].fitted)
+        self.running = len(members)
+        try:
+            out = engine.generate_ids(encoded, free, hooks.but(constraints=specs) if any(specs) else hooks, fitted=members[0].fitted)
+        finally:
+            self.running = 0
+        if self.on_forward is not None:  # every forward of a lockstep batch decodes all its rows
+            for _ in range(out.stats.nfe):
+                self.on_forward(len(members))
         for r, view, ids in zip(members, views, out.token_ids):
             r.sink.finished(view.result(out, engine.decode(ids)))

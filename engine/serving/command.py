@@ -35,6 +35,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     add_runtime_args(serve)
     add_system_flags(serve)
     serve.add_argument("--max-batch", type=int, default=MAX_BATCH, help="most requests' rows decoded as one engine batch (1: each alone)")
+    serve.add_argument("--batching", choices=("continuous", "lockstep"), default="continuous",
+                       help="continuous: rows of any length share forwards and each leaves when done; lockstep: equal prompt lengths and settings decode as one batch to its end")
+    serve.add_argument("--prefix-cache-mb", type=int, default=256,
+                       help="a block-causal model (LLaDA2): megabytes of prompt blocks' K/V shared across requests, least recently used dropped first (0: off)")
     serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
     serve.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, help="most open connections; more are answered 503 at once")
     serve.add_argument("--header-timeout", type=float, default=HEADER_SECONDS, help="seconds a request's headers may take to arrive; a slower client is answered 408 and dropped")
@@ -140,6 +144,8 @@ def serve_command(args: argparse.Namespace) -> int:
     from .app import create_app
 
     positive = {"--port": args.port, "--max-batch": args.max_batch, "--max-pending": args.max_pending, "--max-connections": args.max_connections, "--max-traces": args.max_traces, "--max-trace-mb": args.max_trace_mb}
+    if args.prefix_cache_mb < 0:
+        raise EngineError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
     if bad:
         raise EngineError(f"these must be >= 1: {', '.join(bad)}")
@@ -156,7 +162,8 @@ def serve_command(args: argparse.Namespace) -> int:
     set_cpu_threads(model_skeleton(args.model), args.threads)
     with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
         # a parallel engine's workers end with the server, also when a signal stops it
-        app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close)
+        app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close, batching=args.batching,
+                         prefix_cache_bytes=args.prefix_cache_mb << 20)
         server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
         try:

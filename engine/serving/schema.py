@@ -28,7 +28,7 @@ NEUTRAL_FIELDS: dict[str, tuple[object, ...]] = {
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": ("",), "logit_bias": ({},),
 }
 IGNORED_FIELDS = ("user", "metadata", "store")  # bookkeeping a client may send; nothing to do
-COMMON_FIELDS = ("model", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "response_format", "structured_outputs")
+COMMON_FIELDS = ("model", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "response_format", "structured_outputs", "provisional")
 # vLLM's `structured_outputs` keys the engine serves, and the GenerationConfig field each sets
 STRUCTURED_OUTPUTS = {"regex": "regex", "json": "json_schema", "choice": "choice"}
 ROLES = ("system", "user", "assistant")
@@ -49,6 +49,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     model: str | None
+    provisional: bool = False  # each streamed chunk also carries the row's draft after its final text (streaming.py)
 
     def prompt_chars(self, index: int) -> int:
         prompt = self.prompts[index]
@@ -148,6 +149,8 @@ def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest
     model = body.get("model")
     _need(model is None or isinstance(model, str), "model must be a string")
     _need(isinstance(body.get("stream", False), bool), "stream must be true or false")
+    _need(isinstance(body.get("provisional", False), bool), "provisional must be true or false")
+    _need(not body.get("provisional") or body.get("stream") is True, "provisional text is streamed: provisional needs stream: true")
     options = body.get("stream_options") or {}
     _need(isinstance(options, dict) and set(options) <= {"include_usage"} and isinstance(options.get("include_usage", False), bool), "stream_options takes only include_usage (true or false)")
     max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(body, "max_tokens")
@@ -161,4 +164,5 @@ def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest
     return ParsedRequest(
         chat=chat, prompts=prompts, config=config, max_tokens=max_tokens or config.gen_length, stop=_stop(body.get("stop")),
         stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)), model=model,
+        provisional=bool(body.get("provisional", False)),
     )

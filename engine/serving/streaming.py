@@ -7,6 +7,11 @@ committed token at once for a decoder that never revises, a block's when the loo
 one that does, a uniform-state canvas's when it writes its output). The prefix also ends
 at the first end-of-text id, at `max_tokens` tokens, before a stop string (the text that could
 still become one is held back) and before an incomplete character.
+
+A stream that asks for it (`provisional: true`) also gets the draft after the final text
+(`RowText.provisional`): the committed tokens that are not final yet, and the model's current
+best guess (the record's top-1) at the open positions of the block it works on, up to the first
+position it has no guess for; text that may still change, which a client draws and replaces.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class RowText:
         self.mask_id, self.stop_ids, self.kind = header.mask_id, set(header.eos_ids), header.kind
         self.decode, self.max_tokens, self.stops = decode, max_tokens, stops
         self.sent = ""
+        self.guess: dict[int, int] = {}  # the last record's top-1 at its block's open positions
 
     def _answer(self, ids: list[int]) -> tuple[list[int], bool]:
         """The answer's ids up to the first end-of-text and at most max_tokens; whether it ended."""
@@ -51,6 +57,9 @@ class RowText:
         """The text this record made final, beyond what was sent."""
         for p, token in record_writes(rec, 0, self.kind):
             self.canvas[p] = token
+        s, e = rec.block_range
+        top1 = rec.top1[0] if rec.top1 else []
+        self.guess = {p: t for p, t in zip(range(s, e), top1) if self.canvas[p] == self.mask_id} if len(top1) == e - s else {}
         committed = []
         for token in self.canvas[self.start : rec.final_until[0]]:
             if token == self.mask_id:
@@ -62,6 +71,20 @@ class RowText:
             text = text.rstrip(INCOMPLETE)
             text = text[: len(text) - _undecided_tail(text, self.stops)]
         return self._delta(text)
+
+    def provisional(self) -> str:
+        """The draft after the text sent so far (module docstring): committed and guessed tokens
+        up to the first position without either, cut as the final text is (end of text, max_tokens,
+        stop strings); "" when the draft does not extend what was sent."""
+        draft = []
+        for p in range(self.start, len(self.canvas)):
+            token = self.guess.get(p, self.canvas[p])
+            if token == self.mask_id:
+                break
+            draft.append(token)
+        ids, _ = self._answer(draft)
+        text, _ = cut_at_stop(self.decode(ids), self.stops)
+        return text[len(self.sent) :] if text.startswith(self.sent) else ""
 
     def _delta(self, text: str) -> str:
         # appending tokens never changes the text of the ones before (incomplete characters are
