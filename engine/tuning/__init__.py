@@ -1,0 +1,1 @@
+"""Decoder tuning: an Optuna study over the declared settings (docs/tuning.md)."""

@@ -1,0 +1,107 @@
+"""`python -m engine tune`: a multi-objective Optuna study of decoder settings (docs/tuning.md).
+
+The prompts and their verifiers come from a scorer module loaded by name at run time
+(`SCORER_MODULE`, or $DINFER_VIZ_TUNE_SCORER): by default the embedded tasks'
+(tinymodel/tune_prompts.py), which the engine never imports (tests/test_layout.py). A scorer
+module offers `make_evaluator(engine, families, per_family, seed, prompts_file, cancel)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, apply_runtime, check_threads, set_cpu_threads
+from ..errors import EngineError
+
+SCORER_MODULE = "tinymodel.tune_prompts"
+SCORER_ENV = "DINFER_VIZ_TUNE_SCORER"
+DEFAULT_STORAGE = "sqlite:///tune.db"  # beside where the command runs (its output)
+MAX_TRIALS = 10_000
+MAX_PROMPTS = 300  # per family: what every family holds (tinymodel/tasks.py)
+
+
+def parse_pairs(items: list[str] | None, what: str, need_value: bool) -> dict[str, str]:
+    """NAME=VALUE items as a dict (with `need_value` False, NAME alone: an empty value); `what`
+    names them in the error (the flag, the app's box)."""
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not name.strip() or (need_value and not sep):
+            raise EngineError(f"{what} takes NAME=VALUE, got {item[:60]!r}")
+        out[name.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def add_tune_command(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser("tune", help="search decoder settings for accuracy and tokens per forward (an Optuna study; docs/tuning.md)")
+    tune.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    tune.add_argument("--families", nargs="+", default=["pairsum"], metavar="FAMILY", help="the embedded task families whose prompts score a trial (default: pairsum)")
+    tune.add_argument("--prompts-file", metavar="FILE", help="instead of --families: one prompt a line, each of some family (its verifier scores it)")
+    tune.add_argument("--prompts", type=int, default=8, metavar="N", help="prompts per family on each split (default 8)")
+    tune.add_argument("--trials", type=int, default=20, metavar="N", help="trials this process runs (other workers of the study add theirs; default 20)")
+    tune.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop starting trials after this long")
+    tune.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL", help=f"an Optuna storage: a database URL or journal:PATH (default {DEFAULT_STORAGE})")
+    tune.add_argument("--study", default=None, metavar="NAME", help="the study to create, resume or join (default: a new one, named in the output)")
+    tune.add_argument("--seed", type=int, default=0, help="seeds the sampler and the prompts drawn (give each worker of a study its own)")
+    tune.add_argument("--sampler", choices=["tpe", "nsga2"], default="tpe", help="Optuna's sampler (default tpe)")
+    tune.add_argument("--tps", action="store_true", help="maximise tokens per second too (a third objective; noisy)")
+    tune.add_argument("--decoders", metavar="A,B", help="search only these decoders")
+    tune.add_argument("--fix", action="append", metavar="NAME=VALUE", help="hold a setting at a value (repeat the flag)")
+    tune.add_argument("--space", action="append", metavar="NAME[=LOW:HIGH|=A,B]", help="add a setting to the search with its declared range, or narrow one (repeat the flag)")
+    tune.add_argument("--json", action="store_true", help="print one JSON object: trials, front, default")
+    add_runtime_args(tune)
+    tune.set_defaults(run=tune_command)
+
+
+def load_scorer() -> Any:
+    """The scorer module; EngineError in one line when it is not installed."""
+    name = os.environ.get(SCORER_ENV) or SCORER_MODULE
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise EngineError(f"cannot load the tuner's scorer {name!r} ({exc}): install the project's tinymodel package or set ${SCORER_ENV}") from None
+
+
+def _say_refused(study: Any, trial: Any) -> None:
+    if "refused" in trial.user_attrs:
+        print(f"trial {trial.number} refused: {trial.user_attrs['refused']}", file=sys.stderr)
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    import optuna
+
+    from ..models import model_skeleton
+    from ..pipeline import Engine
+    from .space import build_space
+    from .study import OBJECTIVES, format_report, open_study, report, run_trials
+
+    if not 1 <= args.trials <= MAX_TRIALS:
+        raise EngineError(f"--trials must be from 1 to {MAX_TRIALS}, got {args.trials}")
+    if not 1 <= args.prompts <= MAX_PROMPTS:
+        raise EngineError(f"--prompts must be from 1 to {MAX_PROMPTS}, got {args.prompts}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise EngineError(f"--timeout must be positive, got {args.timeout}")
+    check_threads(args.threads)
+    skeleton = model_skeleton(args.model)
+    decoders = [d.strip() for d in args.decoders.split(",") if d.strip()] if args.decoders else None
+    space = build_space(skeleton, decoders=decoders, fix=parse_pairs(args.fix, "--fix", True), space=parse_pairs(args.space, "--space", False))
+    scorer = load_scorer()
+    objectives = OBJECTIVES if args.tps else OBJECTIVES[:2]
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the table and the JSON are the output; refusals get one line each
+    study = open_study(args.storage, args.study, space, objectives, args.sampler, args.seed)
+    set_cpu_threads(skeleton, args.threads)
+    with Engine(args.model, **apply_runtime(args)) as engine:
+        evaluate = scorer.make_evaluator(engine, args.families, args.prompts, args.seed, args.prompts_file)
+        run_trials(study, space, skeleton, evaluate, args.trials, args.timeout, on_trial=_say_refused)
+        if not study.best_trials:
+            raise EngineError(f"study {study.study_name!r} has no completed trial (every setting tried was refused: narrow the space)")
+        result = report(study, skeleton, evaluate)
+    print(json.dumps(result) if args.json else format_report(result))
+    if not args.json:
+        print(f"[storage {args.storage}  study {study.study_name}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,304 @@
+"""The tuner's search space, derived from the settings' declarations (docs/tuning.md §2).
+
+What is searched by default: the settings that choose what else a run reads (the kind, the
+decoder, the cache mode, the switches smoothing and unroll: engine/settings_read.py's
+`switch_settings`), the block length (among the divisors of the generation length), the fields the
+decoders declare they read (`Decoder.settings`: the threshold, the fixed decoder's steps), the
+fields a kind alone reads (the speculative kind's verify and verify_threshold), and the chosen
+decoder's own options (`Decoder.options`, each within its declared range). Each is suggested only
+when the run being built reads it (`settings_read`), so a decoder's options appear only in the
+trials that chose it, and the kinds and cache modes the model cannot run are left out
+(`DiffusionKind.refuses`, `CacheMode.block_causal`). Anything else (temperature, a cache mode's
+windows, smoothing's weights, unroll's counts) joins with `--space NAME`. `--fix NAME=VALUE` takes
+a setting out of the search; `--decoders` narrows the decoder.
+
+A number declared without an upper bound (a decoder option "> 0") is searched on a log scale from
+a tenth to ten times its default; the few fields whose range `GenerationConfig.validate` checks
+in prose rather than declares (`UNDECLARED_RANGES`) are searched over that range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from ..cache_modes import cache_modes
+from ..config import GenerationConfig, kind_owned, relative_bound
+from ..errors import EngineError
+from ..kinds.base import KINDS, ModelTraits, kind_decoders
+from ..registry import OPTION_SETTING_PREFIX, decoder_class
+from ..settings_read import decoder_declared, settings_read, switch_settings
+
+# The ranges `GenerationConfig.validate` states in its checks instead of the field's declaration:
+# the threshold in (0, 1] (searched from 0.05, the app's slider's least: below it nearly every
+# position commits at once), smoothing's weights in [0, 1].
+UNDECLARED_RANGES = {"threshold": (0.05, 1.0), "cont_weight": (0.0, 1.0), "cont_weight_init": (0.0, 1.0), "cont_weight_growth": (0.0, 1.0), "threshold_decay": (0.0, 1.0)}
+# the fixed-step decoders' `steps` is searched as steps per block (any count from 1 to the block
+# length is valid for every block length; `steps` itself must be a multiple of the block count)
+STEPS_PER_BLOCK = "steps_per_block"
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched setting: a field name or `decoder_options.<name>`; categorical `choices`, or a
+    number in [low, high] (`integer`, `log` scale)."""
+
+    name: str
+    choices: tuple[Any, ...] = ()
+    low: float = 0.0
+    high: float = 0.0
+    integer: bool = False
+    log: bool = False
+
+    def describe(self) -> str:
+        if self.choices:
+            return f"{self.name} in {{{', '.join(map(str, self.choices))}}}"
+        scale = " (log)" if self.log else ""
+        return f"{self.name} in [{self.low:g}, {self.high:g}]{scale}"
+
+    def suggest(self, trial: Any, param: str) -> Any:
+        if self.choices:
+            return trial.suggest_categorical(param, list(self.choices))
+        if self.integer:
+            return trial.suggest_int(param, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(param, self.low, self.high, log=self.log)
+
+
+def _field(name: str) -> dataclasses.Field:
+    fields = {f.name: f for f in dataclasses.fields(GenerationConfig)}
+    if name not in fields:
+        raise EngineError(f"no setting '{name}' to search or fix (a GenerationConfig field or a decoder's option)")
+    return fields[name]
+
+
+def _number(name: str, kind: type, default: Any, least: float | None, most: float | None, above: bool) -> Dimension:
+    """A number's dimension from its declared range (module docstring: the unbounded rule)."""
+    integer = kind is int
+    if most is None:  # no upper bound declared: a decade either side of the default, log scale
+        if not isinstance(default, (int, float)) or default <= 0:
+            raise EngineError(f"{name} declares no upper bound and no positive default: give its range with --space {name}=LOW:HIGH")
+        low, high = default / 10, default * 10
+        if least is not None:
+            low = max(low, least + (1 if integer else 0) * above)
+        return Dimension(name, low=max(1, round(low)) if integer else low, high=round(high) if integer else high, integer=integer, log=True)
+    low = least if least is not None else 0.0
+    if above:  # an excluded least: the search starts just inside it
+        low = low + 1 if integer else low + (most - low) * 1e-3
+    return Dimension(name, low=low, high=most, integer=integer)
+
+
+def declared_dimension(name: str, base: GenerationConfig) -> Dimension:
+    """The dimension of setting `name` (a field, `decoder_options.<option>` or a bare option name)
+    from its declaration; EngineError for a setting that cannot be searched."""
+    if name.startswith(OPTION_SETTING_PREFIX) or not any(f.name == name for f in dataclasses.fields(GenerationConfig)):
+        option_name = name.removeprefix(OPTION_SETTING_PREFIX)
+        owner = _option_owner(option_name, base.decoder)
+        option = decoder_class(owner).options[option_name]
+        key = OPTION_SETTING_PREFIX + option_name
+        if option.choices or isinstance(option.default, bool):
+            return Dimension(key, choices=option.choices or (False, True))
+        return _number(key, type(option.default), option.default, option.least, option.most, option.above)
+    field = _field(name)
+    hint = typing.get_type_hints(GenerationConfig)[name]
+    base_type = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    if name == "block_length":
+        return Dimension(name, choices=tuple(n for n in range(1, base.gen_length + 1) if base.gen_length % n == 0))
+    if name == "steps":
+        return Dimension(STEPS_PER_BLOCK, low=1, high=base.block_length, integer=True)
+    if name == "kind":
+        return Dimension(name, choices=tuple(KINDS))
+    if name == "decoder":
+        return Dimension(name, choices=tuple(n for k in KINDS for n in kind_decoders(KINDS[k].decoder_kind())))
+    if name == "cache":
+        return Dimension(name, choices=tuple(m.name for m in cache_modes()))
+    if base_type is bool:
+        return Dimension(name, choices=(False, True))
+    if field.metadata.get("choices"):
+        return Dimension(name, choices=tuple(field.metadata["choices"]))
+    if base_type not in (int, float):
+        raise EngineError(f"{name} is not a number, a switch or a choice: it cannot be searched")
+    if name in UNDECLARED_RANGES:
+        low, high = UNDECLARED_RANGES[name]
+        return Dimension(name, low=low, high=high)
+    least, most = field.metadata.get("least"), field.metadata.get("most")
+    if isinstance(most, str):  # a count bounded by another length ("canvas": the prompt's too)
+        if most == "canvas":
+            raise EngineError(f"{name} is bounded by the canvas (the prompt's length too): give its range with --space {name}=LOW:HIGH")
+        most = relative_bound(name, getattr(base, most))
+    return _number(name, base_type, field.default, least, most, False)
+
+
+def _option_owner(option: str, preferred: str) -> str:
+    """The decoder that declares option `option` (the preferred one when it does)."""
+    if option in decoder_class(preferred).options:
+        return preferred
+    owners = [n for k in KINDS for n in kind_decoders(KINDS[k].decoder_kind()) if option in decoder_class(n).options]
+    if not owners:
+        raise EngineError(f"no setting '{option}' to search or fix (a GenerationConfig field or a decoder's option)")
+    return owners[0]
+
+
+def parse_value(name: str, text: str, base: GenerationConfig) -> Any:
+    """`text` as the value of setting `name` (its declared type); EngineError in one line."""
+    dim = declared_dimension(name, base)
+    if dim.name == STEPS_PER_BLOCK or name in ("steps",):
+        kind: type = int
+    elif dim.choices:
+        matches = [c for c in dim.choices if str(c).lower() == text.strip().lower()]
+        if not matches:
+            raise EngineError(f"{name} must be one of {', '.join(map(str, dim.choices))}, got {text[:40]!r}")
+        return matches[0]
+    else:
+        kind = int if dim.integer else float
+    try:
+        return kind(text)
+    except ValueError:
+        raise EngineError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {text[:40]!r}") from None
+
+
+def _narrowed(dim: Dimension, spec: str, base: GenerationConfig) -> Dimension:
+    """`--space NAME=LOW:HIGH` (a number's range) or `NAME=A,B,C` (values) applied to `dim`."""
+    if ":" in spec and not dim.choices:
+        low_text, _, high_text = spec.partition(":")
+        low, high = (parse_value(dim.name.removeprefix(OPTION_SETTING_PREFIX), t, base) for t in (low_text, high_text))
+        if not dim.low <= low <= high <= dim.high:
+            raise EngineError(f"{dim.name}: the range {spec} is not inside the declared {dim.describe().split(' in ', 1)[1]}")
+        return dataclasses.replace(dim, low=low, high=high, log=dim.log and low > 0)
+    values = tuple(dict.fromkeys(parse_value(dim.name.removeprefix(OPTION_SETTING_PREFIX), t, base) for t in spec.split(",") if t.strip()))
+    if not values:
+        raise EngineError(f"--space {dim.name}= names no value")
+    if dim.choices:
+        outside = [v for v in values if v not in dim.choices]
+        if outside:
+            raise EngineError(f"{dim.name}: {outside[0]!r} is not among its values ({', '.join(map(str, dim.choices))})")
+    return Dimension(dim.name, choices=values)
+
+
+def default_names() -> list[str]:
+    """The settings searched by default (module docstring), in the order a trial suggests them."""
+    kind_fields = [f.name for f in dataclasses.fields(GenerationConfig) if kind_owned(f.name)]
+    return ["kind", "decoder", "block_length", *[s for s in switch_settings() if s not in ("kind", "decoder")], *decoder_declared(), *kind_fields]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What a study searches: the `base` config (the defaults with the fixed settings), the
+    dimensions of the settings (in suggestion order) and whether each decoder's own options are
+    searched (`options`: all of the chosen decoder's, unless fixed). `suggest` builds one trial's
+    config; `fit` (engine/kinds/base.py) decides whether it runs."""
+
+    base: GenerationConfig
+    dimensions: tuple[Dimension, ...]
+    fixed_options: frozenset[str] = frozenset()
+    own_kind: str = "masked"  # the model's own kind: a trial that picks it leaves `kind` unset
+
+    def suggest(self, trial: Any) -> GenerationConfig:
+        """One trial's config: each dimension the run being built reads, suggested by `trial`."""
+        config = self.base
+        for dim in self.dimensions:
+            read = settings_read(config)
+            if dim.name == STEPS_PER_BLOCK:
+                if "steps" in read:  # at most the chosen block's length per block
+                    per_block = dataclasses.replace(dim, high=min(dim.high, config.block_length)).suggest(trial, dim.name)
+                    config = dataclasses.replace(config, steps=per_block * config.num_blocks())
+            elif dim.name.startswith(OPTION_SETTING_PREFIX):
+                continue  # with the decoder's other options, below
+            elif dim.name == "kind":
+                kind = dim.suggest(trial, dim.name)
+                config = dataclasses.replace(config, kind=None if kind == self.own_kind else kind)
+            elif dim.name in ("decoder", "block_length") or dim.name in read:
+                config = _with(config, dim.name, dim.suggest(trial, dim.name))
+        return self._options(trial, config)
+
+    def _options(self, trial: Any, config: GenerationConfig) -> GenerationConfig:
+        """The chosen decoder's options: narrowed ones by their `--space`, the rest as declared
+        (each named `<decoder>.<option>` in the study: two decoders' same-named options keep
+        their own ranges)."""
+        given = {d.name: d for d in self.dimensions if d.name.startswith(OPTION_SETTING_PREFIX)}
+        declared = decoder_class(config.decoder).options
+        # a fixed option applies to the decoders that declare it
+        options = {k: v for k, v in config.decoder_options.items() if k in declared}
+        for option in declared:
+            key = OPTION_SETTING_PREFIX + option
+            if option in self.fixed_options:
+                continue
+            dim = given.get(key) or declared_dimension(key, dataclasses.replace(config, decoder_options={}))
+            options[option] = dim.suggest(trial, f"{config.decoder}.{option}")
+        return dataclasses.replace(config, decoder_options=options)
+
+    def describe(self) -> list[str]:
+        """One line per dimension (the table's header and the study's record of its space)."""
+        fixed = {k: v for k, v in changed_settings(self.base).items()}
+        lines = [d.describe() for d in self.dimensions]
+        lines.append("each chosen decoder's own options as declared" + (f" (but {', '.join(sorted(self.fixed_options))})" if self.fixed_options else ""))
+        return lines + [f"fixed: {json.dumps(fixed, sort_keys=True)}"] if fixed else lines
+
+    def fingerprint(self) -> str:
+        """What two workers must agree on to share a study (the study keeps it)."""
+        return json.dumps(self.describe())
+
+
+def changed_settings(config: GenerationConfig) -> dict[str, Any]:
+    """The settings of `config` away from the defaults (a trial's settings, as the study stores
+    them and `GenerationConfig.from_dict` takes them back)."""
+    defaults = GenerationConfig().to_dict()
+    return {k: v for k, v in config.to_dict().items() if v != defaults[k]}
+
+
+def build_space(
+    model: Any, base: GenerationConfig | None = None, decoders: list[str] | None = None, fix: dict[str, str] | None = None, space: dict[str, str] | None = None,
+) -> SearchSpace:
+    """The search space for `model` (a model, skeleton or ModelTraits): the declared dimensions
+    (module docstring) the model can run, narrowed by `decoders`, `fix` (name -> value text) and
+    `space` (name -> "" to add a setting with its declared range, "LOW:HIGH" or "A,B,C")."""
+    traits = ModelTraits.of(model)
+    base = base or GenerationConfig()
+    fix, space = dict(fix or {}), dict(space or {})
+    changes: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    for name, text in fix.items():  # the block length first: it bounds steps per block
+        key = name.removeprefix(OPTION_SETTING_PREFIX)
+        value = parse_value(name, text, base)
+        if any(f.name == key for f in dataclasses.fields(GenerationConfig)):
+            changes["steps" if key == STEPS_PER_BLOCK else key] = value
+        else:
+            options[key] = value
+    base = dataclasses.replace(base, **changes, decoder_options={**base.decoder_options, **options})
+    runnable = tuple(k for k in KINDS if KINDS[k].refuses(traits) is None)
+    dims: dict[str, Dimension] = {}
+    for name in [*default_names(), *[n for n in space if n not in default_names()]]:
+        key = name if any(f.name == name for f in dataclasses.fields(GenerationConfig)) else OPTION_SETTING_PREFIX + name.removeprefix(OPTION_SETTING_PREFIX)
+        if key in changes or key.removeprefix(OPTION_SETTING_PREFIX) in options or (key == "steps" and "steps" in changes):
+            continue
+        dim = declared_dimension(key, base)
+        if dim.name == "kind":
+            dim = Dimension("kind", choices=runnable)
+        elif dim.name == "decoder":
+            own = list(dict.fromkeys(n for k in runnable for n in kind_decoders(KINDS[k].decoder_kind())))
+            chosen = decoders or own
+            unknown = [d for d in chosen if d not in own]
+            if unknown:
+                raise EngineError(f"--decoders: no decoder '{unknown[0]}' for this model; its decoders: {', '.join(own)}")
+            dim = Dimension("decoder", choices=tuple(chosen))
+        elif dim.name == "cache":
+            dim = Dimension("cache", choices=tuple(m.name for m in cache_modes() if m.block_causal or not traits.block_causal))
+        if name in space and space[name]:
+            dim = _narrowed(dim, space[name], base)
+        if len(dim.choices) == 1:  # one value left: a fixed setting, not a search
+            if dim.name.startswith(OPTION_SETTING_PREFIX):
+                options[dim.name.removeprefix(OPTION_SETTING_PREFIX)] = dim.choices[0]
+            if dim.name != "kind":  # the model's only kind is its own (kind None)
+                base = _with(base, dim.name, dim.choices[0])
+            continue
+        dims[dim.name] = dim
+    return SearchSpace(base, tuple(dims.values()), frozenset(options), traits.diffusion_kind)
+
+
+def _with(config: GenerationConfig, name: str, value: Any) -> GenerationConfig:
+    """`config` with setting `name` (a field or `decoder_options.<option>`) set to `value`."""
+    if name.startswith(OPTION_SETTING_PREFIX):
+        return dataclasses.replace(config, decoder_options={**config.decoder_options, name.removeprefix(OPTION_SETTING_PREFIX): value})
+    return dataclasses.replace(config, **{name: value})

@@ -1,0 +1,231 @@
+"""The tuner (docs/tuning.md): its space from the declarations, refusals as FAIL trials, the
+front non-dominated with held-out figures, the splits apart, two processes on one study."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from engine import Engine, GenerationConfig
+from engine.__main__ import main
+from engine.kinds.base import fit, kind_decoders
+from engine.models import model_skeleton
+from engine.registry import decoder_class
+from engine.tuning.space import STEPS_PER_BLOCK, build_space
+from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, front, open_study, report, run_trials, trial_config
+from tinymodel.tasks import get_task
+from tinymodel.tune_prompts import evaluator, file_examples, tune_examples
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"gen_length": "32"}  # short canvases keep each trial to a few forwards
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine("tiny-llada") as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def evaluate(engine):
+    return evaluator(engine, {s: tune_examples(["pairsum"], s, 2) for s in (TUNING_SPLIT, HELD_OUT_SPLIT)})
+
+
+def _ask(space, n: int, seed: int = 0) -> list[tuple[dict, GenerationConfig]]:
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        config = space.suggest(trial)
+        out.append((trial.params, config))
+        study.tell(trial, [0.0, 0.0])
+    return out
+
+
+def test_the_space_is_the_declarations_and_a_decoders_options_appear_only_when_chosen():
+    skeleton = model_skeleton("tiny-llada")
+    space = build_space(skeleton, fix=SMALL)
+    dims = {d.name: d for d in space.dimensions}
+    assert dims["decoder"].choices == tuple(kind_decoders("masked"))
+    assert dims["block_length"].choices == (1, 2, 4, 8, 16, 32)  # the divisors of gen_length 32
+    assert "kind" not in dims  # tiny-llada runs its own kind only
+    assert set(dims["cache"].choices) == {"none", "prefix", "dual", "vicinity"}
+    for params, config in _ask(space, 60):
+        for name in params:
+            if "." in name:  # <decoder>.<option>: only the chosen decoder's, in its declared range
+                owner, option = name.split(".")
+                assert owner == config.decoder and option in decoder_class(owner).options
+                decoder_class(owner).options[option].check(option, params[name])
+        assert set(config.decoder_options) == set(decoder_class(config.decoder).options)
+        assert (STEPS_PER_BLOCK in params) == (config.decoder in ("fixed", "remdm"))  # the decoders that read steps
+        assert ("threshold" in params) == ("threshold" in decoder_class(config.decoder).settings)
+        assert config.gen_length % config.block_length == 0
+
+
+def test_a_block_causal_model_searches_its_kinds_and_its_cache_modes():
+    space = build_space(model_skeleton("tiny-llada2"))
+    dims = {d.name: d for d in space.dimensions}
+    assert set(dims["kind"].choices) == {"masked", "speculative"}
+    assert set(dims["cache"].choices) == {"none", "prefix"}  # LLaDA2's block-causal modes
+    for params, config in _ask(space, 30):
+        assert ("verify" in params) == (params["kind"] == "speculative")
+        assert config.kind == ("speculative" if params["kind"] == "speculative" else None)
+
+
+def test_fix_decoders_and_space_narrow_it_and_bad_ones_say_so():
+    skeleton = model_skeleton("tiny-llada")
+    space = build_space(skeleton, decoders=["threshold", "hierarchical"], fix={"cache": "dual"}, space={"threshold": "0.5:0.9", "temperature": ""})
+    dims = {d.name: d for d in space.dimensions}
+    assert dims["decoder"].choices == ("threshold", "hierarchical") and "cache" not in dims and space.base.cache == "dual"
+    assert (dims["threshold"].low, dims["threshold"].high) == (0.5, 0.9)
+    assert (dims["temperature"].low, dims["temperature"].high) == (0.0, 100.0)  # its declared range
+    for params, config in _ask(space, 20):
+        assert 0.5 <= config.threshold <= 0.9 and config.cache == "dual"
+    from engine.errors import EngineError
+
+    for kwargs, words in (
+        ({"fix": {"nonsense": "1"}}, "no setting 'nonsense'"),
+        ({"space": {"threshold": "0.2:1.5"}}, "not inside"),
+        ({"decoders": ["uniform"]}, "no decoder 'uniform'"),
+        ({"fix": {"cache": "sideways"}}, "cache must be one of"),
+    ):
+        with pytest.raises(EngineError, match=words):
+            build_space(skeleton, **kwargs)
+
+
+def test_a_refused_setting_is_a_failed_trial_not_an_accuracy_of_zero(tmp_path, evaluate):
+    skeleton = model_skeleton("tiny-llada")
+    # fit refuses the speculative kind on a bidirectional model; WINO refuses a cache mode as its run starts
+    for fix in ({"kind": "speculative", **SMALL}, {"decoder": "wino", "cache": "dual", **SMALL}):
+        space = build_space(skeleton, fix=fix)
+        study = open_study(f"sqlite:///{tmp_path}/refused.db", f"refused-{fix['cache'] if 'cache' in fix else 'kind'}", space, ("accuracy", "tpf"))
+        run_trials(study, space, skeleton, evaluate, 2)
+        assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+        assert all(t.values is None and "refused" in t.user_attrs for t in study.trials)
+        assert "speculative" in study.trials[0].user_attrs["refused"] or "wino" in study.trials[0].user_attrs["refused"]
+
+
+def test_the_front_is_non_dominated_reproducible_and_carries_held_out_and_default_figures(tmp_path, evaluate):
+    skeleton = model_skeleton("tiny-llada")
+    space = build_space(skeleton, decoders=["threshold", "fixed", "factor"], fix={"cache": "none", "smoothing": "false", "unroll": "false", **SMALL})
+    study = open_study(f"sqlite:///{tmp_path}/front.db", "front", space, ("accuracy", "tpf"), seed=3)
+    run_trials(study, space, skeleton, evaluate, 8)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    assert done
+    result = report(study, skeleton, evaluate)
+    points = [(p["accuracy"], p["tpf"]) for p in result["front"]]
+
+    def dominates(a, b):
+        return a[0] >= b[0] and a[1] >= b[1] and a != b
+
+    assert not any(dominates(a, b) for a in points for b in points)
+    for t in done:  # every trial off the front is dominated by (or equal to) a point on it
+        mine = (t.user_attrs["accuracy"], t.user_attrs["tpf"])
+        assert mine in points or any(dominates(p, mine) for p in points)
+    for p in result["front"]:
+        assert 0 <= p["held_out_accuracy"] <= 1 and p["held_out_tpf"] > 0
+    assert result["default"]["config"] == {} and result["default"]["held_out_tpf"] > 0
+    assert {t["number"] for t in result["trials"]} == {t.number for t in done}
+    # a trial's stored settings reproduce its figures (greedy decoding)
+    first = front(study)[0]
+    again = evaluate(fit(trial_config(first), skeleton), TUNING_SPLIT)
+    assert (again.accuracy, again.tpf) == (first.user_attrs["accuracy"], first.user_attrs["tpf"])
+
+
+def test_a_stop_prunes_the_running_trial_and_ends_the_study(tmp_path, engine):
+    skeleton = model_skeleton("tiny-llada")
+    cancel = threading.Event()
+    scored = evaluator(engine, {TUNING_SPLIT: tune_examples(["pairsum"], TUNING_SPLIT, 2)}, cancel)
+
+    def evaluate(config, split):  # the stop arrives while the second trial runs
+        if len(study.trials) == 2:
+            cancel.set()
+        return scored(config, split)
+
+    space = build_space(skeleton, decoders=["threshold"], fix=SMALL)
+    study = open_study(f"sqlite:///{tmp_path}/stop.db", "stop", space, ("accuracy", "tpf"))
+    run_trials(study, space, skeleton, evaluate, 10, cancel=cancel)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.PRUNED]
+
+
+def test_a_study_of_another_space_is_not_joined(tmp_path):
+    skeleton = model_skeleton("tiny-llada")
+    from engine.errors import EngineError
+
+    open_study(f"sqlite:///{tmp_path}/s.db", "one", build_space(skeleton), ("accuracy", "tpf"))
+    with pytest.raises(EngineError, match="other space"):
+        open_study(f"sqlite:///{tmp_path}/s.db", "one", build_space(skeleton, decoders=["fixed"]), ("accuracy", "tpf"))
+
+
+def test_held_out_prompts_are_never_tuning_prompts(tmp_path):
+    for family in ("add", "pairsum", "rhyme", "grammar"):
+        tuning = {e.prompt for e in tune_examples([family], TUNING_SPLIT, 40)}
+        held = {e.prompt for e in tune_examples([family], HELD_OUT_SPLIT, 40)}
+        assert tuning and held and not tuning & held
+    lines = [get_task("pairsum").example(n).prompt for n in range(60)]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(lines))
+    tuning, held = ({e.prompt for e in file_examples(str(path), s)} for s in (TUNING_SPLIT, HELD_OUT_SPLIT))
+    assert tuning and held and not tuning & held and tuning | held == set(lines)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--fix", "threshold"], "--fix takes NAME=VALUE"),
+    (["--fix", "decoder=sideways"], "decoder must be one of"),
+    (["--trials", "0"], "--trials must be from 1"),
+    (["--storage", "tune.db"], "--storage must be a database URL"),
+    (["--families", "poetry"], "unknown task 'poetry'"),
+])
+def test_bad_tune_arguments_are_one_line_and_exit_2(argv, words, tmp_path, capsys):
+    assert main(["tune", "--storage", f"sqlite:///{tmp_path}/x.db", "--trials", "1", "--prompts", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_workers_that_create_one_new_database_at_once_all_open_it(tmp_path):
+    # Optuna's RDBStorage alone fails here in all but one thread (the schema's tables and its
+    # version row created at once: "table already exists", "UNIQUE constraint failed")
+    from engine.tuning.study import open_storage
+
+    url, errors, start = f"sqlite:///{tmp_path}/new.db", [], threading.Barrier(8)
+
+    def open_it():
+        start.wait()
+        try:
+            open_study(url, "race", build_space(model_skeleton("tiny-llada")), ("accuracy", "tpf"))
+        except Exception as exc:  # noqa: BLE001 (the test reports whichever it is)
+            errors.append(repr(exc))
+
+    workers = [threading.Thread(target=open_it) for _ in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url))] == ["race"]
+
+
+def test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trials(tmp_path):
+    storage = f"sqlite:///{tmp_path}/shared.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "engine", "tune", "--storage", storage, "--study", "shared", "--trials", "3", "--prompts", "2", "--json",
+               "--decoders", "threshold,fixed", "--fix", "gen_length=32"]
+    workers = [subprocess.Popen([*command, "--seed", str(seed)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (0, 1)]
+    outputs = [w.communicate(timeout=600) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], [err[-500:] for _, err in outputs]
+    study = optuna.load_study(study_name="shared", storage=storage)
+    assert len(study.trials) == 6 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in study.trials)
+    numbers = {t.number for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    for out, _ in outputs:
+        result = json.loads(out)
+        assert {t["number"] for t in result["trials"]} <= numbers and result["front"]
+    last = json.loads(outputs[0][0] if len(json.loads(outputs[0][0])["trials"]) >= len(json.loads(outputs[1][0])["trials"]) else outputs[1][0])
+    assert {t["number"] for t in last["trials"]} == numbers  # the one that finished last saw every trial
