@@ -14,7 +14,11 @@ Each program runs in its own `bwrap` sandbox (docs/performance.md §5.1):
   keyring (keyctl, add_key, request_key), io_uring and reading or writing another process's memory;
 - an environment of four variables, bwrap's own included (the sandbox's PID 1 is bwrap, whose
   /proc/1/environ a program can read: it must hold nothing of the caller's);
-- limits on address space, file size, open files and core dumps (`prlimit`);
+- limits on address space, file size, open files and core dumps (`prlimit`), and on its tasks
+  (processes and threads, `TASK_LIMIT`): RLIMIT_NPROC set inside the sandbox's user namespace,
+  where the kernel (5.14 on) counts only the namespace's own tasks, not every process of the
+  caller's uid; and, where the caller is root (whose uid RLIMIT_NPROC never binds) or wherever a
+  pids cgroup can be made, a cgroup of its own whose `pids.max` is the same bound;
 - at the timeout the sandbox's PID 1 is killed, which kills every process of its namespace; the
   call returns only once the namespace is empty.
 Where `bwrap` or `prlimit` is missing or the kernel refuses the namespaces, `unavailable()` says
@@ -24,6 +28,8 @@ why in one line and `run` refuses, unless the caller opts in to running code wit
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import json
 import os
@@ -35,8 +41,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from engine.errors import EngineError
 
@@ -45,6 +52,9 @@ MEMORY_LIMIT = 2 << 30  # bytes of address space per process
 FOLDER_LIMIT = 64 << 20  # bytes in each of the sandbox's writable folders (tmpfs, in RAM)
 FILE_LIMIT = 64 << 20  # bytes per file written
 OPEN_FILES = 256
+TASK_LIMIT = 256  # processes and threads: bwrap's two, the interpreter's, a thread pool on a big machine
+CGROUP_RELEASE_S = 5.0  # the longest a finished run waits for its cgroup to be released
+PIDS_CGROUPS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")  # cgroup v1's pids hierarchy, v2's root
 WORK = "/sandbox"  # the program's folder inside the sandbox
 
 
@@ -144,7 +154,8 @@ def _command(filter_fd: int, program_fd: int, info_fd: int) -> list[str]:
         "--ro-bind-data", str(program_fd), f"{WORK}/program.py", "--remount-ro", "/",
         "--seccomp", str(filter_fd), "--info-fd", str(info_fd),
         "--chdir", WORK, "--clearenv", *(arg for name, value in SANDBOX_ENV.items() for arg in ("--setenv", name, value)),
-        "--", sys.executable, "-I", f"{WORK}/program.py",
+        # RLIMIT_NPROC set here, inside the namespace, is counted against the namespace's tasks only
+        "--", shutil.which("prlimit"), f"--nproc={TASK_LIMIT}", "--", sys.executable, "-I", f"{WORK}/program.py",
     ]  # fmt: skip
 
 
@@ -157,37 +168,88 @@ def _memfd(data: bytes) -> int:
     return fd
 
 
+@contextlib.contextmanager
+def _task_cgroup() -> Iterator[list[str]]:
+    """A pids cgroup of TASK_LIMIT tasks for one run, as the command prefix that moves the run into
+    it before bwrap starts ([] where no pids cgroup can be made: RLIMIT_NPROC alone bounds it);
+    removed after the run (by then it is empty)."""
+    folder = None
+    for root in PIDS_CGROUPS:
+        if os.path.isfile(f"{root}/cgroup.procs") and ("pids" in _controllers(root)):
+            try:
+                folder = tempfile.mkdtemp(prefix="dinfer-viz-sandbox-", dir=root)
+                Path(folder, "pids.max").write_text(str(TASK_LIMIT))
+                break
+            except OSError:  # not ours to write (no delegation, a read-only cgroup filesystem)
+                if folder is not None:
+                    os.rmdir(folder)
+                folder = None
+    if folder is None:
+        yield []
+        return
+    try:
+        # the shell moves itself, then becomes the command: every task after it starts inside
+        yield ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', folder]
+    finally:
+        _remove_cgroup(folder)
+
+
+def _remove_cgroup(folder: str) -> None:
+    """Remove the run's cgroup. Its tasks are all reaped by now, but the kernel releases them from
+    the cgroup a moment later (rmdir says EBUSY until then): tried for up to CGROUP_RELEASE_S,
+    then left (empty: it holds nothing and limits nothing)."""
+    for _ in range(int(CGROUP_RELEASE_S / 0.01)):
+        try:
+            os.rmdir(folder)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                return
+            time.sleep(0.01)
+
+
+def _controllers(root: str) -> str:
+    """The controllers of the cgroup hierarchy at `root` (v2 lists them; a v1 pids hierarchy is one)."""
+    if root.endswith("/pids"):
+        return "pids"
+    try:
+        return Path(root, "cgroup.subtree_control").read_text()
+    except OSError:
+        return ""
+
+
 def _run_boxed(program: str, timeout: float, stderr: IO[bytes] | int = subprocess.DEVNULL) -> int | None:
     """The exit status of `program` in the sandbox, or None when it ran past `timeout`."""
     seccomp = process_filter()
     assert seccomp is not None  # checked by unavailable()
-    filter_fd, program_fd = _memfd(seccomp), _memfd(program.encode())
-    info_read, info_write = os.pipe()
-    with os.fdopen(info_read, "rb") as info:
+    with _task_cgroup() as into_cgroup:
+        filter_fd, program_fd = _memfd(seccomp), _memfd(program.encode())
+        info_read, info_write = os.pipe()
+        with os.fdopen(info_read, "rb") as info:
+            try:
+                process = subprocess.Popen(
+                    [*into_cgroup, *_command(filter_fd, program_fd, info_write)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=SANDBOX_ENV,
+                    pass_fds=(filter_fd, program_fd, info_write), start_new_session=True,
+                )  # fmt: skip
+            finally:
+                for fd in (filter_fd, program_fd, info_write):
+                    os.close(fd)
+            # bwrap writes the sandbox's PID 1 once the namespaces exist, then closes the pipe (or dies)
+            ready = select.select([info], [], [], timeout)[0]
+            text = info.read() if ready else b""
         try:
-            process = subprocess.Popen(
-                _command(filter_fd, program_fd, info_write),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=SANDBOX_ENV,
-                pass_fds=(filter_fd, program_fd, info_write), start_new_session=True,
-            )  # fmt: skip
-        finally:
-            for fd in (filter_fd, program_fd, info_write):
-                os.close(fd)
-        # bwrap writes the sandbox's PID 1 once the namespaces exist, then closes the pipe (or dies)
-        ready = select.select([info], [], [], timeout)[0]
-        text = info.read() if ready else b""
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        # Killing the namespace's PID 1 kills all its processes, and bwrap (the monitor outside)
-        # exits only once PID 1 is reaped, which happens only after they all are.
-        os.kill(json.loads(text)["child-pid"], signal.SIGKILL)
-    except (ValueError, KeyError, ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # not set up in time: its child dies with bwrap
-    process.wait()
-    return None
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            # Killing the namespace's PID 1 kills all its processes, and bwrap (the monitor outside)
+            # exits only once PID 1 is reaped, which happens only after they all are.
+            os.kill(json.loads(text)["child-pid"], signal.SIGKILL)
+        except (ValueError, KeyError, ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # not set up in time: its child dies with bwrap
+        process.wait()
+        return None
 
 
 def _run_unboxed(program: str, timeout: float) -> int | None:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from .arguments import is_int, need, shown
+from .constraints import ConstraintSpec
 from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
 
 if TYPE_CHECKING:
     from .config import GenerationConfig
-    from .constraints import ConstraintSpec
 
 
 class CancelFlag(Protocol):
@@ -42,7 +42,7 @@ class RunHooks:
     model_name: str | None = None
     token_strings: TokenStrings | None = None
     expected_ids: list[int] | None = None
-    constraints: tuple["ConstraintSpec | None", ...] | None = None
+    constraints: tuple[ConstraintSpec | None, ...] | None = None
 
     def __post_init__(self) -> None:
         """Each hook of its kind (engine/arguments.py: the API's edge): a wrong one is an
@@ -54,6 +54,9 @@ class RunHooks:
         need(self.cancel is None or callable(getattr(self.cancel, "is_set", None)), f"RunHooks.cancel must be a threading.Event (anything with is_set()) or None, got {shown(self.cancel)}")
         need(self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1), f"RunHooks.max_tokens must be a positive integer or None, got {shown(self.max_tokens)}")
         need(self.expected_ids is None or (isinstance(self.expected_ids, list) and all(is_int(i) or isinstance(i, list) for i in self.expected_ids)), f"RunHooks.expected_ids must be a list of token ids (one list per row), got {shown(self.expected_ids)}")
+        if self.constraints is not None:
+            need(isinstance(self.constraints, (tuple, list)) and all(c is None or isinstance(c, ConstraintSpec) for c in self.constraints),
+                 f"RunHooks.constraints must be a tuple of ConstraintSpec or None (one per row), got {shown(self.constraints)}")
 
     def records(self, measure_staleness: bool = False) -> bool:
         """Whether the run keeps a trace."""

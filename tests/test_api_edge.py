@@ -76,6 +76,7 @@ def test_the_dtype_may_be_named():
         (lambda: RunHooks(trace="yes"), "RunHooks.trace must be True or False"),
         (lambda: RunHooks(on_iteration=5), "RunHooks.on_iteration must be a function"),
         (lambda: RunHooks(max_tokens=0), "RunHooks.max_tokens must be a positive integer"),
+        (lambda: RunHooks(constraints=(".*",)), "RunHooks.constraints must be a tuple of ConstraintSpec"),
     ],
 )
 def test_a_config_or_hooks_with_a_wrong_value_is_one_line(make, words):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import Engine, GenerationConfig
+from engine import Engine, GenerationConfig, RunHooks
+from engine.constraints import ConstraintSpec
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 PROMPTS = ["Q: ?+?=38 A:", "Q: ?+?=120 A:", "Q: ?+?=9 A:"]
@@ -36,10 +37,22 @@ def test_the_eager_answers_keep_the_regex(eager):
         assert re.fullmatch(PAIR_SUM, text), text
 
 
+def rows_constrained(engine: Engine) -> list[list[int]]:
+    """One batch whose rows carry their own constraints (the server's per-request ones), the
+    middle row none."""
+    torch.manual_seed(0)
+    hooks = RunHooks(constraints=(ConstraintSpec("regex", PAIR_SUM), None, ConstraintSpec("choice", (" 4 + 5", " 9 + 0"))))
+    return engine.generate(PROMPTS, GenerationConfig(gen_length=16, block_length=8, threshold=0.1), hooks).output.token_ids
+
+
 @pytest.mark.workers
 def test_tensor_parallel_workers_decode_the_constrained_tokens_of_one_process(eager):
+    """The workers adopt the automata their caller built (a daemonic worker may start no build
+    process of its own), the per-row constraints of a request's hooks too."""
+    per_row = rows_constrained(Engine(str(EMBEDDED_MODEL)))
     with Engine(str(EMBEDDED_MODEL), tp_size=2) as engine:
         assert answers(engine) == eager
+        assert rows_constrained(engine) == per_row
 
 
 @pytest.mark.compile

@@ -511,43 +511,6 @@ def test_app_command_line_public_helpers():
         app.parse_auth("ann")
 
 
-BEACON = "http://beacon.invalid"
-# each a way a string can become a live element or a request: a tag, a Markdown link or image, an autolink
-MARKUP = f'<img src="{BEACON}/img"><a href="{BEACON}/a">a</a>[l]({BEACON}/md)![i]({BEACON}/mdimg)<{BEACON}/auto>'
-TAGS = re.compile(r"<img[^>]*beacon|<a [^>]*beacon|src=[\"']?http://beacon|href=[\"']?http://beacon")  # live in HTML and Markdown
-MARKDOWN_LINKS = re.compile(r"\]\(http://beacon|<http://beacon")  # live in Markdown only
-# the page's components that show their value as Markdown, and those that show it as plain text
-MARKDOWN_SLOTS = {"readout", "message", "explain", "header", "note", "lesson_note", "settings_msg"}
-TEXT_SLOTS = {"text", "prompt", "expected", "model_box"}
-
-
-def _strings(value, out: list[str]) -> list[str]:
-    """Every string a page output carries (figures as their JSON: plotly draws some tags in text)."""
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _strings(v, out)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _strings(v, out)
-    elif hasattr(value, "to_plotly_json"):
-        out.append(json.dumps(value.to_plotly_json(), default=str))
-    return out
-
-
-def _live(slots, values) -> list[str]:
-    """The live markup in a handler's outputs, by the kind of component each slot is."""
-    found = []
-    for name, value in zip(slots, values):
-        if name in TEXT_SLOTS:
-            continue
-        for text in _strings(value, []):
-            found += [f"{name}: {m.group(0)}" for m in TAGS.finditer(text)]
-            found += [f"{name}: {m.group(0)}" for m in MARKDOWN_LINKS.finditer(text)] if name in MARKDOWN_SLOTS else []
-    return found
-
-
 def test_a_loaded_trace_whose_every_string_carries_markup_shows_it_as_text(tmp_path):
     """#43 item 2: a trace file's config held `<img src=...>` (chromium fetched it) and links (live
     in the page). Every string field the trace holds here (the model, every config value, every
@@ -557,19 +520,15 @@ def test_a_loaded_trace_whose_every_string_carries_markup_shows_it_as_text(tmp_p
     from dinfer_viz.tabs.run_view import RUN_VIEW
     from dinfer_viz.ui import Handlers
 
-    from .app_support import handmade_trace
+    from .markup_support import BEACON, live_markup, marked_trace, strings
 
-    trace = handmade_trace()
-    trace.model = MARKUP
-    trace.config = {**trace.config, "decoder": MARKUP, "cache": MARKUP, "remasking": MARKUP, "note": MARKUP}
-    trace.tokens = {k: f"{v}{MARKUP}" for k, v in trace.tokens.items()}
     path = tmp_path / "markup.json"
-    path.write_text(trace.to_json())
+    path.write_text(json.dumps(marked_trace()))  # every string field of the schema
     h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)
     loaded = h.load_trace(str(path))
-    assert any(BEACON[7:] in t for t in _strings(loaded, []))  # the strings are shown, as text
-    live = _live(h.loaded_slots, loaded)
+    assert any(BEACON[7:] in t for t in strings(loaded))  # the strings are shown, as text
+    live = live_markup(h.loaded_slots, loaded)
     state = next(v for v in loaded if type(v).__name__ == "RunState")
     for step in range(state.timeline.iterations + 1):
-        live += _live(RUN_VIEW, h.replay(step, state, 5))  # every iteration, position 5's details pinned
+        live += live_markup(RUN_VIEW, h.replay(step, state, 5))  # every iteration, position 5's details pinned
     assert not live, sorted(set(live))

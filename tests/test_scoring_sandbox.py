@@ -150,6 +150,34 @@ def test_memory_and_folder_limits_are_what_stops_the_hogs():
         assert sandbox.run(fill.format(path), TIMEOUT) in (7, 128 + signal.SIGXFSZ)
 
 
+def _threads(count: int) -> str:
+    """A program starting `count` threads of small stacks (so the address-space limit does not stop
+    them): exit 3 when one cannot start."""
+    return (
+        "import sys, threading\nthreading.stack_size(65536)\nhold = threading.Event()\n"
+        f"try:\n    for _ in range({count}):\n        threading.Thread(target=hold.wait).start()\n"
+        "except RuntimeError:\n    hold.set()\n    sys.exit(3)\nhold.set()\n"
+    )
+
+
+@boxed
+def test_three_thousand_threads_fail_and_a_pool_of_threads_passes():
+    """#43 item 3: the task limit (the sandbox's own pids cgroup, or RLIMIT_NPROC counted in its
+    user namespace) stops 3,000 threads, leaves no cgroup behind, and lets a program use a pool."""
+    assert sandbox.run(_threads(3000), TIMEOUT) == 3
+    assert sandbox.run(_threads(32), TIMEOUT) == 0
+    assert scoring.run_python("from concurrent.futures import ThreadPoolExecutor\nwith ThreadPoolExecutor(16) as pool:\n    assert sum(pool.map(abs, range(-50, 50))) == 2500", timeout=TIMEOUT)
+    assert not [p for root in sandbox.PIDS_CGROUPS if os.path.isdir(root) for p in os.listdir(root) if p.startswith("dinfer-viz-sandbox-")]
+
+
+@boxed
+def test_the_task_limit_is_set_inside_the_namespace():
+    """RLIMIT_NPROC is the program's own (set by prlimit inside the sandbox, so the kernel counts the
+    namespace's tasks, not every process of the caller's uid, of which this machine may have more)."""
+    program = f"limits = open('/proc/self/limits').read()\nassert any(l.startswith('Max processes') and l.split()[2:4] == ['{sandbox.TASK_LIMIT}'] * 2 for l in limits.splitlines()), limits"
+    assert sandbox.run(program, TIMEOUT) == 0
+
+
 @boxed
 def test_a_signal_cannot_reach_a_host_process():
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

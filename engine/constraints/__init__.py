@@ -10,9 +10,9 @@ regex over them; `automaton.py` that automaton and the dynamic programme over a 
 from .automaton import Sets, TokenAutomaton
 from .canvas import CanvasConstraint, Compiler, Restriction
 from .spec import CONSTRAINT_FIELDS, ConstraintSpec, check_config, escape, spec_of
-from .vocabulary import TokenVocabulary, token_bytes
+from .vocabulary import TokenVocabulary, compile_in_background, token_bytes
 
 __all__ = [
     "CONSTRAINT_FIELDS", "CanvasConstraint", "Compiler", "ConstraintSpec", "Restriction", "Sets", "TokenAutomaton", "TokenVocabulary",
-    "check_config", "escape", "spec_of", "token_bytes",
+    "check_config", "compile_in_background", "escape", "spec_of", "token_bytes",
 ]

@@ -25,6 +25,8 @@ MAX_CHOICE_CHARS = 1_024
 MAX_REPEAT = 1_024  # the largest count a `{n}` / `{n,m}` may ask (each count is that many DFA states)
 MAX_STATES = 4_096
 MAX_TABLE_ENTRIES = 8_000_000  # token classes x states
+# response_format {"type": "json_object"}: any JSON object (its generic grammar is the costly one to build)
+JSON_OBJECT = {"type": "object"}
 # Rust regex's meta characters (regex_syntax::is_meta_character): what a literal choice escapes
 _META = set("\\.+*?()|[]{}^$#&-~")
 _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
@@ -109,9 +111,9 @@ def check_schema(schema: Any) -> None:
 
 
 def check_regex(regex: str) -> None:
-    """Syntax, repetition counts and DFA size, on the byte-level DFA outlines-core builds (cached),
-    after a bound read off the regex's structure that refuses, at once, what could not fit: the
-    build itself is not interruptible, and `(a{1000}){1000}` took minutes and gigabytes."""
+    """Syntax, repetition counts and DFA size, on the byte-level DFA outlines-core builds (cached;
+    in a child within a deadline and a memory bound: bounded.py), after a bound read off the
+    regex's structure that refuses, at once, what could not fit (`(a{1000}){1000}`)."""
     if len(regex) > MAX_REGEX_CHARS:
         raise EngineError(f"the constraint's regex has {len(regex)} characters; at most {MAX_REGEX_CHARS}")
     for m in _REPEAT.finditer(regex):
@@ -171,6 +173,14 @@ def structural_bound(regex: str) -> int | None:
 
 @lru_cache(maxsize=256)
 def _byte_states(regex: str) -> int:
+    from .bounded import run_bounded
+
+    return run_bounded(f"regex {regex[:60]!r}", byte_states, regex)
+
+
+def byte_states(regex: str) -> int:
+    """The states of the regex's byte-level DFA, built by outlines-core (in a bounded child:
+    bounded.py); EngineError when it is invalid, too large or matches no text."""
     from outlines_core import Index
 
     try:

@@ -13,11 +13,13 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Callable, Iterable
 
 from ..errors import EngineError
 from .automaton import TokenAutomaton
-from .spec import MAX_STATES, MAX_TABLE_ENTRIES, check_regex
+from .bounded import run_bounded
+from .spec import JSON_OBJECT, MAX_STATES, MAX_TABLE_ENTRIES, ConstraintSpec, check_regex
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 COMPILED_KEPT = 32  # automata kept per vocabulary (a server sees the same few schemas again and again)
@@ -95,6 +97,7 @@ class TokenVocabulary:
         self.vocabulary = Vocabulary(self.stop_ids[0], by_bytes)
         self._compiled: OrderedDict[str, TokenAutomaton] = OrderedDict()
         self._lock = threading.Lock()
+        self._building: dict[str, Future] = {}  # regex -> its build under way
 
     @classmethod
     def of(cls, tokenizer: Any, stop_ids: list[int], after: tuple[int, ...] = ()) -> "TokenVocabulary":
@@ -115,45 +118,90 @@ class TokenVocabulary:
 
     def automaton(self, regex: str) -> TokenAutomaton:
         """The region automaton of `regex`: an answer in the regex's language, then end-of-text
-        (any stop id, and `after` once the answer has ended) to the region's end. EngineError in
-        one line when the tokenizer cannot write what the regex needs."""
+        (any stop id, and `after` once the answer has ended) to the region's end, built in a
+        bounded child (bounded.py). EngineError in one line when the tokenizer cannot write what
+        the regex needs. A regex being built already for another caller is waited for, not built twice."""
         with self._lock:
             if regex in self._compiled:
                 self._compiled.move_to_end(regex)
                 return self._compiled[regex]
-        from outlines_core import Index
-
-        check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
+            building = self._building.get(regex)
+            if building is None:
+                building = self._building[regex] = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            return building.result()
         try:
-            index = Index(regex, self.vocabulary)
-        except (ValueError, RuntimeError) as exc:
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if "incompatible" in message:
-                missing = message.rsplit(":", 1)[-1].strip().rstrip(".")
-                raise EngineError(f"the constraint needs a character this tokenizer cannot write (outlines-core finds no token for one of {missing[:120]})") from None
-            raise EngineError(f"the constraint cannot be compiled over this vocabulary: {message[:200]}") from None
-        automaton = self._region(index)
+            check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
+            automaton = run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
+        except BaseException as exc:
+            building.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                del self._building[regex]
+        self.adopt({regex: automaton})
+        building.set_result(automaton)
+        return automaton
+
+    def adopt(self, automata: dict[str, TokenAutomaton]) -> None:
+        """Keep automata built over this same vocabulary elsewhere: a parallel engine's caller
+        builds a request's constraints once, in its bounded child, and its worker ranks adopt them
+        (a worker is a daemonic process, which may start no build child of its own)."""
         with self._lock:  # engines on other threads may share this vocabulary
-            self._compiled[regex] = automaton
+            for regex, automaton in automata.items():
+                self._compiled[regex] = automaton
+                self._compiled.move_to_end(regex)
             while len(self._compiled) > COMPILED_KEPT:
                 self._compiled.popitem(last=False)
-        return automaton
 
-    def _region(self, index: Any) -> TokenAutomaton:
-        eos = self.stop_ids[0]
-        raw = index.get_transitions()
-        finals = set(index.get_final_states())
-        dense = {s: k for k, s in enumerate(sorted(set(raw) | finals | {index.get_initial_state()}))}
-        done = len(dense)  # the answer has ended: only end-of-text (and `after`) from here
-        if done + 1 > MAX_STATES:
-            raise EngineError(f"the constraint's automaton has {done + 1} states over this vocabulary; at most {MAX_STATES}")
-        transitions: dict[int, dict[int, int]] = {k: {} for k in range(done + 1)}
-        for s, moves in raw.items():
-            transitions[dense[s]] = {t: dense[n] for t, n in moves.items() if t != eos}
-        for s in finals:
-            transitions[dense[s]].update({t: done for t in self.stop_ids})
-        transitions[done] = {t: done for t in (*self.stop_ids, *self.after)}
-        automaton = TokenAutomaton.from_transitions(transitions, dense[index.get_initial_state()], {dense[s] for s in finals} | {done}, self.vocab_size)
-        if automaton.classes * automaton.states > MAX_TABLE_ENTRIES:
-            raise EngineError(f"the constraint's automaton needs {automaton.classes} token classes x {automaton.states} states over this vocabulary; at most {MAX_TABLE_ENTRIES} entries")
-        return automaton
+
+def region_automaton(regex: str, vocabulary: Any, stop_ids: tuple[int, ...], after: tuple[int, ...], vocab_size: int) -> TokenAutomaton:
+    """outlines-core's token-level index of `regex` over `vocabulary`, as the region automaton
+    (TokenVocabulary.automaton; run in its bounded child)."""
+    from outlines_core import Index
+
+    try:
+        index = Index(regex, vocabulary)
+    except (ValueError, RuntimeError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "incompatible" in message:
+            missing = message.rsplit(":", 1)[-1].strip().rstrip(".")
+            raise EngineError(f"the constraint needs a character this tokenizer cannot write (outlines-core finds no token for one of {missing[:120]})") from None
+        raise EngineError(f"the constraint cannot be compiled over this vocabulary: {message[:200]}") from None
+    eos = stop_ids[0]
+    raw = index.get_transitions()
+    finals = set(index.get_final_states())
+    dense = {s: k for k, s in enumerate(sorted(set(raw) | finals | {index.get_initial_state()}))}
+    done = len(dense)  # the answer has ended: only end-of-text (and `after`) from here
+    if done + 1 > MAX_STATES:
+        raise EngineError(f"the constraint's automaton has {done + 1} states over this vocabulary; at most {MAX_STATES}")
+    transitions: dict[int, dict[int, int]] = {k: {} for k in range(done + 1)}
+    for s, moves in raw.items():
+        transitions[dense[s]] = {t: dense[n] for t, n in moves.items() if t != eos}
+    for s in finals:
+        transitions[dense[s]].update({t: done for t in stop_ids})
+    transitions[done] = {t: done for t in (*stop_ids, *after)}
+    automaton = TokenAutomaton.from_transitions(transitions, dense[index.get_initial_state()], {dense[s] for s in finals} | {done}, vocab_size)
+    if automaton.classes * automaton.states > MAX_TABLE_ENTRIES:
+        raise EngineError(f"the constraint's automaton needs {automaton.classes} token classes x {automaton.states} states over this vocabulary; at most {MAX_TABLE_ENTRIES} entries")
+    return automaton
+
+
+def compile_in_background(vocabulary: Callable[[], TokenVocabulary], specs: Iterable[ConstraintSpec] = (ConstraintSpec("json_schema", JSON_OBJECT),)) -> threading.Thread:
+    """Compile `specs` over `vocabulary()` in a daemon thread (a server's start-up: json_object's
+    generic grammar takes 12-30 s, which no first request should pay). A request for one while it
+    builds waits for this build; one that fails here is left for the request that asks to report."""
+
+    def build() -> None:
+        for spec in specs:
+            try:
+                vocabulary().automaton(spec.regex())
+            except EngineError:
+                pass
+
+    thread = threading.Thread(target=build, name="constraint-warm", daemon=True)
+    thread.start()
+    return thread

@@ -45,7 +45,8 @@ from .lifecycle import STOP_GRACE_SECONDS, ProcessGroup, RankCancel, StopFlags
 __all__ = ["RankCancel", "RankGenerate", "StopFlags", "WorkerGroup"]  # the stop's parts, defined in lifecycle
 
 # A rank's own generate (Engine.generate_ids of its shard), and how a rank builds it on its device.
-RankGenerate = Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput]
+# Its last argument: the request's constraint automata, built by the caller (engine/constraints/).
+RankGenerate = Callable[[list[list[int]], GenerationConfig, RunHooks, dict[str, Any]], GenerationOutput]
 Load = Callable[[str], RankGenerate]
 
 
@@ -79,7 +80,7 @@ def _start_rank(device: str, threads: int, load: Load, rank: int) -> Callable[[t
 
 def _answer(rank: int, generate: RankGenerate, request: tuple, send: Callable[[tuple], None], cancel: CancelFlag) -> tuple:
     """One rank's part of a request: ("done", rank 0's output) or ("cancelled",) (an error is lifecycle's to report)."""
-    prompts, config, hooks, want_start, want_iteration = request
+    prompts, config, hooks, built, want_start, want_iteration = request
     recorded = hooks.records(config.measure_staleness) or want_start or want_iteration  # as the loop decides
     if rank == 0:  # rank 0 speaks for all; its records go out as they come, for the others' costs to join
         forwarder = _Forwarder(send)
@@ -87,7 +88,7 @@ def _answer(rank: int, generate: RankGenerate, request: tuple, send: Callable[[t
     else:
         hooks = hooks.but(trace=False, on_iteration=(lambda record: send(("cost", record.cost))) if recorded else None)
     try:
-        out = generate(prompts, config, hooks.but(cancel=cancel))
+        out = generate(prompts, config, hooks.but(cancel=cancel), built)
     except GenerationCancelled:
         return ("cancelled",)
     return ("done", replace(out, canvas=out.canvas.cpu()) if rank == 0 else None)
@@ -125,9 +126,10 @@ class WorkerGroup:
     def close(self) -> None:
         self.group.close()
 
-    def run_request(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
+    def run_request(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks, built: dict[str, Any] | None = None) -> GenerationOutput:
         """Every rank generates; rank 0's header and records reach `hooks`' callbacks here, its
-        output is returned. A callback that raises stops every rank (as a cancel) and its exception
+        output is returned. `built`: the request's constraint automata (regex -> automaton), which
+        the ranks adopt. A callback that raises stops every rank (as a cancel) and its exception
         is raised once they have stopped."""
         header: Trace | None = None
         # rank 0's records (with their new token strings) waiting for the other ranks' costs;
@@ -159,8 +161,8 @@ class WorkerGroup:
 
         # what crosses to the ranks: the hooks' values (the callbacks and the cancel stay here; the
         # ranks' own engines add the name and token strings)
-        sent = RunHooks(trace=hooks.trace, max_tokens=hooks.max_tokens, expected_ids=hooks.expected_ids)
-        request = (prompts, config, sent, hooks.on_start is not None, hooks.on_iteration is not None)
+        sent = RunHooks(trace=hooks.trace, max_tokens=hooks.max_tokens, expected_ids=hooks.expected_ids, constraints=hooks.constraints)
+        request = (prompts, config, sent, built or {}, hooks.on_start is not None, hooks.on_iteration is not None)
         replies = self.group.call(request, deliver, hooks.cancel)
         if any(kind == "cancelled" for kind, *_ in replies):
             raise GenerationCancelled("generation cancelled")
