@@ -45,7 +45,7 @@ from engine.cache import DUAL, FULL, PREFIX, REFRESH, WINDOW, KVCacheManager
 from engine.cache_modes import cache_mode as declared_mode
 from engine.pipeline import Engine
 
-from .figure_base import FORWARD_COLOURS, _finish, _upto, heatmap_rows, legend_at_foot, heatmap_y, rows_title, MAX_HEATMAP_CELLS
+from .figure_base import FORWARD_COLOURS, _finish, _plain, _upto, heatmap_rows, legend_at_foot, heatmap_y, rows_title, MAX_HEATMAP_CELLS
 from .cells import inert_markdown
 from .figure_base import message_figure
 from .timeline import EXACT_FORWARDS, Timeline, iteration_number
@@ -164,7 +164,7 @@ def _hover(timeline: Timeline, states: CacheStates, x0: int, x1: int, rows: list
         rec = timeline.records[i]
         measured = f" · block KL ≤ {states.kl[i]:.3g}" if np.isfinite(states.kl[i]) else ""
         # position and iteration come from the hover template: a line per cell is most of the figure's bytes
-        out.append([f"{rec.forward} forward: {HOVER_WORDS[int(states.codes[i, p])]}" + (measured if states.codes[i, p] == STALE else "") for p in range(x0, x1)])
+        out.append([f"{_plain(rec.forward)} forward: {HOVER_WORDS[int(states.codes[i, p])]}" + (measured if states.codes[i, p] == STALE else "") for p in range(x0, x1)])
     return np.array(out, dtype=object)
 
 
@@ -222,7 +222,7 @@ def cache_state_figure(timeline: Timeline, upto: int | None = None, highlight: i
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="iteration shown (red outline)", line=dict(color="#dc2626", width=3), hoverinfo="skip", uid="state-shown"))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="block start (black line)", line=dict(color=BLOCK_COLOUR, width=3), hoverinfo="skip", uid="state-block"))
     # tick labels name each forward while they fit; past that, plotly's own numbering
-    ticks = dict(tickmode="array", tickvals=its, ticktext=[f"{n} {timeline.records[i].forward}" for i, n in enumerate(its)]) if len(its) <= 30 else {}
+    ticks = dict(tickmode="array", tickvals=its, ticktext=[f"{n} {_plain(timeline.records[i].forward)}" for i, n in enumerate(its)]) if len(its) <= 30 else {}
     fig.update_layout(shapes=shapes, margin=dict(t=60, l=90))
     fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
     fig.update_yaxes(title_text=rows_title(rows, 0, upto, "iteration · forward"), range=[its[-1] + 0.5, its[0] - 0.5], **ticks)

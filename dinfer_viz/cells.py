@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from typing import NamedTuple
 
 from .timeline import Revised, Timeline, iteration_number
 from .tokens import glyph, is_special
@@ -30,15 +31,23 @@ REVISION_STATES = ("edited", "remasked")
 # A position where the answer's constraint removed the model's top-1 (dinfer_viz/constraint.py):
 # the grid's corner mark and the raster's markers share this colour
 CONSTRAINT_COLOUR = "#0891b2"
-# Marks drawn on top of a state: (CSS, legend label).
-CELL_MARKS: dict[str, tuple[str, str]] = {
-    "blk": ("box-shadow: inset 0 3px 0 #2563eb", "current block (blue top edge)"),
-    "win": ("outline: 1px dashed #7c3aed; outline-offset: -1px", "recomputed this forward (dashed)"),
-    "anchor": ("text-decoration: underline double #be185d", "anchor of a span"),
-    "wrong": ("color: #b91c1c !important; font-weight: 700; text-decoration: line-through", "differs from the expected answer"),
+
+
+class Mark(NamedTuple):
+    """A mark drawn on top of a cell's state: its CSS and its legend line."""
+
+    css: str
+    label: str
+
+
+CELL_MARKS: dict[str, Mark] = {
+    "blk": Mark("box-shadow: inset 0 3px 0 #2563eb", "current block (blue top edge)"),
+    "win": Mark("outline: 1px dashed #7c3aed; outline-offset: -1px", "recomputed this forward (dashed)"),
+    "anchor": Mark("text-decoration: underline double #be185d", "anchor of a span"),
+    "wrong": Mark("color: #b91c1c !important; font-weight: 700; text-decoration: line-through", "differs from the expected answer"),
     # a dot on the cell's corner (grid.py's `.cell.cut::before`), outside it: the state's colour, the
     # block's top edge and the confidence bar stay visible
-    "cut": ("overflow: visible", "constraint removed the model's top-1 (teal dot)"),
+    "cut": Mark("overflow: visible", "constraint removed the model's top-1 (teal dot)"),
 }
 # Characters that mean something to a JS template literal or to Handlebars, as HTML entities
 # (the browser shows the character; neither template language sees it).
@@ -89,7 +98,7 @@ def cell_text(timeline: Timeline, token: int) -> str:
     return piece if is_special(piece) else glyph(timeline.text_of(token))
 
 
-def add_states(states: dict[str, tuple[str, str]], marks: dict[str, tuple[str, str]]) -> None:
+def add_states(states: dict[str, tuple[str, str]], marks: dict[str, Mark]) -> None:
     """A kind's own cell states (state -> colour, legend label) and marks (mark -> CSS, label), for
     the page's CSS and the frames' palette; its view calls this when it is registered."""
     CELL_COLOURS.update(states)
@@ -100,7 +109,7 @@ def legend_block(states: list[tuple[str, str]], marks: tuple[str, ...], bar: str
     """The legend above a grid: the (state, label) pairs, the marks, and what the yellow bar means.
     Labels are ours, never a visitor's string."""
     shown = "".join(f'<span class="cell {k}">{label}</span>' for k, label in states)
-    drawn = "".join(f'<span class="cell old {k}">{CELL_MARKS[k][1]}</span>' for k in marks)
+    drawn = "".join(f'<span class="cell old {k}">{CELL_MARKS[k].label}</span>' for k in marks)
     return f'<div class="legend">{shown}</div><div class="legend">{drawn}<span class="cell masked blk" style="--c:0.6">yellow bar: {bar}</span></div>'
 
 

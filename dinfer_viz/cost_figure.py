@@ -24,6 +24,7 @@ from .views import view_for
 # (name, colour): the order bars stack in, bottom first
 CATEGORIES = (("compute", "#2563eb"), ("communication", "#dc2626"), ("compile", "#7c3aed"), ("host", "#9ca3af"))
 HEIGHT = 340
+WIDE_LEGEND_LINES = 2  # the panel spans the view: its five or six entries wrap into two lines at most at 1024 px
 NO_COST = "no per-iteration cost: this trace predates the engine recording one"
 # When some iterations compiled and others did not, the axis is scaled to the others (a compile
 # takes seconds, a warm forward milliseconds: on one scale the warm bars would be invisible) and
@@ -154,7 +155,7 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
         ),
         margin=dict(t=70, r=60),
     )
-    return _finish(fig, legend_at_foot(fig, HEIGHT, 90), "cost")
+    return _finish(fig, legend_at_foot(fig, HEIGHT, 90, WIDE_LEGEND_LINES), "cost")
 
 
 def forward_times_figure(timeline: Timeline, upto: int, highlight: int | None, title: str, names: dict[str, str]) -> go.Figure:
@@ -181,4 +182,4 @@ def forward_times_figure(timeline: Timeline, upto: int, highlight: int | None, t
         yaxis=dict(rangemode="tozero", title=dict(text="ms (step wall time)")),
         margin=dict(t=70, r=60),
     )
-    return _finish(fig, legend_at_foot(fig, HEIGHT, 90), "cost")
+    return _finish(fig, legend_at_foot(fig, HEIGHT, 90, WIDE_LEGEND_LINES), "cost")

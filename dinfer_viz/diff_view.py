@@ -25,7 +25,7 @@ from engine import Trace
 from engine.trace_diff import Divergence, Side, TraceDiff, align, canvases, diff_traces
 
 from .cells import cell_text
-from .figure_base import SHOWN_LINE, _finish, _plain, message_figure
+from .figure_base import _finish, _plain, message_figure
 from .grid import inert
 from .timeline import Timeline
 
@@ -151,9 +151,19 @@ def summary_text(state: DiffState) -> str:
     )
 
 
+STEP_SHOWN = dict(color="#6b7280", width=2, dash="dash")  # the slider's step (figure_base.SHOWN_LINE's place)
+
+
+def _whole_step(top: int) -> int:
+    """A tick spacing of whole numbers giving at most about 8 ticks up to `top`."""
+    return max(1, -(-top // 8))
+
+
 def diff_figure(state: DiffState, highlight: int | None = None) -> go.Figure:
     """Positions where the canvases differ at each aligned step (1-based on the x axis), the
-    first divergence as a marker and the step shown as a red line."""
+    first divergence as a marker and the step shown as a dashed grey line: red is the strip's
+    colour for a position that differs (a red line at step 1 read as a difference where none was).
+    Counts and steps are whole numbers: integer ticks from 0 (an all-zero curve drew "0" over "0.5")."""
     if not state.count:
         return message_figure("no steps on either side", 280)
     xs = np.arange(1, state.count + 1, dtype=np.float32)
@@ -168,10 +178,11 @@ def diff_figure(state: DiffState, highlight: int | None = None) -> go.Figure:
             marker=dict(symbol="star", size=14, color="#111827"), uid="first",
         ))
     if highlight is not None and 0 <= highlight < state.count:
-        fig.add_shape(type="line", xref="x", yref="paper", x0=highlight + 1, x1=highlight + 1, y0=0, y1=1, line=SHOWN_LINE)
+        fig.add_shape(type="line", xref="x", yref="paper", x0=highlight + 1, x1=highlight + 1, y0=0, y1=1, line=STEP_SHOWN)
+    most = max(len(state.differing(k)) for k in range(state.count))
     fig.update_layout(
-        xaxis=dict(range=[0.5, state.count + 0.5], title=dict(text="aligned step")),
-        yaxis=dict(rangemode="tozero", title=dict(text="positions that differ")),
+        xaxis=dict(range=[0.5, state.count + 0.5], title=dict(text="aligned step"), tickformat="d", dtick=_whole_step(state.count)),
+        yaxis=dict(range=[0, max(most, 1) * 1.1], title=dict(text="positions that differ"), tickformat="d", dtick=_whole_step(most)),
         margin=dict(b=80),
     )
     return _finish(fig, 280, "diff")

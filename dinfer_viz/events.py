@@ -1,5 +1,5 @@
 """What an engine thread tells a session's live view (dinfer_viz/runner.py reads these from a
-queue; dinfer_viz/batching.py and runner.start_worker post them), besides the engine's own
+queue; dinfer_viz/batching.py and jobs.start_worker post them), besides the engine's own
 IterationRecords."""
 
 from __future__ import annotations

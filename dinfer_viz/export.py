@@ -319,7 +319,7 @@ def run_mp4(timeline: Timeline, path: str | Path | None = None, frame_ms: int = 
 
 
 COMPARE_COLUMNS = (
-    "run", "settings", "model", "decoder", "threshold", "cache", "block_length", "iterations", "nfe", "tokens", "tpf", "tps",
+    "run", "settings", "model", "decoder", "threshold", "cache", "block_length", "iterations", "nfe", "tokens", "edits", "remasks", "tpf", "tps",
     "forwards_per_second", "engine_seconds", "trace_seconds", "wall_seconds", "passes", "text",
 )
 # a decoder's own option, as a column of its own (`decoder_options.edit_threshold`)
@@ -371,6 +371,8 @@ def compare_csv(
                 tl.iterations,
                 stats.get("nfe", ""),
                 stats.get("tokens", ""),
+                stats.get("edits", 0),  # a revising decoder's (the sweep's CSV has them too); 0 for the others
+                stats.get("remasks", 0),
                 _number(stats.get("tpf")),
                 _number(stats.get("tps")),
                 _number(stats.get("forwards_per_second")),

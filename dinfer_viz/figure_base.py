@@ -159,14 +159,15 @@ AXIS_TITLE_PX = 56  # under a plot: its tick labels and its axis title
 LEGEND_ENTRY_PX = 19  # one legend entry's line at the template's 10 px font
 
 
-def legend_at_foot(fig: go.Figure, height: int, margin: int) -> int:
+def legend_at_foot(fig: go.Figure, height: int, margin: int, lines: int | None = None) -> int:
     """Put `fig`'s legend at the figure's foot, under the x-axis title, with room for one line
-    per entry (the narrowest column stacks them so), and return `height` changed as the bottom
-    `margin` it was drawn with changes, so the plot keeps its size. Placed from the plot's bottom
-    (the template's y -0.18), a legend that wrapped covered the axis title, in the page and in the
-    exported PNG alike."""
+    per entry (the narrowest column stacks them so), or `lines` lines for a figure as wide as the
+    view (the cost panel's one row left an 80 px gap under four empty lines), and return `height`
+    changed as the bottom `margin` it was drawn with changes, so the plot keeps its size. Placed
+    from the plot's bottom (the template's y -0.18), a legend that wrapped covered the axis title,
+    in the page and in the exported PNG alike."""
     entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
-    bottom = AXIS_TITLE_PX + LEGEND_ENTRY_PX * entries + 8
+    bottom = AXIS_TITLE_PX + LEGEND_ENTRY_PX * min(entries, lines or entries) + 8
     fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom"), margin=dict(b=bottom))
     return height + bottom - margin
 
@@ -205,9 +206,9 @@ def add_forward_times(fig: go.Figure, records: list[IterationRecord], names: dic
                 y=np.array([records[i].seconds * 1000 for i in idx], dtype=np.float32),
                 yaxis="y3",
                 mode="markers",
-                name=f"{(names or {}).get(kind, kind)} (ms)",
+                name=f"{_plain((names or {}).get(kind, kind))} (ms)",  # a trace file's forward name
                 marker=dict(color=FORWARD_COLOURS.get(kind, "#111827"), size=6),
-                uid=f"ms-{kind}",
+                uid=f"ms-{_plain(kind)}",
             )
         )
 

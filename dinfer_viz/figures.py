@@ -83,7 +83,7 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
         return message_figure("this run recorded no per-position extras (the credit decoder, the hierarchical decoder and staleness measurement add them)")
     upto = _upto(timeline, upto)
     x0, x1 = timeline.view_start(), timeline.view_end()
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.16 / len(names), subplot_titles=[EXTRA_TITLES.get(n, n) for n in names])
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.16 / len(names), subplot_titles=[_plain(EXTRA_TITLES.get(n, n)) for n in names])  # a trace file's extra names
     rows = heatmap_rows(0, upto, (x1 - x0) * len(names), keep=highlight)  # the cell bound shared by the panels
     for row, name in enumerate(names, start=1):
         z = _block_matrix(timeline, 0, upto, lambda i, rec, name=name: timeline.extras_at(i).get(name), masked_only=False, rows=rows)
@@ -107,8 +107,8 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
                 colorscale=_EXTRA_SCALES.get(name, "Cividis"),
                 hoverongaps=False,
                 colorbar=dict(thickness=8, len=(domain[1] - domain[0]) * 0.9, y=(domain[0] + domain[1]) / 2, yanchor="middle"),
-                hovertemplate=f"{name}<br>pos %{{x}} · iteration %{{y}}: %{{z:.4g}}<extra></extra>",
-                uid=f"extra-{name}",
+                hovertemplate=f"{_plain(name)}<br>pos %{{x}} · iteration %{{y}}: %{{z:.4g}}<extra></extra>",
+                uid=f"extra-{_plain(name)}",
             ),
             row=row,
             col=1,

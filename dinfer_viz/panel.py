@@ -103,11 +103,16 @@ def history_table(head: tuple[str, ...], rows: list[tuple[tuple[str, ...], bool]
     cells = []
     for values, shown in rows:
         weight = "font-weight:700;background:#fef9c3" if shown else ""
-        cells.append(f'<tr style="{weight}">' + "".join(f'<td style="{_CELL}">{inert(c)}</td>' for c in values) + "</tr>")
+        # each cell names its column (data-label): in a narrow panel a row reads as one line of
+        # "column value" pairs, the page's CSS hiding the header (dinfer_viz/ui.py)
+        cells.append(f'<tr style="{weight}">' + "".join(f'<td data-label="{inert(h)}" style="{_CELL}">{inert(c)}</td>' for h, c in zip(head, values, strict=True)) + "</tr>")
     header = "".join(f'<th style="text-align:left;{_CELL}">{inert(h)}</th>' for h in head)
     dropped = len(cells) - HISTORY_ROWS
     note = f'<div style="{NOTE}">{dropped} earlier iterations not shown</div>' if dropped > 0 else ""
-    return f'{note}<table style="border-collapse:collapse;font-size:18px;font-variant-numeric:tabular-nums"><tr>{header}</tr>{"".join(cells[-HISTORY_ROWS:])}</table>'
+    # wider than the panel (a uniform-state run's eight columns beside the grid), the table scrolls
+    # sideways in its own box, never past the panel's edge
+    table = f'<table style="border-collapse:collapse;font-size:18px;font-variant-numeric:tabular-nums"><tr>{header}</tr>{"".join(cells[-HISTORY_ROWS:])}</table>'
+    return f'{note}<div class="history" style="overflow-x:auto;max-width:100%">{table}</div>'
 
 
 def panel(title: str, rows: list[tuple[str, str]], history_title: str, history: str) -> str:

@@ -10,7 +10,6 @@ closing it sets the engine's cancel event, and the engine stops before its next 
 
 from __future__ import annotations
 
-import logging
 import queue
 import secrets
 import threading
@@ -24,10 +23,9 @@ from engine.pipeline import TextResult
 from .batching import RunBatcher
 from .events import Failed, Finished, Loading, Started, Waiting
 from .host import EngineHost, ModelSpec
+from .jobs import POLL_SECONDS, start_worker
 from .timeline import Timeline
 
-log = logging.getLogger(__name__)
-POLL_SECONDS = 0.1  # longest the consumer blocks on the queue
 # Longest a live run goes without yielding: Gradio can close (Stop, a closed tab) a generator only
 # when it yields, and one forward on a long canvas can take many seconds without an event.
 HEARTBEAT_SECONDS = 1.0
@@ -37,39 +35,6 @@ MAX_UNPAINTED = 2  # frames sent that the page has not painted yet, at most
 # threw): the next frame goes anyway and carries everything, so a lost report costs this long, not
 # the rest of the live view. A page that is only slow is sent one frame per this interval.
 REPORT_GRACE_SECONDS = 5.0
-
-
-Job = Callable[[Engine, Callable[[object], None], threading.Event], object]
-
-
-def start_worker(host: EngineHost, spec: ModelSpec, job: Job, cancel: threading.Event) -> "queue.SimpleQueue[object]":
-    """Run `job(engine, post, cancel)` on a daemon thread holding the host's lock; every event,
-    ending with Finished or Failed, goes into the returned queue."""
-    events: queue.SimpleQueue[object] = queue.SimpleQueue()
-
-    def work() -> None:
-        if not host.lock.acquire(blocking=False):
-            events.put(Waiting())
-            while not host.lock.acquire(timeout=POLL_SECONDS):
-                if cancel.is_set():
-                    return
-        try:
-            if cancel.is_set():
-                return
-            if not host.is_loaded(spec):
-                events.put(Loading(spec))
-            engine = host.get(spec)
-            events.put(Finished(job(engine, events.put, cancel)))
-        except EngineError as exc:
-            events.put(Failed(str(exc)))
-        except Exception as exc:  # a bug or an out-of-memory must not kill the session
-            log.exception("engine job failed")
-            events.put(Failed(f"internal error: {type(exc).__name__}: {exc}"))
-        finally:
-            host.lock.release()
-
-    threading.Thread(target=work, name="dinfer-viz-engine", daemon=True).start()
-    return events
 
 
 class FrameClock:

@@ -22,10 +22,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import queue
 import statistics
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -40,7 +38,7 @@ from .answers import WrongCommit, first_wrong
 from .host import EngineHost, ModelSpec
 from .settings import OPTION_PREFIX, coerce
 from .readouts import plural
-from .runner import POLL_SECONDS, Failed, Finished, Job, Loading, Waiting, start_worker
+from .jobs import Job, follow_job, start_worker
 from .timeline import Timeline
 
 # traces of wrong answers kept for inspection, per curve and value: a low threshold's dozens of
@@ -240,8 +238,10 @@ def own_examples(text: str) -> list[Example]:
     return out
 
 
-def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: str = "") -> list[Example]:
-    """`per_task` seeded prompts of each chosen set, then the user's own prompts."""
+def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: str = "", split: str = "held_out") -> list[Example]:
+    """`per_task` seeded prompts of each chosen set, then the user's own prompts. `split`: the
+    families' split (tinymodel/tasks.py `split_examples`, the one source of it): the sweep and the
+    Tune tab's report run the held-out prompts, the Tune tab's trials the train ones."""
     if not 1 <= per_task <= MAX_PER_SET:
         raise EngineError(f"prompts per set must be from 1 to {MAX_PER_SET}, got {per_task}")
     examples: list[Example] = []
@@ -252,7 +252,7 @@ def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: s
             examples += out_of_range_examples([family], per_task, seed=seed)
         else:
             get_task(name)
-            examples += split_examples([name], "held_out", limit=per_task, seed=seed)
+            examples += split_examples([name], split, limit=per_task, seed=seed)
     examples += own_examples(own_prompts or "")
     if not examples:
         raise EngineError("choose at least one task family or type prompts of your own")
@@ -337,42 +337,18 @@ def run_sweep(
 
         return job
 
-    last = time.perf_counter()
     try:
         for k, current in enumerate(specs):
             # one worker per model: each takes the engine lock for its own part, as a run does
             events = start_worker(host, current, job_on(host.name_of(current), current.label or host.label_of(current.path)), cancel)
-            while True:
-                if cancel.is_set():  # Stop (the engine's own "cancelled" failure included): what ran stays, nothing more runs
-                    state.done = state.stopped = True
-                    state.message = f"stopped: {len(state.outcomes)}/{total} prompts run"
-                    yield state
-                    return
-                try:
-                    event = events.get(timeout=POLL_SECONDS)
-                except queue.Empty:
-                    # a frame now and then while a prompt runs (Stop sets `cancel`, read at the loop's top;
-                    # a generator Gradio closes sets it too, in `finally`)
-                    if time.perf_counter() - last >= interval:
-                        last = time.perf_counter()
-                        yield state
-                    continue
+            for event, due in follow_job(events, cancel, state, interval, lambda: f"stopped: {len(state.outcomes)}/{total} prompts run"):
                 if isinstance(event, Outcome):
                     state.outcomes.append(event)
                     state.message = f"{len(state.outcomes)}/{total} prompts run"
-                    if time.perf_counter() - last >= interval:
-                        last = time.perf_counter()
-                        yield state
-                elif isinstance(event, (Waiting, Loading)):
-                    state.message = "waiting for the engine: another session is running" if isinstance(event, Waiting) else f"loading {event.spec.describe()}"
+                if due:
                     yield state
-                elif isinstance(event, Finished):
-                    break
-                elif isinstance(event, Failed) and not cancel.is_set():
-                    state.done = state.failed = True
-                    state.message = event.message
-                    yield state
-                    return
+            if state.stopped or state.failed:
+                return
         state.done = True
         state.message = f"done: {plural(len(state.outcomes), 'prompt')}" + (f" ({len(state.outcomes) // len(specs)} on each model)" if len(specs) > 1 else "")
         yield state

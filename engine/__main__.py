@@ -24,6 +24,7 @@ from .registry import OPTION_SETTING_PREFIX, decoder_options
 from .settings_read import readers_note
 from .errors import EngineError
 from .serving.command import add_serve_command
+from .tuning.command import add_tune_command
 from .hooks import RunHooks
 
 # constraint settings whose flags are not the field's type (a schema file or JSON, a repeated text)
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(gen)
     gen.set_defaults(run=_generate)
     add_serve_command(sub)
+    add_tune_command(sub)
     add_trace_commands(sub)
     return parser
 

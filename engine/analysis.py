@@ -11,31 +11,26 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .step_state import StepState, step_state
 from .trace import IterationRecord, Trace
 from .trace_diff import canvases
 
 EPS = 1e-4  # a trace keeps probabilities to 4 decimals: no smaller probability is known
 
 
-def _uniform(trace: Trace) -> bool:
-    return getattr(trace, "kind", None) == "uniform"
+def _rules(trace: Trace) -> StepState:
+    """How the run's kind reads a step (engine/step_state.py); masked diffusion's for a trace that
+    names none."""
+    return step_state(getattr(trace, "kind", None) or "masked")
 
 
 def current_tokens(trace: Trace, row: int = 0) -> list[list[int | None]]:
     """Per step, per canvas position, the token the run held or predicted there after that step
-    (None: nothing recorded). Masked: the canvas where it is written, the record's top-1 at the
-    block's open positions; uniform: earlier canvases' outputs, the current canvas's argmax draft
-    (`top1`), nothing past it. After the last step: the final canvas (its early-stop fill)."""
-    uniform, mask = _uniform(trace), trace.mask_id
-    out = []
-    for i, (rec, canvas) in enumerate(zip(trace.iterations, canvases(trace, row))):
-        s, e = rec.block_range
-        if uniform:
-            done = (rec.state or {}).get("output") is not None
-            cur = [canvas[p] if p < s or (done and p < e) else rec.top1[row][p - s] if p < e else None for p in range(len(canvas))]
-        else:
-            cur = [canvas[p] if canvas[p] != mask else rec.top1[row][p - s] if s <= p < e else None for p in range(len(canvas))]
-        out.append(cur)
+    (None: nothing recorded), as the run's kind reads its records (`StepState.current`; masked:
+    the canvas where it is written, the record's top-1 at the block's open positions). After the
+    last step: the final canvas (its early-stop fill)."""
+    rules = _rules(trace)
+    out = [rules.current(rec, row, canvas, trace.mask_id) for rec, canvas in zip(trace.iterations, canvases(trace, row))]
     if out and trace.final:
         out[-1] = list(trace.final[row])
     return out
@@ -78,14 +73,13 @@ def kl_to_final(trace: Trace, row: int = 0) -> list[float | None]:
     """Per step, the mean over the positions whose state the step holds of KL(final || step) =
     -log q(final token): a written token is a point mass (0 if it is the final token, -log EPS if
     not), an open position of the step's block uses its candidates or top-1/confidence."""
-    final, uniform, mask = _final(trace, row), _uniform(trace), trace.mask_id
+    final, rules, mask = _final(trace, row), _rules(trace), trace.mask_id
     out = []
     for rec, canvas in zip(trace.iterations, canvases(trace, row)):
         s, e = rec.block_range
         terms = []
         for p in _generated(trace, row):
-            written = p < s if uniform else canvas[p] != mask
-            if written:
+            if rules.written(rec, canvas, p, mask):
                 terms.append(0.0 if canvas[p] == final[p] else -math.log(EPS))
             elif s <= p < e:
                 terms.append(-math.log(max(_q_final(rec, row, p - s, final[p]), EPS)))
@@ -94,15 +88,11 @@ def kl_to_final(trace: Trace, row: int = 0) -> list[float | None]:
 
 
 def open_confidences(trace: Trace, row: int = 0) -> list[list[float]]:
-    """Per step, the confidences of its open positions: masked, the block's positions still
-    [MASK] before the step; uniform, every position of the canvas being denoised."""
-    uniform, mask = _uniform(trace), trace.mask_id
+    """Per step, the confidences of its open positions (`StepState.open_positions`: masked, the
+    block's positions still [MASK] before the step; uniform, every position of the canvas)."""
+    rules = _rules(trace)
     before = [list(trace.initial[row])] + canvases(trace, row)
-    out = []
-    for i, rec in enumerate(trace.iterations):
-        s, e = rec.block_range
-        out.append([float(rec.confidence[row][p - s]) for p in range(s, e) if uniform or before[i][p] == mask])
-    return out
+    return [[float(rec.confidence[row][p - rec.block_range[0]]) for p in rules.open_positions(rec, before[i], trace.mask_id)] for i, rec in enumerate(trace.iterations)]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -157,21 +147,18 @@ def order_correlation(trace: Trace, row: int = 0) -> dict[str, Any]:
 
 
 def converged(trace: Trace, row: int = 0) -> bool | None:
-    """Masked: the final canvas holds no [MASK] in the generated part and, for a decoder that
-    revises, each block's last step changed nothing. Uniform: every canvas's last step stopped by
-    the adaptive rule (not at the step limit); None when the trace lacks the stop rule's state."""
+    """By the run's kind's rule (`StepState.converged`). Masked: the final canvas holds no [MASK] in
+    the generated part and, for a decoder that revises, each block's last step changed nothing.
+    Uniform: every canvas's last step stopped by the adaptive rule (not at the step limit); None
+    when the trace lacks the stop rule's state."""
     if not trace.iterations:
         return None
     last: dict[int, IterationRecord] = {}
     for rec in trace.iterations:
         last[rec.block] = rec
-    if _uniform(trace):
-        stops = [((rec.state or {}).get("stopping") or {}).get("stopped") for rec in last.values()]
-        return None if any(s is None for s in stops) else all(bool(s[row]) for s in stops)
     final = _final(trace, row)
-    if any(final[p] == trace.mask_id for p in _generated(trace, row)):
-        return False
-    return all(not rec.committed[row] and not (rec.revisions and rec.revisions[row]) for rec in last.values()) if any(r.revisions is not None for r in trace.iterations) else True
+    open_left = any(final[p] == trace.mask_id for p in _generated(trace, row))
+    return _rules(trace).converged(trace.iterations, list(last.values()), row, open_left)
 
 
 def analyze(trace: Trace, row: int = 0) -> dict[str, Any]:

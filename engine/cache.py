@@ -2,12 +2,16 @@
 
 `KVCacheManager.plan` is each cache mode's rule (the modes declare their settings and prose in
 engine/cache_modes.py); `forward` runs the plan against the request's store; `BlockCausalCache`
-is LLaDA2's exact prefix store. Modes, refresh schedule, exactness and the staleness probe:
-docs/algorithms.md §4; block diffusion: §5; revised positions: §2.8.
+is LLaDA2's exact prefix store, and `PrefixStore` the prompt blocks' K/V it shares across
+requests (a server's: docs/serving.md §3). Modes, refresh schedule, exactness and the staleness
+probe: docs/algorithms.md §4; block diffusion: §5; revised positions: §2.8.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,10 +62,11 @@ class KVCacheManager:
         self.extra_forwards = config.warmup  # forwards a block may take beyond its decodes (the loop's guard)
 
     @staticmethod
-    def for_model(model: DiffusionLM, config: GenerationConfig, canvas_length: int) -> "KVCacheManager":
-        """The manager for `model`: the block-causal store for a block-causal model, else this one."""
+    def for_model(model: DiffusionLM, config: GenerationConfig, canvas_length: int, prefixes: PrefixStore | None = None) -> "KVCacheManager":
+        """The manager for `model`: the block-causal store for a block-causal model (with the
+        requests' shared `prefixes`, if any), else this one."""
         if model.block_causal:
-            return BlockCausalCache(config, canvas_length, model.device)
+            return BlockCausalCache(config, canvas_length, model.device, prefixes)
         return KVCacheManager(config, canvas_length)
 
     def plan(self, iteration: int, block_index: int, start: int, end: int) -> ForwardPlan:
@@ -126,6 +131,67 @@ class KVCacheManager:
         return 0, 0
 
 
+class PrefixStore:
+    """The K/V of prompt blocks, shared by the requests of one block-causal model (a server's:
+    docs/serving.md §3). Under block-causal attention a block's K/V depend only on its tokens and
+    those of the blocks before it (and on the block length, which draws the blocks), so a prompt
+    whose first k whole blocks equal another's takes their K/V instead of computing them. Each
+    block is keyed by a SHA-256 chain over the block length and the tokens up to its end; the least
+    recently used blocks are dropped past `max_bytes`. `on_hit(tokens)`: told of each reuse and how
+    many prompt tokens it supplied."""
+
+    def __init__(self, max_bytes: int, on_hit: Callable[[int], None] | None = None) -> None:
+        if max_bytes < 1:
+            raise EngineError(f"the prefix store needs room: max_bytes {max_bytes}")
+        self.max_bytes, self.on_hit = max_bytes, on_hit
+        self.bytes = 0
+        self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()  # a server's rows run in threads of their own
+
+    @staticmethod
+    def _keys(block_length: int, ids: list[int]) -> list[bytes]:
+        """One key per whole block of `ids`, each naming every token up to the block's end."""
+        chain, keys = hashlib.sha256(str(block_length).encode()), []
+        for k in range(len(ids) // block_length):
+            chain.update(b"".join(t.to_bytes(4, "little") for t in ids[k * block_length : (k + 1) * block_length]))
+            keys.append(chain.copy().digest())
+        return keys
+
+    def lookup(self, block_length: int, ids: list[int]) -> torch.Tensor | None:
+        """The stored K/V `[n_layers, 2, 1, H_kv, k·L, D]` of the longest run of `ids`' first whole
+        blocks (None: not even the first)."""
+        found = []
+        with self._lock:
+            for key in self._keys(block_length, ids):
+                kv = self._blocks.get(key)
+                if kv is None:
+                    break
+                self._blocks.move_to_end(key)
+                found.append(kv)
+        if not found:
+            return None
+        if self.on_hit is not None:
+            self.on_hit(len(found) * block_length)
+        return torch.cat(found, dim=4)
+
+    def insert(self, block_length: int, ids: list[int], kv: torch.Tensor) -> None:
+        """Keep the K/V `[..., len(ids), D]` of `ids`' whole blocks (a copy: the caller's store goes on changing)."""
+        with self._lock:
+            for k, key in enumerate(self._keys(block_length, ids)):
+                if key in self._blocks:
+                    self._blocks.move_to_end(key)
+                    continue
+                block = kv[..., k * block_length : (k + 1) * block_length, :].clone()
+                self._blocks[key] = block
+                self.bytes += block.numel() * block.element_size()
+            while self.bytes > self.max_bytes and self._blocks:
+                _, dropped = self._blocks.popitem(last=False)
+                self.bytes -= dropped.numel() * dropped.element_size()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
 def block_causal_mask(length: int, block_length: int, device: torch.device) -> torch.Tensor:
     """`[length, length]` boolean, True where query `i` may attend to key `j` (block(j) <= block(i))."""
     block = torch.arange(length, device=device) // block_length
@@ -155,7 +221,7 @@ class BlockCausalCache(KVCacheManager):
 
     MODES = tuple(mode.name for mode in cache_modes() if mode.block_causal)  # as the modes declare
 
-    def __init__(self, config: GenerationConfig, canvas_length: int, device: torch.device) -> None:
+    def __init__(self, config: GenerationConfig, canvas_length: int, device: torch.device, prefixes: PrefixStore | None = None) -> None:
         if config.cache not in self.MODES:
             raise EngineError(
                 f"cache '{config.cache}' does not apply to a block-causal model; use 'prefix' (exact) or 'none'"
@@ -172,6 +238,8 @@ class BlockCausalCache(KVCacheManager):
         # stored), and the start s of the block the last plan was for
         self.pending: int | None = None
         self.block_start = 0
+        self.prefixes = prefixes if config.cache == "prefix" else None
+        self.prompt_blocks: list[int] | None = None  # the prompt's whole blocks, for `prefixes` once their K/V are stored
 
     def plan(self, iteration: int, block_index: int, start: int, end: int) -> ForwardPlan:
         if self.mode != "prefix":
@@ -192,6 +260,9 @@ class BlockCausalCache(KVCacheManager):
         if self.pending is not None:  # the committed positions fed ahead of the block: store their K/V
             self._write(out.kv[..., : block - plan.start, :], plan.start, block)
             self.pending = None
+            if self.prompt_blocks is not None and self.prefixes is not None:
+                self.prefixes.insert(self.config.block_length, self.prompt_blocks, self.store[..., : len(self.prompt_blocks), :])
+                self.prompt_blocks = None
         self.last_kv, self.last_input_masked = out.kv[..., block - plan.start :, :], (True if masked is None else masked.any())
         return out
 
@@ -216,9 +287,23 @@ class BlockCausalCache(KVCacheManager):
         return model(**inputs(0, e), attention_mask=self.mask[:e, :e]).logits[:, s:e]
 
     def prefill(self, model: DiffusionLM, first: int, inputs: Inputs) -> int:
-        """The prompt's `[0, first)` is pending: the first block's first forward stores it."""
-        if self.mode == "prefix" and first > 0:
-            self.pending = 0
+        """The prompt's `[0, first)` is pending: the first block's first forward stores it. With
+        the requests' `prefixes` (one row), its longest stored run of whole blocks is copied in
+        and only the rest is pending; the forward that stores the rest hands the blocks back."""
+        if self.mode != "prefix" or first == 0:
+            return 0
+        self.pending = 0
+        ids = inputs(0, first).get("input_ids")
+        if self.prefixes is None or ids is None or ids.shape[0] != 1:
+            return 0
+        self.prompt_blocks = ids[0].tolist()
+        kv = self.prefixes.lookup(self.config.block_length, self.prompt_blocks)
+        if kv is not None:
+            reused = kv.shape[4]
+            self._write(kv, 0, reused)
+            self.pending = reused if reused < first else None
+            if self.pending is None:
+                self.prompt_blocks = None  # all of it came from the store
         return 0
 
     def block_done(self, model: DiffusionLM, s: int, e: int, inputs: Inputs) -> tuple[int, int]:

@@ -13,7 +13,7 @@ import torch
 
 from .arguments import check_device, check_dtype, check_engine_arguments, check_instance, check_prompts, check_token_prompts
 from .config import GenerationConfig
-from .constraints import TokenVocabulary, spec_of
+from .constraints import TokenAutomaton, TokenVocabulary, spec_of
 from .errors import EngineError
 from .generation import check_fitted, fit_request, run_fitted
 from .hooks import NO_HOOKS, RunHooks
@@ -23,7 +23,7 @@ from .models.loader import resolve_model_path
 from .runtime.compiled import check_options, static_shape_model
 from .runtime.launch import Job
 from .runtime.parallel import check_degrees, load_shard
-from .run import GenerationOutput
+from .run import GenerationOutput, row_constraints
 from .runtime.workers import RankGenerate, WorkerGroup
 from .system_options import SYSTEM_OPTIONS
 
@@ -270,15 +270,20 @@ class Engine:
         # a parallel engine checks the constraint's room here too (in one process the run does)
         room = self._workers is not None and (any(hooks.constraints or ()) or spec_of(config) is not None)
         config = (check_fitted if fitted else fit_request)(self.model, prompts, config, self.max_tokens, self.vocabulary if room else None)
-        if self._workers is not None:
-            return self._workers.run_request(prompts, config, hooks)  # each rank's engine adds its limit, name and strings
+        if self._workers is not None:  # each rank's engine adds its limit, name and strings
+            # the constraints the room check built here: the ranks adopt them, building none
+            built = {s.regex(): self.vocabulary.automaton(s.regex()) for s in row_constraints(config, hooks, len(prompts)) if s is not None} if room else {}
+            return self._workers.run_request(prompts, config, hooks, built)
         if self._job is not None:
             return self._job.run(prompts, config, hooks, self._run_fitted_here)
         return self._run_fitted_here(prompts, config, hooks)
 
-    def _run_fitted_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
+    def _run_fitted_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks, built: dict[str, TokenAutomaton] | None = None) -> GenerationOutput:
         """The loop in this process on a fitted config (generate_ids's, or a parallel engine's
-        caller's), with this engine's stop ids, limit, name and token strings."""
+        caller's), with this engine's stop ids, limit, name and token strings. `built`: constraint
+        automata its caller built over the same vocabulary (a worker rank's request), adopted."""
         hooks = hooks.but(max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings)
         constrained = any(hooks.constraints or ()) or spec_of(config) is not None
+        if built:
+            self.vocabulary.adopt(built)
         return run_fitted(self._forward_model, prompts, config, stop_ids=self.stop_ids, hooks=hooks, vocabulary=self.vocabulary if constrained else None)

@@ -34,7 +34,9 @@ from .registry import builtin_decoder_names, decoder_class
 from .step_state import step_state
 from .trace import TRACE_VERSION, Trace
 
-REFERENCES = ("transformers", "diffusers")
+# each reference library and the diffusion kind its own loop runs (the kind its traces record)
+REFERENCE_KINDS = {"transformers": "uniform", "diffusers": "masked"}
+REFERENCES = tuple(REFERENCE_KINDS)
 NOT_EXPOSED = -1  # a token id the reference's hooks did not show
 TOP = 3  # candidates per position, as the engine's traces keep (engine/trace.py TOP_CANDIDATES)
 
@@ -43,6 +45,11 @@ _READS = {
     "transformers": {"gen_length", "block_length", "decoder", "seed", "use_chat_template", "decoder_options"},
     "diffusers": {"gen_length", "block_length", "decoder", "threshold", "temperature", "seed", "early_stop", "use_chat_template", "decoder_options"},
 }
+
+
+def reference_of_kind(kind: str) -> str | None:
+    """The reference library whose own loop runs `kind` diffusion (None: no library does)."""
+    return next((library for library, runs in REFERENCE_KINDS.items() if runs == kind), None)
 
 
 def reference_decoders(reference: str) -> list[str]:
@@ -213,7 +220,7 @@ def record_transformers(
         {k: (v.entropy_bound if k == "sampler_config" else v) for k, v in settings.items()} | {"eos_token_id": eos, "pad_token_id": pad},
     )
     data = {
-        "version": 3, "model": name or f"transformers:{type(model).__name__}", "kind": "uniform", "capabilities": {"revises": None, "shadow_block": None},
+        "version": 3, "model": name or f"transformers:{type(model).__name__}", "kind": REFERENCE_KINDS["transformers"], "capabilities": {"revises": None, "shadow_block": None},
         "mask_id": pad, "eos_ids": eos, "prompt_lengths": [p], "canvas_length": n, "block_length": canvas_length,
         "config": {**config.to_dict(), "reference": note}, "initial": [initial], "tokens": {}, "expected": None, "iterations": records,
         "final": [final], "stats": {"nfe": len(records), "seconds": seconds, "tpf": round(float(out.tokens_per_forward[0]), 4)}, "trace_seconds": 0.0,
@@ -361,7 +368,7 @@ def record_diffusers(model, prompt: list[int], config: GenerationConfig, *, stop
         {k: v for k, v in settings.items()},
     )
     data = {
-        "version": 3, "model": name or "diffusers:LLaDA2Pipeline", "kind": "masked", "capabilities": {"revises": editing is not None, "shadow_block": None},
+        "version": 3, "model": name or "diffusers:LLaDA2Pipeline", "kind": REFERENCE_KINDS["diffusers"], "capabilities": {"revises": editing is not None, "shadow_block": None},
         "mask_id": mask, "eos_ids": eos, "prompt_lengths": [p], "canvas_length": n, "block_length": bl,
         "config": {**config.to_dict(), "reference": note}, "initial": [initial], "tokens": {}, "expected": None, "iterations": records,
         "final": [final], "stats": {"nfe": len(records), "seconds": clock[-1] - clock[0]}, "trace_seconds": 0.0,

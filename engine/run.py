@@ -5,6 +5,11 @@ panel fills), the finality every kind that fills masks left to right shares (`fi
 output and stats. A kind (engine/kinds/) subclasses `DiffusionRun` and implements `run_blocks`, the
 loop over its blocks; each of its steps ends in `emit`, which hands the step's record to the trace
 and the caller. What the stats count: docs/counting.md.
+
+A thread inside `forwards_routed(route)` runs solo runs whose every model call goes to `route`
+instead (the server's continuous batching, engine/serving/scheduler.py, which decodes several
+such runs' forwards as one padded batch): the run itself, its decisions and its records, are the
+solo run's; only who calls the model changes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from .config import CANVAS_BOUNDED, GenerationConfig, relative_bound
 from .constraints import CanvasConstraint, Compiler, ConstraintSpec, spec_of
 from .errors import EngineError
 from .hooks import CancelFlag, RunHooks
-from .models.base import DiffusionLM, ForwardCounters
+from .models.base import DiffusionLM, ForwardCounters, ModelOutput
 from .stats import GenerationStats, count_tokens, generated_mask
 from .trace import IterationRecord, Trace
 
@@ -48,6 +53,43 @@ class GenerationOutput:
 # layers on every run would cost every forward, and change what a compiled forward traces.
 _STOPPING = threading.Event()
 
+# A model call handed elsewhere: route(model, the call's keyword arguments) -> its ModelOutput.
+Route = Callable[[DiffusionLM, dict[str, Any]], ModelOutput]
+_ROUTED = threading.local()  # `.route`: this thread's Route while inside forwards_routed
+
+
+@contextlib.contextmanager
+def forwards_routed(route: Route) -> Iterator[None]:
+    """While inside, the runs this thread makes call `route` for each model forward (module
+    docstring). The route runs the forward elsewhere and checks the run's cancel while the run
+    waits for it: no hook between layers is set (a forward the route shares with other runs must
+    not stop for this run's cancel)."""
+    _ROUTED.route = route
+    try:
+        yield
+    finally:
+        _ROUTED.route = None
+
+
+class RoutedModel:
+    """`model` as a run inside `forwards_routed` sees it: calls go to the route, everything else is
+    the model's."""
+
+    def __init__(self, model: DiffusionLM, route: Route) -> None:
+        self._model, self._route = model, route
+
+    def __call__(self, **inputs: Any) -> ModelOutput:
+        return self._route(self._model, inputs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def routed(model: DiffusionLM) -> DiffusionLM:
+    """`model`, or its `RoutedModel` inside `forwards_routed`."""
+    route = getattr(_ROUTED, "route", None)
+    return model if route is None else RoutedModel(model, route)  # type: ignore[return-value]
+
 
 @contextlib.contextmanager
 def every_run_stopped() -> Iterator[None]:
@@ -65,7 +107,7 @@ def every_run_stopped() -> Iterator[None]:
 def cancel_between_layers(model: DiffusionLM, cancel: CancelFlag | None) -> Iterator[None]:
     """Check `cancel` before every layer of every forward, so that Stop ends even one long forward
     (a long canvas on a CPU) within one layer's time rather than at the next step."""
-    if cancel is None:
+    if cancel is None or getattr(_ROUTED, "route", None) is not None:  # a routed run: the route checks it
         yield
         return
 
@@ -172,7 +214,7 @@ class DiffusionRun:
     def __init__(
         self, model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, stop_ids: list[int], hooks: RunHooks, compiler: Compiler | None = None
     ) -> None:
-        self.model, self.cfg, self.stop_ids, self.hooks, self.compiler = model, config, stop_ids, hooks, compiler
+        self.model, self.cfg, self.stop_ids, self.hooks, self.compiler = routed(model), config, stop_ids, hooks, compiler
         self.device = model.device
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.nfe = self.iteration = self.host_syncs = 0

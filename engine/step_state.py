@@ -1,10 +1,13 @@
 """A diffusion kind's own per-step state in the trace (`IterationRecord.state`, docs/trace.md §3.2):
-its shape check, the canvas writes a replay applies, and the token ids it names. The trace knows
-only this contract; each kind's file registers its rules (`register_step_state`), so a new kind's
-record needs no edit of engine/trace.py, its schema or its readers.
+its shape check, the canvas writes a replay applies, the token ids it names, and how the analyses
+read a step (engine/analysis.py: what a position holds, which are open, whether a run converged).
+The trace and the analyses know only this contract; each kind's file registers its rules
+(`register_step_state`), so a new kind's record needs no edit of engine/trace.py, its schema or
+its readers.
 
 The base rules are masked diffusion's, which keeps no state of its own: a record writes its
-commits (`top1` at `committed`) and then its revisions.
+commits (`top1` at `committed`) and then its revisions; a position is written once it holds a
+token other than [MASK].
 """
 
 from __future__ import annotations
@@ -33,6 +36,35 @@ class StepState:
     def ids(self, state: dict[str, Any]) -> set[int]:
         """Every token id `state` names (the trace's `tokens` carries their strings)."""
         return set()
+
+    # ---- how the analyses read a record (engine/analysis.py, docs/analysis.md §3) ----
+
+    def current(self, rec: Any, row: int, canvas: list[int], mask: int) -> list[int | None]:
+        """Per canvas position, the token the run held or predicted there after `rec` (`canvas`: the
+        row's canvas after it; None: nothing recorded): written tokens, `top1` at the block's open
+        positions."""
+        s, e = rec.block_range
+        return [canvas[p] if canvas[p] != mask else rec.top1[row][p - s] if s <= p < e else None for p in range(len(canvas))]
+
+    def written(self, rec: Any, canvas: list[int], p: int, mask: int) -> bool:
+        """Whether position `p` holds a written token (not a belief) after `rec`."""
+        return canvas[p] != mask
+
+    def open_positions(self, rec: Any, before: list[int], mask: int) -> list[int]:
+        """The positions whose confidences `rec` weighed (`before`: the canvas before it): its
+        block's positions still [MASK]."""
+        s, e = rec.block_range
+        return [p for p in range(s, e) if before[p] == mask]
+
+    def converged(self, records: list[Any], last: list[Any], row: int, open_left: bool) -> bool | None:
+        """Whether row `row` converged (`last`: each block's last record; `open_left`: a [MASK] is
+        left in the final answer): nothing masked left and, for a decoder that revises, no block's
+        last step changed anything. None: the trace cannot say."""
+        if open_left:
+            return False
+        if not any(r.revisions is not None for r in records):
+            return True
+        return all(not rec.committed[row] and not (rec.revisions and rec.revisions[row]) for rec in last)
 
 
 def id_lists(state: dict[str, Any], *names: str) -> set[int]:

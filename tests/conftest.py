@@ -3,8 +3,15 @@ slow lanes (`LANES`)."""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# Inductor's pool of compile workers costs more than it saves on CI's 2 cores (a first graph took
+# about 24 s with it, 9 s without): every compiling test, and the app, server and worker processes
+# the tests start (they inherit the environment), compile in their own thread. Set before torch loads.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from engine.decoders import Block
 from engine.models.llada import LLaDAModelLM
@@ -21,6 +28,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[tp2]",
         "test_compiled.py::test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_all_reduces",
         "test_serve.py::test_sigint_to_the_server_ends_its_stream_with_an_error_event_and_leaves_no_process",
+        "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigint-tp2]",
     ),
     "torchrun": ("test_torchrun.py",),
     "processes": (  # each imports torch (or gradio) afresh: seconds apiece before it does anything
@@ -31,10 +39,17 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_trace_diff.py::test_diff_command",
         "test_reference_record.py::test_record_command_on_the_embedded_gemma_equals_transformers_generate",
         "test_app_cli.py::test_the_server_listens_where_the_environment_says",
+        "test_model_names.py::test_the_server_serves_an_embedded_name_from_any_directory",
         "test_security.py::test_app_with_an_address_it_cannot_bind_says_so_in_one_line_and_exits",
+        "test_tune.py::test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trials",
+        "test_hardening_constraints.py",  # constraint builds run to their deadline or memory bound
+        "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigint]",
+        "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigterm]",
+        "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigint-sweep]",
     ),
     "compile": (
         "test_compiled.py",
+        "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigterm-compile]",
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[compile]",
     ),
     "browser": (  # require_browser() fails a test that drives chromium outside this lane
@@ -42,11 +57,14 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_constraint_browser.py",
         "test_diff_browser.py",
         "test_page_limits_browser.py",
+        "test_panels_browser.py",
         "test_projector_browser.py",
         "test_revision_browser.py",
         "test_run_on_display_browser.py",
         "test_speculative_browser.py",
+        "test_trace_markup_browser.py",
         "test_uniform_browser.py",
+        "test_tune_browser.py",
     ),
     "training": ("test_train.py", "test_distill.py", "test_edit_train.py", "test_uniform_train.py"),
     "evaluation": (  # a shipped model scored on held-out prompts: its quality floors, not the code's rules

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -20,6 +21,7 @@ from engine.trace import TRACE_VERSION
 
 from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, handmade_trace, launch_app
 
+SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 
 
@@ -182,9 +184,9 @@ def test_an_answer_typed_while_the_suggestion_is_on_its_way_stays(session, tmp_p
 
     slow = RunHandlers.suggest_expected
 
-    def suggest_slowly(self, prompt):
+    def suggest_slowly(self, *args):
         time.sleep(1.5)
-        return slow(self, prompt)
+        return slow(self, *args)
 
     monkeypatch.setattr(RunHandlers, "suggest_expected", suggest_slowly)
     demo, url, _ = launch_app(tmp_path_factory)
@@ -538,3 +540,66 @@ def test_the_sweeps_stop_stops_the_sweep(session, tmp_path):
     page.screenshot(path=str(tmp_path / "sweep-stopped.png"))
     expect(page.locator("#sweep-message")).not_to_contain_text("done")
     page.get_by_role("tab", name="Run").click()
+
+
+def _lesson(page, name: str, step: int, steps: int) -> None:
+    """Choose lesson `name` and go on to its step `step` (1-based) of `steps`."""
+    from playwright.sync_api import expect
+
+    page.locator("#lesson input").fill(name)
+    page.keyboard.press("Enter")
+    expect(page.locator("#lesson-note")).to_contain_text(f"Step 1 of {steps}")
+    for k in range(2, step + 1):
+        page.click("#lesson-next")
+        expect(page.locator("#lesson-note")).to_contain_text(f"Step {k} of {steps}")
+
+
+def test_a_lesson_chosen_after_another_runs_on_its_own_model(session, tmp_path):
+    """#44 item 2, at a projector's 1024x768: lesson 6 left on its tiny-gemma step, then lesson 7,
+    whose first step runs on tiny-llada (it ran on tiny-gemma: an empty answer in 16 steps); read
+    from the run's own trace, downloaded from the page."""
+    from playwright.sync_api import expect
+
+    from dinfer_viz.lessons import BASE_MODEL, LESSONS, UNIFORM_MODEL
+
+    six, seven = (next(l for l in LESSONS if l.name.startswith(f"{n} ")) for n in (6, 7))
+    page = session.page
+    page.set_viewport_size({"width": 1024, "height": 768})
+    try:
+        page.goto(session.url)
+        page.get_by_text("Model and system").click()  # the model box's section, closed by default
+        page.locator("#lessons-box").get_by_text("Lessons").click()
+        _lesson(page, six.name, 2, len(six.steps))
+        expect(page.locator("#model-path textarea, #model-path input").first).to_have_value(UNIFORM_MODEL)
+        _lesson(page, seven.name, 1, len(seven.steps))
+        expect(page.locator("#model-path textarea, #model-path input").first).to_have_value(BASE_MODEL)
+        page.click("#run-btn")
+        expect(page.locator("#message")).to_contain_text("done")
+        with page.expect_download() as download:
+            page.click("#download")
+        trace = json.loads(open(download.value.path()).read())
+        assert trace["model"] == BASE_MODEL and trace["kind"] == "masked", (trace["model"], trace["kind"])
+        assert trace["config"]["threshold"] == 0.1 and page.locator("#output textarea").input_value().strip()
+        page.locator("#grid").scroll_into_view_if_needed()
+        page.screenshot(path=str(Path(SHOTS) / "lesson-7-after-6-1024x768.png" if SHOTS else tmp_path / "lesson-7.png"))
+    finally:
+        page.set_viewport_size({"width": 1500, "height": 1000})
+
+
+def test_a_slow_playback_says_which_iteration_it_plays_not_that_a_forward_runs(session, monkeypatch):
+    """#44 item 4: at one iteration a second the engine finishes long before the page has played
+    its run back; the message says so (it read 'generating: a forward is running'), then done.
+    The heartbeat comes every 0.2 s here (the app runs in this process), so several fall between
+    two played iterations, whatever the machine's speed."""
+    from playwright.sync_api import expect
+
+    monkeypatch.setattr("dinfer_viz.runner.HEARTBEAT_SECONDS", 0.2)
+    page = session.page
+    page.goto(session.url)
+    page.locator("#live-speed input").fill("1 iteration / s")
+    page.keyboard.press("Enter")
+    page.click("#run-btn")
+    message = page.locator("#message")
+    expect(message).to_contain_text(re.compile(r"playing back: iteration \d+ of \d+ \(the engine (has finished|runs ahead)\)"))
+    assert "a forward is running" not in message.inner_text()
+    expect(message).to_contain_text("done")

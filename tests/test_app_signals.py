@@ -1,10 +1,12 @@
-"""SIGINT to `python app.py` while a tensor-parallel run is under way: the app exits 0 and no
-process it started outlives it (its two worker processes and multiprocessing's resource tracker).
+"""SIGINT or SIGTERM to `python app.py` mid-run: the app exits 0 and no process it started outlives
+it, on every kind of run (#43 item 4): a plain run, a tensor-parallel one (its two worker processes
+and multiprocessing's resource tracker), a compiled one and a sweep.
 
-The run is held inside its request on both ranks by the marked gate decoder's files (tests/
+The run is held inside its request on every rank by the marked gate decoder's files (tests/
 marked_gate_decoder.py), so the signal lands mid-run whatever the machine's speed; the gates open
 after the signal. Every outcome is read from the exit status and the processes' ends; the time
-from the signal to the exit is printed (benchmarks/RESULTS.md), never asserted.
+from the signal to the exit is printed (benchmarks/RESULTS.md), never asserted. Lanes: the TP case
+in "workers", the compiled one in "compile", the others in "processes" (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -58,13 +60,24 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.workers
-@pytest.mark.parametrize("signum, tp", [(signal.SIGINT, 2), (signal.SIGINT, 1), (signal.SIGTERM, 1)], ids=["sigint-tp2", "sigint", "sigterm"])
-def test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process(tmp_path, signum, tp):
-    """A plain run too (#43 item 4): SIGINT or SIGTERM mid-run ended the app with `terminate called
-    without an active exception` (SIGABRT), the engine's thread still in a forward at exit."""
+# (signal, model settings beyond the path, the call): each kind of run the app makes
+CASES = {
+    "sigint-tp2": (signal.SIGINT, {"tp_size": 2}, "run"),
+    "sigint": (signal.SIGINT, {}, "run"),
+    "sigterm": (signal.SIGTERM, {}, "run"),
+    "sigterm-compile": (signal.SIGTERM, {"compile": True}, "run"),
+    "sigint-sweep": (signal.SIGINT, {}, "sweep"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process(tmp_path, case):
+    """A plain run too: SIGINT or SIGTERM mid-run ended the app with `terminate called without an
+    active exception` (SIGABRT), the engine's thread still in a forward at exit."""
     from gradio_client import Client
 
+    signum, system, call = CASES[case]
+    tp = system.get("tp_size", 1)
     port = _free_port()
     env = {**os.environ, "DINFER_VIZ_DECODERS": GATE_DECODER, "GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": "1"}
     app = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
@@ -73,9 +86,12 @@ def test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process(tmp_path, sig
         _until(lambda: _answers(url), app, "answered")
         gates = tmp_path / "gates"
         gates.mkdir()
-        model = {"path": "tiny-llada", "tp_size": tp} if tp > 1 else {"path": "tiny-llada"}
-        settings = {"model": model, "config": {"decoder": "marked_gate", "gen_length": 16, "block_length": 8, "decoder_options": {"gates": str(gates)}}}
-        Client(url, verbose=False).submit("Q: 12+35=? A:", settings, "", api_name="/run")
+        settings = {"model": {"path": "tiny-llada", **system}, "config": {"decoder": "marked_gate", "gen_length": 16, "block_length": 8, "decoder_options": {"gates": str(gates)}}}
+        client = Client(url, verbose=False)
+        if call == "sweep":  # two values of two prompts: the signal lands in the first run
+            client.submit(settings, ["add"], 2, "steps", "8, 16", "", api_name="/sweep")
+        else:
+            client.submit("Q: 12+35=? A:", settings, "", api_name="/run")
         _until(lambda: all((gates / f"reached-1-{rank}").exists() for rank in range(tp)), app, "started the run on every rank")
         started = children(app.pid)
         assert tp == 1 or len(started) >= 2, started  # the two workers (and multiprocessing's resource tracker)
@@ -84,7 +100,7 @@ def test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process(tmp_path, sig
         for gate in range(1, 17):
             (gates / str(gate)).touch()
         assert app.wait(timeout=LIMIT_S) == 0, app.stderr.read()[-3000:]
-        print(f"{signal.Signals(signum).name} to the app's exit, a TP={tp} run under way: {time.monotonic() - signalled:.2f} s")
+        print(f"{signal.Signals(signum).name} to the app's exit, a {case} run under way: {time.monotonic() - signalled:.2f} s")
         err = app.stderr.read()
         assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch._inductor.config
 
 from engine import Engine, EngineError, GenerationConfig, RunHooks, run_diffusion, save_model
 from engine.__main__ import main as cli
@@ -40,16 +39,6 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and
 
 def _config(**extra) -> GenerationConfig:
     return GenerationConfig(**{"gen_length": 32, "block_length": 16, "threshold": 0.7, "warmup": 1, "prefix_look": 8, "after_look": 8, **extra})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_compile_thread():
-    """Inductor's pool of compile workers costs more than it saves on a 2-core machine (the first
-    graph: about 24 s with it, 9 s without); the environment reaches the TP workers too."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        patch.setattr(torch._inductor.config, "compile_threads", 1)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -410,7 +410,7 @@ def _tiny_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def test_plugin_decoder_runs_from_the_command_line(tmp_path, monkeypatch, capsys):
+def test_plugin_decoder_runs_from_the_command_line(tmp_path, monkeypatch, capsys, own_registry):
     """The CLI finds the plug-in through DINFER_VIZ_DECODERS alone (a copy, so that it loads afresh)."""
     plugin = tmp_path / "my_decoder.py"
     plugin.write_text(EXAMPLE_PLUGIN.read_text())

@@ -200,3 +200,13 @@ def test_an_engine_runs_its_models_own_kind_with_no_config(gemma):
     res = gemma.generate("Q: 7+58=? A:")
     assert res.output.trace is None and res.texts[0].strip()
     assert res.texts == gemma.generate("Q: 7+58=? A:", GenerationConfig()).texts
+
+
+def test_the_cli_takes_a_setting_the_models_own_kind_reads_without_naming_its_decoder(capsys):
+    """#44 item 3: `--entropy-bound` on tiny-gemma was refused ("decoder 'threshold' has no setting
+    'entropy_bound'"): the CLI's default decoder is now the model's own kind's, which reads it."""
+    from engine.__main__ import main
+
+    assert main(["generate", "--model", "tiny-gemma", "--entropy-bound", "0.1", "--prompt", "Q: 7+58=? A:", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"].strip() and out["nfe"] >= 1

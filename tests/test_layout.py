@@ -57,7 +57,7 @@ FLOORS = (
     ("engine.run", "engine.kinds", "engine.generation", "engine.settings_read"),
     ("engine.runtime",),
     ("engine.pipeline", "engine.reference"),
-    ("engine.serving", "engine.cli", "engine.__main__"),
+    ("engine.serving", "engine.cli", "engine.tuning", "engine.__main__"),
 )
 
 

@@ -37,6 +37,9 @@ def open_page(session, width: int, height: int):
     page = session.browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
     page.goto(session.url)
     page.wait_for_selector("#run-btn")
+    # the page's load events have applied (the controls the default decoder does not read are
+    # hidden): a control typed into before then can be re-rendered under the typing and lose it
+    page.wait_for_selector("#cfg-steps", state="hidden", timeout=WAIT)
     page.size = f"{width}x{height}"
     return page
 
@@ -93,6 +96,7 @@ def settle(page, field: str, value) -> None:
 def long_fixed_run(page, length: int = 256) -> None:
     """A run long enough to be stopped while the engine decodes: the fixed decoder, one block."""
     choose(page, "cfg-decoder", "fixed")
+    page.wait_for_selector("#cfg-steps", state="visible", timeout=WAIT)  # the server has the fixed decoder
     for field in ("gen_length", "block_length"):
         set_number(page, field, length)
     page.locator("#cfg-align_blocks input").uncheck()

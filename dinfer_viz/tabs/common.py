@@ -27,6 +27,7 @@ from gradio.events import Dependency
 from engine import EngineError, GenerationConfig
 
 from ..batching import MAX_BATCH, RunBatcher
+from ..cells import inert_markdown
 from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
 from ..host import EngineHost, ModelSpec
 from ..runner import acknowledge
@@ -88,7 +89,7 @@ def guarded(slots: Sequence[str] | Callable[[Any], Sequence[str]] | None) -> Cal
 
     def message(exc: Exception, args: tuple) -> Any:
         log.exception("handler failed")
-        text = error_text(f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
+        text = error_text(f"internal error: {type(exc).__name__}: {inert_markdown(str(exc)[:300])}")  # it may quote a file
         if slots is None:
             return text
         return outputs(slots(args[0]) if callable(slots) else slots, {"message": text})
@@ -241,12 +242,14 @@ class TabHandlers:
             " return [{model: model, config: config}]; }"
         )
 
-    def limits_text(self, prompt_tokens: int = 0, positions: int | None = None, model: str = "") -> str:
+    def limits_text(self, prompt_tokens: int = 0, positions: int | None = None, model: str = "", block: int = 1) -> str:
         """The prompt box's hint: this server's bounds and, given the model's positions (its
-        max_sequence_length, prompt included), the generation length this prompt leaves room for."""
+        max_sequence_length, prompt included), the generation length this prompt leaves room for:
+        a multiple of the block length `block`, as a run's must be (504 positions left run 480 with
+        blocks of 32)."""
         if positions is None:
             return f"at most {self.max_prompt_chars} characters; generation length at most {self.max_gen_length}"
-        room = min(self.max_gen_length, positions - prompt_tokens)
+        room = min(self.max_gen_length, positions - prompt_tokens) // max(block, 1) * max(block, 1)
         return (f"at most {self.max_prompt_chars} characters; generation length at most {max(room, 0)} for this prompt "
                 f"({prompt_tokens} tokens of {model}'s {positions} positions, prompt included)")
 

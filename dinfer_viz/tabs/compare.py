@@ -284,7 +284,7 @@ class CompareHandlers(TabHandlers):
         try:
             it = record_index(iteration)
         except EngineError as exc:
-            return outputs(COMPARE_VIEW, {"message": error_text(str(exc))})
+            return outputs(COMPARE_VIEW, {"message": error_text(inert_markdown(str(exc)))})
         return outputs(
             COMPARE_VIEW,
             {
@@ -312,7 +312,7 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
             model_b = gr.Dropdown(
                 [SAME_MODEL, *h.host.model_choices()], value=SAME_MODEL[1], label="model B",
                 info="another model: both sides run the Run tab's settings", allow_custom_value=not h.host.public,
-                elem_id="compare-model-b", scale=2,
+                elem_id="compare-model-b", scale=2, min_width=420,  # its longest name whole at 1024 px (it was cut beside "B uses its own settings")
             )
             b_own = gr.Checkbox(
                 False, label="B uses its own settings", info="B's settings below, on model B; A keeps the Run tab's",

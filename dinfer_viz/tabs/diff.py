@@ -18,7 +18,7 @@ from engine import EngineError, GenerationConfig, Trace
 from engine.arguments import read_text_file
 from engine.trace import MAX_TRACE_BYTES
 from engine.analysis import analyze
-from engine.reference import check_settings, record_diffusers, record_transformers
+from engine.reference import check_settings, record_diffusers, record_transformers, reference_of_kind
 
 from ..analysis_figure import analysis_text, order_figure, per_step_figure
 from ..diff_view import DiffState, diff_figure, diff_state, diff_strip, divergence_card, summary_text
@@ -32,8 +32,6 @@ from .shown import LIVE, RunState
 ANALYSIS_VIEW = ("analysis_text", "analysis_steps", "analysis_order")
 DIFF_VIEW = ("summary", "strip", "first", "chart", "scrub", "diff_state", "message", "reference", "reference_file")
 STEP_VIEW = ("strip", "chart")
-# which library's own sampler is the reference for a model of each diffusion kind
-REFERENCE_OF_KIND = {"uniform": "transformers", "masked": "diffusers"}
 INTRO = (
     "**How autoregressive is this decoder?** The analysis of the run on display (the Run tab's): per step, how much of the answer is "
     "already final and how far the step's beliefs are from it (KL), and in which order the positions settled. **Diff two runs** of one "
@@ -139,7 +137,7 @@ class DiffHandlers(TabHandlers):
         names (an embedded name, a folder; public mode: the allow-list), under the engine's lock."""
         path, label = self.host.resolve(model)
         spec = replace(self.host.default, path=path, label=label, options=())
-        reference = REFERENCE_OF_KIND.get(ours.kind)  # the run's kind (its header), not the model's own
+        reference = reference_of_kind(ours.kind)  # the run's kind (its header), not the model's own
         if reference is None:
             raise EngineError(f"no reference library runs {ours.kind} diffusion")
         config = reference_config(ours)

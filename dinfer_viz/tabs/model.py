@@ -11,6 +11,7 @@ import gradio as gr
 
 from engine import EngineError
 
+from ..cells import inert_markdown
 from ..explain import system_markdown
 from ..host import DTYPES
 from ..system import OfferedOption, describe_machine, devices, progress_line, startup_note, offered_options
@@ -34,7 +35,7 @@ class ModelHandlers(TabHandlers):
                 engine = self.host.get(spec)
                 seconds = time.perf_counter() - t0
         except EngineError as exc:
-            yield error_text(str(exc))
+            yield error_text(inert_markdown(str(exc)))  # it may quote a path or a config.json value
             return
         params = sum(p.numel() for p in engine.model.parameters())
         ahead = startup_note(dict(spec.options), spec.device, loaded=True)  # compiling is left to the first run

@@ -1,5 +1,5 @@
 """The Run tab's replay of the run on display: the scrubber (`replay`, and `glance` while it is
-dragged), playback (`play`, `pause`, the timer's `step`, ⏭ End), and a click on the grid or the
+dragged), playback (`play`, `pause`, the timer's `step`, ⇥ End), and a click on the grid or the
 raster pinning a position (`pick`). A live run's Play, Pause and End act on its stream
 (runner.LiveRun); a stored run's on the timer. The panels come from tabs/run_view.py.
 
@@ -41,7 +41,7 @@ class ReplayHandlers(TabHandlers):
             if not -1 <= it < state.timeline.iterations:  # the slider's range; an API client's number may be any
                 raise EngineError(f"the iteration to show must be from 0 (before the first forward) to {state.timeline.iterations}, not {it + 1}")
         except EngineError as exc:
-            return outputs(RUN_VIEW, {"message": error_text(str(exc))})
+            return outputs(RUN_VIEW, {"message": error_text(inert_markdown(str(exc)))})
         return outputs(RUN_VIEW, unpinned_kept(timeline_view(state.timeline, it, state.expected, highlight=True, pinned=pinned), pinned))
 
     def glance(self, iteration: float, state: RunState | None, pinned: int | None = None) -> tuple:
@@ -82,12 +82,12 @@ class ReplayHandlers(TabHandlers):
             live = state.live
             live.pause()
             engine = "the engine has finished and is free" if live.engine_done else "the engine runs on"
-            return f"paused at iteration {live.shown} ({engine}): ▶ Play resumes, ⏭ End skips to the end, Stop keeps what the run produced", gr.Timer(active=False)
+            return f"paused at iteration {live.shown} ({engine}): ▶ Play resumes, ⇥ End skips to the end, Stop keeps what the run produced", gr.Timer(active=False)
         return gr.skip(), gr.Timer(active=False)
 
     @guarded(SKIP_VIEW)
     def skip_to_end(self, state: RunState | None, pinned: int | None = None) -> tuple:
-        """⏭ End: a live run's view shows every record that arrived and follows the engine from
+        """⇥ End: a live run's view shows every record that arrived and follows the engine from
         there (the final view comes when it ends); a replay jumps to its last iteration."""
         if state is None:
             return outputs(SKIP_VIEW, {"message": "nothing to skip: run something or load a trace"})

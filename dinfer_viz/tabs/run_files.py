@@ -20,6 +20,7 @@ from ..readouts import plural
 from ..sample_traces import shipped_samples
 from ..settings import all_controls, config_fields, control_value
 from ..timeline import Timeline
+from ..views import view_of_kind
 from .common import TabHandlers, error_text, guarded, outputs
 from .run_view import RUN_VIEW, stored_view
 from .shown import RunState
@@ -81,6 +82,7 @@ class RunFileHandlers(TabHandlers):
             return outputs(self.loaded_slots, {"message": "no file"})
         try:
             trace = Trace.from_json(read_text_file(path, "the trace", MAX_TRACE_BYTES))
+            view_of_kind(trace.kind)  # a kind this app cannot draw: refused here, not by the first view
             tl = Timeline(trace)
         except (EngineError, OSError, UnicodeDecodeError, ValueError) as exc:
             return outputs(self.loaded_slots, {"message": error_text(f"cannot load this trace: {inert_markdown(str(exc))}")})  # it may quote the file
@@ -128,6 +130,6 @@ class RunFileHandlers(TabHandlers):
         try:
             data = render(tl)
         except EngineError as exc:
-            return outputs(EXPORT_VIEW, {"message": error_text(str(exc))})
+            return outputs(EXPORT_VIEW, {"message": error_text(inert_markdown(str(exc)))})
         path = self.write_file(f"run-{tl.trace.model or 'model'}", suffix, data)
         return outputs(EXPORT_VIEW, {"file": path, "message": f"animation of {plural(tl.iterations, 'iteration')} ({len(data) / 1024:.0f} KiB): download it below the figures"})

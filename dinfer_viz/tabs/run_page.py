@@ -22,11 +22,18 @@ from ..grid import EMPTY_GRID, RASTER_PICK_JS, inert
 from ..lessons import LESSONS
 from ..readouts import message_readout
 from ..sample_traces import shipped_samples
-from ..settings import all_controls, control_value, decoder_presets, preset_controls, sections
+from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, control_value, decoder_presets, preset_controls, sections
 from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
 OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache", "Structured output")
+# Another tab that opens a run here (a sweep's wrong answer) brings the run's message to the top of
+# the screen, the grid and the details panel under it: the window kept the other tab's scroll, the
+# Run tab's charts. It waits (at most ~2 s of frames) for the tab switch to show the message.
+SHOW_RUN_JS = (
+    "() => { const go = (frames) => { const m = document.querySelector('#message');"
+    " if (m && m.offsetParent !== null) m.scrollIntoView({block: 'start'}); else if (frames > 0) requestAnimationFrame(() => go(frames - 1)); }; go(120); }"
+)
 # The page's components by name: RUN_VIEW's under theirs, the other ones under what they are
 Parts = dict[str, Any]
 
@@ -75,7 +82,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
 
     settings_inputs = [*model_inputs, *(controls[c.field] for c in all_controls())]
     view = [parts[name] for name in RUN_VIEW]
-    run_event = _wire_run(h, demo, parts, settings_inputs, view)
+    run_event = _wire_run(h, demo, parts, settings_inputs, view, controls)
     _wire_replay(h, parts, view)
     _wire_lessons(h, parts, controls, model_inputs[0])
     _wire_presets(parts, controls)
@@ -169,14 +176,12 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
             with gr.Row(equal_height=True):
                 parts["play_btn"] = gr.Button("▶ Play", elem_id="play-btn", scale=0, min_width=100)
                 parts["pause_btn"] = gr.Button("Pause", elem_id="pause-btn", scale=0, min_width=80)
-                parts["skip_btn"] = gr.Button("⏭ End", elem_id="skip-btn", scale=0, min_width=80)
-                parts["speed"] = gr.Slider(1, 30, value=6, step=1, label="iterations / s", scale=1, min_width=160)
-        # wide enough for a label beside its value: the panel grows with no scroll of its own
+                parts["skip_btn"] = gr.Button("⇥ End", elem_id="skip-btn", scale=0, min_width=100)
+                parts["speed"] = gr.Slider(1, 30, value=6, step=1, label="iterations/s", scale=1, min_width=160)
+        # the details panel alone beside the grid: it grows with no scroll of its own (dinfer_viz/ui.py)
         with gr.Column(scale=2, min_width=240):
-            # above the explanation: a click on the grid shows its answer beside the grid
             parts["details"] = gr.HTML(f'<div class="pos-details">{inert(PICK_HINT)}</div>', label="Position details", elem_id="details")
-            parts["explain"] = gr.Markdown(explain(defaults.decoder, defaults.cache), elem_id="explain")
-    _figures(parts)
+    _figures(parts, defaults)
     with gr.Row():
         parts["download"] = gr.DownloadButton("Download trace (JSON)", value=None, elem_id="download")
         parts["upload"] = gr.UploadButton("Load a trace (JSON)", file_types=[".json"], elem_id="upload")
@@ -189,12 +194,17 @@ def _view_column(defaults: GenerationConfig, parts: Parts) -> None:
     server_trace.add_box(parts)
 
 
-def _figures(parts: Parts) -> None:
-    """The run's figures, and the forward-cost measurement."""
+def _figures(parts: Parts, defaults: GenerationConfig) -> None:
+    """The run's figures with the explanation of the settings under the first row, and the
+    forward-cost measurement."""
     with gr.Row(equal_height=False):
         parts["raster"] = gr.Plot(message_figure("run something, or load a trace", 360), label="Raster: iteration × position (its colour bar names what it shows: confidence, or a uniform-state run's entropy)", elem_id="raster")
         parts["iterations"] = gr.Plot(message_figure("", 380), label="Per iteration: what each step did, its rule's parameters, engine time", elem_id="iterations")
-    parts["cost"] = gr.Plot(message_figure("", 340), label="Per iteration cost: compute, communication, compile, host (ms per rank)", elem_id="cost")
+    # under the first figures, at the row's full width and whole, with no box of its own: a 200 px
+    # box beside the details cut it mid-sentence, and under the playback controls its 600 px at
+    # 1024 px pushed the raster a screen below the grid
+    parts["explain"] = gr.Markdown(explain(defaults.decoder, defaults.cache), elem_id="explain")
+    parts["cost"] = gr.Plot(message_figure("", 340), label="Per iteration cost in ms: where each iteration's time went", elem_id="cost")
     parts["extras"] = gr.Plot(message_figure("", 220), label="Extras: credit, staleness, anchors (drawn when a run ends)", elem_id="extras")
     parts["cache_states"] = gr.Plot(
         label="K/V cache state: iteration × position (drawn when a run ends; runs with a cache)", elem_id="cache-states", visible=False
@@ -209,13 +219,17 @@ def _figures(parts: Parts) -> None:
         parts["costs_plot"] = gr.Plot(label="Cost per forward kind against canvas length", elem_id="forward-costs")
 
 
-def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[Any], view: list[Any]) -> Any:
+def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[Any], view: list[Any], controls: dict[str, Any]) -> Any:
     """The settings check, the expected box's suggestion, and Run; returns the run's event."""
     # the prompt too: the model's max_sequence_length holds prompt and generation together
     checked = ([p["prompt"], *settings_inputs], [p["settings_msg"], p["run_btn"], p["prompt"]])
     gr.on([c.change for c in [p["prompt"], *settings_inputs]], h.check_with_prompt, *checked, **LATEST)
     demo.load(h.check_with_prompt, *checked, **LATEST)
-    p["prompt"].change(h.suggest_expected, p["prompt"], [p["suggestion"], p["note"]], **LATEST).then(
+    # the decoder box follows the model's kind (a uniform-state model runs its own sampler)
+    gr.on([settings_inputs[0].change, controls["kind"].change], h.fitted_decoder, settings_inputs, controls["decoder"], **LATEST)
+    # the constraint too: an answer it cannot write is no answer to compare with (suggest_expected)
+    constraint = [p["prompt"], controls[CONSTRAINT], controls[CONSTRAINT_TEXT]]
+    gr.on([c.change for c in constraint], h.suggest_expected, constraint, [p["suggestion"], p["note"]], **LATEST).then(
         None, [p["suggestion"], p["expected"], p["suggested"]], [p["expected"], p["suggested"]], js=KEEP_TYPED_JS, **PRIVATE
     )
     collect = p["run_btn"].click(None, settings_inputs, p["settings_json"], js=h.settings_js(), **PRIVATE)

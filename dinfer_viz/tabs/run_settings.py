@@ -6,12 +6,14 @@ filling the controls, and the forward-cost chart measured on the tab's model.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import gradio as gr
 
 from engine import EngineError
-from engine.constraints import spec_of
+from engine.constraints import ConstraintSpec, spec_of
 from engine.pipeline import check_request, encode_prompt
 
 from .. import answers
@@ -21,7 +23,7 @@ from ..explain import explain
 from ..grid import inert
 from ..lessons import lesson_named
 from ..readouts import plural
-from ..settings import all_controls, control_value, sweep_setting, visible_fields
+from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, constraint_setting, control_value, sweep_setting, visible_fields
 from .common import TabHandlers, error_text
 
 # Canvas lengths of the forward-cost chart (those above the model's limit are left out)
@@ -31,6 +33,41 @@ COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
 # when the suggestion arrives, on the box's value at that moment, so that an answer typed while the
 # suggestion was on its way stays too (the server saw the box as it was when the prompt changed).
 KEEP_TYPED_JS = "(suggestion, current, last) => (current === '' || current === last) ? [suggestion, suggestion] : [current, last]"
+
+
+def held_words(spec: ConstraintSpec) -> str:
+    """The settings line's Markdown for the constraint: its `describe()`, escaped; a regex quoted,
+    its leading, trailing and doubled spaces as no-break spaces (Markdown dropped them: the
+    regex ` [0-9]+` read as `[0-9]+`)."""
+    kind, _, text = spec.describe().partition(" ")
+    text = inert_markdown(text)
+    if kind == "regex":
+        text = "“" + re.sub(r"^ +| +$| {2,}", lambda m: "\u00a0" * len(m.group()), text) + "”"
+    return f"{kind} {text}"
+
+
+def constraint_admits(mode: str | None, text: str | None, answer: str) -> bool:
+    """Whether the page's constraint (a mode of settings.CONSTRAINT_MODES and its box) can write
+    `answer`: no constraint or an unfinished one (the settings check says what is wrong); a choice
+    listed; a regex that matches it whole (Python's `re` standing in for outlines-core's syntax,
+    run on a suggested answer of a few characters); JSON that parses (its schema not checked)."""
+    try:
+        field = constraint_setting({CONSTRAINT: mode, CONSTRAINT_TEXT: text})
+    except EngineError:
+        return True
+    if "choice" in field:
+        return answer in field["choice"]
+    if "regex" in field:
+        try:
+            return re.fullmatch(field["regex"], answer) is not None
+        except (re.error, RecursionError, OverflowError):
+            return False
+    if "json_schema" in field:
+        try:
+            json.loads(answer)
+        except ValueError:
+            return False
+    return True
 
 
 class RunSettingsHandlers(TabHandlers):
@@ -45,7 +82,7 @@ class RunSettingsHandlers(TabHandlers):
         except EngineError as exc:
             return error_text(inert_markdown(str(exc))), gr.update(interactive=False)
         held = spec_of(config)
-        return "settings ok" + (f" · the answer is held to {inert_markdown(held.describe())}" if held is not None else ""), gr.update(interactive=True)
+        return "settings ok" + (f" · the answer is held to {held_words(held)}" if held is not None else ""), gr.update(interactive=True)
 
     def check_with_prompt(self, prompt: str, *values: Any) -> tuple[str, Any, Any]:
         """`check`, then this server's bounds and the engine's checks of this prompt on this model
@@ -60,12 +97,25 @@ class RunSettingsHandlers(TabHandlers):
             model, config = self.parse(self.settings(*values))
             reader = self.host.reader(model) if prompt and prompt.strip() else None
             if reader is not None:
-                hint = self.limits_text(len(encode_prompt(reader[1], prompt, config.use_chat_template)), reader[0].max_positions, model.label or self.host.label_of(model.path))
+                hint = self.limits_text(len(encode_prompt(reader[1], prompt, config.use_chat_template)), reader[0].max_positions, model.label or self.host.label_of(model.path), config.block_length)
                 check_request(*reader, prompt, config)
             self.check_request(prompt, config)
         except EngineError as exc:
             return error_text(inert_markdown(str(exc))), gr.update(interactive=False), gr.update(info=hint)
         return message, button, gr.update(info=hint)
+
+    def fitted_decoder(self, *values: Any) -> Any:
+        """The decoder box's update as the model or the kind changes (`values`: TabHandlers.settings'
+        order): the decoder the run will use (`parse` fits it to the model's kind), when the box
+        holds another: a uniform-state model runs its sampler, `uniform`, whatever masked decoder
+        the box held (it showed `threshold`), and a masked model after it the masked default.
+        Unchanged while the settings are invalid (the settings check says why)."""
+        try:
+            settings = self.settings(*values)
+            _, config = self.parse(settings)
+        except EngineError:
+            return gr.skip()
+        return gr.update(value=config.decoder) if config.decoder != settings["config"].get("decoder") else gr.skip()
 
     def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None, *system: Any) -> tuple:
         """Show only the controls that matter for this kind / decoder / cache mode / feature set,
@@ -83,11 +133,16 @@ class RunSettingsHandlers(TabHandlers):
         values, in `option_names` order)."""
         return explain(decoder, cache, bool(smoothing), bool(unroll), dict(zip(self.option_names, system)), kind or None)
 
-    def suggest_expected(self, prompt: str) -> tuple[str, str]:
-        """(the known right response of an arithmetic prompt, "" for other families; the note on the
-        prompt's family). Whether the expected box takes the response is the page's decision
-        (KEEP_TYPED_JS)."""
-        return answers.expected_response(prompt or ""), answers.prompt_note(prompt or "")
+    def suggest_expected(self, prompt: str, constraint: str | None = None, constraint_text: str | None = None) -> tuple[str, str]:
+        """(the known right response of an arithmetic prompt, "" for other families and where the
+        page's constraint (`constraint`, `constraint_text`: the Structured output controls) cannot
+        write it; the note on the prompt's family). Whether the expected box takes the response is
+        the page's decision (KEEP_TYPED_JS): an emptied suggestion empties a box that held the last
+        one, so a JSON answer is not struck out against `   7+ 58=  65`."""
+        response = answers.expected_response(prompt or "")
+        if response and not constraint_admits(constraint, constraint_text, response):
+            response = ""
+        return response, answers.prompt_note(prompt or "")
 
     def lesson_step(self, name: str | None, step: Any) -> tuple:
         """Step `step` (0-based; past the last: the last) of the lesson `name`: (the step menu, the
@@ -116,5 +171,5 @@ class RunSettingsHandlers(TabHandlers):
                 lengths = [n for n in COST_LENGTHS if not limit or n <= limit]
                 rows = measure_forward_costs(engine, lengths)
         except EngineError as exc:
-            return gr.skip(), error_text(str(exc))
+            return gr.skip(), error_text(inert_markdown(str(exc)))
         return forward_cost_figure(rows), f"measured on {inert_markdown(spec.describe())}: median of {plural(rows[0]['repeats'] if rows else 0, 'forward')} per kind and length"

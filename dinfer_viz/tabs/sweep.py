@@ -23,7 +23,7 @@ from ..sweep import MAX_KEPT_PER_VALUE, MAX_PER_SET, SweepState, parse_values, p
 from ..timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, SweepStop, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, stored_view
-from .run_page import RunTab
+from .run_page import SHOW_RUN_JS, RunTab
 
 # new slots last: API clients reading the earlier outputs by place keep working
 SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv", "failure_counts", "failures_at", "analysis_chart")
@@ -270,6 +270,7 @@ def build(h: SweepHandlers, run: RunTab, tabs: gr.Tabs) -> SweepTab:
     failures_at.input(h.show_failures, [state, failures_at], [failures, failure_counts], **PRIVATE)
     # run.settings_inputs[0]: the model box (TabHandlers.settings' order)
     copied = [run.settings_inputs[0], *(run.controls[c.field] for c in all_controls())]
-    failures.select(h.open_failure, [state, failures_at], [*run.view, run.prompt, run.expected, tabs, *copied, run.pinned], api_visibility="private")
+    opened = failures.select(h.open_failure, [state, failures_at], [*run.view, run.prompt, run.expected, tabs, *copied, run.pinned], api_visibility="private")
+    opened.success(None, js=SHOW_RUN_JS, **PRIVATE)
     return SweepTab(Stoppable(event, stop_btn, message), parameter)
 

@@ -72,7 +72,7 @@ class MaskedRun(DiffusionRun):
         self.length = x.shape[1]
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin(lengths, x, model.mask_token_id, self.decoder.capabilities())
-        self.cache = KVCacheManager.for_model(model, config, self.length)
+        self.cache = KVCacheManager.for_model(model, config, self.length, model.prefix_store)
         self.embeds = model.embed(self.x) if config.smoothing else None
         self.revision_counts = torch.zeros(2, dtype=torch.long, device=self.device)  # edits, remasks
         self.finished = torch.zeros(self.x.shape[0], dtype=torch.bool, device=self.device)  # rows ended by early stop

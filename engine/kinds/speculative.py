@@ -59,7 +59,6 @@ class SpeculativeRun(DiffusionRun):
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin([len(prompts[0])], masked_canvas(prompts, config.gen_length, model.mask_token_id), model.mask_token_id, self.decoder.capabilities())
         self.length = self.x.shape[1]
-        self.spare = self.length  # the first spare slot: verify queries sit at length + (position - c)
         self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + block_length, D]
         self.stored = 0  # the committed text [0, stored) has its K/V in the store
         # the kind's own counters (GenerationStats.counts): steps verified, drafted tokens kept, verifies skipped
@@ -138,7 +137,7 @@ class SpeculativeRun(DiffusionRun):
         k = e - c
         text = torch.arange(c, e - 1, device=self.device)
         at = torch.arange(c, e, device=self.device)
-        spare = self.spare + torch.arange(k, device=self.device)
+        spare = self.length + torch.arange(k, device=self.device)  # the spare slots past the canvas
         keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
         text_sees = keys.unsqueeze(0) <= text.unsqueeze(1)
         query_sees = (keys.unsqueeze(0) < at.unsqueeze(1)) | (keys.unsqueeze(0) == spare.unsqueeze(1))

@@ -369,6 +369,25 @@ class UniformStepState(StepState):
     def ids(self, state: dict[str, Any]) -> set[int]:
         return id_lists(state, "proposal", "draft", "noise", "start", "output")
 
+    def current(self, rec: Any, row: int, canvas: list[int], mask: int) -> list[int | None]:
+        """Earlier canvases' outputs, the current canvas's argmax draft (`top1`; its output once its
+        last step wrote it), nothing past it: a uniform canvas holds noise, never [MASK]."""
+        s, e = rec.block_range
+        done = (rec.state or {}).get("output") is not None
+        return [canvas[p] if p < s or (done and p < e) else rec.top1[row][p - s] if p < e else None for p in range(len(canvas))]
+
+    def written(self, rec: Any, canvas: list[int], p: int, mask: int) -> bool:
+        return p < rec.block_range[0]  # earlier canvases are final; the current one is noise
+
+    def open_positions(self, rec: Any, before: list[int], mask: int) -> list[int]:
+        return list(range(*rec.block_range))  # every position of the canvas is denoised each step
+
+    def converged(self, records: list[Any], last: list[Any], row: int, open_left: bool) -> bool | None:
+        """Every canvas's last step stopped by the adaptive rule (not at the step limit); None when
+        the trace lacks the stop rule's state."""
+        stops = [((rec.state or {}).get("stopping") or {}).get("stopped") for rec in last]
+        return None if any(s is None for s in stops) else all(bool(s[row]) for s in stops)
+
 
 register_step_state(UNIFORM, UniformStepState())
 

@@ -85,6 +85,9 @@ class DiffusionLM(nn.Module):
 
     # the clock of this process's all-reduces, set on a sharded model (engine/runtime/parallel.py)
     comm_clock: "CommClock | None" = None
+    # the K/V of prompt blocks shared across requests (engine.cache.PrefixStore), which a server
+    # sets on a block-causal model (docs/serving.md §3); None: each run computes its prompt's own
+    prefix_store: Any = None
 
     def embedding_weight(self) -> torch.Tensor:
         raise NotImplementedError

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.trace import UNIFORM
 
-from ...cells import CELL_COLOURS, add_states, cell_text, collapse_fill, expected_at, first_shown, inert, legend_block, summary_tip
+from ...cells import CELL_COLOURS, Mark, add_states, cell_text, collapse_fill, expected_at, first_shown, inert, legend_block, summary_tip
 from ...constraint import constraint_marks
 from ...timeline import Timeline
 from ..base import KindView, register
@@ -23,7 +23,7 @@ add_states(
         "accepted": ("#4ade80", "accepted this step (entropy sum within the bound)"),
         "output": ("#bfdbfe", "a finished canvas's output"),
     },
-    {"chg": ("outline: 2px solid #f59e0b; outline-offset: -2px", "changed since the last step (orange frame)")},
+    {"chg": Mark("outline: 2px solid #f59e0b; outline-offset: -2px", "changed since the last step (orange frame)")},
 )
 UNIFORM_STATES = ("noise", "accepted", "output")
 LABELS = {"masked": "not generated yet", "fill": "after the row's end"}

@@ -40,7 +40,8 @@ def deciding_record(timeline: Timeline, iteration: int) -> int:
 def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int, done: int | None = None, decided: int | None = None) -> str:
     """Position `p`'s state after record `iteration` (-1: before the first step): prompt, masked
     (not generated yet), output / fill (a finished canvas; fill after the row's end), accepted or
-    noise (the canvas being denoised). `done`: `finished_until`, when the caller has it."""
+    noise (the canvas being denoised). `done`: `finished_until`, when the caller has it. At a
+    finished run's last record the canvases it never made are fill."""
     if p < timeline.prompt_length:
         return "prompt"
     if iteration < 0:
@@ -50,7 +51,9 @@ def uniform_state(timeline: Timeline, canvas: list[int], p: int, iteration: int,
         return "fill" if canvas[p] == timeline.mask_id else "output"
     s, e = timeline.records[iteration].block_range
     if not s <= p < e:
-        return "masked"
+        # after the last step of a finished run, a canvas never made never will be: the row ended
+        # before it (its cells said "not generated yet" for good)
+        return "fill" if p >= e and timeline.finished and iteration >= timeline.iterations - 1 else "masked"
     decided = deciding_record(timeline, iteration) if decided is None else decided
     return "accepted" if decided >= 0 and p in timeline.records[decided].committed[timeline.row] else "noise"
 
