@@ -50,6 +50,18 @@ def require_browser() -> None:
     expect.set_options(timeout=BROWSER_WAIT_MS)
 
 
+def choose_option(page, selector: str, value: str) -> None:
+    """Pick `value` from the dropdown at `selector` by its exact name ("edit" also filters in
+    "credit"). The option gets the mousedown the dropdown listens to, not a click at a point: the
+    list is placed where the box was when it opened, so on a loaded machine whose page is still
+    laying out a click can wait on an option Playwright finds outside the viewport."""
+    from playwright.sync_api import expect
+
+    page.locator(f"{selector} input").fill(value)
+    page.get_by_role("option", name=value, exact=True).dispatch_event("mousedown")
+    expect(page.locator(f"{selector} input")).to_have_value(value)
+
+
 def random_char_model(folder: Path) -> Path:
     """A random 2-layer LLaDA with the character tokenizer, as a Hugging Face folder."""
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ import pytest
 
 from dinfer_viz.settings import PLUGIN_SECTION, sections
 
-from .app_support import app_in_chromium, handmade_trace
+from .app_support import app_in_chromium, choose_option, handmade_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
@@ -45,14 +45,6 @@ def _shot(page, name: str, tmp_path: Path, at: str) -> None:
     page.screenshot(path=str(folder / name), full_page=False)
 
 
-def _choose(page, selector: str, value: str) -> None:
-    from playwright.sync_api import expect
-
-    page.locator(f"{selector} input").fill(value)
-    page.get_by_role("option", name=value, exact=True).click()
-    expect(page.locator(f"{selector} input")).to_have_value(value)
-
-
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_the_models_limit_is_known_before_run_and_the_edit_options_sit_with_the_decoder(session, size, tmp_path):
     from playwright.sync_api import expect
@@ -79,7 +71,7 @@ def test_the_models_limit_is_known_before_run_and_the_edit_options_sit_with_the_
 
     option = page.locator("[id='cfg-decoder_options.edit_threshold']")
     expect(option).to_be_hidden()
-    _choose(page, "#cfg-decoder", "edit")
+    choose_option(page, "#cfg-decoder", "edit")
     expect(option).to_be_visible()  # in the open Decoder section, no other section to open
     # the plug-in section holds plug-ins' settings only (there is one when a test registered a plug-in)
     assert page.get_by_text(PLUGIN_SECTION).count() == (1 if any(s == PLUGIN_SECTION for s, _ in sections()) else 0)
@@ -88,7 +80,7 @@ def test_the_models_limit_is_known_before_run_and_the_edit_options_sit_with_the_
     page.get_by_role("tab", name="Compare").click()
     b_option = page.locator("[id='compare-b-decoder_options.edit_threshold']")
     expect(b_option).to_be_hidden()
-    _choose(page, "#compare-b-decoder", "edit")
+    choose_option(page, "#compare-b-decoder", "edit")
     expect(b_option).to_be_visible()
     expect(page.locator("[id='compare-b-decoder_options.max_post_edit_steps']")).to_be_visible()
     _shot(page, f"compare-edit-options-{size[0]}x{size[1]}.png", tmp_path, "[id='compare-b-decoder_options.edit_threshold']")

@@ -15,19 +15,11 @@ import pytest
 
 from dinfer_viz.grid import CELL_COLOURS
 
+from .app_support import choose_option
 from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
-
-
-def _choose(page, selector: str, value: str) -> None:
-    """Pick `value` from a dropdown by its exact name ("edit" also filters in "credit")."""
-    page.locator(f"{selector} input").fill(value)
-    page.get_by_role("option", name=value, exact=True).click()
-    from playwright.sync_api import expect
-
-    expect(page.locator(f"{selector} input")).to_have_value(value)
 
 
 def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(session, tmp_path):
@@ -37,10 +29,10 @@ def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(ses
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(session.url)
     page.fill("#prompt textarea", "Q: 12+35=? A:")
-    _choose(page, "#cfg-decoder", "edit")
+    choose_option(page, "#cfg-decoder", "edit")
     expect(page.locator("#decoder-preset")).to_be_visible()
     expect(page.locator("#explain")).to_contain_text("Published default sets")
-    _choose(page, "#decoder-preset", "diffusers")  # 0.7 / 0.5 / 16
+    choose_option(page, "#decoder-preset", "diffusers")  # 0.7 / 0.5 / 16
     expect(page.locator("#cfg-threshold input[type=number]")).to_have_value("0.7")
     expect(page.locator("[id='cfg-decoder_options.edit_threshold'] input[type=number]")).to_have_value("0.5")
     threshold = page.locator("#cfg-threshold input[type=number]")
@@ -102,12 +94,12 @@ def test_the_live_grid_strikes_the_old_token_while_the_run_streams(session):
     page = session.page
     page.goto(session.url)
     page.fill("#prompt textarea", "Q: 12+35=? A:")
-    _choose(page, "#cfg-decoder", "edit")
+    choose_option(page, "#cfg-decoder", "edit")
     threshold = page.locator("#cfg-threshold input[type=number]")
     threshold.fill("0.3")
     threshold.press("Enter")
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
-    _choose(page, "#live-speed", "1 iteration / s")
+    choose_option(page, "#live-speed", "1 iteration / s")
     page.click("#run-btn")
     live = page.locator("#grid .live .cells .cell.edited")
     expect(live.first).to_be_visible(timeout=60_000)

@@ -18,7 +18,7 @@ from engine import Engine, GenerationConfig
 from engine.__main__ import main
 from engine.kinds.base import fit, kind_decoders
 from engine.models import model_skeleton
-from engine.registry import decoder_class
+from engine.registry import builtin_decoder_names, decoder_class
 from engine.tuning.space import STEPS_PER_BLOCK, build_space
 from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, front, open_study, report, run_trials, trial_config
 from tinymodel.tasks import get_task
@@ -54,7 +54,7 @@ def test_the_space_is_the_declarations_and_a_decoders_options_appear_only_when_c
     skeleton = model_skeleton("tiny-llada")
     space = build_space(skeleton, fix=SMALL)
     dims = {d.name: d for d in space.dimensions}
-    assert dims["decoder"].choices == tuple(kind_decoders("masked"))
+    assert dims["decoder"].choices == tuple(builtin_decoder_names("masked"))  # plug-ins join when named
     assert dims["block_length"].choices == (1, 2, 4, 8, 16, 32)  # the divisors of gen_length 32
     assert "kind" not in dims  # tiny-llada runs its own kind only
     assert set(dims["cache"].choices) == {"none", "prefix", "dual", "vicinity"}
@@ -99,6 +99,24 @@ def test_fix_decoders_and_space_narrow_it_and_bad_ones_say_so():
     ):
         with pytest.raises(EngineError, match=words):
             build_space(skeleton, **kwargs)
+
+
+def test_a_plug_in_decoder_is_searched_when_named_and_its_unbounded_option_says_how(own_registry):
+    """A plug-in loaded in the process stays out of the default space (the example's max_per_step
+    declares no range); named with --decoders it joins, and that option needs its range or a fix."""
+    from engine.errors import EngineError
+    from engine.registry import load_plugins
+
+    load_plugins(str(Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"))
+    skeleton = model_skeleton("tiny-llada")
+    assert "entropy" in kind_decoders("masked")
+    assert "entropy" not in {d.name: d for d in build_space(skeleton, fix=SMALL).dimensions}["decoder"].choices
+    with pytest.raises(EngineError, match="max_per_step declares no upper bound"):
+        _ask(build_space(skeleton, decoders=["entropy"], fix=SMALL), 1)
+    space = build_space(skeleton, decoders=["entropy", "threshold"], fix={**SMALL, "max_per_step": "2"})
+    chosen = {config.decoder for _, config in _ask(space, 12)}
+    assert chosen == {"entropy", "threshold"}
+    assert all(config.decoder_options == {"max_per_step": 2} for _, config in _ask(space, 12) if config.decoder == "entropy")
 
 
 def test_a_refused_setting_is_a_failed_trial_not_an_accuracy_of_zero(tmp_path, evaluate):

@@ -10,7 +10,8 @@ when the run being built reads it (`settings_read`), so a decoder's options appe
 trials that chose it, and the kinds and cache modes the model cannot run are left out
 (`DiffusionKind.refuses`, `CacheMode.block_causal`). Anything else (temperature, a cache mode's
 windows, smoothing's weights, unroll's counts) joins with `--space NAME`. `--fix NAME=VALUE` takes
-a setting out of the search; `--decoders` narrows the decoder.
+a setting out of the search; `--decoders` narrows the decoder (by default the engine's own
+decoders; a plug-in decoder is searched when `--decoders` names it).
 
 A number declared without an upper bound (a decoder option "> 0") is searched on a log scale from
 a tenth to ten times its default; the few fields whose range `GenerationConfig.validate` checks
@@ -29,7 +30,7 @@ from ..cache_modes import cache_modes
 from ..config import GenerationConfig, kind_owned, relative_bound
 from ..errors import EngineError
 from ..kinds.base import KINDS, ModelTraits, kind_decoders
-from ..registry import OPTION_SETTING_PREFIX, decoder_class
+from ..registry import OPTION_SETTING_PREFIX, decoder_class, is_builtin
 from ..settings_read import decoder_declared, settings_read, switch_settings
 
 # The ranges `GenerationConfig.validate` states in its checks instead of the field's declaration:
@@ -90,10 +91,15 @@ def _number(name: str, kind: type, default: Any, least: float | None, most: floa
     return Dimension(name, low=low, high=most, integer=integer)
 
 
+def _is_option(name: str) -> bool:
+    """Whether `name` is a decoder's option (`decoder_options.<option>` or a bare option name)."""
+    return name.startswith(OPTION_SETTING_PREFIX) or not any(f.name == name for f in dataclasses.fields(GenerationConfig))
+
+
 def declared_dimension(name: str, base: GenerationConfig) -> Dimension:
     """The dimension of setting `name` (a field, `decoder_options.<option>` or a bare option name)
     from its declaration; EngineError for a setting that cannot be searched."""
-    if name.startswith(OPTION_SETTING_PREFIX) or not any(f.name == name for f in dataclasses.fields(GenerationConfig)):
+    if _is_option(name):
         option_name = name.removeprefix(OPTION_SETTING_PREFIX)
         owner = _option_owner(option_name, base.decoder)
         option = decoder_class(owner).options[option_name]
@@ -143,16 +149,32 @@ def _option_owner(option: str, preferred: str) -> str:
 
 def parse_value(name: str, text: str, base: GenerationConfig) -> Any:
     """`text` as the value of setting `name` (its declared type); EngineError in one line."""
+    if _is_option(name):  # by its declaration: an option with no range to search can still be fixed
+        option_name = name.removeprefix(OPTION_SETTING_PREFIX)
+        option = decoder_class(_option_owner(option_name, base.decoder)).options[option_name]
+        value = _typed(name, text, type(option.default), option.choices)
+        option.check(option_name, value)
+        return value
     dim = declared_dimension(name, base)
     if dim.name == STEPS_PER_BLOCK or name in ("steps",):
         kind: type = int
     elif dim.choices:
-        matches = [c for c in dim.choices if str(c).lower() == text.strip().lower()]
-        if not matches:
-            raise EngineError(f"{name} must be one of {', '.join(map(str, dim.choices))}, got {text[:40]!r}")
-        return matches[0]
+        return _typed(name, text, type(dim.choices[0]), dim.choices)
     else:
         kind = int if dim.integer else float
+    return _typed(name, text, kind, dim.choices)
+
+
+def _typed(name: str, text: str, kind: type, choices: tuple = ()) -> Any:
+    """`text` as a `kind` (one of `choices` where given); EngineError in one line."""
+    if choices or kind is bool:
+        choices = choices or (False, True)
+        matches = [c for c in choices if str(c).lower() == text.strip().lower()]
+        if not matches:
+            raise EngineError(f"{name} must be one of {', '.join(map(str, choices))}, got {text[:40]!r}")
+        return matches[0]
+    if kind is str:
+        return text
     try:
         return kind(text)
     except ValueError:
@@ -278,7 +300,9 @@ def build_space(
             dim = Dimension("kind", choices=runnable)
         elif dim.name == "decoder":
             own = list(dict.fromkeys(n for k in runnable for n in kind_decoders(KINDS[k].decoder_kind())))
-            chosen = decoders or own
+            # by default the engine's own decoders: a plug-in's options may declare no range to
+            # search (a path, an unbounded count), so a plug-in joins when --decoders names it
+            chosen = decoders or [n for n in own if is_builtin(n)]
             unknown = [d for d in chosen if d not in own]
             if unknown:
                 raise EngineError(f"--decoders: no decoder '{unknown[0]}' for this model; its decoders: {', '.join(own)}")
