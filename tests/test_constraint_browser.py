@@ -17,8 +17,9 @@ import pytest
 
 from dinfer_viz.lessons import PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
 
+from .app_support import choose_option
 from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
-from .test_revision_browser import SHOTS, _choose
+from .test_revision_browser import SHOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 
@@ -33,7 +34,7 @@ def test_a_constrained_run_marks_the_removed_top1_and_the_details_say_what_the_m
     threshold = page.locator("#cfg-threshold input[type=number]")
     threshold.fill("0.1")
     threshold.press("Enter")
-    _choose(page, "#cfg-constraint", "regex")
+    choose_option(page, "#cfg-constraint", "regex")
     box = page.locator("#cfg-constraint_text textarea")
     box.fill("<b>(")  # invalid: one escaped line, Run disabled
     message = page.locator("#settings-msg")
