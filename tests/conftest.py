@@ -185,6 +185,20 @@ def own_registry(monkeypatch):
 
 
 @pytest.fixture
+def gate_decoders(own_registry) -> None:
+    """The gate decoders of the tests ("turnstile", tests/turnstile_decoder.py, and "marked_gate")
+    in the test's own registry. Registered here rather than by importing their modules: an import
+    registers once per process, so a test importing a module another test's registry already took
+    it into would find the name missing from its own."""
+    from engine import registry
+    from tests.marked_gate_decoder import MarkedGateDecoder
+    from tests.turnstile_decoder import TurnstileDecoder
+
+    for cls in (TurnstileDecoder, MarkedGateDecoder):
+        registry._REGISTRY[cls.name] = cls
+
+
+@pytest.fixture
 def model() -> LLaDAModelLM:
     return tiny_llada()
 

@@ -71,11 +71,11 @@ def test_what_would_change_the_tokens_is_never_batched():
         assert batch_key(SPEC, base.replace(**changes)) is None, changes
 
 
-def test_only_decoders_that_declare_row_wise_are_batched():
+def test_only_decoders_that_declare_row_wise_are_batched(gate_decoders):
     """The built-ins declare it; a plug-in that does not (or a subclass of a built-in that changes
     its rule without saying so) runs alone."""
     from engine.registry import decoder_names
-    from tests.turnstile_decoder import TurnstileDecoder  # registers "turnstile", a FixedStepDecoder subclass
+    from tests.turnstile_decoder import TurnstileDecoder  # a FixedStepDecoder subclass
 
     builtin = ("fixed", "threshold", "hierarchical", "credit", "factor")
     assert all(batch_key(SPEC, GenerationConfig(decoder=name)) is not None for name in builtin)

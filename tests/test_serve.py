@@ -217,13 +217,11 @@ def test_the_trace_of_a_response_is_served_by_id(served):
     assert missing.status_code == 404 and "\n" not in missing.json()["error"]["message"]
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_slot(served, tmp_path):
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(served, gate_decoders, tmp_path):
     """The run waits at the turnstile's first gate; the client reads its first chunk (the run has
     started) and leaves; once the server has marked the row cancelled, every gate opens: the engine
     stops at its next cancel check (the row never completes: no trace), the row's slot is free, and
     the next request gets its solo text."""
-    import tests.turnstile_decoder  # noqa: F401  registers "turnstile"
-
     body = {"prompt": PROMPTS[0], "decoder": "turnstile", "decoder_options": {"gates": str(tmp_path)}, "gen_length": 16, "block_length": 16, "stream": True}
     with served.http.stream("POST", "/completions", json=body) as reply:
         assert reply.status_code == 200
@@ -329,12 +327,10 @@ def test_a_body_that_never_arrives_is_408_and_holds_nothing(served):
         assert app.state.server.pending == 0
 
 
-def test_a_stop_ends_a_stream_with_an_error_event_and_answers_new_requests_503_with_retry_after(served, tmp_path):
+def test_a_stop_ends_a_stream_with_an_error_event_and_answers_new_requests_503_with_retry_after(served, gate_decoders, tmp_path):
     """SIGINT/SIGTERM call `Server.stop` (engine/serving/command.py): the run held at the
     turnstile's first gate is cancelled; once the gates open it ends at its next cancel check and
     its stream ends with an error event and [DONE]; a request meanwhile is refused with Retry-After."""
-    import tests.turnstile_decoder  # noqa: F401  registers "turnstile"
-
     app = create_app(served.engine, LIMITS)
     with running(app) as url, httpx.Client(base_url=url, timeout=600) as http:
         body = {"prompt": PROMPTS[0], "decoder": "turnstile", "decoder_options": {"gates": str(tmp_path)}, "gen_length": 16, "block_length": 16, "stream": True}

@@ -171,15 +171,12 @@ def test_the_comparison_needs_a_constraint(handlers):
     assert "set a constraint" in message and "\n" not in message
 
 
-def test_stop_ends_the_sessions_sweep_and_frees_the_engine(handlers, own_registry, tmp_path):
+def test_stop_ends_the_sessions_sweep_and_frees_the_engine(handlers, gate_decoders, tmp_path):
     """#44 item 1: the page's Stop reached Gradio's cancel only, which left the sweep's engine
     running (its generator is never closed). Stop now sets the session's sweep cancel: the sweep's
     next state is its last, marked stopped, and the engine is free. Decided by the gate decoder's
     files (tests/marked_gate_decoder.py), never by timing: the sweep's first prompt is inside its
     first decode when Stop comes."""
-    import importlib
-
-    importlib.import_module("tests.marked_gate_decoder")  # registers "marked_gate" (in this test's registry)
     request, other = SimpleNamespace(session_hash="session-a"), SimpleNamespace(session_hash="session-b")
     config = {**SMALL, "decoder": "marked_gate", "decoder_options": {"gates": str(tmp_path)}}
     frames = handlers.sweep({"config": config}, [], 1, "threshold", "0.9, 0.5, 0.3", WRONG_PROMPTS, "", 1, False, request=request)
