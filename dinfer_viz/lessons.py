@@ -88,10 +88,11 @@ STRUCTURE_LESSON_PROMPT = "Q: ?+? A:"
 PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/constraints.py's
 # Lesson 8: the embedded block-diffusion model (LLaDA2 layout, block-causal), whose blocks of one
 # token decode autoregressively. A held-out pair-sum the autoregressive decode answers right
-# (` 19 + 31`, 9 forwards); the speculative kind writes it again in 6, one verify correcting the
-# draft (tests/test_speculative_browser.py holds step 3's tokens to step 1's)
+# (` 49 + 61`, 9 forwards); threshold decoding in blocks of 8 answers another right sum (` 45 + 65`),
+# which nothing checks against step 1's; the speculative kind writes step 1's again in 4, one verify
+# correcting the draft (tests/test_speculative_browser.py holds step 3's tokens to step 1's)
 SPECULATIVE_MODEL = "tiny-llada2"
-SPECULATIVE_LESSON_PROMPT = "Q: ?+?=50 A:"
+SPECULATIVE_LESSON_PROMPT = "Q: ?+?=110 A:"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
