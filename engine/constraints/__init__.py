@@ -4,7 +4,9 @@ of choices that the answer obeys whatever order the decoder commits in.
 `spec.py` what a request asks (GenerationConfig's `regex`, `json_schema`, `choice`) and its bounds;
 `vocabulary.py` the tokenizer's tokens as outlines-core reads them and the token automaton of a
 regex over them; `automaton.py` that automaton and the dynamic programme over a canvas;
-`canvas.py` the run's seam: `restrict` before the decoder, `admit` and `draft` after it.
+`canvas.py` the run's seam: `restrict` before the decoder, `admit` and `draft` after it;
+`limits.py` the bounds a request is held to; `bounded.py` a build in a child within its deadline
+and memory bound; `stored.py` built automata kept on disk for every process.
 """
 
 from .automaton import Sets, TokenAutomaton

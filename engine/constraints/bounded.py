@@ -87,11 +87,15 @@ def run_bounded(what: str, function: Callable[..., T], *args: Any) -> T:
 def _script_hint() -> str:
     """Why a build's child may end at once: it imports the caller's script first (Python's
     multiprocessing does, as for any process it starts), and a script whose work is not under
-    `if __name__ == "__main__":` then compiles again inside it, which Python refuses."""
+    `if __name__ == "__main__":` then compiles again inside it, which Python refuses; a script
+    read from standard input (`python - <<EOF`) has no file to import, which it cannot start with."""
     main = sys.modules.get("__main__")
-    if getattr(main, "__spec__", None) is None and getattr(main, "__file__", None):
-        return f"; if {os.path.basename(main.__file__)} runs its work at the top level, put it under `if __name__ == \"__main__\":`"
-    return ""
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or not path:
+        return ""
+    if not os.path.isfile(path):
+        return f"; the script ({path}) is not a file the process can import first: save it to a file and run that"
+    return f"; if {os.path.basename(path)} runs its work at the top level, put it under `if __name__ == \"__main__\":`"
 
 
 def _child(writer: Any, memory: int, function: Callable[..., Any], args: tuple) -> None:

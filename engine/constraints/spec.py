@@ -15,16 +15,10 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import EngineError
+from .limits import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REPEAT, MAX_SCHEMA_CHARS, MAX_STATES
+from .stored import load_byte_states, save_byte_states
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "choice")
-# Bounds on what a request may ask, like every other request input: the text, and the automaton it builds.
-MAX_REGEX_CHARS = 16_384
-MAX_SCHEMA_CHARS = 16_384
-MAX_CHOICES = 256
-MAX_CHOICE_CHARS = 1_024
-MAX_REPEAT = 1_024  # the largest count a `{n}` / `{n,m}` may ask (each count is that many DFA states)
-MAX_STATES = 4_096
-MAX_TABLE_ENTRIES = 8_000_000  # token classes x states
 # response_format {"type": "json_object"}: any JSON object (its generic grammar is the costly one to build)
 JSON_OBJECT = {"type": "object"}
 # Rust regex's meta characters (regex_syntax::is_meta_character): what a literal choice escapes
@@ -173,9 +167,14 @@ def structural_bound(regex: str) -> int | None:
 
 @lru_cache(maxsize=256)
 def _byte_states(regex: str) -> int:
+    """byte_states, counted once on the machine (kept on disk: stored.py)."""
     from .bounded import run_bounded
 
-    return run_bounded(f"regex {regex[:60]!r}", byte_states, regex)
+    states = load_byte_states(regex)
+    if states is None:
+        states = run_bounded(f"regex {regex[:60]!r}", byte_states, regex)
+        save_byte_states(regex, states)
+    return states
 
 
 def byte_states(regex: str) -> int:

@@ -17,9 +17,11 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterable
 
 from ..errors import EngineError
+from . import stored
 from .automaton import TokenAutomaton
 from .bounded import run_bounded
-from .spec import JSON_OBJECT, MAX_STATES, MAX_TABLE_ENTRIES, ConstraintSpec, check_regex
+from .limits import MAX_STATES, MAX_TABLE_ENTRIES
+from .spec import JSON_OBJECT, ConstraintSpec, check_regex
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 COMPILED_KEPT = 32  # automata kept per vocabulary (a server sees the same few schemas again and again)
@@ -95,6 +97,7 @@ class TokenVocabulary:
             if b and i not in self.stop_ids:  # an empty token writes nothing: never useful in an answer
                 by_bytes.setdefault(b, []).append(i)
         self.vocabulary = Vocabulary(self.stop_ids[0], by_bytes)
+        self.digest = stored.vocabulary_digest(tokens, self.stop_ids, self.after, vocab_size)  # its automata's name on disk
         self._compiled: OrderedDict[str, TokenAutomaton] = OrderedDict()
         self._lock = threading.Lock()
         self._building: dict[str, Future] = {}  # regex -> its build under way
@@ -120,7 +123,8 @@ class TokenVocabulary:
         """The region automaton of `regex`: an answer in the regex's language, then end-of-text
         (any stop id, and `after` once the answer has ended) to the region's end, built in a
         bounded child (bounded.py). EngineError in one line when the tokenizer cannot write what
-        the regex needs. A regex being built already for another caller is waited for, not built twice."""
+        the regex needs. A regex being built already for another caller is waited for, not built
+        twice; one another process built is read from disk (stored.py), and one built here is kept there."""
         with self._lock:
             if regex in self._compiled:
                 self._compiled.move_to_end(regex)
@@ -134,8 +138,11 @@ class TokenVocabulary:
         if not owner:
             return building.result()
         try:
-            check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
-            automaton = run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
+            automaton = stored.load(self.digest, regex, self.vocab_size)
+            if automaton is None:  # it passed check_regex's bounds when it was kept (they name its file)
+                check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
+                automaton = run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
+                stored.save(self.digest, regex, automaton)
         except BaseException as exc:
             building.set_exception(exc)
             raise
