@@ -11,7 +11,6 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
@@ -48,6 +47,15 @@ def require_browser() -> None:
     # Every expect waits for a condition the page reaches; on a loaded 2-core CI machine an answer
     # can take longer than Playwright's 5 s default, so the default bounds a hang, never paces a test
     expect.set_options(timeout=BROWSER_WAIT_MS)
+
+
+def open_app(page, url: str) -> None:
+    """`page` at the app's `url`, its load events applied (the controls the default decoder does not
+    read are hidden): a control typed into before then can be re-rendered under the typing and lose
+    it (a prompt box read empty at Run on the loaded CI machine)."""
+    page.goto(url)
+    page.wait_for_selector("#run-btn", timeout=BROWSER_WAIT_MS)
+    page.wait_for_selector("#cfg-steps", state="hidden", timeout=BROWSER_WAIT_MS)
 
 
 def choose_option(page, selector: str, value: str) -> None:
@@ -144,18 +152,16 @@ def handmade_trace() -> Trace:
 
 
 @contextmanager
-def app_in_chromium(tmp_factory, fps: float = 20.0, plot_hz: float = 3.0) -> Iterator[SimpleNamespace]:
-    """The app launched and Debian's chromium started (host, url, browser); both closed after."""
+def chromium() -> Iterator:
+    """Debian's chromium under Playwright, closed after. Playwright's sync API holds an event loop
+    on this thread while it runs, so a browser lives no longer than its module: the asyncio tests a
+    worker runs next must find no loop of its own."""
     require_browser()
     from playwright.sync_api import sync_playwright
 
-    demo, url, host = launch_app(tmp_factory, fps=fps, plot_hz=plot_hz)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-            try:
-                yield SimpleNamespace(host=host, url=url, browser=browser)
-            finally:
-                browser.close()
-    finally:
-        demo.close()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

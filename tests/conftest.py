@@ -4,11 +4,22 @@ slow lanes (`LANES`)."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 # Inductor's pool of compile workers costs more than it saves on CI's 2 cores (a first graph took
 # about 24 s with it, 9 s without): every compiling test, and the app, server and worker processes
 # the tests start (they inherit the environment), compile in their own thread. Set before torch loads.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+# Compiled constraint automata (engine/constraints/stored.py) go to one folder of this run's own,
+# never the user's ~/.cache: made here by the first process (pytest itself, or xdist's controller),
+# inherited by its workers and every process a test starts, removed when that process ends. A run
+# builds each automaton once, as a machine does; a test of the builds themselves sets its own folder.
+_OWN_CACHE = "DINFER_VIZ_CACHE" not in os.environ
+if _OWN_CACHE:
+    import tempfile
+
+    os.environ["DINFER_VIZ_CACHE"] = tempfile.mkdtemp(prefix="dinfer-viz-tests-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -43,7 +54,6 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_security.py::test_app_with_an_address_it_cannot_bind_says_so_in_one_line_and_exits",
         "test_tune.py::test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trials",
         "test_hardening_constraints.py",  # constraint builds run to their deadline or memory bound
-        "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigterm]",
         "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigint-sweep]",
     ),
     "compile": (
@@ -208,3 +218,31 @@ def tiny_gemma_folder(tmp_path_factory):
     from .gemma_models import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("tiny-gemma"))
+
+
+@pytest.fixture(scope="session")
+def shared_app(tmp_path_factory):
+    """The app on the test model (host, url), one per test process, shared by the browser modules:
+    each module's own took 3-5 s to start on the loaded 2-core machine. A module whose tests need
+    another app (a model, a setting) starts its own."""
+    from .app_support import launch_app
+
+    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
+    yield SimpleNamespace(host=host, url=url)
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_in_browser(shared_app):
+    """The shared app and a chromium of this module's own (host, url, browser; app_support.chromium)."""
+    from .app_support import chromium
+
+    with chromium() as browser:
+        yield SimpleNamespace(host=shared_app.host, url=shared_app.url, browser=browser)
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        import shutil
+
+        shutil.rmtree(os.environ["DINFER_VIZ_CACHE"], ignore_errors=True)

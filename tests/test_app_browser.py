@@ -19,26 +19,19 @@ import pytest
 from engine import GenerationConfig
 from engine.trace import TRACE_VERSION
 
-from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, handmade_trace, launch_app
+from .app_support import handmade_trace, launch_app, open_app
 
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    """(page, host, url): a browser page on the app, the app's engine host, and its address."""
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
-    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
-        page.goto(url)
-        yield SimpleNamespace(page=page, host=host, url=url, browser=browser)
-        browser.close()
-    demo.close()
+def session(app_in_browser):
+    """(page, host, url, browser): a page of this module's own on the shared app."""
+    page = app_in_browser.browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+    open_app(page, app_in_browser.url)
+    yield SimpleNamespace(page=page, host=app_in_browser.host, url=app_in_browser.url, browser=app_in_browser.browser)
+    page.close()
 
 
 def test_run_in_the_browser_renders_grid_and_plots(session, tmp_path):
@@ -92,7 +85,7 @@ def test_slider_caption_raster_chart_and_hover_number_iterations_alike(session, 
     from playwright.sync_api import expect
 
     page = session.page
-    page.goto(session.url)  # a fresh page: the previous test's message is the same as this one's
+    open_app(page, session.url)  # a fresh page: the previous test's message is the same as this one's
     file = tmp_path / "trace.json"
     file.write_text(handmade_trace().to_json())
     with page.expect_file_chooser() as chooser:
@@ -192,7 +185,7 @@ def test_an_answer_typed_while_the_suggestion_is_on_its_way_stays(session, tmp_p
     demo, url, _ = launch_app(tmp_path_factory)
     page = session.browser.new_page()
     try:
-        page.goto(url)
+        open_app(page, url)
         page.fill("#prompt textarea", "Q: 123+45=? A:")
         page.fill("#expected textarea", " my answer")  # before the suggestion arrives
         expect(page.locator("#prompt-note")).to_contain_text("family add")  # it has arrived
@@ -220,7 +213,7 @@ def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
         engine = host.get(host.default)
     real, kept = engine.token_strings, {engine.tokenizer.mask_token_id, engine.tokenizer.eos_token_id}
     monkeypatch.setattr(engine, "token_strings", lambda ids: {k: v if int(k) in kept else LIVE_HOSTILE for k, v in real(ids).items()})
-    page.goto(session.url)
+    open_app(page, session.url)
     page.locator("#cfg-decoder input").fill("fixed")
     page.keyboard.press("Enter")
     for field in ("gen_length", "block_length"):
@@ -239,7 +232,7 @@ def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
     assert page.evaluate("window.pwned") is None and page.locator("#grid script, #grid img").count() == 0
     final_cells = page.locator("#grid .cells .cell").all_inner_texts()  # the server-side grid, through the template
     assert LIVE_HOSTILE in final_cells
-    page.goto(session.url)  # the next test starts from the default settings
+    open_app(page, session.url)  # the next test starts from the default settings
 
 
 def test_stop_and_a_tab_switch_work_during_a_long_live_run(session):
@@ -252,7 +245,7 @@ def test_stop_and_a_tab_switch_work_during_a_long_live_run(session):
     assert not figures["completed"], figures  # Stop ended the run before its 448th iteration
     assert figures["stop_message_s"] == figures["stop_message_s"], figures  # the page said it stopped (not NaN)
     assert figures["at"].startswith("iteration "), figures  # frames were painted before the Stop
-    session.page.goto(session.url)  # the next test starts from the default settings
+    open_app(session.page, session.url)  # the next test starts from the default settings
 
 
 # 1000 px: the readout's column is narrowest there (358 px), where Gradio's prose styles broke cells
@@ -331,7 +324,7 @@ def test_a_clicked_cell_pins_its_details_while_scrubbing_and_a_raster_point_too(
     from playwright.sync_api import expect
 
     page = session.page
-    page.goto(session.url)
+    open_app(page, session.url)
     _load_handmade(page, tmp_path)
     details = page.locator("#details")
     expect(details).to_contain_text("Click a cell")
@@ -372,7 +365,7 @@ def test_the_details_panel_fits_its_column_at_a_projectors_width(session, tmp_pa
         trace = handmade_trace()
         for rec in trace.iterations:  # as the credit decoder records them: the longest label
             rec.extras["raw_confidence"] = rec.extras["credit"]
-        page.goto(session.url)
+        open_app(page, session.url)
         _load_handmade(page, tmp_path, trace)
         page.locator("#grid .cells .cell[data-p='7']").click()  # in the last record's block: its extras are listed
         expect(page.locator("#details")).to_contain_text("probability before the credit boost")
@@ -389,7 +382,7 @@ def test_hostile_token_strings_stay_text_in_the_details_panel(session, tmp_path)
     page = session.page
     trace = handmade_trace()
     trace.tokens.update(HOSTILE_TOKENS)
-    page.goto(session.url)
+    open_app(page, session.url)
     file = tmp_path / "hostile.json"
     file.write_text(trace.to_json())
     with page.expect_file_chooser() as chooser:
@@ -413,7 +406,7 @@ def test_at_1024x768_grid_and_raster_share_the_screen_and_no_chip_covers_a_plot(
     page = session.page
     page.set_viewport_size({"width": 1024, "height": 768})
     try:
-        page.goto(session.url)
+        open_app(page, session.url)
         _load_handmade(page, tmp_path)
         expect(page.locator("#raster .js-plotly-plot .heatmaplayer image")).to_have_count(1)
         page.evaluate("document.querySelector('#grid').scrollIntoView({block: 'start'})")
@@ -438,7 +431,7 @@ def test_a_lesson_sets_the_run_tabs_controls_one_step_at_a_time(session):
     from dinfer_viz.lessons import LESSONS
 
     page = session.page
-    page.goto(session.url)
+    open_app(page, session.url)
     page.locator("#lessons-box").get_by_text("Lessons").click()
     page.locator("#lesson input").fill(LESSONS[0].name)
     page.keyboard.press("Enter")
@@ -460,7 +453,7 @@ def test_compare_side_a_shows_no_tau_for_the_fixed_decoder(session):
     from playwright.sync_api import expect
 
     page = session.page
-    page.goto(session.url)
+    open_app(page, session.url)
     page.get_by_role("tab", name="Compare").click()
     expect(page.locator("#compare-a-decoder input")).to_have_value("fixed")
     expect(page.locator("#compare-a-threshold")).to_be_hidden()
@@ -476,7 +469,7 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     from playwright.sync_api import expect
 
     page = session.page
-    page.goto(session.url)
+    open_app(page, session.url)
     page.fill("#prompt textarea", "Q: 23+45=? A:")
     # the page suggests the right answer for an arithmetic prompt; a wrong one typed before that
     # arrives would be overwritten (a loaded machine did so)
@@ -566,7 +559,7 @@ def test_a_lesson_chosen_after_another_runs_on_its_own_model(session, tmp_path):
     page = session.page
     page.set_viewport_size({"width": 1024, "height": 768})
     try:
-        page.goto(session.url)
+        open_app(page, session.url)
         page.get_by_text("Model and system").click()  # the model box's section, closed by default
         page.locator("#lessons-box").get_by_text("Lessons").click()
         _lesson(page, six.name, 2, len(six.steps))
@@ -595,7 +588,7 @@ def test_a_slow_playback_says_which_iteration_it_plays_not_that_a_forward_runs(s
 
     monkeypatch.setattr("dinfer_viz.runner.HEARTBEAT_SECONDS", 0.2)
     page = session.page
-    page.goto(session.url)
+    open_app(page, session.url)
     page.locator("#live-speed input").fill("1 iteration / s")
     page.keyboard.press("Enter")
     page.click("#run-btn")

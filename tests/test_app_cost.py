@@ -22,7 +22,7 @@ from dinfer_viz.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import Trace
 
-from .app_support import BROWSER_ARGS, CHROMIUM, app_model, handmade_trace, launch_app, random_char_model, require_browser
+from .app_support import app_model, handmade_trace, open_app, random_char_model
 
 SMALL = {"gen_length": 16, "block_length": 16}
 
@@ -176,28 +176,21 @@ def test_a_run_with_a_system_option_says_so_first_and_draws_its_cost(handlers, m
 
 @pytest.mark.browser
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_the_cost_chart_is_on_the_page_after_a_run_and_options_explain_themselves(tmp_path_factory):
-    require_browser()
-    from playwright.sync_api import expect, sync_playwright
+def test_the_cost_chart_is_on_the_page_after_a_run_and_options_explain_themselves(app_in_browser):
+    from playwright.sync_api import expect
 
-    demo, url, _ = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.get_by_text("Model and system").click()
-            compile_box = page.get_by_label("torch.compile")
-            compile_box.check()
-            expect(page.locator("#explain")).to_contain_text("torch.compile.")
-            compile_box.uncheck()  # the run below is a plain one: no compiling in a browser test
-            expect(page.locator("#explain")).not_to_contain_text("torch.compile.")
-            expect(page.locator("#system-explain")).to_contain_text("What the system options do")
-            page.click("#run-btn")
-            expect(page.locator("#message")).to_contain_text("done", timeout=90_000)
-            expect(page.locator("#cost .js-plotly-plot .barlayer")).to_have_count(1)
-            assert page.locator("#cost .barlayer .point").count() > 0
-            expect(page.locator("#cost .gtitle")).to_contain_text("rank 0's time: compute")
-            browser.close()
-    finally:
-        demo.close()
+    page = app_in_browser.browser.new_page(viewport={"width": 1400, "height": 1000})
+    open_app(page, app_in_browser.url)
+    page.get_by_text("Model and system").click()
+    compile_box = page.get_by_label("torch.compile")
+    compile_box.check()
+    expect(page.locator("#explain")).to_contain_text("torch.compile.")
+    compile_box.uncheck()  # the run below is a plain one: no compiling in a browser test
+    expect(page.locator("#explain")).not_to_contain_text("torch.compile.")
+    expect(page.locator("#system-explain")).to_contain_text("What the system options do")
+    page.click("#run-btn")
+    expect(page.locator("#message")).to_contain_text("done", timeout=90_000)
+    expect(page.locator("#cost .js-plotly-plot .barlayer")).to_have_count(1)
+    assert page.locator("#cost .barlayer .point").count() > 0
+    expect(page.locator("#cost .gtitle")).to_contain_text("rank 0's time: compute")
+    page.close()

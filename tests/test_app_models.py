@@ -26,7 +26,7 @@ from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW
 from dinfer_viz.ui import Handlers
 from engine import Engine, EngineError, GenerationConfig, RunHooks
 
-from .app_support import BROWSER_ARGS, CHROMIUM, require_browser, app_model, launch_app, random_char_model
+from .app_support import app_model, chromium, launch_app, open_app, random_char_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")
 PROMPT = "Q: 48+57=? A:"
@@ -194,13 +194,11 @@ def test_the_compare_api_takes_model_b(app, models):
 
 @pytest.mark.browser
 def test_two_grids_appear_after_a_two_model_compare_in_the_browser(app, tmp_path):
-    require_browser()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app.url)
+        open_app(page, app.url)
         page.fill("#prompt textarea", PROMPT)
         for field in ("gen_length", "block_length"):
             page.fill(f"#cfg-{field} input", "16")
@@ -218,4 +216,3 @@ def test_two_grids_appear_after_a_two_model_compare_in_the_browser(app, tmp_path
         texts = [page.locator(f"#output-{side} textarea").input_value() for side in "ab"]
         assert texts == [Engine(path).generate(PROMPT, GenerationConfig(gen_length=16, block_length=16)).text for path in (app.host.default.path, app.host.embedded[DISTILLED])]
         page.screenshot(path=str(tmp_path / "compare_models.png"))
-        browser.close()

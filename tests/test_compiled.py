@@ -253,12 +253,11 @@ def test_captured_moe_logits_match_the_routed_forward_in_bf16(build):
     assert float((got - want).norm() / want.norm()) < 5e-2  # bf16 rounding of differently grouped matmuls (gpu_check.TOLERANCE)
 
 
-def test_a_compiled_uniform_state_model_answers_as_the_eager_one():
+def test_a_compiled_uniform_state_model_answers_as_the_eager_one(tiny_gemma_folder):
     """The compiled wrapper carries the kind: a DiffusionGemma runs its own loop with its denoising
-    forward compiled (engine/runtime/compiled.py: CompiledDenoiser), token for token the eager run."""
-    from pathlib import Path
-
-    gemma = Path(__file__).resolve().parent.parent / "assets" / "tiny-gemma"
+    forward compiled (engine/runtime/compiled.py: CompiledDenoiser), token for token the eager run.
+    On the tests' 2-layer random DiffusionGemma: half the shipped model's layers to compile."""
+    gemma = tiny_gemma_folder
     config = GenerationConfig(decoder_options={"max_denoising_steps": 6})
     compiled = Engine(gemma, compile=True).generate("Q: 7+58=? A:", config, RunHooks(trace=True))
     eager = Engine(gemma).generate("Q: 7+58=? A:", config)

@@ -17,8 +17,8 @@ import pytest
 
 from dinfer_viz.lessons import PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
 
-from .app_support import choose_option
-from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
+from .app_support import choose_option, open_app
+from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 from .test_revision_browser import SHOTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -29,7 +29,7 @@ def test_a_constrained_run_marks_the_removed_top1_and_the_details_say_what_the_m
 
     page = session.page
     page.set_viewport_size({"width": 1400, "height": 1000})
-    page.goto(session.url)
+    open_app(page, session.url)
     page.fill("#prompt textarea", STRUCTURE_LESSON_PROMPT)
     threshold = page.locator("#cfg-threshold input[type=number]")
     threshold.fill("0.1")

@@ -20,7 +20,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import BROWSER_ARGS, CHROMIUM, launch_app, require_browser
+from .app_support import chromium, launch_app
 from .test_run_on_display_browser import page, shot  # noqa: F401 (the page at 1024x768, its screenshots; `page` uses this module's session)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -30,14 +30,9 @@ GEMMA = Path(__file__).resolve().parent.parent / "assets" / "tiny-gemma"
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    require_browser()
-    from playwright.sync_api import sync_playwright
-
     demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3, model=str(GEMMA))
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    with chromium() as browser:
         yield SimpleNamespace(host=host, url=url, browser=browser)
-        browser.close()
     demo.close()
 
 

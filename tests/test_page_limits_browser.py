@@ -16,7 +16,7 @@ import pytest
 
 from dinfer_viz.settings import PLUGIN_SECTION, sections
 
-from .app_support import app_in_chromium, choose_option, handmade_trace
+from .app_support import choose_option, handmade_trace, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
@@ -28,13 +28,13 @@ MARKUP = f"**bold** _em_ [link](http://{TRAP}/l) ![img](http://{TRAP}/i.png) <im
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    with app_in_chromium(tmp_path_factory) as app:
-        page = app.browser.new_page(viewport={"width": 1400, "height": 1000})
-        requests: list[str] = []
-        page.on("request", lambda r: requests.append(r.url))
-        page.goto(app.url)
-        yield SimpleNamespace(page=page, url=app.url, requests=requests)
+def session(app_in_browser):
+    page = app_in_browser.browser.new_page(viewport={"width": 1400, "height": 1000})
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    open_app(page, app_in_browser.url)
+    yield SimpleNamespace(page=page, url=app_in_browser.url, requests=requests)
+    page.close()
 
 
 def _shot(page, name: str, tmp_path: Path, at: str) -> None:
@@ -51,7 +51,7 @@ def test_the_models_limit_is_known_before_run_and_the_edit_options_sit_with_the_
 
     page = session.page
     page.set_viewport_size({"width": size[0], "height": size[1]})
-    page.goto(session.url)
+    open_app(page, session.url)
     expect(page.locator("#prompt")).to_contain_text("for this prompt")  # the hint counts the prompt's tokens
     length = page.locator("#cfg-gen_length input")
     length.fill("1024")
@@ -91,7 +91,7 @@ def test_a_trace_with_markup_in_its_model_prompt_and_tokens_shows_it_as_text(ses
 
     page = session.page
     page.set_viewport_size({"width": 1400, "height": 1000})
-    page.goto(session.url)
+    open_app(page, session.url)
     trace = handmade_trace()
     trace.model = MARKUP
     trace.tokens.update({"10": "**A**", "11": f"[B](http://{TRAP}/t)", "12": "<img src=x>"})  # the prompt's tokens

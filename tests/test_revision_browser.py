@@ -15,8 +15,8 @@ import pytest
 
 from dinfer_viz.grid import CELL_COLOURS
 
-from .app_support import choose_option
-from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
+from .app_support import choose_option, open_app
+from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
@@ -27,7 +27,7 @@ def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(ses
 
     page = session.page
     page.set_viewport_size({"width": 1280, "height": 900})
-    page.goto(session.url)
+    open_app(page, session.url)
     page.fill("#prompt textarea", "Q: 12+35=? A:")
     choose_option(page, "#cfg-decoder", "edit")
     expect(page.locator("#decoder-preset")).to_be_visible()
@@ -92,7 +92,7 @@ def test_the_live_grid_strikes_the_old_token_while_the_run_streams(session):
     from playwright.sync_api import expect
 
     page = session.page
-    page.goto(session.url)
+    open_app(page, session.url)
     page.fill("#prompt textarea", "Q: 12+35=? A:")
     choose_option(page, "#cfg-decoder", "edit")
     threshold = page.locator("#cfg-threshold input[type=number]")

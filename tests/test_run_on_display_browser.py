@@ -18,7 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import app_in_chromium, handmade_trace
+from .app_support import handmade_trace, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")
@@ -28,18 +28,13 @@ CAPTION = re.compile(r"iteration (\d+)/(\d+)")
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    with app_in_chromium(tmp_path_factory) as app:
-        yield app
+def session(app_in_browser):
+    return app_in_browser
 
 
 def open_page(session, width: int, height: int):
     page = session.browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
-    page.goto(session.url)
-    page.wait_for_selector("#run-btn")
-    # the page's load events have applied (the controls the default decoder does not read are
-    # hidden): a control typed into before then can be re-rendered under the typing and lose it
-    page.wait_for_selector("#cfg-steps", state="hidden", timeout=WAIT)
+    open_app(page, session.url)
     page.size = f"{width}x{height}"
     return page
 

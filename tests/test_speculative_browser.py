@@ -13,7 +13,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
+from .app_support import open_app
+from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
@@ -46,7 +47,7 @@ def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_pa
     lesson = next(l for l in LESSONS if l.name.startswith("8 "))
     page = session.page
     page.set_viewport_size({"width": 1024, "height": 768})
-    page.goto(session.url)
+    open_app(page, session.url)
     page.locator("#lessons-box").get_by_text("Lessons").click()
     page.locator("#lesson input").fill(lesson.name)
     page.keyboard.press("Enter")

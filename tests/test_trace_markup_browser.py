@@ -19,7 +19,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import app_in_chromium
 from .markup_support import BEACON, INJECTED, LINKING, MARKUP, marked_trace
 from .test_run_on_display_browser import WAIT, open_page, shot, upload
 
@@ -27,9 +26,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    with app_in_chromium(tmp_path_factory) as app:
-        yield app
+def session(app_in_browser):
+    return app_in_browser
 
 
 def injected(page) -> list[str]:

@@ -17,7 +17,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import app_in_chromium
 from .test_run_on_display_browser import SHOTS, page, shot  # noqa: F401 (the page at 1024x768, its screenshots; `page` uses this module's session)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -39,9 +38,8 @@ RECORD_JS = r"""
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    with app_in_chromium(tmp_path_factory) as app:
-        yield app
+def session(app_in_browser):
+    return app_in_browser
 
 
 def _start(page, trials: int, fix: str = "gen_length=32") -> None:

@@ -15,7 +15,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .test_app_browser import session  # noqa: F401  (the app in chromium, one per module)
+from .app_support import open_app
+from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
@@ -33,7 +34,7 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
 
     page = session.page
     page.set_viewport_size({"width": 1400, "height": 1000})
-    page.goto(session.url)
+    open_app(page, session.url)
     page.get_by_text("Model and system").click()
     page.fill("#model-path textarea, #model-path input", str(tiny_gemma_folder))
     page.fill("#prompt textarea", PROMPT)
@@ -85,7 +86,7 @@ def test_compare_sets_a_masked_model_against_a_uniform_one_on_one_slider(session
 
     page = session.page
     page.set_viewport_size({"width": 1024, "height": 768})
-    page.goto(session.url)
+    open_app(page, session.url)
     page.fill("#prompt textarea", PROMPT)
     for field in ("gen_length", "block_length"):
         page.fill(f"#cfg-{field} input", "16")
