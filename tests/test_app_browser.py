@@ -19,7 +19,7 @@ import pytest
 from engine import GenerationConfig
 from engine.trace import TRACE_VERSION
 
-from .app_support import handmade_trace, launch_app, open_app
+from .app_support import choose_option, handmade_trace, launch_app, open_app
 
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -214,12 +214,14 @@ def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
     real, kept = engine.token_strings, {engine.tokenizer.mask_token_id, engine.tokenizer.eos_token_id}
     monkeypatch.setattr(engine, "token_strings", lambda ids: {k: v if int(k) in kept else LIVE_HOSTILE for k, v in real(ids).items()})
     open_app(page, session.url)
-    page.locator("#cfg-decoder input").fill("fixed")
-    page.keyboard.press("Enter")
+    choose_option(page, "#cfg-decoder", "fixed")
+    # the server has the fixed decoder (its steps box shows): a Run clicked while the decoder's
+    # change was on its way started nothing on the loaded machine ("no run yet" for 120 s)
+    expect(page.locator("#cfg-steps")).to_be_visible()
     for field in ("gen_length", "block_length"):
         page.fill(f"#cfg-{field} input", "16")
-    page.locator("#live-speed input").fill("1 iteration / s")  # the live view lasts 16 s, and Pause holds it
-    page.keyboard.press("Enter")
+    choose_option(page, "#live-speed", "1 iteration / s")  # the live view lasts 16 s, and Pause holds it
+    expect(page.locator("#settings-msg")).to_contain_text("settings ok")
     page.click("#run-btn")
     expect(page.locator("#grid .live .caption")).to_contain_text(re.compile(r"iteration [1-9]"))  # live, a forward's frame painted
     page.click("#pause-btn")  # the live view holds while it is read
