@@ -52,7 +52,7 @@ def require_browser() -> None:
 def open_app(page, url: str) -> None:
     """`page` at the app's `url`, its load events applied (the controls the default decoder does not
     read are hidden): a control typed into before then can be re-rendered under the typing and lose
-    it (a prompt box read empty at Run on the loaded CI machine). The page's actions wait as long as
+    it (a prompt box read empty at Run once, under load). The page's actions wait as long as
     every expect does (Playwright's default is 30 s: a click on Run waited that long for the settings
     check to enable it, on the loaded machine, and failed)."""
     page.set_default_timeout(BROWSER_WAIT_MS)

@@ -220,25 +220,21 @@ def tiny_gemma_folder(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("tiny-gemma"))
 
 
-@pytest.fixture(scope="session")
-def shared_app(tmp_path_factory):
-    """The app on the test model (host, url), one per test process, shared by the browser modules:
-    each module's own took 3-5 s to start on the loaded 2-core machine. A module whose tests need
-    another app (a model, a setting) starts its own."""
-    from .app_support import launch_app
+@pytest.fixture(scope="module")
+def app_in_browser(tmp_path_factory):
+    """The app on the test model and Debian's chromium, one of each per module (host, url, browser):
+    its pages open here. Not one app per test process, tried to save the 3-8 s an app takes to
+    start: a Run clicked by a later module's test then started nothing ("no run yet" for 300 s,
+    twice in one fresh-clone CI run, once in four local runs), which an app of each module's own,
+    closed with whatever its tests left running, never showed."""
+    from .app_support import chromium, launch_app
 
     demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    yield SimpleNamespace(host=host, url=url)
-    demo.close()
-
-
-@pytest.fixture(scope="module")
-def app_in_browser(shared_app):
-    """The shared app and a chromium of this module's own (host, url, browser; app_support.chromium)."""
-    from .app_support import chromium
-
-    with chromium() as browser:
-        yield SimpleNamespace(host=shared_app.host, url=shared_app.url, browser=browser)
+    try:
+        with chromium() as browser:
+            yield SimpleNamespace(host=host, url=url, browser=browser)
+    finally:
+        demo.close()
 
 
 def pytest_unconfigure(config):
