@@ -11,6 +11,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
@@ -168,3 +169,15 @@ def chromium() -> Iterator:
             yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def app_in_chromium(tmp_factory, model: str | None = None) -> Iterator[SimpleNamespace]:
+    """The app (on `model`, else the test model; launch_app) and a chromium (host, url, browser);
+    both closed after."""
+    demo, url, host = launch_app(tmp_factory, fps=20, plot_hz=3, model=model)
+    try:
+        with chromium() as browser:
+            yield SimpleNamespace(host=host, url=url, browser=browser)
+    finally:
+        demo.close()

@@ -4,7 +4,6 @@ slow lanes (`LANES`)."""
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 # Inductor's pool of compile workers costs more than it saves on CI's 2 cores (a first graph took
 # about 24 s with it, 9 s without): every compiling test, and the app, server and worker processes
@@ -227,14 +226,10 @@ def app_in_browser(tmp_path_factory):
     start: a Run clicked by a later module's test then started nothing ("no run yet" for 300 s,
     twice in one fresh-clone CI run, once in four local runs), which an app of each module's own,
     closed with whatever its tests left running, never showed."""
-    from .app_support import chromium, launch_app
+    from .app_support import app_in_chromium
 
-    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3)
-    try:
-        with chromium() as browser:
-            yield SimpleNamespace(host=host, url=url, browser=browser)
-    finally:
-        demo.close()
+    with app_in_chromium(tmp_path_factory) as app:
+        yield app
 
 
 def pytest_unconfigure(config):

@@ -14,13 +14,12 @@ import json
 import os
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import chromium, launch_app
+from .app_support import app_in_chromium
 from .test_run_on_display_browser import page, shot  # noqa: F401 (the page at 1024x768, its screenshots; `page` uses this module's session)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -30,10 +29,8 @@ GEMMA = Path(__file__).resolve().parent.parent / "assets" / "tiny-gemma"
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    demo, url, host = launch_app(tmp_path_factory, fps=20, plot_hz=3, model=str(GEMMA))
-    with chromium() as browser:
-        yield SimpleNamespace(host=host, url=url, browser=browser)
-    demo.close()
+    with app_in_chromium(tmp_path_factory, model=str(GEMMA)) as app:
+        yield app
 
 
 def planted(data: dict) -> tuple[dict, int, int]:
