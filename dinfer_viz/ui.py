@@ -14,6 +14,7 @@ from typing import Any
 
 import gradio as gr
 
+from .stream_keeper import add_keeper
 from .tabs import compare, diff, model, run, run_page, sweep, tune
 from .tabs.common import PRIVATE
 
@@ -104,6 +105,7 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
             tune_tab = tune.build(handlers, run_tab, tabs)
             diff.build(handlers, run_tab)
         run_page.wire_structure(handlers, demo, run_tab, sweep_tab.parameter)
+        add_keeper()  # a page's queued events reach it even where Gradio's client dropped its stream
         # One engine: each tab's Stop cancels whichever engine event is running, in any tab; a live
         # Run stays on its page with what it produced (RunHandlers.stop), whichever Stop it was
         stoppable = [run_tab.engine, compare_tab, sweep_tab.engine, tune_tab]

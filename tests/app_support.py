@@ -173,11 +173,11 @@ def chromium() -> Iterator:
 
 @contextmanager
 def app_in_chromium(tmp_factory, model: str | None = None) -> Iterator[SimpleNamespace]:
-    """The app (on `model`, else the test model; launch_app) and a chromium (host, url, browser);
-    both closed after."""
+    """The app (on `model`, else the test model; launch_app) and a chromium (host, url, browser,
+    and the app's `demo`); both closed after."""
     demo, url, host = launch_app(tmp_factory, fps=20, plot_hz=3, model=model)
     try:
         with chromium() as browser:
-            yield SimpleNamespace(host=host, url=url, browser=browser)
+            yield SimpleNamespace(host=host, url=url, browser=browser, demo=demo)
     finally:
         demo.close()

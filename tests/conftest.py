@@ -70,6 +70,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_revision_browser.py",
         "test_run_on_display_browser.py",
         "test_speculative_browser.py",
+        "test_stream_keeper.py",
         "test_trace_markup_browser.py",
         "test_uniform_browser.py",
         "test_tune_browser.py",
@@ -221,11 +222,12 @@ def tiny_gemma_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_in_browser(tmp_path_factory):
-    """The app on the test model and Debian's chromium, one of each per module (host, url, browser):
-    its pages open here. Not one app per test process, tried to save the 3-8 s an app takes to
-    start: a Run clicked by a later module's test then started nothing ("no run yet" for 300 s,
-    twice in one fresh-clone CI run, once in four local runs), which an app of each module's own,
-    closed with whatever its tests left running, never showed."""
+    """The app on the test model and Debian's chromium, one of each per module (host, url, browser,
+    demo): its pages open here. Not one app per test process, tried to save the 3-8 s an app takes
+    to start: a Run clicked by a later module's test then started nothing ("no run yet" for 300 s,
+    twice in one fresh-clone CI run, once in four local runs). The same Run started nothing with an
+    app per module too, until the page's event stream was kept (dinfer_viz/stream_keeper.py), the
+    likely cause of both; one app per process was not tried again."""
     from .app_support import app_in_chromium
 
     with app_in_chromium(tmp_path_factory) as app:

@@ -215,22 +215,15 @@ def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
     monkeypatch.setattr(engine, "token_strings", lambda ids: {k: v if int(k) in kept else LIVE_HOSTILE for k, v in real(ids).items()})
     open_app(page, session.url)
     choose_option(page, "#cfg-decoder", "fixed")
-    # the server has the fixed decoder (its steps box shows): a Run clicked while the decoder's
-    # change was on its way started nothing on the loaded machine ("no run yet" for 120 s)
-    expect(page.locator("#cfg-steps")).to_be_visible()
+    expect(page.locator("#cfg-steps")).to_be_visible()  # the server has the fixed decoder
     for field in ("gen_length", "block_length"):
         page.fill(f"#cfg-{field} input", "16")
     choose_option(page, "#live-speed", "1 iteration / s")  # the live view lasts 16 s, and Pause holds it
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
-    # what the page logs from here: this Run has started nothing in 3 of 7 full runs, no error shown
-    logged: list[str] = []
-    page.on("console", lambda message: logged.append(f"{message.type}: {message.text}"))
-    page.on("pageerror", lambda error: logged.append(f"page error: {error}"))
+    # this Run, clicked as the settings checks' stream closed, once showed nothing: Gradio's client
+    # had dropped its stream (dinfer_viz/stream_keeper.py, tests/test_stream_keeper.py)
     page.click("#run-btn")
-    try:
-        expect(page.locator("#grid .live .caption")).to_contain_text(re.compile(r"iteration [1-9]"))  # live, a forward's frame painted
-    except AssertionError as failed:
-        raise AssertionError(f"no live frame; the page logged: {logged[-20:]}; message: {page.locator('#message').inner_text()!r}") from failed
+    expect(page.locator("#grid .live .caption")).to_contain_text(re.compile(r"iteration [1-9]"))  # live, a forward's frame painted
     page.click("#pause-btn")  # the live view holds while it is read
     expect(page.locator("#message")).to_contain_text("paused at iteration")
     live_cells = page.locator("#grid .live .cells .cell").all_inner_texts()

@@ -1,0 +1,127 @@
+"""The page's event stream kept (dinfer_viz/stream_keeper.py), in a real browser (Debian's chromium).
+
+Gradio's client can join an event while it still believes a stream open that the server has
+already closed; the event then runs with no stream to tell the page. These tests put the page in
+that state on purpose: Playwright holds the page's event stream until the server has closed it,
+Run is clicked meanwhile (its join answered while the client's stream is still "open"), and only
+then does the page read the held stream, close included. Each check decides from the page's or the
+server's state, never from a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+
+from dinfer_viz.stream_keeper import KEEPER_ID
+
+from .app_support import choose_option, open_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+SHORT_RUN = {"gen_length": "32", "block_length": "16"}
+NUDGES = "() => window.__dinferStreamKeeper && window.__dinferStreamKeeper.nudges"
+# every text the message shows from now on (a MutationObserver sees each one, however brief)
+WATCH_MESSAGE = """() => { window.__messages = [];
+  new MutationObserver(() => window.__messages.push(document.querySelector('#message').innerText))
+    .observe(document.querySelector('#message'), {subtree: true, childList: true, characterData: true}); }"""
+
+
+def _page_after_a_run(app, disable_keeper: bool = False):
+    """A page on the module's app set for short runs of the fixed decoder (one forward per
+    position: 17-32 iterations for 32 positions in blocks of 16, an end of text may stop the second
+    block early), after one ordinary run: everything the page sent before has reached it.
+    `disable_keeper`: the keeper's script finds itself installed already and wraps nothing
+    (Gradio's client as it is)."""
+    from playwright.sync_api import expect
+
+    page = app.browser.new_page(viewport={"width": 1500, "height": 1000})
+    if disable_keeper:
+        page.add_init_script("window.__dinferStreamKeeper = {nudges: 'off'};")
+    open_app(page, app.url)
+    choose_option(page, "#cfg-decoder", "fixed")
+    expect(page.locator("#cfg-steps")).to_be_visible()  # the server has the decoder
+    for field, value in SHORT_RUN.items():
+        page.fill(f"#cfg-{field} input", value)
+    expect(page.locator("#settings-msg")).to_contain_text("settings ok")
+    page.click("#run-btn")
+    expect(page.locator("#message")).to_contain_text(DONE)
+    return page
+
+
+DONE = re.compile(r"done: (1[7-9]|2[0-9]|3[0-2]) iterations")
+
+
+def _run_behind_a_closing_stream(page) -> str:
+    """Hold the next event stream the page opens until the server has closed it, click Run, then
+    let the page read the held stream; returns the event id the client joined the Run as.
+
+    The stream is opened by the keeper's no-op event, sent until one opens a stream (one sent while
+    the page still reads an earlier stream rides on that one, which then closes)."""
+    held, opened = [], []
+
+    def hold(route):
+        if opened:  # streams after the held one pass
+            route.continue_()
+            return
+        opened.append(True)
+        held.append((route, route.fetch()))  # the whole stream: returns once the server closed it
+
+    page.route("**/queue/data*", hold)
+    while not opened:  # Playwright serves the route's handler while it waits here
+        page.dispatch_event(f"#{KEEPER_ID}", "click")
+        page.wait_for_timeout(50)
+    while not held:
+        page.wait_for_timeout(20)
+    assert '"msg":"close_stream"' in held[0][1].text()
+    page.evaluate(WATCH_MESSAGE)
+    with page.expect_response("**/queue/join*") as joined:
+        page.click("#run-btn")
+    assert joined.value.ok
+    route, response = held[0]
+    route.fulfill(response=response)  # the client reads the no-op's end and the close now
+    return joined.value.json()["event_id"]
+
+
+def test_a_run_joined_as_its_stream_closes_still_shows(app_in_browser):
+    page = _page_after_a_run(app_in_browser)
+    try:
+        assert page.evaluate(NUDGES) == 0  # the page's load, its settings checks and a run: no nudge
+        _run_behind_a_closing_stream(page)
+        # the run behind the closed stream shows: its first message, then its end
+        page.wait_for_function(
+            "(done) => window.__messages.some(m => m.includes('starting a run'))"
+            " && new RegExp(done).test(document.querySelector('#message').innerText)", arg=DONE.pattern
+        )
+        assert page.evaluate(NUDGES) == 1
+    finally:
+        page.close()
+
+
+def test_without_the_keeper_that_run_never_reaches_the_page(app_in_browser):
+    """The control: the same sequence leaves Gradio's client with no stream, so the finished
+    run's messages stay on the server (the test above is not passing by luck)."""
+    page = _page_after_a_run(app_in_browser, disable_keeper=True)
+    try:
+        run = _run_behind_a_closing_stream(page)
+        queue = app_in_browser.demo._queue
+        # the run finished on the server: its completion waits in the session's messages, unsent
+        while not _completion_waits(queue, run):
+            page.wait_for_timeout(50)
+        assert not any("starting a run" in m for m in page.evaluate("window.__messages"))
+        assert page.evaluate(NUDGES) == "off"
+    finally:
+        page.close()
+
+
+def _completion_waits(queue, event: str) -> bool:
+    """Event `event`'s completion sits in its page's message queue on the server, which no stream reads."""
+    try:
+        waiting = [m for messages in list(queue.pending_messages_per_session.values()) for m in list(messages._queue)]
+    except RuntimeError:  # the server's thread changed them while this one read: look again
+        return False
+    return any(m.msg == "process_completed" and m.event_id == event for m in waiting)
