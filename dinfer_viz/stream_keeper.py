@@ -75,6 +75,8 @@ if (!window.__dinferStreamKeeper) {
       return new Response(theirs, {status: response.status, statusText: response.statusText, headers: response.headers});
     }
     const response = await base(input, init);
+    // the client reads this answer only once it is returned below: a close it handles before the
+    // event is counted here, it handles before the answer too, and then opens a stream itself
     if (url.includes('/queue/join') && current !== null && response.ok) {
       const stream = current;
       try { const answer = await response.clone().json(); if (answer.event_id) stream.joined.add(answer.event_id); } catch (e) { /* no event id */ }
