@@ -591,8 +591,7 @@ def test_a_slow_playback_says_which_iteration_it_plays_not_that_a_forward_runs(s
     monkeypatch.setattr("dinfer_viz.runner.HEARTBEAT_SECONDS", 0.2)
     page = session.page
     open_app(page, session.url)
-    page.locator("#live-speed input").fill("1 iteration / s")
-    page.keyboard.press("Enter")
+    choose_option(page, "#live-speed", "1 iteration / s")
     page.click("#run-btn")
     message = page.locator("#message")
     expect(message).to_contain_text(re.compile(r"playing back: iteration \d+ of \d+ \(the engine (has finished|runs ahead)\)"))

@@ -24,6 +24,7 @@ from .app_support import choose_option, open_app
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SHORT_RUN = {"gen_length": "32", "block_length": "16"}
+DONE = re.compile(r"done: (1[7-9]|2[0-9]|3[0-2]) iterations")  # the fixed decoder's run of SHORT_RUN
 NUDGES = "() => window.__dinferStreamKeeper && window.__dinferStreamKeeper.nudges"
 # every text the message shows from now on (a MutationObserver sees each one, however brief)
 WATCH_MESSAGE = """() => { window.__messages = [];
@@ -51,9 +52,6 @@ def _page_after_a_run(app, disable_keeper: bool = False):
     page.click("#run-btn")
     expect(page.locator("#message")).to_contain_text(DONE)
     return page
-
-
-DONE = re.compile(r"done: (1[7-9]|2[0-9]|3[0-2]) iterations")
 
 
 def _run_behind_a_closing_stream(page) -> str:
