@@ -112,7 +112,7 @@ def _so_far(timeline: Timeline, shown: int) -> tuple[float, float, int, float, f
     engine's per-iteration timings (end-of-text commits are not tokens)."""
     records = timeline.records[:shown]
     seconds = sum(rec.seconds for rec in records)
-    tokens, nfe = view_for(timeline).settled_tokens(timeline, shown), len(records)
+    tokens, nfe = view_for(timeline).settled_tokens(timeline, shown), timeline.forwards(shown)
     return (tokens / seconds if seconds > 0 else 0.0), (tokens / nfe if nfe else 0.0), nfe, (nfe / seconds if seconds > 0 else 0.0), seconds, tokens
 
 

@@ -122,6 +122,12 @@ class Timeline:
     def iterations(self) -> int:
         return len(self.records)
 
+    def forwards(self, shown: int) -> int:
+        """The model forwards of the first `shown` records: the run's NFE so far, as the engine
+        counted it (a record may stand for several: a speculative draft and verify, a uniform
+        canvas's encoder forward with its first step)."""
+        return sum(rec.forwards for rec in self.records[:shown])
+
     @property
     def canvas_length(self) -> int:
         return len(self.initial)

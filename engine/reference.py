@@ -32,7 +32,7 @@ from .errors import EngineError
 from .kinds import KINDS
 from .registry import builtin_decoder_names, decoder_class
 from .step_state import step_state
-from .trace import TRACE_VERSION, Trace
+from .trace import Trace
 
 # each reference library and the diffusion kind its own loop runs (the kind its traces record)
 REFERENCE_KINDS = {"transformers": "uniform", "diffusers": "masked"}
@@ -95,32 +95,19 @@ def _top(probs: torch.Tensor, k: int = TOP) -> list[list[list[float]]]:
 
 
 def _finish(data: dict[str, Any], token_strings) -> Trace:
-    """The trace in this engine's current version (the version-3 form built here, or version 2's
-    before the schema moved), with token strings when a tokenizer is at hand, checked on load."""
-    if TRACE_VERSION < 3:
-        data = _as_version_2(data)
+    """The trace in this engine's current version (built here in version 3's form, upgraded on
+    load), with token strings when a tokenizer is at hand, checked on load. Its `nfe` counts the
+    forwards as the engine does (docs/counting.md; a DiffusionGemma canvas's encoder forward too),
+    so a reference's NFE and TPF compare with a run's."""
     if token_strings is not None:
         ids = set(data["eos_ids"]) | {data["mask_id"]} | {i for row in data["final"] + data["initial"] for i in row}
         for rec in data["iterations"]:
             ids |= {i for row in rec["top1"] for i in row} | {c[0] for row in rec.get("candidates") or [] for cs in row for c in cs}
             ids |= step_state(data["kind"]).ids(rec.get("uniform") or {})
         data["tokens"] = token_strings({i for i in ids if i >= 0})
-    return Trace.from_dict(data)
-
-
-def _as_version_2(data: dict[str, Any]) -> dict[str, Any]:
-    """Version 2's layout: no kind/capabilities/active/final_until; a uniform step's `top1` was its
-    sampled proposal and `uniform.active` its rows' activity."""
-    data = {k: v for k, v in data.items() if k not in ("kind", "capabilities")}
-    data["version"] = TRACE_VERSION
-    for rec in data["iterations"]:
-        active = rec.pop("active")
-        rec.pop("final_until")
-        u = rec.get("uniform")
-        if u is not None:
-            rec["top1"], rec["confidence"] = u.pop("proposal"), [[0.0 if p is None else p for p in row] for row in u.pop("proposal_probability")]
-            u["active"] = active
-    return data
+    trace = Trace.from_dict(data)
+    trace.stats["nfe"] = sum(rec.forwards for rec in trace.iterations)
+    return trace
 
 
 # --- transformers: DiffusionGemma -------------------------------------------------------------
@@ -223,7 +210,7 @@ def record_transformers(
         "version": 3, "model": name or f"transformers:{type(model).__name__}", "kind": REFERENCE_KINDS["transformers"], "capabilities": {"revises": None, "shadow_block": None},
         "mask_id": pad, "eos_ids": eos, "prompt_lengths": [p], "canvas_length": n, "block_length": canvas_length,
         "config": {**config.to_dict(), "reference": note}, "initial": [initial], "tokens": {}, "expected": None, "iterations": records,
-        "final": [final], "stats": {"nfe": len(records), "seconds": seconds, "tpf": round(float(out.tokens_per_forward[0]), 4)}, "trace_seconds": 0.0,
+        "final": [final], "stats": {"nfe": len(records), "seconds": seconds}, "trace_seconds": 0.0,
     }
     return _finish(data, token_strings)
 

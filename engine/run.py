@@ -218,6 +218,8 @@ class DiffusionRun:
         self.device = model.device
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.nfe = self.iteration = self.host_syncs = 0
+        # the forwards (and their cost) since the last record: the next record's (`emit`)
+        self.unrecorded_forwards, self.unrecorded_cost = 0, None
         self.excluded_seconds = 0.0  # trace recording, staleness probes, callbacks
         self.stats_extra: dict[str, Any] = {}  # a kind's own counters (a revising decoder's edits)
         self.setup(prompts)
@@ -249,18 +251,22 @@ class DiffusionRun:
         self.run_blocks()
         return self.output(start, meter)
 
-    def metered(self, forward: Callable[[], T]) -> tuple[T, dict[str, Any] | None]:
-        """Run one model forward, counted in `nfe`, and its cost for the record (docs/trace.md §3;
-        measured only when recording: it syncs the device)."""
+    def metered(self, forward: Callable[[], T]) -> T:
+        """Run one model forward (any: an encoder's, a draft's, a verify's, a denoise, a shadow
+        block's): counted in `nfe` and in the next record's `forwards`, its cost added to that
+        record's (docs/trace.md §3; measured only when recording: it syncs the device). Every
+        model call of a run goes through here, so every reader of a run's forwards reads one count."""
         before = Meter.read(self.model) if self.records else None
         start = time.perf_counter()
         out = forward()
         self.nfe += 1
-        if before is None:
-            return out, None
-        sync(self.device)
-        after = Meter.read(self.model)
-        return out, forward_cost(time.perf_counter() - start, after.counters.since(before.counters), after.comm_seconds - before.comm_seconds)
+        self.unrecorded_forwards += 1
+        if before is not None:
+            sync(self.device)
+            after = Meter.read(self.model)
+            cost = forward_cost(time.perf_counter() - start, after.counters.since(before.counters), after.comm_seconds - before.comm_seconds)
+            self.unrecorded_cost = added_costs(self.unrecorded_cost, cost)
+        return out
 
     def first_open(self) -> list[int]:
         """Per row, the position before which its tokens are final when commits are: the first
@@ -278,8 +284,11 @@ class DiffusionRun:
         return self.recorder is not None
 
     def emit(self, record: IterationRecord, started: float) -> None:
-        """Hand a step's record to the trace and to `on_iteration`; the time from `started` on
-        counts as the trace's, not the run's."""
+        """Hand a step's record to the trace and to `on_iteration`, with the forwards the run made
+        since the previous record and their cost; the time from `started` on counts as the
+        trace's, not the run's."""
+        record.forwards, record.cost = self.unrecorded_forwards, self.unrecorded_cost
+        self.unrecorded_forwards, self.unrecorded_cost = 0, None
         self.recorder.append(record)
         if self.hooks.on_iteration is not None:
             self.hooks.on_iteration(record)

@@ -17,14 +17,15 @@ import torch
 
 from .errors import EngineError
 from .step_state import step_state
-from .trace_upgrade import EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade, upgrade_config
+from .trace_upgrade import DRAFT_VERIFY, EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade, upgrade_config
 
 
 # version 1: no revisions, no uniform steps, no expected answer; version 2: no kind, capabilities,
 # `active` or `final_until`, and a uniform record's `top1` was its sampled proposal; version 3: no
-# constraint; version 4: a uniform step's state under `uniform`, not `state`. All are upgraded on
-# load (engine/trace_upgrade.py), so every reader sees version 5.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# constraint; version 4: a uniform step's state under `uniform`, not `state`; version 5: no
+# per-record `forwards`. All are upgraded on load (engine/trace_upgrade.py), so every reader sees
+# version 6.
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 # the largest trace file read (the largest the app writes, 1,024 positions of the fixed decoder in
 # one block, is 12.5 MB)
 MAX_TRACE_BYTES = 64 << 20
@@ -62,10 +63,14 @@ class IterationRecord:
     final_until: list[int] | None = None
     # what the answer's constraint removed this step (docs/trace.md §3.3); None for a run without one
     constraint: dict[str, Any] | None = None
+    # the model forwards this step ran, with those the run made since its previous record (a
+    # uniform canvas's encoder forward): counted by the run skeleton where each forward happens
+    # (engine/run.py), so a run's records sum to its `stats.nfe` and a batched row's to its solo run's
+    forwards: int = 1
 
 
 # the fields a record may lack (older traces, decoders that never revise, masked diffusion, free answers)
-OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "state", "active", "final_until", "constraint")
+OPTIONAL_RECORD_FIELDS = ("extras", "cost", "candidates", "revisions", "state", "active", "final_until", "constraint", "forwards")
 # a record's `constraint`: per-row lists of one value per block position (null at positions it did
 # not restrict), and per row the canvas positions whose writes it dropped
 CONSTRAINT_PER_POSITION = ("allowed", "removed", "model_top1", "model_probability", "top1_removed")
@@ -187,6 +192,7 @@ class Trace:
             s, e = rec.block_range
             _need(0 <= s < e <= self.canvas_length, f"{where}.block_range is outside the canvas")
             _need(_is_int(rec.iteration) and _is_int(rec.block) and isinstance(rec.forward, str), f"{where}: iteration and block must be integers, forward a string")
+            _need(_is_int(rec.forwards, 0), f"{where}.forwards must be a count of model forwards")
             _need(isinstance(rec.recomputed, list) and all(_int_list(r) and len(r) == 2 for r in rec.recomputed), f"{where}.recomputed must be [a, b] ranges")
             _need(rec.threshold is None or _is_number(rec.threshold), f"{where}.threshold must be a number or null")
             _need(_is_number(rec.seconds) and isinstance(rec.extras, dict), f"{where}: seconds must be a number and extras an object")

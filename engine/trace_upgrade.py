@@ -1,8 +1,9 @@
-"""Traces written before version 5 (docs/trace.md §7), brought to version 5 on load, so that every
+"""Traces written before version 6 (docs/trace.md §7), brought to version 6 on load, so that every
 reader sees one schema: the header's `kind` and `capabilities`, every record's per-row `active`
 and `final_until`, and a uniform step's sampled proposal under its own name (versions 1-2); a
-version-3 record has no `constraint`, which version 4 reads as a run without one. Every version's
-config spells the decoders' own settings one way (`upgrade_config`).
+version-3 record has no `constraint`, which version 4 reads as a run without one; before version
+6 a record did not say how many forwards its step ran (`_forwards`). Every version's config
+spells the decoders' own settings one way (`upgrade_config`).
 
 Versions 1 and 2 did not record the loop's per-row state, so it is replayed here from what they
 did record, by the rules the loop applied when they were written (the one place those rules are
@@ -17,9 +18,10 @@ from .config import lift_moved
 
 # The schema's names, here so that engine/trace.py (which upgrades through this module) and this
 # module never import each other.
-TRACE_VERSION = 5
+TRACE_VERSION = 6
 MASKED, UNIFORM = "masked", "uniform"  # the diffusion kinds a trace names (engine/kinds/)
 REFRESH_FORWARD = "refresh"  # a record's `forward` for a full forward whose K/V become the cache (engine/cache.py)
+DRAFT_VERIFY = "draft+verify"  # a speculative record's `forward` when its step drafted and verified (engine/kinds/speculative.py)
 EDIT, REMASK = "edit", "remask"
 
 
@@ -31,11 +33,25 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def upgrade(trace: Any) -> None:
-    """`trace` (a Trace of version 1 to 4, checked as such) in version 5's form, in place. A
+    """`trace` (a Trace of version 1 to 5, checked as such) in version 6's form, in place. A
     uniform step's `uniform` became the record's `state` as the trace was read (Trace.from_dict)."""
-    if trace.version in (3, 4):  # version 4 added the records' optional `constraint` (absent: none), 5 renamed `uniform`
-        trace.version = TRACE_VERSION
-        return
+    if trace.version not in (3, 4, 5):  # version 4 added the records' optional `constraint` (absent: none), 5 renamed `uniform`
+        _kind_and_finality(trace)
+    _forwards(trace)
+    trace.version = TRACE_VERSION
+
+
+def _forwards(trace: Any) -> None:
+    """Each record's forwards, by the rules the kinds followed before they recorded them: a
+    speculative step that verified ran two (draft and verify), a uniform canvas's first step
+    follows that canvas's encoder forward, every other record is one forward."""
+    for rec in trace.iterations:
+        encoded = trace.kind == UNIFORM and (rec.state or {}).get("step") == 0
+        rec.forwards = 2 if rec.forward == DRAFT_VERIFY or encoded else 1
+
+
+def _kind_and_finality(trace: Any) -> None:
+    """Versions 1-2: the kind, the capabilities and the loop's per-row state, replayed."""
     uniform = trace.config.get("decoder") == UNIFORM or any(rec.state is not None for rec in trace.iterations)
     trace.kind = UNIFORM if uniform else MASKED
     revises = any(rec.revisions is not None for rec in trace.iterations)
@@ -47,7 +63,6 @@ def upgrade(trace: Any) -> None:
         _uniform_finality(trace)
     else:
         _masked_finality(trace, revises)
-    trace.version = TRACE_VERSION
 
 
 def _upgrade_uniform(rec: Any) -> None:

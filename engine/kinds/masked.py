@@ -51,7 +51,6 @@ class _Iteration:
     active: torch.Tensor
     before: torch.Tensor
     staleness: dict[str, torch.Tensor]
-    cost: dict[str, Any] | None
     seconds: float = 0.0
     # the constraint's part (engine/constraints/): what it removed from the model's logits, and
     # the writes it dropped
@@ -144,7 +143,7 @@ class MaskedRun(DiffusionRun):
         threshold, weight = self._schedule()
         masked = self.x[:, s:e] == self.mask_id
         shadow = (s, e) if self.decoder.shadow_block else None
-        out, cost = self.metered(lambda: self.cache.forward(self.model, plan, block_index, masked=masked, shadow=shadow, **self._inputs(plan.start, plan.end)))
+        out = self.metered(lambda: self.cache.forward(self.model, plan, block_index, masked=masked, shadow=shadow, **self._inputs(plan.start, plan.end)))
         logits = out.logits[:, s - plan.start : e - plan.start]
         probe_start = time.perf_counter()
         measured = self._staleness(plan, s, e, logits) if self.cfg.measure_staleness else {}
@@ -170,7 +169,7 @@ class MaskedRun(DiffusionRun):
         if self.embeds is not None:
             self._smooth(plan.start, plan.end, out.logits, weight)
         if self.records:
-            step = _Iteration(block_index, (s, e), plan, threshold, masked, logits, result, active, before, measured, cost, 0.0, restriction, model_logits, dropped)
+            step = _Iteration(block_index, (s, e), plan, threshold, masked, logits, result, active, before, measured, 0.0, restriction, model_logits, dropped)
             step.seconds = time.perf_counter() - t0 - probe_seconds
             self.emit(self._record(step), time.perf_counter())
         self.iteration += 1
@@ -245,7 +244,6 @@ class MaskedRun(DiffusionRun):
             confidence=rounded(result.confidence),
             seconds=it.seconds,
             extras={k: jsonable(v) for k, v in {**result.extras, **it.staleness}.items()},
-            cost=it.cost,
             candidates=candidate_lists(candidates, it.masked) if candidates is not None else None,
             revisions=[[r.to_dict() for r in row] for row in self._revisions(result, it.before, s)] if self.decoder.revises else None,
             active=it.active.cpu().tolist(),

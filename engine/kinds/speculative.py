@@ -35,14 +35,14 @@ from ..decoders import Block, DecodeResult, make_decoder, top1, top_candidates
 from ..errors import EngineError
 from ..models.base import ModelOutput
 from ..registry import decoder_class
-from ..run import DiffusionRun, added_costs, masked_canvas
+from ..run import DiffusionRun, masked_canvas
 from ..step_state import StepState, id_lists, per_position, register_step_state
-from ..trace import CANDIDATES_MAX_BLOCK, TOP_CANDIDATES, IterationRecord, candidate_lists, rounded
+from ..trace import CANDIDATES_MAX_BLOCK, DRAFT_VERIFY, TOP_CANDIDATES, IterationRecord, candidate_lists, rounded
 from .base import DiffusionKind, KindSettings, ModelTraits, register_kind
 from .masked import block_ranges
 
 SPECULATIVE = "speculative"
-DRAFT, DRAFT_VERIFY = "draft", "draft+verify"  # a record's `forward`: the forwards its step ran
+DRAFT = "draft"  # a record's `forward` when its step skipped the verify (DRAFT_VERIFY: it ran both)
 
 
 class SpeculativeRun(DiffusionRun):
@@ -83,19 +83,18 @@ class SpeculativeRun(DiffusionRun):
         """Draft `[c, e)`, verify it (unless the router skips), commit; returns the new first open position."""
         t0 = time.perf_counter()
         masked = self.x[:, s:e] == self.mask_id
-        draft_out, draft_cost = self.metered(lambda: self._draft_forward(c, e))
+        draft_out = self.metered(lambda: self._draft_forward(c, e))
         logits = torch.zeros(1, e - s, draft_out.logits.shape[-1], dtype=draft_out.logits.dtype, device=self.device)
         logits[:, c - s :] = draft_out.logits[:, -(e - c) :]
         result = self.decoder.step(logits, Block(masked, self.x[:, s:e], torch.zeros_like(masked), self.cfg.threshold))
         draft = torch.where(masked, result.tokens, self.x[:, s:e])
         skip = self._router_run(result, c - s) if self.cfg.verify == "auto" else 0
         verifier = verify_probability = None
-        verify_cost = None
         if skip:
             n, written, corrected = skip, draft[0, c - s : c - s + skip].tolist(), None
             self.stats_extra["skipped_verifies"] += 1
         else:
-            verify_out, verify_cost = self.metered(lambda: self._verify_forward(draft, s, c, e))
+            verify_out = self.metered(lambda: self._verify_forward(draft, s, c, e))
             verifier, verify_probability, _ = top1(verify_out.logits[:, -(e - c) :], self.mask_id)
             agree = (draft[0, c - s :] == verifier[0]).long().cumprod(0)
             n = int(agree.sum())  # the host sync: the accepted length
@@ -107,7 +106,7 @@ class SpeculativeRun(DiffusionRun):
         self.x[0, c : c + len(written)] = torch.tensor(written, device=self.device)
         self._stop_at_end_of_text(c, written)
         if self.records:
-            self.emit(self._record(index, s, e, c, logits, result, draft, written, corrected, verifier, verify_probability, added_costs(draft_cost, verify_cost), t0), time.perf_counter())
+            self.emit(self._record(index, s, e, c, logits, result, draft, written, corrected, verifier, verify_probability, t0), time.perf_counter())
         self.iteration += 1
         return c + len(written)
 
@@ -172,7 +171,7 @@ class SpeculativeRun(DiffusionRun):
     # ---- the record ----------------------------------------------------------------------------
     def _record(
         self, index: int, s: int, e: int, c: int, logits: torch.Tensor, result: DecodeResult, draft: torch.Tensor, written: list[int],
-        corrected: int | None, verifier: torch.Tensor | None, verify_probability: torch.Tensor | None, cost: dict[str, Any] | None, t0: float,
+        corrected: int | None, verifier: torch.Tensor | None, verify_probability: torch.Tensor | None, t0: float,
     ) -> IterationRecord:
         width, open_ = e - s, c - s
         masked = torch.zeros(1, width, dtype=torch.bool, device=self.device)
@@ -200,7 +199,7 @@ class SpeculativeRun(DiffusionRun):
             iteration=self.iteration, block=index, block_range=[s, e], forward=DRAFT if verifier is None else DRAFT_VERIFY,
             recomputed=[[min(self.stored, c), e]], threshold=self.cfg.threshold if self.decoder.uses_threshold else None,
             committed=[list(range(c, c + len(written)))], forced=[[]], top1=[top], confidence=[[0.0] * open_ + rounded(result.confidence[0, open_:])],
-            seconds=time.perf_counter() - t0, cost=cost, candidates=candidate_lists(candidates, masked) if candidates is not None else None,
+            seconds=time.perf_counter() - t0, candidates=candidate_lists(candidates, masked) if candidates is not None else None,
             active=[True], final_until=self.first_open(), state=state,
         )
 

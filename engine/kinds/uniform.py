@@ -202,16 +202,16 @@ class UniformRun(DiffusionRun):
             s, e = p + block * self.width, p + (block + 1) * self.width
             encoded = (0, p) if block == 0 else (s - self.width, s)  # the prompt, else the last canvas
             positions_ = torch.arange(*encoded, dtype=torch.int32, device=self.device).unsqueeze(0)
-            self.model.encode(self.x[:, encoded[0] : encoded[1]], attention, positions_, cache)
-            self.nfe += 1
+            encoding = time.perf_counter()  # the canvas's first step's time includes its encoder forward, as its record counts it
+            self.metered(lambda: self.model.encode(self.x[:, encoded[0] : encoded[1]], attention, positions_, cache))  # the canvas's first record counts it
             attention = torch.nn.functional.pad(attention, (0, self.width), value=True)
-            ended = self._denoise_canvas(block, s, e, cache, attention, ended)
+            ended = self._denoise_canvas(block, s, e, cache, attention, ended, encoding)
             self.host_syncs += 1
             if bool(ended.all()):
                 break
 
-    def _denoise_canvas(self, block: int, s: int, e: int, cache: Any, attention: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
-        """Denoise canvas `[s, e)` into `self.x`; returns the rows ended after it."""
+    def _denoise_canvas(self, block: int, s: int, e: int, cache: Any, attention: torch.Tensor, ended: torch.Tensor, encoding: float) -> torch.Tensor:
+        """Denoise canvas `[s, e)` into `self.x` (its encoder forward began at `encoding`); returns the rows ended after it."""
         rows = self.x.shape[0]
         canvas = self._random_tokens()
         start_tokens = canvas
@@ -224,9 +224,9 @@ class UniformRun(DiffusionRun):
         self.stopper.reset()
         for step, steps_left in enumerate(range(self.sampler.steps, 0, -1)):
             self.check_cancel()
-            t0 = time.perf_counter()
+            t0 = encoding if step == 0 else time.perf_counter()
             active = ~stopped
-            logits, cost = self.metered(lambda: self.model.denoise(canvas, cache, masks, positions_, self_conditioning))
+            logits = self.metered(lambda: self.model.denoise(canvas, cache, masks, positions_, self_conditioning))
             temperature = self.sampler.temperature(steps_left, self.device)
             scaled = logits / temperature
             decided, restriction, dropped = scaled, None, None  # what the sampler and the draft read
@@ -271,9 +271,7 @@ class UniformRun(DiffusionRun):
                 )
                 state_seconds = time.perf_counter() - t0
                 emitted = time.perf_counter()
-                record = self._record(state, state_seconds)
-                record.cost = cost
-                self.emit(record, emitted)
+                self.emit(self._record(state, state_seconds), emitted)
             self.iteration += 1
             if last:
                 break

@@ -74,7 +74,8 @@ class RowView:
         self.prompt_length = header.prompt_lengths[row]
         self.stop_ids = set(header.eos_ids)
         self.mask_id = header.mask_id
-        self.kept = 0  # records of this row so far: its solo run's iteration index and NFE
+        self.kept = 0  # records of this row so far: its solo run's iteration index
+        self.forwards = 0  # the forwards of those records: its solo run's NFE
         self.trace = replace(header, prompt_lengths=[self.prompt_length], initial=[list(header.initial[row])], iterations=[])
         if header.expected is not None:
             self.trace.expected = [header.expected[row]]
@@ -97,6 +98,7 @@ class RowView:
             constraint=None if rec.constraint is None or rec.constraint["allowed"][r] is None else {k: [v[r]] for k, v in rec.constraint.items()},
         )
         self.kept += 1
+        self.forwards += rec.forwards
         self.trace.iterations.append(mine)
         return mine
 
@@ -108,7 +110,7 @@ class RowView:
         # compiles, graph replays) as they are: the row waited for all of it
         stats = replace(
             out.stats,
-            nfe=self.kept,
+            nfe=self.forwards,
             tokens=count_tokens(canvas, [self.prompt_length], sorted(self.stop_ids), self.mask_id)[0],
             batch=1,
         )

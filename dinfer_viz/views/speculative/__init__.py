@@ -98,7 +98,7 @@ class SpeculativeView(MaskedView):
         """The forwards counted (the cost panel's title: each record's cost sums its step's forwards)."""
         verified = sum(rec.forward == DRAFT_VERIFY for rec in timeline.records)
         skipped = timeline.iterations - verified
-        title = f"NFE {2 * verified + skipped}: {verified} draft + verify step{'s' * (verified != 1)}" + (f", {skipped} draft-only (verify skipped)" if skipped else "")
+        title = f"NFE {timeline.forwards(timeline.iterations)}: {verified} draft + verify step{'s' * (verified != 1)}" + (f", {skipped} draft-only (verify skipped)" if skipped else "")
         return title, FORWARD_NAMES
 
     def cost_note(self, timeline: Timeline) -> str:

@@ -47,9 +47,10 @@ UNIFORM_READING = (
     "with the temperature. Click a cell for the rule's numbers there."
 )
 # the step times of the per-iteration chart and the cost panel: every record is one denoising
-# forward (and the sampler); the encoder's forward, one per canvas before its first step, has no record
+# forward (and the sampler); the encoder's forward, one per canvas, is counted, timed and costed
+# in its canvas's first step (the record's `forwards` is 2 there)
 STEP_FORWARD = "denoising forward"
-ENCODER_FORWARD = "encoder forward: one per canvas, before its first step (not in the step times)"
+ENCODER_FORWARD = "encoder forward: one per canvas, in its first step's time and cost"
 
 
 @register
@@ -113,9 +114,10 @@ class UniformView(KindView):
         return figures.uniform_iteration_chart(timeline, upto, highlight, STEP_FORWARD, ENCODER_FORWARD)
 
     def forward_costs(self, timeline: Timeline) -> tuple[str, dict[str, str]]:
-        canvases = len({rec.block for rec in timeline.records})
         steps = timeline.iterations
-        title = f"NFE {canvases + steps}: {canvases} encoder forward{'s' * (canvases != 1)} (one per canvas, untimed) + {steps} denoising step{'s' * (steps != 1)} (timed)"
+        nfe = timeline.forwards(steps)
+        encoders = nfe - steps
+        title = f"NFE {nfe}: {encoders} encoder forward{'s' * (encoders != 1)} (one per canvas, in its first step) + {steps} denoising step{'s' * (steps != 1)}"
         return title, {rec.forward: f"{STEP_FORWARD} + sampler" for rec in timeline.records}
 
     def details(self, timeline: Timeline, position: int, iteration: int, expected: list[int] | None) -> str:

@@ -1,0 +1,137 @@
+"""One count of forwards (docs/counting.md §2): the same run's NFE and TPF on every path that shows
+them, for every discovered kind, on the first embedded model that runs it. The engine counts each
+model call where it happens (engine/run.py `metered`) and stamps the next record with it; every
+reader sums those. Parametrised by the kind registry, so a new kind is checked with no edit here."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from functools import cache
+
+import httpx
+import pytest
+import torch
+
+from dinfer_viz import readouts
+from dinfer_viz.batching import RunBatcher
+from dinfer_viz.events import Finished
+from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.timeline import Timeline
+from dinfer_viz.views import view_for
+from dinfer_viz.views.base import KindView
+from engine import Engine, GenerationConfig, Trace
+from engine.hooks import RunHooks
+from engine.kinds import KINDS, ModelTraits, kind_named
+from engine.models.loader import embedded_models
+from engine.serving.app import create_app
+from engine.serving.batcher import Batcher, BatchRequest
+from engine.serving.limits import RequestLimits
+
+from .test_serve import running
+
+PROMPTS = {"masked": "Q: ?+?=38 A:", "uniform": "Q: ?+?=38 A:", "speculative": "Q: ?+?=110 A:"}
+# two blocks (two canvases of the uniform-state model, which fixes its own block length: two encoder forwards)
+SETTINGS = {"gen_length": 16, "block_length": 8}
+OWN_BLOCK = {"uniform": {"gen_length": 32}}
+
+
+@cache
+def engine_of(name: str) -> Engine:
+    torch.set_num_threads(1)
+    return Engine(name)
+
+
+def model_for(kind: str) -> str:
+    """The first embedded model that runs `kind` (its own kind first)."""
+    names = sorted(embedded_models(), key=lambda n: n != {"masked": "tiny-llada", "uniform": "tiny-gemma", "speculative": "tiny-llada2"}.get(kind))
+    for name in names:
+        if kind_named(kind).refuses(ModelTraits.of(engine_of(name).model)) is None:
+            return name
+    pytest.skip(f"no embedded model runs kind {kind}")
+
+
+def settings_for(kind: str) -> dict[str, int]:
+    return OWN_BLOCK.get(kind, SETTINGS)
+
+
+def config_for(kind: str) -> GenerationConfig:
+    return GenerationConfig(kind=kind, use_chat_template=False, **settings_for(kind))
+
+
+class Sink:
+    """The lockstep batcher's news for one request."""
+
+    def __init__(self) -> None:
+        self.done: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+
+    def waiting(self) -> None: ...
+    def started(self, header: Trace, batch: int) -> None: ...
+    def record(self, record: object) -> None: ...
+    def batched(self, rows: int) -> None: ...
+
+    def finished(self, result: object) -> None:
+        self.done.put(result)
+
+    def failed(self, message: str) -> None:
+        self.done.put(RuntimeError(message))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_path_shows_the_engines_count_of_forwards(kind):
+    name = model_for(kind)
+    engine, config, prompt = engine_of(name), config_for(kind), PROMPTS.get(kind, PROMPTS["masked"])
+    solo = engine.generate(prompt, config, RunHooks(trace=True)).output
+    nfe, tokens = solo.stats.nfe, solo.stats.tokens
+    assert nfe >= 1 and tokens >= 1
+
+    # the trace: its footer, its records, and the same after a round trip through its file form
+    assert solo.trace.stats["nfe"] == nfe == sum(rec.forwards for rec in solo.trace.iterations)
+    loaded = Trace.from_json(solo.trace.to_json())
+    assert sum(rec.forwards for rec in loaded.iterations) == nfe
+
+    # the lockstep batcher (`serve --batching lockstep`, and the app's batcher below): a row's solo count
+    sink = Sink()
+    Batcher(threading.Lock(), lambda members: engine).submit(BatchRequest(prompt, config, threading.Event(), sink, None))
+    batched = sink.done.get(timeout=600)
+    assert not isinstance(batched, Exception), batched
+    assert batched.output.stats.nfe == nfe and batched.output.trace.stats["nfe"] == nfe
+    assert sum(rec.forwards for rec in batched.output.trace.iterations) == nfe
+
+    # the app: its batcher's run, the Run tab's readout (live and finished) and the cost panel's count
+    events = RunBatcher(EngineHost(ModelSpec(name))).submit(ModelSpec(name), prompt, config, threading.Event())
+    result = None
+    while result is None:
+        event = events.get(timeout=600)
+        assert not isinstance(event, Exception)
+        result = event.value if isinstance(event, Finished) else None
+        assert type(event).__name__ != "Failed", event
+    trace = result.output.trace
+    assert result.output.stats.nfe == nfe and trace.stats["nfe"] == nfe
+    timeline = Timeline(trace)
+    tpf = f"{tokens / nfe:.2f}"
+    assert f"| {tpf} | {nfe} |" in readouts.readout(timeline)
+    live = Timeline(Trace.from_dict({**json.loads(trace.to_json()), "iterations": []}))
+    for rec in trace.iterations:
+        live.add(rec)
+    assert f"NFE {nfe} " in readouts.live_line(live, live.iterations, 1.0)
+    assert f"TPF {tpf}" in readouts.live_line(live, live.iterations, 1.0)
+    view = view_for(timeline)
+    if type(view).forward_costs is not KindView.forward_costs:  # a kind that counts its forwards in the cost panel's title
+        assert f"NFE {nfe}:" in view.forward_costs(timeline)[0]
+
+
+@pytest.mark.parametrize("batching", ["continuous", "lockstep"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_servers_usage_counts_the_engines_forwards(kind, batching):
+    name = model_for(kind)
+    engine, config, prompt = engine_of(name), config_for(kind), PROMPTS.get(kind, PROMPTS["masked"])
+    nfe = engine.generate(prompt, config).output.stats.nfe
+    app = create_app(engine, RequestLimits(), max_batch=4, max_pending=8, batching=batching)
+    with running(app) as url:
+        settings = settings_for(kind)
+        body = {"model": engine.name, "prompt": prompt, "max_tokens": settings["gen_length"], **{k: v for k, v in settings.items() if k != "gen_length"}, "kind": kind}
+        answer = httpx.post(f"{url}/completions", json=body, timeout=600)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["forwards"] == nfe
