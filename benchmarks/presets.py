@@ -57,7 +57,7 @@ class NamedConfig:
 
 def parse_value(key: str, text: str) -> Any:
     """`text` as the type GenerationConfig declares for `key` (`none` for an optional field), or a
-    decoder's option declares (`remasking`, `low_threshold`, `remdm_eta`: engine/decoders.py)."""
+    decoder's option declares (`remasking`, `low_threshold`, `remdm_eta`: engine/decoders/)."""
     hints = typing.get_type_hints(GenerationConfig)
     declared = decoder_options()
     if key not in hints and key not in declared:

@@ -21,7 +21,7 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
     "new": ("#4ade80", "committed now, above threshold"),
     "forced": ("#fb923c", "committed now, forced top-1"),
     "fill": ("#f3f4f6", "filled by early stop"),
-    # a revising decoder's changes to committed positions (engine/revising.py)
+    # a revising decoder's changes to committed positions (engine/decoders/revising.py)
     "edited": ("#e879f9", "edited now (old token struck through)"),
     "remasked": ("#9f1239", "remasked now (back to [MASK])"),
     # another kind's states follow, added by its view (`add_states`)

@@ -1,5 +1,5 @@
 """The teaching text shown next to the views: the chosen decoder's, cache mode's and system
-options' paragraphs, as the engine's declarations carry them (engine/decoders.py,
+options' paragraphs, as the engine's declarations carry them (engine/decoders/,
 engine/cache_modes.py, engine/system_options.py), composed with the iteration features' and the
 views' own by the view of the decoder's kind (dinfer_viz/views/).
 

@@ -24,12 +24,12 @@ from typing import Any, Callable, Sequence
 from engine import Decoder, EngineError, GenerationConfig
 from engine.constraints import CONSTRAINT_FIELDS, spec_of
 from engine.config import MOVED_SETTINGS, setting_choices, setting_help
-from engine.decoders import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
-from engine.factor import FactorDecoder
+from engine.decoders.filling import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
+from engine.decoders.factor import FactorDecoder
 from engine.kinds import KINDS
 from engine.settings_read import settings_read, switch_settings
 from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
-from engine.revising import apply_preset
+from engine.decoders.revising import apply_preset
 
 from engine.cli import checked_device
 
@@ -60,7 +60,7 @@ def _c(field: str, label: str, kind: str, **kw: Any) -> Control:
 
 def _o(decoder: type[Decoder], name: str, label: str, kind: str, **kw: Any) -> Control:
     """A hand-made control for a built-in decoder's declared option (`decoder_options.<name>`), its
-    help and a choice's choices from the declaration (engine/decoders.py)."""
+    help and a choice's choices from the declaration (engine/decoders/)."""
     option = decoder.options[name]
     if kind == "choice":
         kw.setdefault("choices", lambda: option.choices)
@@ -191,7 +191,7 @@ def sweep_setting(decoder: str) -> str:
 
 def decoder_presets(decoder: str) -> dict[str, dict[str, Any]]:
     """A decoder's named published default sets (setting -> value, e.g. the edit decoder's
-    SGLang, Hugging Face / dllm and diffusers sets: engine/revising.py); {} for most decoders."""
+    SGLang, Hugging Face / dllm and diffusers sets: engine/decoders/revising.py); {} for most decoders."""
     try:
         return dict(getattr(decoder_class(decoder), "presets", {}))
     except EngineError:
@@ -200,7 +200,7 @@ def decoder_presets(decoder: str) -> dict[str, dict[str, Any]]:
 
 def preset_controls(decoder: str, preset: str) -> dict[str, Any]:
     """Control field -> value for `decoder`'s preset `preset`, as the engine applies it
-    (engine.revising.apply_preset: config fields by name, the decoder's own options inside
+    (engine.decoders.revising.apply_preset: config fields by name, the decoder's own options inside
     `decoder_options`); EngineError (one line) for a preset the decoder lacks."""
     config = apply_preset(GenerationConfig(decoder=decoder), preset)
     options = decoder_class(decoder).options
@@ -217,7 +217,7 @@ def numeric_fields() -> list[str]:
 
 
 def decoder_fields(decoder: str) -> set[str]:
-    """The settings a decoder reads, as it declares them (engine/decoders.py), its own options
+    """The settings a decoder reads, as it declares them (engine/decoders/), its own options
     included; all for an unknown one."""
     try:
         cls = decoder_class(decoder)

@@ -2,7 +2,7 @@
 
 - model: `engine.models` (families, registry, checkpoint loader)
 - diffusion iteration manager: `engine.run` (the skeleton) and `engine.kinds` (one loop per kind)
-- decoders: `engine.decoders`
+- decoders: `engine.decoders` (one file per family of rules, each imported with the package)
 - KV-cache manager: `engine.cache`
 
 Public API: load_model, load_tokenizer, run_diffusion (token level), Engine (text level),
@@ -11,15 +11,12 @@ RunHooks (what a run reports and obeys), GenerationConfig, Trace, EngineError. T
 
 from .config import GenerationConfig
 from .decoders import Decoder
-from . import factor  # registers the factor decoder, after the other built-ins of engine/decoders.py
 from .errors import EngineError
 from .generation import run_diffusion
 from .hooks import RunHooks
 from .kinds import fit
 from .models import load_model, save_model
 from .pipeline import Engine, load_tokenizer
-from . import entropy_bound, revising  # register the EB-Sampler and the decoders that revise their commits
-from . import remasking  # registers the decoders that remask their commits (remdm, wino)
 from .registry import DecoderOption, decoder_names, register_decoder
 from .run import GenerationCancelled, GenerationOutput, every_run_stopped
 from .stats import GenerationStats

@@ -19,9 +19,9 @@ import torch
 
 from .cache_modes import cache_modes
 from .config import GenerationConfig
+from .decoders.shadow import check_shadow_support, shadow_forward
 from .errors import EngineError
 from .models.base import DiffusionLM, ModelOutput
-from .shadow import check_shadow_support, shadow_forward
 from .trace import REFRESH_FORWARD
 
 # The request's model inputs for canvas range [a, b): {"input_ids": ...} or {"inputs_embeds": ...}.
@@ -90,7 +90,7 @@ class KVCacheManager:
         """Run `plan` on `inputs` (token ids or embeddings of the canvas range `[start, end)`);
         `masked`: the block's [MASK] positions in that input (None: unknown), for a store that
         keeps only final K/V; `shadow`: the block `[s, e)` whose shadow copy the forward also runs
-        (WINO, engine/shadow.py; on a full forward only: the decoder admits cache none alone)."""
+        (WINO, engine/decoders/shadow.py; on a full forward only: the decoder admits cache none alone)."""
         if shadow is not None:
             if plan.kind != FULL:
                 raise EngineError(f"a shadow block runs on full forwards only, not {plan.kind}")

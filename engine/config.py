@@ -17,7 +17,7 @@ from .registry import TYPE_NAMES, decoder_class, decoder_names
 from .constraints.spec import check_config as check_constraint
 
 # Settings that were GenerationConfig fields until each became the declared option of the one
-# decoder that reads it (engine/decoders.py `options`): old name -> that decoder. `lift_moved` is
+# decoder that reads it (engine/decoders/: `options`): old name -> that decoder. `lift_moved` is
 # the one place an old name is read; the constructor calls it, so `from_dict`, `replace`, JSON
 # configs, the server's fields and the CLI's flags all keep taking the old names.
 MOVED_SETTINGS = {

@@ -1,14 +1,15 @@
 """The decoder registry: decoder names -> classes, built-ins and plug-ins, and how a decoder
 declares a setting of its own.
 
-A module of its own so that config.py (which checks a decoder's name and options) and decoders.py
-(which registers the built-ins and reads GenerationConfig) never import each other.
+A module of its own so that config.py (which checks a decoder's name and options) and the decoders
+of engine/decoders/ (which register themselves and read GenerationConfig) never import each other.
 
 Plug-in API: subclass `engine.Decoder`, set `name`, implement `step(logits, block)`, decorate with
 `@register_decoder`; declare settings the config lacks in `options` (a `DecoderOption` per name)
-and read them with `self.option(name)`. A decoder in a file of its own is picked up by the CLI and
-the app when its path (or module name) is listed in $DINFER_VIZ_DECODERS (several separated by
-`os.pathsep`); see examples/entropy_decoder.py.
+and read them with `self.option(name)`. A decoder's file dropped into engine/decoders/ is imported
+with that package; one kept elsewhere is picked up by the CLI and the app when its path (or module
+name) is listed in $DINFER_VIZ_DECODERS (several separated by `os.pathsep`); see
+examples/entropy_decoder.py.
 """
 
 from __future__ import annotations
@@ -107,16 +108,24 @@ def load_plugins(spec: str | None = None) -> None:
         _loaded_plugins.add(item)
 
 
+def _listed(names: list[str]) -> list[str]:
+    """`names` as every list of decoders shows them: the engine's own by their `order` (ties by
+    name), then plug-ins in the order they loaded, which is the order $DINFER_VIZ_DECODERS gives."""
+    own = sorted((n for n in names if is_builtin(n)), key=lambda n: (_REGISTRY[n].order, n))
+    return own + [n for n in names if not is_builtin(n)]
+
+
 def decoder_names() -> list[str]:
+    """Every registered decoder, plug-ins loaded first, in listing order (the CLI's choices, the page)."""
     load_plugins()
-    return list(_REGISTRY)
+    return _listed(list(_REGISTRY))
 
 
 def builtin_decoder_names(kind: str = "masked") -> list[str]:
-    """The decoders the engine ships (engine/decoders.py), without plug-ins, for models of diffusion
-    `kind` (a decoder's `kind`, "masked" unless it declares one: engine/kinds/uniform.py's
+    """The decoders the engine ships (engine/decoders/, engine/kinds/), without plug-ins, for models
+    of diffusion `kind` (a decoder's `kind`, "masked" unless it declares one: engine/kinds/uniform.py's
     sampler runs uniform-state models only): what the project's own samples and benchmarks cover."""
-    return [name for name, cls in _REGISTRY.items() if is_builtin(name) and cls.kind == kind]
+    return _listed([name for name, cls in _REGISTRY.items() if is_builtin(name) and cls.kind == kind])
 
 
 def is_builtin(name: str) -> bool:
@@ -128,7 +137,7 @@ def decoder_class(name: str) -> type:
     """The registered decoder `name` (plug-ins loaded first); EngineError for an unknown one."""
     load_plugins()
     if name not in _REGISTRY:
-        raise EngineError(f"unknown decoder '{name}'; choose from {', '.join(_REGISTRY)}")
+        raise EngineError(f"unknown decoder '{name}'; choose from {', '.join(_listed(list(_REGISTRY)))}")
     return _REGISTRY[name]
 
 

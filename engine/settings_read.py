@@ -5,7 +5,7 @@ A run reads a setting when every declaration on its way says so:
 
 - its kind (`config.kind`, else the kind its decoder decodes): SHARED_SETTINGS and the kind's
   `reads` (engine/kinds/: `kind_reads`, which `fit` checks a request against);
-- of the fields some decoder declares (`Decoder.settings`, engine/decoders.py), only the chosen
+- of the fields some decoder declares (`Decoder.settings`, engine/decoders/), only the chosen
   decoder's; of the decoders' own options (`decoder_options.<name>`), only its own;
 - of the fields some cache mode declares (engine/cache_modes.py), only the chosen mode's;
 - a field that needs a switch (engine/config.py: `_setting(needs=...)`, smoothing's weights and

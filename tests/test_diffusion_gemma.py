@@ -25,7 +25,7 @@ from engine.models import DiffusionGemmaLM, load_model, save_model
 from engine.pipeline import Engine
 from engine.trace import Trace
 from engine.run import GenerationCancelled
-from engine.entropy_bound import EntropyBoundDecoder
+from engine.decoders.entropy_bound import EntropyBoundDecoder
 from engine.generation import run_diffusion
 from engine.kinds.uniform import UniformRun, _StableAndConfident
 

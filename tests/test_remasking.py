@@ -1,4 +1,4 @@
-"""Decoders that remask their commits (engine/remasking.py): ReMDM's scheduled, seeded remasking and
+"""Decoders that remask their commits (engine/decoders/remasking.py): ReMDM's scheduled, seeded remasking and
 WINO's wide-in / narrow-out rule with its leave-one-out shadow forward (the model change it needs:
 an index-tensor `replace` without a past gives the query tokens' positions, models/layers.py)."""
 
@@ -11,7 +11,7 @@ import torch
 
 from engine import EngineError, GenerationConfig, RunHooks, Trace, run_diffusion
 from engine.decoders import Block, apply_decode, make_decoder
-from engine.remasking import (
+from engine.decoders.remasking import (
     REMDM_CONF_RULE,
     REMDM_RULE,
     WINO_RULE,
@@ -21,7 +21,7 @@ from engine.remasking import (
     remdm_sigma_max,
     wide_in_narrow_out,
 )
-from engine.shadow import check_shadow_support, shadow_attention_mask, shadow_forward
+from engine.decoders.shadow import check_shadow_support, shadow_attention_mask, shadow_forward
 
 from .conftest import tiny_llada
 from .moe_models import tiny_llada2, tiny_llada_moe

@@ -1,4 +1,4 @@
-"""Decoders that revise their commits (engine/revising.py) and the loop's part: edits applied and
+"""Decoders that revise their commits (engine/decoders/revising.py) and the loop's part: edits applied and
 recorded with the rule's numbers, post-edit steps, the trace replaying revisions."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import EngineError, GenerationConfig, RunHooks, Trace, run_diffusion
-from engine.revising import EditDecoder, apply_preset, penalise_repeats
+from engine.decoders.revising import EditDecoder, apply_preset, penalise_repeats
 
 from .conftest import tiny_llada
 from .moe_models import tiny_llada2

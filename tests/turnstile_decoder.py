@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from engine import DecoderOption, GenerationConfig, register_decoder
-from engine.decoders import Block, DecodeResult, FixedStepDecoder
+from engine.decoders import Block, DecodeResult
+from engine.decoders.filling import FixedStepDecoder
 
 
 @register_decoder

@@ -36,7 +36,7 @@ from engine.run import GenerationOutput
 from engine import RunHooks, run_diffusion
 from engine.models import DiffusionLM
 from engine.pipeline import stop_ids_for
-from engine.revising import EditDecoder, apply_preset
+from engine.decoders.revising import EditDecoder, apply_preset
 from engine.stats import generated_mask
 
 from .tasks import TASKS, Example, free_text_examples, get_task, out_of_range_examples, split_examples
@@ -240,7 +240,7 @@ SETTINGS: dict[str, dict] = {
     "fixed": {"decoder": "fixed"},
     "fixed x4": {"decoder": "fixed", "steps_divisor": 4},
     **{f"thr {tau:g}": {"decoder": "threshold", "threshold": tau} for tau in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95)},
-    # the edit decoder (engine/revising.py) at diffusers' edit threshold, and its published sets
+    # the edit decoder (engine/decoders/revising.py) at diffusers' edit threshold, and its published sets
     **{f"edit {tau:g}": {"decoder": "edit", "threshold": tau, "decoder_options": {"edit_threshold": 0.5}} for tau in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9)},
     **{f"edit {name}": {"decoder": "edit", "preset": name} for name in EditDecoder.presets},
     "hierarchical": {"decoder": "hierarchical"},

@@ -34,7 +34,7 @@ import torch
 
 from ..config import GenerationConfig
 from ..decoders import Block, DecodeResult, Decoder
-from ..entropy_bound import EntropyBoundDecoder
+from ..decoders.entropy_bound import EntropyBoundDecoder
 from ..errors import EngineError
 from ..models.diffusion_gemma import DiffusionGemmaLM
 from ..registry import DecoderOption, register_decoder
@@ -63,6 +63,7 @@ class UniformSampler(Decoder):
     (DiffusionGemmaGenerationConfig's global defaults)."""
 
     name = UNIFORM
+    order = 70  # beside entropy_bound, whose rule it applies to the whole canvas
     kind = UNIFORM
     references = ("transformers",)  # DiffusionGemma's generate
     explanation = (

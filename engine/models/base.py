@@ -18,7 +18,7 @@ class ModelOutput:
 
     logits: torch.Tensor
     kv: torch.Tensor | None = None
-    # WINO's shadow block's logits `[B, W, V]`, when the forward ran one (engine/shadow.py)
+    # WINO's shadow block's logits `[B, W, V]`, when the forward ran one (engine/decoders/shadow.py)
     shadow_logits: torch.Tensor | None = None
 
 
@@ -72,7 +72,7 @@ class DiffusionLM(nn.Module):
     # "uniform": every position always holds a token, re-noised until accepted (DiffusionGemma,
     # engine/kinds/uniform.py). The engine's entry point runs the loop of the model's kind.
     diffusion_kind: str = "masked"
-    # Whether this family's forward takes WINO's shadow block (engine/shadow.py: a copy of the block
+    # Whether this family's forward takes WINO's shadow block (engine/decoders/shadow.py: a copy of the block
     # appended, at positions given by `replace`, under the caller's attention mask): the families on
     # the engine's bidirectional layer stack say True. A class with a forward of its own (a wrapper,
     # another library's model) does not inherit it: it says so itself.

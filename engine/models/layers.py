@@ -10,7 +10,7 @@ With a past, `replace` may instead be a `[q]` index tensor naming each query tok
 form a static-shape forward takes (engine/runtime/compiled.py), whose positions change from call to call
 while its shapes do not, so neither torch.compile nor a CUDA graph sees a new shape. Without a past,
 an index tensor gives each query token's position, which may repeat one: a canvas with a copy of a
-block appended (WINO's shadow block, engine/remasking.py), whose keys sit at the same positions.
+block appended (WINO's shadow block, engine/decoders/remasking.py), whose keys sit at the same positions.
 The forward returns the fresh K/V of its query tokens when asked (`use_cache`), in the form the
 cache holds them: keys before RoPE or after it, per family (`DiffusionLM.kv_rope`). Inside the
 forward, each layer receives these arguments as one `AttentionCache` (its layer of the store), and

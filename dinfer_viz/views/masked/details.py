@@ -1,6 +1,6 @@
 """The details panel of a masked-diffusion run: everything the trace knows about one canvas position at one iteration, as
 HTML large enough for a projector (what it shows: docs/app.md §2, "Details panel"), all from the
-trace (docs/trace.md), each commit rule stated as engine/decoders.py applies it.
+trace (docs/trace.md), each commit rule stated as engine/decoders/ applies it.
 
 Every string that reaches the HTML goes through `cells.inert` (html.escape plus the characters a
 template step could evaluate): token strings come from tokenizers and trace files, i.e. anyone.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine import IterationRecord
-from engine.decoders import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
-from engine.factor import FactorDecoder
+from engine.decoders.filling import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
+from engine.decoders.factor import FactorDecoder
 from engine.trace import CANDIDATES_MAX_BLOCK
 
 from ...cache_figure import STATES, cache_states, state_explanation
@@ -69,7 +69,7 @@ class _Decision:
 
 
 # decoder name -> its rule in words (None when the record lacks what the rule compared); each rule
-# registers under the name of the decoder it explains (engine/decoders.py)
+# registers under the name of the decoder it explains (engine/decoders/)
 _RULES: dict[str, Callable[[_Decision], str | None]] = {}
 
 
@@ -83,7 +83,7 @@ def _explains(decoder: str) -> Callable[[Callable[[_Decision], str | None]], Cal
 
 def rule_text(timeline: Timeline, index: int, position: int) -> str:
     """What record `index`'s decoder decided for `position` (masked when the record started and
-    inside its block), with the numbers it compared, as engine/decoders.py applies each rule."""
+    inside its block), with the numbers it compared, as engine/decoders/ applies each rule."""
     rec = timeline.records[index]
     row, s = timeline.row, rec.block_range[0]
     extras = {name: values[position - s] for name, values in timeline.extras_at(index).items() if len(values) > position - s}
@@ -150,14 +150,14 @@ def _strictly_above(d: _Decision, name: str, committed: str = "committed", beyon
 
 @_explains("edit")
 def _edit_decision(d: _Decision) -> str | None:
-    """LLaDA2.1's mask-to-token half (engine/revising.py); its token-to-token half is a revision,
+    """LLaDA2.1's mask-to-token half (engine/decoders/revising.py); its token-to-token half is a revision,
     stated by `Timeline.describe_revision`."""
     return _strictly_above(d, "τ")
 
 
 @_explains("wino")
 def _wino_decision(d: _Decision) -> str | None:
-    """WINO's wide-in half (engine/remasking.py), the most confident first up to the step's cap;
+    """WINO's wide-in half (engine/decoders/remasking.py), the most confident first up to the step's cap;
     its narrow-out half is a remask, stated by the revision."""
     return _strictly_above(d, "τ_in", "committed (wide-in)", "beyond this step's cap on wide-in commits (70% of the masks, 5 to 20)")
 

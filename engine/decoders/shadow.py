@@ -1,4 +1,4 @@
-"""WINO's shadow block (Hong et al. 2025, arXiv 2507.18578; engine/remasking.py): one forward of
+"""WINO's shadow block (Hong et al. 2025, arXiv 2507.18578; engine/decoders/remasking.py): one forward of
 the canvas with a copy of the block, all [MASK], appended, in which shadow position j sees the whole
 canvas except real position `s + j` (a leave-one-out check of every committed token). The cache
 manager runs it when a decoder asks for it (`Decoder.shadow_block`), so no decoder runs a forward
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .errors import EngineError
-from .models.base import DiffusionLM, ModelOutput
+from ..errors import EngineError
+from ..models.base import DiffusionLM, ModelOutput
 
 
 def shadow_attention_mask(canvas: int, s: int, e: int, device: torch.device) -> torch.Tensor:

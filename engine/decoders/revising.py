@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from .config import GenerationConfig
-from .decoders import Block, DecodeResult, Decoder, best_per_row
-from .errors import EngineError
-from .registry import DecoderOption, decoder_class, register_decoder
-from .trace import EDIT
+from ..config import GenerationConfig
+from ..errors import EngineError
+from ..registry import DecoderOption, decoder_class, register_decoder
+from ..trace import EDIT
+from .base import Block, DecodeResult, Decoder, best_per_row
 
 EDIT_RULE = "p(new) > edit threshold"
 # Post-edit steps bound a block's forwards beyond its masks: a request's work stays bounded by
@@ -49,6 +49,7 @@ class EditDecoder(Decoder):
     """
 
     name = "edit"
+    order = 80
     references = ("diffusers",)  # LLaDA2Pipeline with an editing threshold
     revises = True
     row_wise = True

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .decoders import Block, DecodeResult, Decoder, _real_token_logits
-from .registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
+from ..registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
+from .base import Block, DecodeResult, Decoder, real_token_logits
 
 
 @register_decoder
@@ -23,6 +23,7 @@ class EntropyBoundDecoder(Decoder):
     """
 
     name = "entropy_bound"
+    order = 60
     explanation = (
         "**Entropy bound (EB-Sampler, arXiv 2505.24857).** The block's masked positions are sorted by "
         "the entropy of their prediction, lowest first, and committed while the summed entropy of "
@@ -63,7 +64,7 @@ class EntropyBoundDecoder(Decoder):
     def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:
         masked = block.masked
         tokens, confidence, _ = self.predict(logits)
-        entropy = self.entropy(_real_token_logits(logits, self.mask_id))
+        entropy = self.entropy(real_token_logits(logits, self.mask_id))
         commit, lower_sum = self.accept(entropy, self.option("entropy_bound"), masked)
         extras = {"entropy": torch.where(masked, entropy, torch.zeros_like(entropy)), "entropy_sum": lower_sum}
         return DecodeResult(tokens, confidence, commit, torch.zeros_like(commit), extras)

@@ -2,13 +2,13 @@
 `remdm` (ReMDM: each committed token is remasked with a scheduled probability, seeded) and `wino`
 (WINO: wide-in commits, narrow-out remasks the tokens a leave-one-out shadow block doubts).
 
-They are revising decoders as engine/revising.py's `edit` is: the loop hands them the block's
+They are revising decoders as engine/decoders/revising.py's `edit` is: the loop hands them the block's
 current tokens and the positions they may change, applies their remasks and records each with the
 rule's numbers (docs/trace.md §3.1). A remask stays inside the current block, whose K/V every
 cached forward computes fresh (engine/cache.py), so no cache mode serves a stale K/V for it.
 
 WINO needs more than the block's logits: one forward over the canvas with a *shadow block* appended
-(engine/shadow.py), which the cache manager runs for it (`Decoder.shadow_block`).
+(engine/decoders/shadow.py), which the cache manager runs for it (`Decoder.shadow_block`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import ClassVar
 
 import torch
 
-from .config import GenerationConfig
-from .decoders import Block, DecodeResult, Decoder, committed_after, rank_in_row, top1
-from .errors import EngineError
-from .registry import DecoderOption, register_decoder
-from .trace import REMASK
+from ..config import GenerationConfig
+from ..errors import EngineError
+from ..registry import DecoderOption, register_decoder
+from ..trace import REMASK
+from .base import Block, DecodeResult, Decoder, committed_after, rank_in_row, top1
 
 # ---- ReMDM ----------------------------------------------------------------------------------
 
@@ -59,6 +59,7 @@ class RemdmDecoder(Decoder):
     """
 
     name = "remdm"
+    order = 90
     revises = True
     # the draws of one generator are shared by a batch's rows: a row's remasks depend on the others
     row_wise = False
@@ -168,7 +169,7 @@ def wide_in_narrow_out(
 class WinoDecoder(Decoder):
     """WINO (wide-in, narrow-out; Hong et al. 2025, arXiv 2507.18578) with its shadow block.
 
-    Each forward is engine/shadow.py's `shadow_forward`: the canvas plus a copy of the block as [MASK], whose position
+    Each forward is engine/decoders/shadow.py's `shadow_forward`: the canvas plus a copy of the block as [MASK], whose position
     j sees everything but real position j. Wide-in commits the masks above τ (the `threshold`
     setting, the authors' τ_in 0.6) within the published caps; narrow-out remasks committed block
     tokens whose shadow probability of their current token is below `wino_threshold_out` (τ_out,
@@ -178,9 +179,10 @@ class WinoDecoder(Decoder):
     """
 
     name = "wino"
+    order = 100
     revises = True
     row_wise = True
-    shadow_block = True  # the cache manager runs the canvas with the shadow block (engine/shadow.py)
+    shadow_block = True  # the cache manager runs the canvas with the shadow block (engine/decoders/shadow.py)
     options: ClassVar[dict[str, DecoderOption]] = {
         "wino_threshold_out": DecoderOption(0.9, "wino: remask a committed token whose leave-one-out probability is below this", least=0.0, most=1.0),
     }

@@ -1,12 +1,12 @@
-"""Fast-dLLM's factor decoder (docs/algorithms.md §2.4), beside the other built-ins of
-engine/decoders.py (imported right after them, so the decoders list in the same order)."""
+"""Fast-dLLM's factor decoder (docs/algorithms.md §2.4), a file of its own beside the other filling
+rules of engine/decoders/filling.py; it lists after them (`order`)."""
 
 from __future__ import annotations
 
 import torch
 
-from .decoders import Block, DecodeResult, Decoder, rank_in_row
-from .registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
+from ..registry import OPTION_SETTING_PREFIX, DecoderOption, register_decoder
+from .base import Block, DecodeResult, Decoder, rank_in_row
 
 
 @register_decoder
@@ -23,6 +23,7 @@ class FactorDecoder(Decoder):
     """
 
     name = "factor"
+    order = 50
     explanation = (
         "**Factor (Fast-dLLM).** The masked positions are ranked by confidence and the n best are "
         "committed while the n-th still clears `1 - factor/(n+1)`: the more tokens committed together, "
