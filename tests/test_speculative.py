@@ -222,3 +222,23 @@ def test_on_the_shipped_block_diffusion_model_speculation_writes_the_autoregress
     ]
     spec_out, ar_out = (json.loads(r.stdout) for r in runs)
     assert spec_out["token_ids"] == ar_out["token_ids"] and spec_out["nfe"] < spec_out["tokens"]
+
+
+@pytest.mark.parametrize("constraint", [{"regex": "[a-z]+"}, {"regex": r" \d{1,3} \+ \d{1,3}"}, {"choice": [" 12 + 98", " 55 + 55"]}])
+def test_under_a_constraint_speculation_writes_the_constrained_autoregressive_tokens(constraint):
+    """The verifier's argmax under the constraint (engine/constraints/canvas.py: restrict_causal):
+    the answer is inside the constraint and equals the model's own constrained block-length-1
+    decode, on the shipped block-diffusion model; each step's record says what the constraint removed."""
+    import re
+
+    from engine import Engine
+
+    engine = Engine("tiny-llada2")
+    prompt = "Q: ?+?=110 A:"
+    spec = engine.generate(prompt, GenerationConfig(kind="speculative", block_length=8, gen_length=16, **constraint), RunHooks(trace=True))
+    ar = engine.generate(prompt, GenerationConfig(block_length=1, gen_length=16, **constraint))
+    assert spec.output.token_ids == ar.output.token_ids
+    pattern = constraint.get("regex") or "|".join(map(re.escape, constraint["choice"]))
+    assert re.fullmatch(pattern, spec.texts[0]), spec.texts[0]
+    assert all(rec.constraint is not None for rec in spec.output.trace.iterations)
+    assert spec.output.stats.nfe == sum(rec.forwards for rec in spec.output.trace.iterations)

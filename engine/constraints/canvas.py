@@ -137,6 +137,31 @@ class CanvasConstraint:
         out = logits.masked_fill(~allowed_t, float("-inf"))
         return out, Restriction(allowed_t, torch.from_numpy(restricted), [a is not None for a in self.automata])
 
+    def restrict_causal(self, logits: torch.Tensor, x: torch.Tensor, open_: torch.Tensor, s: int, tokens: torch.Tensor) -> torch.Tensor:
+        """`logits` `[B, W, V]` of window `[s, s + W)`, where the canvas `x` is open, as an
+        autoregressive decode reads them: at each position the tokens that keep the canvas
+        completable with `tokens` `[B, W]` written before it in the window and every later open
+        position still open (a speculative verify: engine/kinds/speculative.py). `tokens` must be
+        jointly completable (a `draft`), so every prefix is."""
+        rows, width, vocab = logits.shape
+        allowed = np.ones((rows, width, vocab), dtype=bool)
+        xs, os_, ts = x.cpu().numpy(), open_.cpu().numpy(), tokens.cpu().numpy()
+        for r, automaton in enumerate(self.automata):
+            if automaton is None:
+                continue
+            region, free = self._region(r, xs, os_)
+            start = self.starts[r]
+            for w in range(width):
+                i = s + w - start
+                if i < 0:
+                    continue
+                if free[i]:
+                    tokens_i = self._sets(r, region, free).allowed_tokens(i)
+                    n = min(len(tokens_i), vocab)
+                    allowed[r, w, :n], allowed[r, w, n:] = tokens_i[:n], False
+                region[i], free[i] = ts[r, w], False
+        return logits.masked_fill(~torch.from_numpy(allowed).to(logits.device), float("-inf"))
+
     def admit(self, x: torch.Tensor, open_: torch.Tensor, s: int, writes: torch.Tensor, tokens: torch.Tensor, order: torch.Tensor, opened: torch.Tensor | None = None) -> torch.Tensor:
         """`[B, W]`: the `writes` (tokens `tokens` into window `[s, s + W)`) kept, taken in
         descending `order` and each kept only while the canvas stays completable; positions

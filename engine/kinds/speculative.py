@@ -51,11 +51,9 @@ class SpeculativeRun(DiffusionRun):
     kind = SPECULATIVE
 
     def setup(self, prompts: list[list[int]]) -> None:
-        model, config, hooks = self.model, self.cfg, self.hooks
+        model, config = self.model, self.cfg
         if len(prompts) != 1:
             raise EngineError(f"speculative decoding runs one prompt at a time, got {len(prompts)}")
-        if hooks.constraints is not None or config.regex or config.json_schema or config.choice:
-            raise EngineError("speculative decoding takes no answer constraint (its verifier's tokens are the model's own)")
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin([len(prompts[0])], masked_canvas(prompts, config.gen_length, model.mask_token_id), model.mask_token_id, self.decoder.capabilities())
         self.length = self.x.shape[1]
@@ -80,14 +78,24 @@ class SpeculativeRun(DiffusionRun):
 
     # ---- one step ------------------------------------------------------------------------------
     def speculate(self, index: int, s: int, e: int, c: int) -> int:
-        """Draft `[c, e)`, verify it (unless the router skips), commit; returns the new first open position."""
+        """Draft `[c, e)`, verify it (unless the router skips), commit; returns the new first open
+        position. Under an answer constraint the draft is completable as a whole and the verifier
+        reads its logits as the model's own constrained decode would (`restrict_causal`), so the
+        tokens stay those of that decode and inside the constraint."""
         t0 = time.perf_counter()
         masked = self.x[:, s:e] == self.mask_id
         draft_out = self.metered(lambda: self._draft_forward(c, e))
         logits = torch.zeros(1, e - s, draft_out.logits.shape[-1], dtype=draft_out.logits.dtype, device=self.device)
         logits[:, c - s :] = draft_out.logits[:, -(e - c) :]
+        model_logits, restriction = logits, None
+        if self.constraint is not None:
+            logits, restriction = self.constraint.restrict(logits, self.x, self.x == self.mask_id, s, masked)
         result = self.decoder.step(logits, Block(masked, self.x[:, s:e], torch.zeros_like(masked), self.cfg.threshold))
-        draft = torch.where(masked, result.tokens, self.x[:, s:e])
+        if self.constraint is None:
+            draft = torch.where(masked, result.tokens, self.x[:, s:e])
+        else:  # left to right, the order the verifier reads it in
+            order = -torch.arange(e - s, device=self.device).expand_as(masked)
+            draft = torch.where(masked, self.constraint.draft(logits, self.x, self.x == self.mask_id, s, order), self.x[:, s:e])
         skip = self._router_run(result, c - s) if self.cfg.verify == "auto" else 0
         verifier = verify_probability = None
         if skip:
@@ -95,7 +103,10 @@ class SpeculativeRun(DiffusionRun):
             self.stats_extra["skipped_verifies"] += 1
         else:
             verify_out = self.metered(lambda: self._verify_forward(draft, s, c, e))
-            verifier, verify_probability, _ = top1(verify_out.logits[:, -(e - c) :], self.mask_id)
+            verify_logits = verify_out.logits[:, -(e - c) :]
+            if self.constraint is not None:
+                verify_logits = self.constraint.restrict_causal(verify_logits, self.x, self.x == self.mask_id, c, draft[:, c - s :])
+            verifier, verify_probability, _ = top1(verify_logits, self.mask_id)
             agree = (draft[0, c - s :] == verifier[0]).long().cumprod(0)
             n = int(agree.sum())  # the host sync: the accepted length
             self._store_verified(verify_out, c, min(n, e - c - 1))
@@ -106,7 +117,9 @@ class SpeculativeRun(DiffusionRun):
         self.x[0, c : c + len(written)] = torch.tensor(written, device=self.device)
         self._stop_at_end_of_text(c, written)
         if self.records:
-            self.emit(self._record(index, s, e, c, logits, result, draft, written, corrected, verifier, verify_probability, t0), time.perf_counter())
+            record = self._record(index, s, e, c, logits, result, draft, written, corrected, verifier, verify_probability, t0)
+            record.constraint = restriction.record(model_logits, self.mask_id, None, s) if restriction is not None else None
+            self.emit(record, time.perf_counter())
         self.iteration += 1
         return c + len(written)
 
