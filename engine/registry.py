@@ -83,13 +83,15 @@ def register_decoder(cls: type) -> type:
 
 
 PLUGIN_ENV = "DINFER_VIZ_DECODERS"
+KIND_PLUGIN_ENV = "DINFER_VIZ_KINDS"  # kind files outside engine/kinds/ (engine/kinds/__init__.py loads them)
 _loaded_plugins: set[str] = set()
 
 
-def load_plugins(spec: str | None = None) -> None:
-    """Import decoder plug-ins so that their `@register_decoder` runs: `.py` paths or module names,
-    separated by `os.pathsep`; by default those listed in $DINFER_VIZ_DECODERS. Each loads once."""
-    spec = os.environ.get(PLUGIN_ENV, "") if spec is None else spec
+def load_plugins(spec: str | None = None, env: str = PLUGIN_ENV, what: str = "decoder") -> None:
+    """Import plug-ins so that their `@register_decoder` (or `@register_kind`) runs: `.py` paths or
+    module names, separated by `os.pathsep`; by default those listed in `env` ($DINFER_VIZ_DECODERS).
+    Each loads once; `what` names them in the error."""
+    spec = os.environ.get(env, "") if spec is None else spec
     for item in (part.strip() for part in spec.split(os.pathsep)):
         if not item or item in _loaded_plugins:
             continue
@@ -104,7 +106,7 @@ def load_plugins(spec: str | None = None) -> None:
             else:
                 importlib.import_module(item)
         except Exception as exc:  # any failure in user code becomes one readable line
-            raise EngineError(f"cannot load decoder plug-in '{item}': {exc}") from exc
+            raise EngineError(f"cannot load {what} plug-in '{item}': {exc}") from exc
         _loaded_plugins.add(item)
 
 

@@ -164,6 +164,15 @@ def masked_canvas(prompts: list[list[int]], gen_length: int, mask_id: int) -> to
     return x
 
 
+def block_ranges(prompt_lengths: list[int], canvas_length: int, block_length: int, align: bool) -> list[tuple[int, int]]:
+    """Blocks `[s, e)` from the shortest prompt's end (floored to a multiple of the block length
+    when aligned) to the canvas end; the last may be shorter."""
+    first = min(prompt_lengths)
+    if align:
+        first = first // block_length * block_length
+    return [(s, min(s + block_length, canvas_length)) for s in range(first, canvas_length, block_length)]
+
+
 def forward_cost(forward_seconds: float, since: ForwardCounters, comm_seconds: float) -> dict[str, Any]:
     """An IterationRecord's `cost` (docs/trace.md §3): one process's entry in the per-rank lists
     (engine/runtime/workers.py appends the other ranks'), and what its forward compiled or replayed. Compute
@@ -238,6 +247,9 @@ class DiffusionRun:
             prompt_lengths=prompt_lengths, canvas_length=canvas.shape[1], block_length=self.cfg.block_length, initial=canvas.tolist(),
         )
         self.trace: Trace | None = self.recorder.trace if self.recorder is not None else None
+        self.finished = torch.zeros(canvas.shape[0], dtype=torch.bool, device=self.device)  # rows ended by early stop (`stop_rows`)
+        self.positions = torch.arange(canvas.shape[1], device=self.device).unsqueeze(0)
+        self.prompt_end = torch.tensor(prompt_lengths, device=self.device).unsqueeze(1)
 
     def run_blocks(self) -> None:
         """The kind's loop over its blocks."""
@@ -271,9 +283,20 @@ class DiffusionRun:
     def first_open(self) -> list[int]:
         """Per row, the position before which its tokens are final when commits are: the first
         [MASK] after its prompt (the canvas's end when none is left)."""
-        positions = torch.arange(self.x.shape[1], device=self.device).unsqueeze(0)
-        open_ = (self.x == self.mask_id) & (positions >= torch.tensor(self.prompt_lengths, device=self.device).unsqueeze(1))
-        return torch.where(open_, positions, torch.full_like(positions, self.x.shape[1])).min(dim=1).values.tolist()
+        open_ = (self.x == self.mask_id) & (self.positions >= self.prompt_end)
+        return torch.where(open_, self.positions, torch.full_like(self.positions, self.x.shape[1])).min(dim=1).values.tolist()
+
+    def stop_rows(self, s: int, e: int) -> bool:
+        """Early stop (docs/algorithms.md §1.4), the rule of every kind that writes text left to
+        right: rows whose final tokens `[s, e)` hold a generated end-of-text id get it everywhere
+        from `e` on, and take part in no later step (`finished`). Returns whether every row has
+        finished (one host sync). The kind calls it when `early_stop` is on and `[s, e)` became final."""
+        generated = self.positions[:, s:e] >= self.prompt_end
+        stop = torch.tensor(self.stop_ids, device=self.device)
+        self.finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
+        self.x[:, e:] = torch.where(self.finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
+        self.host_syncs += 1
+        return bool(self.finished.all())
 
     def check_cancel(self) -> None:
         if _STOPPING.is_set() or (self.hooks.cancel is not None and self.hooks.cancel.is_set()):

@@ -90,6 +90,11 @@ def register_step_state(kind: str, rules: StepState) -> None:
     _RULES[kind] = rules
 
 
+def has_step_state(kind: str) -> bool:
+    """Whether `kind` registered rules of its own (its records carry `state`)."""
+    return kind in _RULES
+
+
 def step_state(kind: str) -> StepState:
     """The rules of `kind`'s state; a kind that registered none keeps none (masked diffusion's)."""
     return _RULES.get(kind, _NONE)

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from engine import EngineError, GenerationCancelled, GenerationConfig, RunHooks, Trace, run_diffusion
-from engine.kinds.masked import block_ranges
+from engine.run import block_ranges
 
 from .conftest import tiny_llada
 from .scripted import EOS, MASK, VOCAB, ScriptedLM

@@ -54,7 +54,7 @@ FLOORS = (
     ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.constraints", "engine.config", "engine.stats", "engine.step_state", "engine.trace_upgrade", "engine.trace", "engine.hooks", "engine.trace_diff", "engine.analysis"),
     ("engine.models",),
     ("engine.decoders", "engine.cache"),
-    ("engine.run", "engine.kinds", "engine.generation", "engine.settings_read"),
+    ("engine.run", "engine.kinds", "engine.fill", "engine.generation", "engine.settings_read"),
     ("engine.runtime",),
     ("engine.pipeline", "engine.reference"),
     ("engine.serving", "engine.cli", "engine.tuning", "engine.__main__"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import EngineError
+from engine.step_state import has_step_state
 from engine.trace import MASKED
 
 from ..timeline import Timeline
@@ -30,11 +31,15 @@ def register(cls: type["KindView"]) -> type["KindView"]:
 
 
 def view_of_kind(kind: str) -> "KindView":
-    """The view of a diffusion kind by its name (engine.trace.MASKED, UNIFORM, ...)."""
-    try:
+    """The view of a diffusion kind by its name (engine.trace.MASKED, UNIFORM, ...). A kind with no
+    view of its own whose records keep no step state of their own (engine/step_state.py: a kind
+    that fills a masked canvas, as engine/fill.py's) writes masked diffusion's records, so masked
+    diffusion's view draws it."""
+    if kind in VIEWS:
         return VIEWS[kind]
-    except KeyError:
-        raise EngineError(f"this app has no view for the diffusion kind {kind!r} (it has {', '.join(sorted(VIEWS))})") from None
+    if not has_step_state(kind):
+        return VIEWS[MASKED]
+    raise EngineError(f"this app has no view for the diffusion kind {kind!r} (it has {', '.join(sorted(VIEWS))})")
 
 
 def view_for(timeline: Timeline | None) -> "KindView":

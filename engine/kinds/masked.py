@@ -22,19 +22,10 @@ from ..config import GenerationConfig, kind_owned
 from ..constraints import Restriction
 from ..decoders import Block, DecodeResult, apply_decode, make_decoder, top_candidates
 from ..errors import EngineError
-from ..run import DiffusionRun, masked_canvas, sync
+from ..run import DiffusionRun, block_ranges, masked_canvas, sync
 from ..system_options import SYSTEM_OPTIONS
 from ..trace import CANDIDATES_MAX_BLOCK, EDIT, MASKED, REMASK, TOP_CANDIDATES, IterationRecord, Revision, candidate_lists, jsonable, positions, rounded
 from .base import DiffusionKind, KindSettings, SHARED_SETTINGS, register_kind
-
-
-def block_ranges(prompt_lengths: list[int], canvas_length: int, block_length: int, align: bool) -> list[tuple[int, int]]:
-    """Blocks `[s, e)` from the shortest prompt's end (floored to a multiple of the block length
-    when aligned) to the canvas end; the last may be shorter."""
-    first = min(prompt_lengths)
-    if align:
-        first = first // block_length * block_length
-    return [(s, min(s + block_length, canvas_length)) for s in range(first, canvas_length, block_length)]
 
 
 @dataclass
@@ -74,10 +65,7 @@ class MaskedRun(DiffusionRun):
         self.cache = KVCacheManager.for_model(model, config, self.length, model.prefix_store)
         self.embeds = model.embed(self.x) if config.smoothing else None
         self.revision_counts = torch.zeros(2, dtype=torch.long, device=self.device)  # edits, remasks
-        self.finished = torch.zeros(self.x.shape[0], dtype=torch.bool, device=self.device)  # rows ended by early stop
         self.refresh_active: torch.Tensor | None = None  # rows of a refresh whose step's next forward follows
-        self.prompt_end = torch.tensor(lengths, device=self.device).unsqueeze(1)
-        self.positions = torch.arange(self.length, device=self.device).unsqueeze(0)
 
     def _inputs(self, a: int, b: int) -> dict[str, torch.Tensor]:
         """The model's input for canvas range `[a, b)`: smoothed embeddings, or token ids."""
@@ -279,18 +267,11 @@ class MaskedRun(DiffusionRun):
         return {"staleness_kl": kl, "staleness_agree": agree}
 
     def stop_rows(self, s: int, e: int) -> bool:
-        """Early stop: rows that generated an EOS/EoT in `[s, e)` get EOS everywhere after `e`.
-
-        Updates `finished`; returns whether every row has finished (one host sync).
-        """
-        generated = self.positions[:, s:e] >= self.prompt_end
-        stop = torch.tensor(self.stop_ids, device=self.device)
-        self.finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
-        self.x[:, e:] = torch.where(self.finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
-        if self.embeds is not None:  # the filled EOS feed their plain embedding from now on
+        """The skeleton's early stop; the end-of-text it filled feeds its plain embedding from now on."""
+        done = super().stop_rows(s, e)
+        if self.embeds is not None:
             self.embeds[:, e:] = torch.where(self.finished[:, None, None], self.model.embed(self.x[:, e:]), self.embeds[:, e:])
-        self.host_syncs += 1
-        return bool(self.finished.all())
+        return done
 
 
 @register_kind

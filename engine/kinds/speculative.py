@@ -35,11 +35,10 @@ from ..decoders import Block, DecodeResult, make_decoder, top1, top_candidates
 from ..errors import EngineError
 from ..models.base import ModelOutput
 from ..registry import decoder_class
-from ..run import DiffusionRun, masked_canvas
+from ..run import DiffusionRun, block_ranges, masked_canvas
 from ..step_state import StepState, id_lists, per_position, register_step_state
 from ..trace import CANDIDATES_MAX_BLOCK, DRAFT_VERIFY, TOP_CANDIDATES, IterationRecord, candidate_lists, rounded
 from .base import DiffusionKind, KindSettings, ModelTraits, register_kind
-from .masked import block_ranges
 
 SPECULATIVE = "speculative"
 DRAFT = "draft"  # a record's `forward` when its step skipped the verify (DRAFT_VERIFY: it ran both)
@@ -174,12 +173,12 @@ class SpeculativeRun(DiffusionRun):
             self._write(out.kv[..., :n, :], c)
 
     def _stop_at_end_of_text(self, c: int, written: list[int]) -> None:
-        """Early stop: after a committed end-of-text the rest of the canvas is end-of-text (the
-        block-length-1 decode fills it so after that token's block)."""
+        """Early stop: the written tokens are final, so the skeleton's rule applies to them up to
+        the first end-of-text (the rest of the canvas becomes end-of-text, as the block-length-1
+        decode fills it after that token's block)."""
         ends = [i for i, token in enumerate(written) if token in self.stop_ids]
         if self.cfg.early_stop and ends:
-            self.x[:, c + ends[0] + 1 :] = self.stop_ids[0]
-            self.ended = True
+            self.ended = self.stop_rows(c, c + ends[0] + 1)
 
     # ---- the record ----------------------------------------------------------------------------
     def _record(
