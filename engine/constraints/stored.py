@@ -49,7 +49,7 @@ SUFFIX = ".safetensors"
 NAME = re.compile(r"[0-9a-f]{64}\.safetensors")  # the only names the store writes (or removes)
 MARKER = ".dinfer-viz-automata"  # written by the store into a folder it creates: the folder is its own
 WRITER = "dinfer-viz automata store"  # in each file's header: a file the store wrote
-HEADER_BYTES = 1 << 20  # a key holds a regex of at most MAX_REGEX_CHARS (a schema's compiled one is longer)
+HEADER_BYTES = 1 << 20  # the most read to tell whose a file is: its key holds a regex (a schema's compiled one may pass MAX_REGEX_CHARS)
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
