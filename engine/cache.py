@@ -22,6 +22,7 @@ from .config import GenerationConfig
 from .decoders.shadow import check_shadow_support, shadow_forward
 from .errors import EngineError
 from .models.base import DiffusionLM, ModelOutput
+from .registry import decoder_class
 from .trace import REFRESH_FORWARD
 
 # The request's model inputs for canvas range [a, b): {"input_ids": ...} or {"inputs_embeds": ...}.
@@ -198,6 +199,17 @@ def block_causal_mask(length: int, block_length: int, device: torch.device) -> t
     return block.unsqueeze(1) >= block.unsqueeze(0)
 
 
+def check_attention(model: DiffusionLM, config: GenerationConfig) -> None:
+    """Refuse, before any forward, a config `model`'s attention cannot run: the refusals the
+    block-causal store and the shadow forward make when they meet one, made while the request is
+    still being checked, so that its caller answers them as the request's own error (the server: a
+    400, not a failed run's 500). `model` may be a skeleton: only its family is read."""
+    if model.block_causal:
+        BlockCausalCache.check(config)
+    if decoder_class(config.decoder).shadow_block:
+        check_shadow_support(model)
+
+
 class BlockCausalCache(KVCacheManager):
     """Block diffusion for block-causal models (LLaDA2; docs/algorithms.md §5, §4.4).
 
@@ -222,12 +234,7 @@ class BlockCausalCache(KVCacheManager):
     MODES = tuple(mode.name for mode in cache_modes() if mode.block_causal)  # as the modes declare
 
     def __init__(self, config: GenerationConfig, canvas_length: int, device: torch.device, prefixes: PrefixStore | None = None) -> None:
-        if config.cache not in self.MODES:
-            raise EngineError(
-                f"cache '{config.cache}' does not apply to a block-causal model; use 'prefix' (exact) or 'none'"
-            )
-        if not config.align_blocks:
-            raise EngineError("a block-causal model decodes whole aligned blocks: align_blocks must stay on")
+        self.check(config)
         super().__init__(config, canvas_length)
         self.extra_forwards = 0
         self.mask = block_causal_mask(canvas_length, config.block_length, device)
@@ -240,6 +247,16 @@ class BlockCausalCache(KVCacheManager):
         self.block_start = 0
         self.prefixes = prefixes if config.cache == "prefix" else None
         self.prompt_blocks: list[int] | None = None  # the prompt's whole blocks, for `prefixes` once their K/V are stored
+
+    @classmethod
+    def check(cls, config: GenerationConfig) -> None:
+        """Refuse, in one line, a config a block-causal model cannot decode."""
+        if config.cache not in cls.MODES:
+            raise EngineError(
+                f"cache '{config.cache}' does not apply to a block-causal model; use 'prefix' (exact) or 'none'"
+            )
+        if not config.align_blocks:
+            raise EngineError("a block-causal model decodes whole aligned blocks: align_blocks must stay on")
 
     def plan(self, iteration: int, block_index: int, start: int, end: int) -> ForwardPlan:
         if self.mode != "prefix":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .cache import check_attention
 from .config import GenerationConfig
 from .constraints import CanvasConstraint, Compiler, spec_of
 from .errors import EngineError
@@ -32,6 +33,7 @@ def check_fitted(
     """`fit_request`'s checks of the prompt on a config `fit` already gave for `model` (the CLI
     fits on the model's skeleton before loading it): not validated again."""
     check_canvas(model, prompts, fitted, max_tokens)
+    check_attention(model, fitted)
     if vocabulary is not None and spec_of(fitted) is not None:
         longest = max(len(p) for p in prompts)
         CanvasConstraint.build([spec_of(fitted)], vocabulary, [longest], longest + fitted.gen_length)

@@ -1,15 +1,27 @@
 """Compiled automata kept on disk (engine/constraints/stored.py, docs/constraints.md §2): a process
 that meets a regex another one compiled over the same vocabulary reads it instead of building it;
-the file is the automaton its name asks for or it is removed and rebuilt; the folder stays within
-its bound; a folder that cannot be written, or DINFER_VIZ_CACHE=off, only leaves the engine building.
+the file is the automaton its name asks for (its key, its digest, its shapes) or, being the store's,
+it is removed and rebuilt; the store uses only a folder of its own and removes only files it wrote;
+the folder stays within its bound; a folder that cannot be written, or DINFER_VIZ_CACHE=off, only
+leaves the engine building.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+from collections import OrderedDict
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
-from engine.constraints import TokenVocabulary, bounded, spec, stored
+from engine import Engine, GenerationConfig
+from engine.constraints import TokenVocabulary, bounded, spec, stored, vocabulary
+from engine.constraints.automaton import TokenAutomaton
 from engine.constraints.vocabulary import token_bytes
 from tinymodel.tokenizer import hf_tokenizer, special_ids
 
@@ -79,28 +91,54 @@ def test_another_vocabulary_builds_its_own(cache, monkeypatch):
     assert other.states > 0
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong shape", "state out of range"])
-def test_a_damaged_file_is_removed_and_the_automaton_built_again(cache, monkeypatch, damage):
-    from safetensors.numpy import load_file, save_file
+def rewrite(path, arrays: dict[str, np.ndarray]) -> None:
+    """`arrays` at `path` under the header the store wrote there (its key) and their own digest:
+    a file only the automaton checks can refuse."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(path, "np") as kept:
+        metadata = kept.metadata()
+    save_file(arrays, path, metadata={**metadata, "sha256": stored.content_digest(arrays)})
+
+
+@pytest.mark.parametrize("damage", ["wrong shape", "state out of range"])
+def test_arrays_that_are_no_automaton_of_this_vocabulary_are_removed_and_built_again(cache, monkeypatch, damage):
+    from safetensors.numpy import load_file
 
     built = fresh_vocabulary().automaton(PAIR)
     (path,) = [p for p in cache.glob("*.safetensors") if "class_of" in load_file(p)]
     arrays = load_file(path)
-    if damage == "garbage":
-        path.write_bytes(b"\x00" * 64)
-    elif damage == "truncated":
-        path.write_bytes(path.read_bytes()[:100])
-    elif damage == "wrong shape":
-        save_file({**arrays, "class_of": arrays["class_of"][:-1]}, path)
+    if damage == "wrong shape":
+        rewrite(path, {**arrays, "class_of": arrays["class_of"][:-1]})
     else:
         table = arrays["table"].copy()
         table[0, 0] = table.shape[1]
-        save_file({**arrays, "table": table}, path)
+        rewrite(path, {**arrays, "table": table})
     seen = builds(monkeypatch)
     again = fresh_vocabulary().automaton(PAIR)
     assert [what.startswith("the constraint") for what in seen] == [True]
     assert same(again, built)
     assert stored.load(fresh_vocabulary().digest, PAIR, built.class_of.shape[0]) is not None  # written anew
+
+
+@pytest.mark.parametrize("stranger", ["garbage", "truncated", "no header of the store's"])
+def test_a_file_the_store_did_not_write_is_neither_read_nor_removed_nor_overwritten(cache, monkeypatch, stranger):
+    from safetensors.numpy import load_file, save_file
+
+    built = fresh_vocabulary().automaton(PAIR)
+    (path,) = [p for p in cache.glob("*.safetensors") if "class_of" in load_file(p)]
+    if stranger == "garbage":
+        path.write_bytes(b"\x00" * 64)
+    elif stranger == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        save_file(load_file(path), path)
+    planted = path.read_bytes()
+    seen = builds(monkeypatch)
+    assert same(fresh_vocabulary().automaton(PAIR), built)
+    assert [what.startswith("the constraint") for what in seen] == [True]
+    assert path.read_bytes() == planted
 
 
 def test_off_keeps_nothing_and_an_unwritable_folder_only_builds(tmp_path, monkeypatch):
@@ -125,6 +163,10 @@ def test_the_folder_stays_within_its_bound_the_least_recently_used_going_first(c
     size = sum(p.stat().st_size for p in cache.glob("*.safetensors"))
     monkeypatch.setattr(stored, "MAX_BYTES", int(size * 2.5))
     vocabulary.automaton("[d-f]{2}")
+    # a file written and one touched within one tick of the file system's clock share an mtime: the
+    # four kept so far are made an hour old, so the touch below alone decides which is recent
+    for path in cache.glob("*.safetensors"):
+        os.utime(path, (path.stat().st_atime, path.stat().st_mtime - 3600))
     assert stored.load(vocabulary.digest, "[a-c]{2}", first.class_of.shape[0]) is not None  # now the most recent
     vocabulary.automaton("[g-i]{2}")  # over the bound: the [d-f] pair goes
     assert sum(p.stat().st_size for p in cache.glob("*.safetensors")) <= stored.MAX_BYTES
@@ -140,3 +182,153 @@ def test_the_default_folder_follows_xdg_and_home(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert stored.folder() == tmp_path / "home" / ".cache" / "dinfer-viz" / "automata"
+
+
+# What the store reads decides an answer, and what it removes could be anyone's (issue #55 items 1
+# and 2): each test below ends in a real generation on the embedded model, whose answer must keep
+# the constraint whatever was planted, and checks the planted file was neither read nor removed
+# where it was not the store's own.
+EMBEDDED = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
+LETTERS, OTHERS = "[a-c]{3}", "[x-z]{3}"  # their automata have the same shapes over this vocabulary
+WEIGHTS = "model-weights.safetensors"
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Engine:
+    return Engine(str(EMBEDDED))
+
+
+def answer(engine: Engine, regex: str, monkeypatch) -> str:
+    """`engine`'s answer under `regex`, as a new process gives it (no automaton in memory)."""
+    monkeypatch.setattr(vocabulary, "_shared", OrderedDict())
+    monkeypatch.setattr(engine, "_vocabulary", None)
+    spec._byte_states.cache_clear()
+    torch.manual_seed(0)
+    return engine.generate("Q: 12+34=? A:", GenerationConfig(gen_length=8, block_length=8, regex=regex)).text
+
+
+def automaton_files(root: Path) -> set[Path]:
+    from safetensors.numpy import load_file
+
+    return {p for p in root.glob("*.safetensors") if p.name != WEIGHTS and "class_of" in load_file(p)}
+
+
+def kept_for(engine: Engine, regex: str, root: Path, monkeypatch) -> Path:
+    """The file the store writes for `regex`'s automaton (a first generation under it)."""
+    before = automaton_files(root)
+    assert re.fullmatch(regex, answer(engine, regex, monkeypatch))
+    (path,) = automaton_files(root) - before
+    return path
+
+
+def contents(path: Path) -> tuple[dict[str, str], dict[str, bytes]]:
+    """A kept file's header metadata and arrays (its bytes may order the metadata otherwise)."""
+    from safetensors import safe_open
+
+    with safe_open(path, "np") as kept:
+        return kept.metadata(), {name: kept.get_tensor(name).tobytes() for name in kept.keys()}
+
+
+def allow_all(vocab_size: int) -> TokenAutomaton:
+    """One state, accepting, every token leading back to it: an automaton that allows any answer."""
+    return TokenAutomaton(np.zeros(vocab_size, dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, np.ones(1, dtype=bool), np.ones((1, 1), dtype=bool))
+
+
+def allow_all_arrays(vocab_size: int) -> dict[str, np.ndarray]:
+    """allow_all as a file holds it."""
+    planted = allow_all(vocab_size)
+    return {"class_of": planted.class_of, "table": planted.table, "initial": np.array([0]), "accepting": planted.accepting, "succ": planted.succ}
+
+
+def engine_vocabulary() -> vocabulary.TokenVocabulary:
+    (shared,) = vocabulary._shared.values()
+    return shared
+
+
+@pytest.mark.parametrize("tamper", ["another constraint's file", "allow-all under its header", "a flipped byte", "allow-all, no header"])
+def test_a_tampered_file_is_never_read_and_the_answer_keeps_its_constraint(cache, embedded, monkeypatch, tamper):
+    from safetensors.numpy import load_file, save_file
+
+    path = kept_for(embedded, LETTERS, cache, monkeypatch)
+    good, written = path.read_bytes(), contents(path)
+    size = engine_vocabulary().vocab_size
+    if tamper == "another constraint's file":
+        path.write_bytes(kept_for(embedded, OTHERS, cache, monkeypatch).read_bytes())
+    elif tamper == "allow-all under its header":
+        save_file(allow_all_arrays(size), path, metadata=written[0])
+    elif tamper == "a flipped byte":  # the initial state made accepting: still a well-formed automaton
+        header = int.from_bytes(good[:8], "little")
+        start = 8 + header + json.loads(good[8:8 + header])["accepting"]["data_offsets"][0]
+        initial = int(load_file(path)["initial"][0])
+        path.write_bytes(good[:start + initial] + bytes([good[start + initial] ^ 1]) + good[start + initial + 1:])
+    else:
+        save_file(allow_all_arrays(size), path)
+    bad = path.read_bytes()
+    assert re.fullmatch(LETTERS, answer(embedded, LETTERS, monkeypatch))
+    # the store's own file is removed and written anew; one it did not write is left as it was
+    if tamper == "allow-all, no header":
+        assert path.read_bytes() == bad
+    else:
+        assert contents(path) == written
+
+
+FOREIGN = ["no marker: a folder the store did not make", "writable by others", "a symbolic link", "another user's"]
+
+
+def make_foreign(root: Path, how: str) -> Path:
+    """The store's folder at `root` made one it may not use; the folder its files are now in."""
+    if how.startswith("no marker"):
+        (root / stored.MARKER).unlink(missing_ok=True)
+    elif how == "writable by others":
+        root.chmod(0o777)
+    elif how == "a symbolic link":
+        elsewhere = root.with_name("elsewhere")
+        root.rename(elsewhere)
+        root.symlink_to(elsewhere, target_is_directory=True)
+        return elsewhere
+    else:
+        os.chown(root, 65534, -1)
+    return root
+
+
+@pytest.mark.parametrize("how", FOREIGN)
+def test_a_perfect_file_in_a_folder_not_the_stores_own_is_never_read(cache, embedded, monkeypatch, caplog, how):
+    if how == "another user's" and os.getuid() != 0:
+        pytest.skip("giving the folder to another user needs root")
+    monkeypatch.setattr(stored, "_warned", set(), raising=False)
+    path = kept_for(embedded, LETTERS, cache, monkeypatch)
+    stored.save(engine_vocabulary().digest, LETTERS, allow_all(engine_vocabulary().vocab_size))  # key, digest: all as the store writes
+    planted = make_foreign(cache, how) / path.name
+    bad = planted.read_bytes()
+    with caplog.at_level(logging.WARNING, logger=stored.__name__):
+        for _ in range(2):
+            assert re.fullmatch(LETTERS, answer(embedded, LETTERS, monkeypatch))
+    assert planted.read_bytes() == bad
+    (line,) = [r.getMessage() for r in caplog.records if r.name == stored.__name__]  # one line, once
+    assert str(cache) in line and "built in memory" in line and "\n" not in line
+
+
+@pytest.mark.parametrize("how", ["a symbolic link to the user's folder", "the user's own folder", "the store's own folder"])
+def test_eviction_removes_only_files_the_store_wrote(cache, embedded, monkeypatch, how):
+    """The issue's case: the folder holds a model's weights, and generations push the store over
+    its bound (here one byte, so every write evicts)."""
+    user = cache.with_name("models")
+    if how == "the store's own folder":
+        kept_for(embedded, OTHERS, cache, monkeypatch)
+        user = cache
+    else:
+        user.mkdir(parents=True, mode=0o700)
+        if how.startswith("a symbolic link"):
+            cache.symlink_to(user, target_is_directory=True)
+        else:
+            user.rename(cache)
+            user = cache
+    strangers = {user / WEIGHTS: b"weights" * 1000, user / ("0" * 64 + ".safetensors"): b"not the store's" * 100}
+    for path, data in strangers.items():
+        path.write_bytes(data)
+    monkeypatch.setattr(stored, "MAX_BYTES", 1)
+    for regex in (LETTERS, OTHERS, "[d-f]{2}"):
+        assert re.fullmatch(regex, answer(embedded, regex, monkeypatch))
+    assert {path: path.read_bytes() for path in strangers} == strangers
+    if how != "the store's own folder":
+        assert sorted(user.iterdir()) == sorted(strangers)  # nothing written there either

@@ -14,6 +14,8 @@ The surfaces of #43 too: constraints drawn to be expensive (regexes and JSON sch
 their deadline and memory bound or refused in one line), the Python API given values of any type
 (EngineError in one line, nothing else), traces whose string fields carry drawn markup (none of it
 live in the page's outputs) and hostile programs in the code scorer's sandbox (none gets out).
+And #55's automata store, tampered, swapped or planted in a folder not its own: no answer leaves
+its constraint and no file the store did not write is lost.
 DRAWN: the inputs one run of the lane draws (each case one input; a CLI case one or two flags).
 """
 
@@ -36,7 +38,8 @@ from .app_support import handmade_trace, random_char_model
 SEED = 33
 CASES = 40  # per interface
 CONSTRAINT_CASES, API_CASES, MARKUP_CASES, SANDBOX_CASES = 24, 40, 16, 12  # #43's surfaces: each case costs more
-DRAWN = 4 * CASES + CONSTRAINT_CASES + API_CASES + MARKUP_CASES + SANDBOX_CASES  # 252
+STORE_CASES = 16  # #55's automata store: each case builds two or three automata
+DRAWN = 4 * CASES + CONSTRAINT_CASES + API_CASES + MARKUP_CASES + SANDBOX_CASES + STORE_CASES  # 268
 
 # what a hostile client sends: past every integer type, not finite, negative, empty, not text
 HOSTILE_NUMBERS: list[Any] = [-1, 0, 10**9, 2**63, 2**70, 10**400, -(10**30), 1e308, -1e-308, 0.5, True]
@@ -336,3 +339,75 @@ def test_a_drawn_hostile_program_stays_in_the_sandbox(case, tmp_path, monkeypatc
     program = "import ctypes, os, platform, socket, threading\n" + body + "raise SystemExit(1)\n"
     status = sandbox.run(program, 30.0)
     assert status != 0 and not outside.exists(), (tries, status)
+
+
+# ---- the surfaces of #55 -------------------------------------------------------------------------
+STORE_DAMAGES = ["flipped bytes", "truncated", "another constraint's file", "a drawn automaton under its header", "a drawn automaton, no header"]
+
+
+def drawn_automaton(rng: random.Random, vocab_size: int) -> Any:
+    """A TokenAutomaton over `vocab_size` tokens with every state and class in range (so only the
+    store's key and digest can tell it from the real one), drawn."""
+    import numpy as np
+
+    from engine.constraints.automaton import TokenAutomaton
+
+    states, classes = rng.randint(1, 6), rng.randint(1, 4)
+    numbers = np.random.default_rng(rng.randrange(2**32))
+    return TokenAutomaton(
+        numbers.integers(-1, classes, vocab_size, dtype=np.int64), numbers.integers(-1, states, (classes, states), dtype=np.int64),
+        rng.randrange(states), numbers.random(states) < 0.5, numbers.random((states, states)) < 0.5,
+    )
+
+
+@pytest.mark.parametrize("case", range(STORE_CASES))
+def test_a_tampered_or_planted_automata_store_never_changes_an_answer_nor_loses_a_file(case, engine, tmp_path, monkeypatch):
+    """#55 items 1-2: the store's file for the constraint damaged, swapped or replaced by a drawn
+    automaton, or a perfect one planted in a folder that is not the store's own (drawn how), with
+    a model's weights beside it and, drawn, a bound that evicts at every write: the run uses the
+    automaton it builds itself, its answer keeps the constraint, the file is left as planted or
+    written anew (never kept damaged by the store), and the weights survive."""
+    import re
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from engine.constraints import spec, stored
+
+    from .test_constraints_stored import FOREIGN, LETTERS, OTHERS, WEIGHTS, answer, contents, engine_vocabulary, kept_for, make_foreign, same
+
+    rng = random.Random(f"{SEED}-store-{case}")
+    monkeypatch.setenv(stored.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(stored, "_warned", set(), raising=False)
+    root = tmp_path / "cache" / "automata"
+    path = kept_for(engine, LETTERS, root, monkeypatch)
+    genuine, written, size = engine_vocabulary().automaton(LETTERS), contents(path), engine_vocabulary().vocab_size
+    damage = rng.choice(STORE_DAMAGES + [how for how in FOREIGN if how != "another user's"])
+    good = path.read_bytes()
+    if damage == "flipped bytes":
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+    elif damage == "truncated":
+        path.write_bytes(good[: rng.randrange(len(good))])
+    elif damage == "another constraint's file":
+        path.write_bytes(kept_for(engine, OTHERS, root, monkeypatch).read_bytes())
+    elif damage.startswith("a drawn automaton"):
+        drawn = drawn_automaton(rng, size)
+        arrays = {"class_of": drawn.class_of, "table": drawn.table, "initial": np.array([drawn.initial]), "accepting": drawn.accepting, "succ": drawn.succ}
+        save_file(arrays, path, metadata=written[0] if damage.endswith("header") else None)
+    else:  # a drawn automaton kept by the store itself (its key, its digest), then the folder made foreign
+        stored.save(engine_vocabulary().digest, LETTERS, drawn_automaton(rng, size))
+        path = make_foreign(root, damage) / path.name
+    weights = path.parent / WEIGHTS
+    weights.write_bytes(b"weights" * rng.randint(1, 2000))
+    kept, bad = weights.read_bytes(), path.read_bytes()
+    if rng.random() < 0.5:
+        monkeypatch.setattr(stored, "MAX_BYTES", 1)
+    assert re.fullmatch(LETTERS, answer(engine, LETTERS, monkeypatch)), damage
+    assert same(engine_vocabulary().automaton(LETTERS), genuine), damage
+    assert re.fullmatch(OTHERS, answer(engine, OTHERS, monkeypatch)), damage  # a write: an eviction where the bound is drawn
+    assert weights.read_bytes() == kept, damage
+    assert not path.exists() or path.read_bytes() == bad or contents(path) == written, damage
+    spec._byte_states.cache_clear()

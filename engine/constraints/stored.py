@@ -4,12 +4,17 @@ A JSON object's automaton takes outlines-core 10-30 s to build even over the 99-
 vocabulary (its byte-level DFA for the size check, then the token-level index), and each process
 built it again: a restarted server, each of the app's and the CLI's runs, each rank-0 of a job. An
 automaton is a few numpy arrays, so the first process to build one writes it here and the others
-read it in milliseconds. A file is named by a digest of everything its automaton depends on (the
-vocabulary's tokens, stop ids and `after`, the regex, the bounds it was checked against, the
-format and outlines-core's version), so a file can only be the automaton its name asks for; each is
-checked on reading (shapes, dtypes, states in range), and one that fails is removed and rebuilt.
-Safetensors only, written to a temporary name and renamed into place, so a reader never sees half
-a file. The folder is bounded (MAX_BYTES, the least recently used go first).
+read it in milliseconds.
+
+What is read decides a request's answer, and what is removed could be anyone's file, so the store
+trusts only what it made (docs/constraints.md §2 has the rules): a folder it created (mode 0700,
+MARKER inside), owned by this user, writable by no one else, never reached through a link (any
+other is not used, with one warning line); files opened relative to that folder's descriptor;
+each file named by a SHA-256 of its key and recording the key in full, a SHA-256 of its arrays
+and WRITER, all checked on reading with the automaton's shapes; and only a file with its name
+pattern and WRITER is ever removed (one failing its checks, or the least recently used while the
+folder is over MAX_BYTES). Files are safetensors, written to a temporary name and renamed into
+place, so a reader never sees half a file.
 
 The folder: $DINFER_VIZ_CACHE/automata, else $XDG_CACHE_HOME/dinfer-viz/automata, else
 ~/.cache/dinfer-viz/automata; DINFER_VIZ_CACHE=off keeps nothing on disk. A folder that cannot be
@@ -18,13 +23,18 @@ written (read-only, full) leaves the engine building as before: this is a cache,
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import logging
 import os
-import tempfile
+import re
+import secrets
+import stat
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -33,10 +43,17 @@ from .limits import MAX_REGEX_CHARS, MAX_REPEAT, MAX_STATES, MAX_TABLE_ENTRIES
 
 CACHE_ENV = "DINFER_VIZ_CACHE"
 OFF = "off"
-FORMAT = 1  # raise when what a file holds changes meaning
+FORMAT = 2  # raise when what a file holds changes meaning (2: the key and the digest recorded)
 MAX_BYTES = 512 << 20  # the folder's bound: dozens of JSON-schema automata over a 32k-token vocabulary
 SUFFIX = ".safetensors"
+NAME = re.compile(r"[0-9a-f]{64}\.safetensors")  # the only names the store writes (or removes)
+MARKER = ".dinfer-viz-automata"  # written by the store into a folder it creates: the folder is its own
+WRITER = "dinfer-viz automata store"  # in each file's header: a file the store wrote
+HEADER_BYTES = 1 << 20  # the most read to tell whose a file is: its key holds a regex (a schema's compiled one may pass MAX_REGEX_CHARS)
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # folders already refused in this process: one line each
 
 
 def folder() -> Path | None:
@@ -60,13 +77,24 @@ def vocabulary_digest(tokens: dict[int, bytes], stop_ids: list[int], after: tupl
     return digest.hexdigest()
 
 
-def _path(vocabulary: str, regex: str) -> Path | None:
-    root = folder()
-    if root is None:
-        return None
+def key(vocabulary: str, regex: str) -> str:
+    """Everything the automaton of `regex` over the vocabulary of digest `vocabulary` depends on."""
     bounds = [MAX_REGEX_CHARS, MAX_REPEAT, MAX_STATES, MAX_TABLE_ENTRIES]
-    name = hashlib.sha256(json.dumps([FORMAT, version("outlines_core"), bounds, vocabulary, regex]).encode()).hexdigest()
-    return root / f"{name}{SUFFIX}"
+    return json.dumps([FORMAT, version("outlines_core"), bounds, vocabulary, regex])
+
+
+def file_name(vocabulary: str, regex: str) -> str:
+    """The name of the file that holds the automaton of `key(vocabulary, regex)`."""
+    return hashlib.sha256(key(vocabulary, regex).encode()).hexdigest() + SUFFIX
+
+
+def content_digest(arrays: dict[str, np.ndarray]) -> str:
+    """A SHA-256 of the arrays: each one's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(json.dumps([name, array.dtype.str, list(array.shape)]).encode() + array.tobytes())
+    return digest.hexdigest()
 
 
 def load(vocabulary: str, regex: str, vocab_size: int) -> TokenAutomaton | None:
@@ -78,7 +106,7 @@ def load(vocabulary: str, regex: str, vocab_size: int) -> TokenAutomaton | None:
         _check(kept, vocab_size)
         return kept
 
-    return _read(_path(vocabulary, regex), automaton)
+    return _read(vocabulary, regex, automaton)
 
 
 def save(vocabulary: str, regex: str, automaton: TokenAutomaton) -> None:
@@ -86,7 +114,7 @@ def save(vocabulary: str, regex: str, automaton: TokenAutomaton) -> None:
     that cannot take it is left as it is."""
     arrays = {"class_of": automaton.class_of, "table": automaton.table, "initial": np.array([automaton.initial], dtype=np.int64),
               "accepting": automaton.accepting, "succ": automaton.succ}
-    _write(_path(vocabulary, regex), arrays, regex)
+    _write(vocabulary, regex, arrays)
 
 
 # check_regex's size check builds the regex's byte-level DFA (half of a JSON object's build): its
@@ -103,49 +131,190 @@ def load_byte_states(regex: str) -> int | None:
             raise ValueError("a state count outside the bound")
         return count
 
-    return _read(_path(BYTE_LEVEL, regex), states)
+    return _read(BYTE_LEVEL, regex, states)
 
 
 def save_byte_states(regex: str, states: int) -> None:
     """Keep the state count of `regex`'s byte-level DFA."""
-    _write(_path(BYTE_LEVEL, regex), {"states": np.array([states], dtype=np.int64)}, regex)
+    _write(BYTE_LEVEL, regex, {"states": np.array([states], dtype=np.int64)})
 
 
-def _read(path: Path | None, interpret: Callable[[dict[str, np.ndarray]], T]) -> T | None:
-    """`interpret` of the arrays at `path`; None when there is no such file, or it fails (then removed)."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    if path is None or not path.is_file():
-        return None
-    try:
-        value = interpret(load_file(path))
-        os.utime(path)  # recently used: the last to go when the folder is over its bound
-        return value
-    except (OSError, KeyError, IndexError, TypeError, ValueError, SafetensorError):
-        path.unlink(missing_ok=True)
-        return None
-
-
-def _write(path: Path | None, arrays: dict[str, np.ndarray], regex: str) -> None:
-    """`arrays` at `path`, whole or not at all (a temporary name renamed into place)."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import save_file
-
-    if path is None:
+@contextlib.contextmanager
+def _folder() -> Iterator[int | None]:
+    """A descriptor of the store's own folder (created if absent), closed after use; None when
+    nothing is kept: DINFER_VIZ_CACHE=off, a folder that cannot be made, or one that is not the
+    store's own (module docstring; warned once)."""
+    root = folder()
+    if root is None:
+        yield None
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".part")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(root):
+            _create(root)
+        descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(root):
+            _refuse(root, "is a symbolic link")
+        yield None
+        return
+    try:
+        problem = _foreign(descriptor)
+        if problem:
+            _refuse(root, problem)
+        yield None if problem else descriptor
+    finally:
+        os.close(descriptor)
+
+
+def _create(root: Path) -> None:
+    """The store's folder at `root`, whole (mode 0700, MARKER inside) or not at all: made under a
+    temporary name and renamed into place, so another process never sees it without its marker. A
+    process that made it first wins; this one's is removed."""
+    made = root.with_name(f".{root.name}-{secrets.token_hex(8)}.new")
+    os.mkdir(made, 0o700)
+    try:
+        os.chmod(made, 0o700)  # the umask may only take bits away; this states them whole
+        marker = os.open(made / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(marker, "w") as out:
+            out.write("made by dinfer-viz's automata store (engine/constraints/stored.py): its files are removed when over its bound\n")
+        os.rename(made, root)
+    except OSError:
+        (made / MARKER).unlink(missing_ok=True)
+        made.rmdir()
+        if not os.path.lexists(root):  # not another process's folder: this one could not be made
+            raise
+
+
+def _foreign(descriptor: int) -> str | None:
+    """Why the folder open at `descriptor` is not the store's own; None when it is."""
+    info = os.fstat(descriptor)
+    if info.st_uid != os.getuid():
+        return "is not owned by this user"
+    if info.st_mode & 0o022:
+        return "is writable by group or others"
+    try:
+        marker = os.stat(MARKER, dir_fd=descriptor, follow_symlinks=False)
+    except OSError:
+        return f"was not made by dinfer-viz (it has no {MARKER})"
+    if not stat.S_ISREG(marker.st_mode) or marker.st_uid != os.getuid():
+        return f"was not made by dinfer-viz (its {MARKER} is not this user's file)"
+    return None
+
+
+def _refuse(root: Path, problem: str) -> None:
+    """One warning line per folder and process: nothing is kept there."""
+    if str(root) not in _warned:
+        _warned.add(str(root))
+        log.warning("the automata cache folder %r %s: automata are built in memory, none kept or read there "
+                    "(remove it, or set %s, for dinfer-viz to make a folder of its own)", str(root), problem, CACHE_ENV)
+
+
+def _open_file(descriptor: int, name: str) -> int | None:
+    """A read descriptor of the regular file `name` in the folder, never through a link (and never
+    waiting on a FIFO); None when there is no such file."""
+    try:
+        handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=descriptor)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
         os.close(handle)
+        return None
+    return handle
+
+
+def _metadata(header: bytes) -> dict[str, str] | None:
+    """The metadata of a safetensors file whose first bytes are `header`, if the store wrote it."""
+    if len(header) < 8:
+        return None
+    size = int.from_bytes(header[:8], "little")
+    if size > min(HEADER_BYTES, len(header) - 8):
+        return None
+    try:
+        metadata = json.loads(header[8:8 + size]).get("__metadata__")
+    except (ValueError, AttributeError):
+        return None
+    return metadata if isinstance(metadata, dict) and metadata.get("writer") == WRITER else None
+
+
+def _own_header(descriptor: int, name: str) -> dict[str, str] | None:
+    """The metadata of `name` in the folder when it is a file the store wrote; None otherwise."""
+    if not NAME.fullmatch(name):
+        return None
+    handle = _open_file(descriptor, name)
+    if handle is None:
+        return None
+    with os.fdopen(handle, "rb") as data:
+        size = data.read(8)
+        return _metadata(size + data.read(min(int.from_bytes(size.ljust(8, b"\0"), "little"), HEADER_BYTES)))
+
+
+def _read(vocabulary: str, regex: str, interpret: Callable[[dict[str, np.ndarray]], T]) -> T | None:
+    """`interpret` of the arrays kept for `regex` over `vocabulary`; None when there are none, or
+    they fail a check (the file then removed: it is the store's own), or the file there is not the
+    store's (left alone)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as from_bytes
+
+    with _folder() as descriptor:
+        if descriptor is None:
+            return None
+        name = file_name(vocabulary, regex)
+        handle = _open_file(descriptor, name)
+        if handle is None:
+            return None
         try:
-            save_file(arrays, temporary, metadata={"regex": regex[:200]})
-            os.replace(temporary, path)
-        finally:
-            Path(temporary).unlink(missing_ok=True)
-        _bound(path.parent)
-    except (OSError, SafetensorError):
-        return
+            with os.fdopen(handle, "rb") as opened:
+                data = opened.read(MAX_BYTES + 1)
+        except OSError:
+            return None
+        metadata = _metadata(data)
+        if metadata is None or len(data) > MAX_BYTES:
+            return None
+        try:
+            arrays = from_bytes(data)
+            if metadata.get("key") != key(vocabulary, regex):
+                raise ValueError("kept for another key")
+            if metadata.get("sha256") != content_digest(arrays):
+                raise ValueError("its arrays are not the ones written")
+            value = interpret(arrays)
+        except (KeyError, IndexError, TypeError, ValueError, SafetensorError):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=descriptor)
+            return None
+        with contextlib.suppress(OSError):  # recently used: the last to go when the folder is over its bound
+            os.utime(name, dir_fd=descriptor, follow_symlinks=False)
+        return value
+
+
+def _write(vocabulary: str, regex: str, arrays: dict[str, np.ndarray]) -> None:
+    """`arrays` kept for `regex` over `vocabulary`, whole or not at all (a temporary name renamed
+    into place), unless a file the store did not write has that name."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save as to_bytes
+
+    with _folder() as descriptor:
+        if descriptor is None:
+            return
+        name = file_name(vocabulary, regex)
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(name, dir_fd=descriptor, follow_symlinks=False)
+            if _own_header(descriptor, name) is None:
+                return
+        temporary = f".{secrets.token_hex(8)}.part"
+        try:
+            data = to_bytes(arrays, metadata={"writer": WRITER, "key": key(vocabulary, regex), "sha256": content_digest(arrays)})
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=descriptor)
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    out.write(data)
+                os.replace(temporary, name, src_dir_fd=descriptor, dst_dir_fd=descriptor)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary, dir_fd=descriptor)
+            _bound(descriptor)
+        except (OSError, SafetensorError):
+            return
 
 
 def _check(automaton: TokenAutomaton, vocab_size: int) -> None:
@@ -164,18 +333,22 @@ def _check(automaton: TokenAutomaton, vocab_size: int) -> None:
         raise ValueError("not an automaton of this vocabulary")
 
 
-def _bound(root: Path) -> None:
-    """Remove the least recently used files until the folder holds at most MAX_BYTES."""
+def _bound(descriptor: int) -> None:
+    """Remove the store's least recently used files until they hold at most MAX_BYTES; no other
+    file in the folder is counted or touched."""
     files = []
-    for entry in root.glob(f"*{SUFFIX}"):
+    for name in os.listdir(descriptor):
+        if _own_header(descriptor, name) is None:
+            continue
         try:
-            stat = entry.stat()
+            info = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
         except OSError:  # removed by another process meanwhile
             continue
-        files.append((stat.st_mtime, stat.st_size, entry))
+        files.append((info.st_mtime, info.st_size, name))
     total = sum(size for _, size, _ in files)
-    for _, size, entry in sorted(files):
+    for _, size, name in sorted(files):
         if total <= MAX_BYTES:
             break
-        entry.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=descriptor)
         total -= size
