@@ -9,9 +9,11 @@ at the first end-of-text id, at `max_tokens` tokens, before a stop string (the t
 still become one is held back) and before an incomplete character.
 
 A stream that asks for it (`provisional: true`) also gets the draft after the final text
-(`RowText.provisional`): the committed tokens that are not final yet, and the model's current
-best guess (the record's top-1) at the open positions of the block it works on, up to the first
-position it has no guess for; text that may still change, which a client draws and replaces.
+(`RowText.provisional`): what the run holds or predicts at each position after its last record,
+as the kind's own rules say (engine/step_state.py `StepState.current`: committed tokens not final
+yet and the top-1 at the block's open positions for masked diffusion, the current draft of a
+speculative step, a uniform-state canvas's argmax draft), up to the first position it has no
+guess for; text that may still change, which a client draws and replaces.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from ..step_state import step_state
 from ..trace import IterationRecord, Trace, record_writes
 
 INCOMPLETE = "\ufffd"  # what decode writes for a character whose bytes have not all arrived
@@ -44,7 +47,7 @@ class RowText:
         self.mask_id, self.stop_ids, self.kind = header.mask_id, set(header.eos_ids), header.kind
         self.decode, self.max_tokens, self.stops = decode, max_tokens, stops
         self.sent = ""
-        self.guess: dict[int, int] = {}  # the last record's top-1 at its block's open positions
+        self.held: list[int | None] = []  # per position, what the run held or predicted after its last record
 
     def _answer(self, ids: list[int]) -> tuple[list[int], bool]:
         """The answer's ids up to the first end-of-text and at most max_tokens; whether it ended."""
@@ -57,9 +60,7 @@ class RowText:
         """The text this record made final, beyond what was sent."""
         for p, token in record_writes(rec, 0, self.kind):
             self.canvas[p] = token
-        s, e = rec.block_range
-        top1 = rec.top1[0] if rec.top1 else []
-        self.guess = {p: t for p, t in zip(range(s, e), top1) if self.canvas[p] == self.mask_id} if len(top1) == e - s else {}
+        self.held = step_state(self.kind).current(rec, 0, self.canvas, self.mask_id)
         committed = []
         for token in self.canvas[self.start : rec.final_until[0]]:
             if token == self.mask_id:
@@ -77,9 +78,8 @@ class RowText:
         up to the first position without either, cut as the final text is (end of text, max_tokens,
         stop strings); "" when the draft does not extend what was sent."""
         draft = []
-        for p in range(self.start, len(self.canvas)):
-            token = self.guess.get(p, self.canvas[p])
-            if token == self.mask_id:
+        for token in self.held[self.start :]:
+            if token is None or token == self.mask_id:
                 break
             draft.append(token)
         ids, _ = self._answer(draft)
