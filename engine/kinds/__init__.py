@@ -6,7 +6,7 @@ SGLang's `algorithm/__init__.py` imports its algorithm files, so nothing else is
 import importlib
 import pkgutil
 
-from .base import KINDS, DiffusionKind, KindSettings, ModelTraits, check_system_options, decoder_kind, fit, ignored_settings, kind_decoders, kind_named, kind_reads, register_kind, run_kind
+from .base import KINDS, DiffusionKind, KindSettings, ModelTraits, check_system_options, decoder_kind, fit, ignored_settings, kind_decoders, kind_named, kind_options, kind_reads, kinds_described, register_kind, run_kind
 
 # masked first: the kinds' order is the order the page and the CLI's help list them in
 for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: (m.name != "masked", m.name)):
@@ -15,5 +15,5 @@ for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: (m.name != "
 
 __all__ = [
     "KINDS", "DiffusionKind", "KindSettings", "ModelTraits", "check_system_options", "decoder_kind", "fit", "ignored_settings", "kind_decoders", "kind_named",
-    "kind_reads", "register_kind", "run_kind",
+    "kind_options", "kind_reads", "kinds_described", "register_kind", "run_kind",
 ]
