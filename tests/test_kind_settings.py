@@ -67,8 +67,21 @@ def test_a_kind_without_a_decoder_refuses_one_on_the_cli_and_the_server(decoderl
     assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] >= 0
 
 
-def test_the_page_hides_the_decoder_for_a_kind_without_one_and_shows_each_kinds_options_with_it(decoderless_kind):
-    from dinfer_viz.settings import all_controls, build_config, visible_fields, without_hidden
+def test_the_page_hides_the_decoder_for_a_kind_without_one_and_shows_each_kinds_options_with_it(decoderless_kind, monkeypatch, tmp_path):
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.settings import all_controls, build_config, sections, visible_fields, without_hidden
+    from dinfer_viz.ui import Handlers
+    from dinfer_viz.views.base import VIEWS
+    from dinfer_viz.views.masked import MaskedView
+
+    class FillView(MaskedView):
+        kind = "fill"
+
+    monkeypatch.setitem(VIEWS, "fill", FillView())  # the page's explanation is its kind's view's
+    handlers = Handlers(EngineHost(ModelSpec(str(tmp_path / "never-loaded"))))
+    for kind, hidden in (("fill", ["Decoder"]), ("speculative", []), ("", [])):
+        updates = handlers.structure("wino", "none", False, False, kind)[len(all_controls()) + 2:]
+        assert [title for (title, _), update in zip(sections(), updates, strict=True) if not update["visible"]] == hidden
 
     controls = {c.field: c for c in all_controls()}
     fill = visible_fields("wino", "none", False, False, "fill")
