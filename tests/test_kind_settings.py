@@ -145,6 +145,9 @@ def test_the_old_names_of_the_speculative_kinds_settings_still_work_everywhere()
     parsed = parse_request({"prompt": "abc", "kind": "speculative", "verify": "auto", "verify_threshold": 0.5}, False, limits)
     assert parsed.config.kind_options == {"verify": "auto", "verify_threshold": 0.5}
     assert parse_request({"prompt": "abc", "kind_options": {"verify": "auto"}}, False, limits).config.kind_options == {"verify": "auto"}
+    from benchmarks.presets import parse_configs  # benchmarks/RESULTS.md's --configs
+
+    assert parse_configs("spec_auto=kind:speculative,verify:auto,verify_threshold:0.9", GenerationConfig())[0].config.kind_options == {"verify": "auto", "verify_threshold": 0.9}
 
 
 def test_the_cli_help_lists_the_discovered_kinds_with_their_summaries(decoderless_kind, capsys):

@@ -178,9 +178,11 @@ def fit(config: GenerationConfig, model: Any, *, carry_over: bool = False) -> Ge
     (`run_kind`: the request's, else the model's own).
 
     The engine's default decoder becomes the kind's own; the kind's canvas rule applies (a
-    uniform-state checkpoint denoises canvases of the length it was trained with). Strict (the
-    default: the CLI, the API, the server): a decoder of another kind, or a setting the kind does
-    not read set away from its default, is refused in one line naming it. `carry_over` (a page
+    uniform-state checkpoint denoises canvases of the length it was trained with); the kind's own
+    options are checked as declared (`_fit_kind_options`). Strict (the default: the CLI, the API,
+    the server): a decoder of another kind (any decoder, for a kind that takes none), another
+    kind's option, or a setting the kind does not read set away from its default, is refused in one
+    line naming it. `carry_over` (a page
     whose settings were chosen for another model, as Compare's two sides or a lesson step): those
     go back to their defaults instead, and any decoder of another kind becomes the kind's own
     (keeping the options both declare). A kind the request names is never carried over: the model
