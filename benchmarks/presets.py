@@ -27,6 +27,7 @@ from typing import Any
 
 from engine.config import GenerationConfig
 from engine.errors import EngineError
+from engine.kinds import kind_options
 from engine.registry import decoder_options
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -57,9 +58,10 @@ class NamedConfig:
 
 def parse_value(key: str, text: str) -> Any:
     """`text` as the type GenerationConfig declares for `key` (`none` for an optional field), or a
-    decoder's option declares (`remasking`, `low_threshold`, `remdm_eta`: engine/decoders/)."""
+    decoder's option declares (`remasking`, `low_threshold`, `remdm_eta`: engine/decoders/), or
+    a kind's (`verify`, `verify_threshold`: engine/kinds/speculative.py)."""
     hints = typing.get_type_hints(GenerationConfig)
-    declared = decoder_options()
+    declared = {**decoder_options(), **kind_options()}
     if key not in hints and key not in declared:
         raise EngineError(f"unknown generation setting '{key}'")
     kind = hints[key] if key in hints else type(declared[key][1].default)
@@ -124,8 +126,10 @@ def parse_configs(spec: str, base: GenerationConfig) -> list[NamedConfig]:
 
 
 def _apply(base: GenerationConfig, settings: dict[str, Any]) -> GenerationConfig:
-    """`base` with `settings`, a decoder's option (a name no config field has) inside `decoder_options`."""
+    """`base` with `settings`, a kind's option inside `kind_options` and a decoder's (any other name
+    no config field has) inside `decoder_options`."""
     fields = {k: v for k, v in settings.items() if k in GenerationConfig.__dataclass_fields__}
-    options = {k: v for k, v in settings.items() if k not in fields}
-    return base.replace(**fields, decoder_options={**base.decoder_options, **options}) if options else base.replace(**fields)
+    kinds = {k: v for k, v in settings.items() if k not in fields and k in kind_options()}
+    options = {k: v for k, v in settings.items() if k not in fields and k not in kinds}
+    return base.replace(**fields, decoder_options={**base.decoder_options, **options}, kind_options={**base.kind_options, **kinds})
 

@@ -23,12 +23,12 @@ from typing import Any, Callable, Sequence
 
 from engine import Decoder, EngineError, GenerationConfig
 from engine.constraints import CONSTRAINT_FIELDS, spec_of
-from engine.config import MOVED_SETTINGS, setting_choices, setting_help
+from engine.config import MOVED_KIND_SETTINGS, MOVED_SETTINGS, setting_choices, setting_help
 from engine.decoders.filling import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
 from engine.decoders.factor import FactorDecoder
-from engine.kinds import KINDS
+from engine.kinds import KINDS, kind_options, kinds_described
 from engine.settings_read import settings_read, switch_settings
-from engine.registry import OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
+from engine.registry import KIND_OPTION_PREFIX, OPTION_SETTING_PREFIX, DecoderOption, decoder_class, decoder_options, is_builtin
 from engine.decoders.revising import apply_preset
 
 from engine.cli import checked_device
@@ -67,14 +67,14 @@ def _o(decoder: type[Decoder], name: str, label: str, kind: str, **kw: Any) -> C
     return Control(OPTION_SETTING_PREFIX + name, label, kind, option.help, **kw)
 
 
+KIND_SECTION = "Diffusion kind"
 SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     (
-        "Diffusion kind",
+        KIND_SECTION,
         (
-            # empty: the model's own kind (engine/kinds/: the kinds registered, discovered from their files)
-            _c("kind", "kind (empty: the model's own)", "choice", choices=lambda: list(KINDS)),
-            _c("verify", "verify", "choice"),
-            _c("verify_threshold", "verify threshold τ_v (auto)", "slider", minimum=0.0, maximum=1.0, step=0.01),
+            # empty: the model's own kind (engine/kinds/: the kinds discovered from their files, each
+            # with its summary); each kind's own options join this section (`sections`)
+            Control("kind", "kind (empty: the model's own)", "choice", f"{setting_help('kind')}. {kinds_described()}", choices=lambda: list(KINDS)),
         ),
     ),
     (
@@ -164,20 +164,25 @@ OPTION_PREFIX = OPTION_SETTING_PREFIX
 PLUGIN_SECTION = "Plug-in decoder settings"
 
 
-def _option_control(name: str, decoder: str, option: DecoderOption) -> Control:
+def _option_control(prefix: str, name: str, owner: str, option: DecoderOption) -> Control:
+    """The control of a declared option (a decoder's, `prefix` OPTION_PREFIX, or a kind's,
+    KIND_OPTION_PREFIX): a number with both bounds declared is a slider over them."""
     kind = {bool: "bool", int: "int", float: "float"}.get(type(option.default), "choice" if option.choices else "text")
     choices = (lambda: option.choices) if option.choices else None
-    return Control(OPTION_PREFIX + name, f"{name.replace('_', ' ')} ({decoder})", kind, option.help, choices=choices)
+    if kind == "float" and option.least is not None and option.most is not None:
+        return Control(prefix + name, f"{name.replace('_', ' ')} ({owner})", "slider", option.help, minimum=option.least, maximum=option.most, step=(option.most - option.least) / 100)
+    return Control(prefix + name, f"{name.replace('_', ' ')} ({owner})", kind, option.help, choices=choices)
 
 
 def _option(field: str) -> DecoderOption | None:
-    """The declaration behind a plug-in option's control, None for a GenerationConfig field."""
-    if not field.startswith(OPTION_PREFIX):
-        return None
-    found = decoder_options().get(field[len(OPTION_PREFIX):])
-    if found is None:
-        raise EngineError(f"unknown decoder setting: {field[len(OPTION_PREFIX):]}")
-    return found[1]
+    """The declaration behind a decoder's or a kind's option's control, None for a GenerationConfig field."""
+    for prefix, declared, what in ((OPTION_PREFIX, decoder_options, "decoder"), (KIND_OPTION_PREFIX, kind_options, "kind")):
+        if field.startswith(prefix):
+            found = declared().get(field[len(prefix):])
+            if found is None:
+                raise EngineError(f"unknown {what} setting: {field[len(prefix):]}")
+            return found[1]
+    return None
 
 
 def sweep_setting(decoder: str) -> str:
@@ -209,10 +214,10 @@ def preset_controls(decoder: str, preset: str) -> dict[str, Any]:
 
 
 def numeric_fields() -> list[str]:
-    """Settings a sweep can vary: the numeric ones, decoders' own options included
-    (`decoder_options.edit_threshold`)."""
+    """Settings a sweep can vary: the numeric ones, decoders' and kinds' own options included
+    (`decoder_options.edit_threshold`, `kind_options.verify_threshold`)."""
     hints = _hints()
-    options = [OPTION_PREFIX + name for name, (_, option) in decoder_options().items() if type(option.default) in (int, float)]
+    options = [prefix + name for prefix, declared in ((KIND_OPTION_PREFIX, kind_options()), (OPTION_PREFIX, decoder_options())) for name, (_, option) in declared.items() if type(option.default) in (int, float)]
     return [f.name for f in dataclasses.fields(GenerationConfig) if _base_type(hints[f.name]) in (int, float)] + options
 
 
@@ -253,10 +258,13 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
     declared = decoder_options()
     known = {f.name for f in dataclasses.fields(GenerationConfig)} | set(PAGE_FIELDS) | {OPTION_PREFIX + name for name in declared}
     out = [(title, tuple(c for c in ctrls if c.field in known)) for title, ctrls in SECTIONS]
+    # each kind's own options with the kind (shown for the kind that declares them)
+    kinds = tuple(_option_control(KIND_OPTION_PREFIX, name, kind, option) for name, (kind, option) in kind_options().items())
+    out = [(title, ctrls + kinds if title == KIND_SECTION else ctrls) for title, ctrls in out]
     covered = {f for _, ctrls in out for c in ctrls for f in config_fields(c)}
     other = []
     for f in dataclasses.fields(GenerationConfig):
-        if f.name in covered or f.name == "decoder_options":  # options: one control each, below
+        if f.name in covered or f.name in ("decoder_options", "kind_options"):  # options: one control each
             continue
         base = _base_type(hints[f.name])
         kind = {bool: "bool", int: "int", float: "float"}.get(base, "text")
@@ -267,7 +275,7 @@ def sections() -> list[tuple[str, tuple[Control, ...]]]:
     # a built-in decoder's own options sit with the decoder (shown when it is chosen); the
     # plug-ins' in a section of their own
     made = {c.field for _, ctrls in out for c in ctrls}
-    options = [(is_builtin(decoder), _option_control(name, decoder, option)) for name, (decoder, option) in declared.items() if OPTION_PREFIX + name not in made]
+    options = [(is_builtin(decoder), _option_control(OPTION_PREFIX, name, decoder, option)) for name, (decoder, option) in declared.items() if OPTION_PREFIX + name not in made]
     out = [(title, ctrls + tuple(c for builtin, c in options if builtin) if title == "Decoder" else ctrls) for title, ctrls in out]
     plugins = tuple(c for builtin, c in options if not builtin)
     if plugins:
@@ -280,7 +288,7 @@ def all_controls() -> list[Control]:
 
 
 def config_fields(control: Control) -> set[str]:
-    """The GenerationConfig fields a control sets (a decoder option's: `decoder_options`)."""
+    """The GenerationConfig fields a control sets (a decoder's option's: `decoder_options`; a kind's: `kind_options`)."""
     return set(CONSTRAINT_FIELDS) if control.field in PAGE_FIELDS else {control.field.split(".", 1)[0]}
 
 
@@ -295,7 +303,8 @@ def control_value(control: Control, config: GenerationConfig) -> Any:
         return {"regex": lambda v: v, "json_schema": lambda v: json.dumps(v, indent=1), "choice": "\n".join}[spec.kind](spec.value)
     option = _option(control.field)
     if option is not None:
-        return config.decoder_options.get(control.field[len(OPTION_PREFIX):], option.default)
+        field, name = control.field.split(".", 1)
+        return getattr(config, field).get(name, option.default)
     value = getattr(config, control.field)
     return 0 if value is None and control.none_as_zero else value
 
@@ -346,19 +355,23 @@ def build_config(config: dict[str, Any] | None, validate: bool = True) -> Genera
         raise EngineError(f"settings 'config' must be an object, got {type(config).__name__}")
     config = constraint_setting(config)
     known = {f.name for f in dataclasses.fields(GenerationConfig)}
-    unknown = sorted(k for k in set(config) - known - set(MOVED_SETTINGS) if not k.startswith(OPTION_PREFIX))
+    unknown = sorted(k for k in set(config) - known - set(MOVED_SETTINGS) - set(MOVED_KIND_SETTINGS) if not k.startswith((OPTION_PREFIX, KIND_OPTION_PREFIX)))
     if unknown:
         raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
-    typed = {k: coerce(k, v) for k, v in config.items() if k in known and k != "decoder_options"}
-    # a settings JSON of before the move names a decoder's option as a field: the engine lifts it
-    typed |= {k: v for k, v in config.items() if k in MOVED_SETTINGS}
-    options = config.get("decoder_options") or {}
-    if not isinstance(options, dict):
-        raise EngineError(f"decoder_options must be an object, got {type(options).__name__}")
-    # The page sends every plug-in's controls; the run keeps those its decoder declares.
+    typed = {k: coerce(k, v) for k, v in config.items() if k in known and k not in ("decoder_options", "kind_options")}
+    # a settings JSON of before the move names a decoder's or a kind's option as a field: the engine lifts it
+    typed |= {k: v for k, v in config.items() if k in MOVED_SETTINGS or k in MOVED_KIND_SETTINGS}
+    options, kinds = config.get("decoder_options") or {}, config.get("kind_options") or {}
+    for name, given in (("decoder_options", options), ("kind_options", kinds)):
+        if not isinstance(given, dict):
+            raise EngineError(f"{name} must be an object, got {type(given).__name__}")
+    # The page sends every plug-in's and every kind's controls; the run keeps those its decoder and
+    # its kind declare (all the kinds' for the model's own kind: fit keeps that kind's).
     mine = decoder_fields(str(typed.get("decoder", GenerationConfig.decoder)))
     options = {**options, **{k[len(OPTION_PREFIX):]: coerce(k, v) for k, v in config.items() if k.startswith(OPTION_PREFIX) and k in mine}}
-    return GenerationConfig.from_dict({**typed, "decoder_options": options}, validate)
+    kind = KINDS.get(str(typed.get("kind")))
+    kinds = {**kinds, **{k[len(KIND_OPTION_PREFIX):]: coerce(k, v) for k, v in config.items() if k.startswith(KIND_OPTION_PREFIX) and (kind is None or k[len(KIND_OPTION_PREFIX):] in kind.settings.options)}}
+    return GenerationConfig.from_dict({**typed, "decoder_options": options, "kind_options": kinds}, validate)
 
 
 def constraint_setting(config: dict[str, Any]) -> dict[str, Any]:
@@ -426,13 +439,15 @@ def without_hidden(config: GenerationConfig) -> GenerationConfig:
     """`config` with every setting whose control the page hides for its decoder, cache mode and
     features (`visible_fields`) back at the engine's default: a hidden control's value never
     reaches the engine (measure staleness ticked under cache dual, then cache none chosen: every
-    later run would otherwise still probe staleness and draw its heatmaps). The decoder's own
-    options it does not declare go too."""
+    later run would otherwise still probe staleness and draw its heatmaps). The decoder's and the
+    kind's own options whose controls are hidden go too."""
     shown = visible_fields(config.decoder, config.cache, config.smoothing, config.unroll, config.kind)
     defaults = GenerationConfig()
     reset = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(GenerationConfig) if f.name in _controlled() and f.name not in shown}
     options = {k: v for k, v in config.decoder_options.items() if OPTION_PREFIX + k in shown or OPTION_PREFIX + k not in _controlled()}
-    return dataclasses.replace(config, **reset, decoder_options=options) if reset or options != config.decoder_options else config
+    kinds = {k: v for k, v in config.kind_options.items() if KIND_OPTION_PREFIX + k in shown or KIND_OPTION_PREFIX + k not in _controlled()}
+    changed = reset or options != config.decoder_options or kinds != config.kind_options
+    return dataclasses.replace(config, **reset, decoder_options=options, kind_options=kinds) if changed else config
 
 
 def _controlled() -> set[str]:
@@ -442,7 +457,8 @@ def _controlled() -> set[str]:
 def visible_fields(decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None = None) -> set[str]:
     """The fields whose controls matter for this combination (the others are hidden): the settings
     a run of it reads, as the engine says (engine/settings_read.py), and the switches that choose
-    them (kind, decoder, cache, smoothing, unroll) always. An unknown decoder shows every decoder's."""
+    them (kind, decoder, cache, smoothing, unroll) always, but the decoder for a kind that takes
+    none. An unknown decoder shows every decoder's."""
     read = settings_read(GenerationConfig(kind=kind, decoder=decoder, cache=cache, smoothing=smoothing, unroll=unroll))
-    shown = read | set(switch_settings())
+    shown = read | (set(switch_settings()) - ({"decoder"} - read))
     return {c.field for c in all_controls() if (config_fields(c) if c.field in PAGE_FIELDS else {c.field}) <= shown}

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 from engine import Engine, EngineError, GenerationConfig, GenerationOutput, RunHooks, Trace
 from engine.analysis import RunFigures, aggregate_runs, run_figures
 from engine.constraints import spec_of
+from engine.registry import KIND_OPTION_PREFIX
 from tinymodel.aup import aup_by_curve
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
@@ -205,10 +206,11 @@ def parse_values(text: str) -> list[float]:
 
 def sweep_configs(config: GenerationConfig, parameter: str, values: list[float]) -> list[GenerationConfig]:
     """One validated config per value (a bad value fails the sweep before anything runs); a
-    decoder's own option (`decoder_options.edit_threshold`) is set inside `decoder_options`."""
-    if parameter.startswith(OPTION_PREFIX):
-        name = parameter[len(OPTION_PREFIX):]
-        return [config.replace(decoder_options={**config.decoder_options, name: coerce(parameter, v)}) for v in values]
+    decoder's or a kind's own option (`decoder_options.edit_threshold`,
+    `kind_options.verify_threshold`) is set inside `decoder_options` or `kind_options`."""
+    if parameter.startswith((OPTION_PREFIX, KIND_OPTION_PREFIX)):
+        field, name = parameter.split(".", 1)
+        return [config.replace(**{field: {**getattr(config, field), name: coerce(parameter, v)}}) for v in values]
     if not hasattr(config, parameter):
         raise EngineError(f"unknown setting to sweep: {parameter}")
     return [config.replace(**{parameter: coerce(parameter, v)}) for v in values]  # 32.0 -> 32 for an int setting

@@ -20,7 +20,8 @@ from .cli import DEFAULT_MODEL, MODEL_HELP, OneLineParser, check_threads, checke
 from .arguments import read_text_file
 from .config import GenerationConfig, parse_schema, setting_choices, setting_help
 from .constraints.spec import MAX_SCHEMA_CHARS
-from .registry import OPTION_SETTING_PREFIX, decoder_options
+from .kinds import KINDS, kind_options, kinds_described
+from .registry import KIND_OPTION_PREFIX, OPTION_SETTING_PREFIX, DecoderOption, decoder_options
 from .settings_read import readers_note
 from .errors import EngineError
 from .serving.command import add_serve_command
@@ -29,6 +30,8 @@ from .hooks import RunHooks
 
 # constraint settings whose flags are not the field's type (a schema file or JSON, a repeated text)
 CONSTRAINT_FLAGS = ("json_schema", "choice")
+# the fields whose flags are their entries' own, one per declared option (below)
+OPTION_FIELDS = ("decoder_options", "kind_options")
 from .runtime.launch import first_on_its_node
 
 
@@ -39,16 +42,18 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(GenerationConfig)
     group = parser.add_argument_group("generation settings (every GenerationConfig field)")
     for field in dataclasses.fields(GenerationConfig):
-        if field.name in ("decoder_options", *CONSTRAINT_FLAGS):  # one flag per declared option, and the constraint's, below
+        if field.name in (*OPTION_FIELDS, *CONSTRAINT_FLAGS):  # one flag per declared option, and the constraint's, below
             continue
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
-        text = " ".join(filter(None, (setting_help(field.name), readers_note(field.name)))).replace("%", "%%")
+        choices, described = setting_choices(field.name), ""
+        if field.name == "kind":  # the discovered kinds, each with its summary
+            choices, described = tuple(KINDS), kinds_described()
+        text = " ".join(filter(None, (setting_help(field.name), described, readers_note(field.name)))).replace("%", "%%")
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=text)
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        choices = setting_choices(field.name)
         group.add_argument(
             flag, type=base, default=field.default, choices=choices, metavar="{" + ",".join(choices) + "}" if choices else base.__name__.upper(),
             help=f"{text} (default: %(default)s)",
@@ -59,26 +64,37 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     answer.add_argument("--json-schema", metavar="FILE_OR_JSON", default=None, help=setting_help("json_schema") + ": a file, or the JSON itself")
     answer.add_argument("--choice", metavar="TEXT", action="append", default=None, help=setting_help("choice") + " (repeat the flag, one text each)")
 
+    kinds = parser.add_argument_group("the kinds' own settings (config.kind_options; given only when set)")
+    for name, (_, option) in kind_options().items():
+        add_option_flag(kinds, KIND_OPTION_PREFIX + name, KIND_OPTION_PREFIX + name, option)
     options = decoder_options()
     if options:
         plugins = parser.add_argument_group("decoders' own settings (config.decoder_options; given only when set)")
     for name, (_, option) in options.items():
-        text = f"{option.help} {readers_note(OPTION_SETTING_PREFIX + name)} (default: {option.default})".replace("%", "%%")
-        flag = "--" + name.replace("_", "-")
-        if isinstance(option.default, bool):  # None when not given: only given options are sent
-            plugins.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=text)
-        else:
-            plugins.add_argument(flag, dest=name, type=type(option.default), default=None, choices=option.choices or None, help=text)
+        add_option_flag(plugins, name, OPTION_SETTING_PREFIX + name, option)
+
+
+def add_option_flag(group: argparse._ArgumentGroup, dest: str, setting: str, option: DecoderOption) -> None:
+    """`--<name>` for a declared option (a decoder's or a kind's), None when not given: only given
+    options are sent."""
+    text = f"{option.help} {readers_note(setting)} (default: {option.default})".replace("%", "%%")
+    name = setting.rsplit(".", 1)[-1]
+    if isinstance(option.default, bool):
+        group.add_argument("--" + name.replace("_", "-"), dest=dest, action=argparse.BooleanOptionalAction, default=None, help=text)
+    else:
+        metavar = None if option.choices else name.upper()
+        group.add_argument("--" + name.replace("_", "-"), dest=dest, type=type(option.default), default=None, choices=option.choices or None, metavar=metavar, help=text)
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
     """The config the flags describe, not validated yet (the command's `fit` validates it, once); a
-    plug-in's option goes to decoder_options when given."""
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig) if f.name not in ("decoder_options", "json_schema")}
+    declared option goes to decoder_options or kind_options when given."""
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(GenerationConfig) if f.name not in (*OPTION_FIELDS, "json_schema")}
     if args.json_schema is not None:
         fields["json_schema"] = read_schema(args.json_schema)
     given = {name: getattr(args, name) for name in decoder_options() if getattr(args, name, None) is not None}
-    return GenerationConfig(**fields, decoder_options=given)
+    kind_given = {name: getattr(args, KIND_OPTION_PREFIX + name) for name in kind_options() if getattr(args, KIND_OPTION_PREFIX + name, None) is not None}
+    return GenerationConfig(**fields, decoder_options=given, kind_options=kind_given)
 
 
 def read_schema(value: str) -> dict:

@@ -1,5 +1,6 @@
 """GenerationConfig: every setting a run shares (a decoder's own are its declared options, in
-`decoder_options`), validated in one place; the old names of the settings that moved there."""
+`decoder_options`; a kind's own its kind's, in `kind_options`), validated in one place; the old
+names of the settings that moved there."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ MOVED_SETTINGS = {
     "remasking": "fixed", "low_threshold": "hierarchical", "anchor": "hierarchical",
     "credit_alpha": "credit", "credit_beta": "credit", "credit_gamma": "credit", "factor": "factor",
 }
+# Settings that were GenerationConfig fields until each became the declared option of the one kind
+# that reads it (engine/kinds/: `KindSettings.options`). `lift_moved` puts them in `kind_options`
+# whatever the kind: a request's kind may be the model's own, known to `fit` alone, which refuses
+# one that the run's kind does not declare (and drops one at its owner's default: an old config's
+# dump lists every field).
+MOVED_KIND_SETTINGS = ("verify", "verify_threshold")
 
 
 def lift_moved(settings: dict[str, Any], strict: bool = True) -> dict[str, Any]:
@@ -31,7 +38,9 @@ def lift_moved(settings: dict[str, Any], strict: bool = True) -> dict[str, Any]:
     the run's decoder owns it (the old name wins over an option of the same name, as
     `replace(factor=2.0)` means). With another decoder the setting is dropped at its declared
     default (an old config's dump lists every field) or when not `strict` (a recorded trace: its
-    run ignored it); set away from it, EngineError naming the decoder that owns it."""
+    run ignored it); set away from it, EngineError naming the decoder that owns it. Each old name
+    of MOVED_KIND_SETTINGS goes inside `kind_options` (winning over an option of the same name)."""
+    settings = _lift_kind_settings(settings)
     old = [name for name in settings if name in MOVED_SETTINGS]
     if not old or not isinstance(settings.get("decoder_options") or {}, dict):  # validate names a bad options value
         return settings
@@ -48,23 +57,27 @@ def lift_moved(settings: dict[str, Any], strict: bool = True) -> dict[str, Any]:
     return lifted
 
 
+def _lift_kind_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with the old names of MOVED_KIND_SETTINGS inside `kind_options` (MOVED_KIND_SETTINGS)."""
+    old = {name: settings[name] for name in MOVED_KIND_SETTINGS if name in settings}
+    if not old or not isinstance(settings.get("kind_options") or {}, dict):  # validate names a bad options value
+        return settings
+    lifted = {k: v for k, v in settings.items() if k not in MOVED_KIND_SETTINGS}
+    lifted["kind_options"] = {**(lifted.get("kind_options") or {}), **old}
+    return lifted
+
+
 def _setting(
-    default: Any, help: str, least: float | None = None, most: float | str | None = None, choices: tuple[str, ...] = (), kind: str | None = None,
-    needs: str | None = None,
+    default: Any, help: str, least: float | None = None, most: float | str | None = None, choices: tuple[str, ...] = (), needs: str | None = None,
 ) -> Any:
     """A GenerationConfig field with its one-line help: the CLI's --help and the app's controls read it.
     `least`/`most`: its declared range (inclusive), checked by `validate`; `most` may name another
     field ("gen_length") or "canvas" (the prompt plus gen_length, checked by `run.check_canvas`):
     past the canvas a count can change nothing, and a request's work stays bounded by its size.
-    `choices`: a text setting's allowed values. `kind`: the one diffusion kind that reads it (its
-    kind file declares it among its `reads`; no other kind does). `needs`: the switch (a bool field)
-    without which no run reads it (engine/settings_read.py: who reads which setting)."""
-    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most, "choices": choices, "kind": kind, "needs": needs})
-
-
-def kind_owned(name: str) -> str | None:
-    """The kind that alone reads setting `name` (`_setting`'s `kind`), None for a shared one."""
-    return next((f.metadata.get("kind") for f in dataclasses.fields(GenerationConfig) if f.name == name), None)
+    `choices`: a text setting's allowed values. `needs`: the switch (a bool field) without which no
+    run reads it (engine/settings_read.py: who reads which setting). A setting one kind alone reads
+    is no field: its kind file declares it (`KindSettings.options`, carried in `kind_options`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "least": least, "most": most, "choices": choices, "needs": needs})
 
 
 def relative_bound(name: str, reference: int) -> int:
@@ -87,7 +100,8 @@ def setting_help(name: str) -> str:
 
 
 def setting_choices(name: str) -> tuple[str, ...] | None:
-    """The allowed values of a text setting (decoders include registered plug-ins), else None."""
+    """The allowed values of a text setting (decoders include registered plug-ins), else None (the
+    kinds: engine/kinds/, a floor above this one)."""
     declared = next((f.metadata.get("choices") for f in dataclasses.fields(GenerationConfig) if f.name == name), None)
     return {"decoder": tuple(decoder_names()), "cache": cache_mode_names()}.get(name) or declared or None
 
@@ -100,7 +114,7 @@ class GenerationConfig:
     token per step (`steps = gen_length`).
     """
 
-    kind: str | None = _setting(None, "the diffusion kind to run (none: the model's own); 'speculative' drafts a block and verifies it autoregressively on a block-causal model")
+    kind: str | None = _setting(None, "the diffusion kind to run (none: the model's own)")
     gen_length: int = _setting(64, "positions to generate; a multiple of the block length")
     block_length: int = _setting(32, "blocks are decoded left to right; parallel decoding happens inside a block")
     decoder: str = _setting("threshold", "which masked positions to commit each iteration")
@@ -126,13 +140,14 @@ class GenerationConfig:
     align_blocks: bool = _setting(True, "dInfer's block alignment: the first block may start inside the prompt")
     early_stop: bool = _setting(True, "after a block that holds an end-of-text token, fill the rest with it and stop")
     use_chat_template: bool = _setting(True, "wrap the prompt in the tokenizer's chat template (ignored when it has none)")
-    verify: str = _setting("always", "speculative: verify every draft (always: the tokens of the model's own block-1 decode) or only unconfident ones (auto)", choices=("always", "auto"), kind="speculative")
-    verify_threshold: float = _setting(0.9, "speculative, verify auto: skip the verify forward when every drafted token the decoder commits is at least this confident", least=0.0, most=1.0, kind="speculative")
     regex: str | None = _setting(None, "constrain the answer (the text before the first end-of-text) to this regex, outlines-core's syntax (docs/constraints.md)")
     json_schema: dict[str, Any] | None = _setting(None, "constrain the answer to JSON that this JSON Schema (an object, or its JSON text) accepts")
     choice: list[str] | None = _setting(None, "constrain the answer to one of these texts")
     decoder_options: dict[str, Any] = dataclasses.field(
         default_factory=dict, metadata={"help": "a plug-in decoder's own settings by name (the decoder declares them)"}
+    )
+    kind_options: dict[str, Any] = dataclasses.field(
+        default_factory=dict, metadata={"help": "the diffusion kind's own settings by name (its kind file declares them)"}
     )
 
     def __post_init__(self) -> None:
@@ -157,7 +172,7 @@ class GenerationConfig:
     def from_dict(cls, data: dict[str, Any], validate: bool = True) -> "GenerationConfig":
         """The config of these settings (unknown names refused); not `validate`d when the caller's
         `fit` validates it next (engine/kinds/base.py: a request is validated once)."""
-        known = {f.name for f in dataclasses.fields(cls)} | set(MOVED_SETTINGS)
+        known = {f.name for f in dataclasses.fields(cls)} | set(MOVED_SETTINGS) | set(MOVED_KIND_SETTINGS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise EngineError(f"unknown generation setting(s): {', '.join(unknown)}")
@@ -260,10 +275,10 @@ _dataclass_init = GenerationConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init_taking_moved_names(self: GenerationConfig, *fields: Any, **settings: Any) -> None:
-    """The dataclass's __init__, the moved settings' old names lifted into decoder_options first; a
+    """The dataclass's __init__, the moved settings' old names lifted into their options first; a
     name it does not know is an EngineError naming those it does (not the dataclass's TypeError)."""
     known = [f.name for f in dataclasses.fields(GenerationConfig)]
-    unknown = sorted(set(settings) - set(known) - set(MOVED_SETTINGS))
+    unknown = sorted(set(settings) - set(known) - set(MOVED_SETTINGS) - set(MOVED_KIND_SETTINGS))
     if unknown or len(fields) > len(known):
         raise EngineError(f"unknown generation setting(s): {', '.join(unknown) or 'too many positional values'}; the settings: {', '.join(known)}")
     _dataclass_init(self, *fields, **lift_moved(settings))

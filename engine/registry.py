@@ -1,5 +1,5 @@
-"""The decoder registry: decoder names -> classes, built-ins and plug-ins, and how a decoder
-declares a setting of its own.
+"""The decoder registry: decoder names -> classes, built-ins and plug-ins, and how a decoder (or a
+diffusion kind: engine/kinds/base.py `KindSettings.options`) declares a setting of its own.
 
 A module of its own so that config.py (which checks a decoder's name and options) and the decoders
 of engine/decoders/ (which register themselves and read GenerationConfig) never import each other.
@@ -32,12 +32,15 @@ TYPE_NAMES = {int: "an integer", float: "a finite number", bool: "true or false"
 # A setting named "decoder_options.<name>" is a decoder's own option (`Decoder.sweep_setting`, the
 # app's controls): the run's config carries it inside `decoder_options`.
 OPTION_SETTING_PREFIX = "decoder_options."
+# ... and one named "kind_options.<name>" a kind's own (engine/kinds/base.py `KindSettings.options`).
+KIND_OPTION_PREFIX = "kind_options."
 
 
 @dataclass(frozen=True)
 class DecoderOption:
-    """A plug-in decoder's own setting: its default (whose type is the setting's type), one line
-    of help for the CLI and the app, and for a text setting its allowed values."""
+    """A decoder's own setting (a kind's too: one declaration, one check): its default (whose type
+    is the setting's type), one line of help for the CLI and the app, and for a text setting its
+    allowed values."""
 
     default: bool | int | float | str
     help: str
@@ -48,17 +51,19 @@ class DecoderOption:
     most: float | None = None
     above: bool = False
 
-    def check(self, name: str, value: Any) -> None:
+    def check(self, name: str, value: Any, owner: str = "decoder") -> None:
+        """EngineError in one line, naming `owner` ("decoder", "speculative kind") and the
+        setting, unless `value` is of the declared type, among the choices and in the range."""
         kind = type(self.default)
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
         ok = ok or (kind is float and isinstance(value, int) and not isinstance(value, bool))
         if not ok or (kind is float and not math.isfinite(value)):
-            raise EngineError(f"decoder setting {name} must be {TYPE_NAMES[kind]}, got {str(value)[:40]!r}")
+            raise EngineError(f"{owner} setting {name} must be {TYPE_NAMES[kind]}, got {str(value)[:40]!r}")
         if self.choices and value not in self.choices:
-            raise EngineError(f"decoder setting {name}: '{value}' is not one of {', '.join(self.choices)}")
+            raise EngineError(f"{owner} setting {name}: '{value}' is not one of {', '.join(self.choices)}")
         low_ok = self.least is None or (value > self.least if self.above else value >= self.least)
         if not low_ok or (self.most is not None and value > self.most):
-            raise EngineError(f"decoder setting {name} must be {self.range_text()}, got {value}")
+            raise EngineError(f"{owner} setting {name} must be {self.range_text()}, got {value}")
 
     def range_text(self) -> str:
         """The declared range in words ("in [0, 1]", "> 0", ">= 1")."""

@@ -3,8 +3,9 @@ engine's `fit` (its kind level) take from the settings' declarations.
 
 A run reads a setting when every declaration on its way says so:
 
-- its kind (`config.kind`, else the kind its decoder decodes): SHARED_SETTINGS and the kind's
-  `reads` (engine/kinds/: `kind_reads`, which `fit` checks a request against);
+- its kind (`config.kind`, else the kind its decoder decodes): SHARED_SETTINGS (but the decoder's,
+  for a kind that takes none), the kind's `reads` and its own options (`kind_options.<name>`)
+  (engine/kinds/: `kind_reads`, which `fit` checks a request against);
 - of the fields some decoder declares (`Decoder.settings`, engine/decoders/), only the chosen
   decoder's; of the decoders' own options (`decoder_options.<name>`), only its own;
 - of the fields some cache mode declares (engine/cache_modes.py), only the chosen mode's;
@@ -20,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 
 from .cache_modes import cache_mode, cache_modes
-from .config import GenerationConfig, kind_owned
+from .config import GenerationConfig
 from .errors import EngineError
-from .kinds.base import KINDS, decoder_kind, kind_reads
-from .registry import OPTION_SETTING_PREFIX, decoder_class, decoder_names
+from .kinds.base import KINDS, decoder_kind, kind_options, kind_reads
+from .registry import KIND_OPTION_PREFIX, OPTION_SETTING_PREFIX, decoder_class, decoder_names
 
 # the switches that choose what else a run reads, besides those a field `needs`
 _CHOOSERS = ("kind", "decoder", "cache")
@@ -47,10 +48,10 @@ def _decoder(name: object) -> type | None:
 
 
 def _kind_level(kind: str) -> frozenset[str]:
-    """`kind_reads`; for a kind not registered, every field no other kind owns."""
+    """`kind_reads`; for a kind not registered, every field and every kind's options."""
     if kind in KINDS:
         return kind_reads(kind)
-    return frozenset(f.name for f in dataclasses.fields(GenerationConfig) if kind_owned(f.name) in (None, kind))
+    return frozenset(f.name for f in dataclasses.fields(GenerationConfig)) | {KIND_OPTION_PREFIX + name for name in kind_options()}
 
 
 def decoder_declared() -> dict[str, list[str]]:
@@ -72,8 +73,9 @@ def cache_declared() -> dict[str, list[str]]:
 
 
 def settings_read(config: GenerationConfig) -> frozenset[str]:
-    """The settings a run of `config` reads: GenerationConfig field names, and
-    `decoder_options.<name>` for each of its decoder's own options (module docstring)."""
+    """The settings a run of `config` reads: GenerationConfig field names, `kind_options.<name>`
+    for each of its kind's own options and `decoder_options.<name>` for each of its decoder's
+    (module docstring)."""
     chosen = _decoder(config.decoder)
     kind = config.kind or (decoder_kind(config.decoder) if chosen is not None else "masked")
     read = set(_kind_level(kind))
@@ -90,7 +92,7 @@ def settings_read(config: GenerationConfig) -> frozenset[str]:
 
 
 def readers_note(setting: str) -> str:
-    """Who reads `setting` (a field, or `decoder_options.<name>`), in words for the CLI's help:
+    """Who reads `setting` (a field, `kind_options.<name>` or `decoder_options.<name>`), in words for the CLI's help:
     "[speculative kind]", "[masked kind] [with smoothing on]", "[read by: fixed]",
     "[masked kind] [read by: cache vicinity]"; "" for a setting every run reads."""
     if setting.startswith(OPTION_SETTING_PREFIX):

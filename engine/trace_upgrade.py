@@ -28,7 +28,8 @@ EDIT, REMASK = "edit", "remask"
 def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded config (any version) with the settings that became decoder options (engine/config.py
     MOVED_SETTINGS) inside `decoder_options`, where its decoder owns them; others' dropped, since the
-    run ignored them. Readers (the app's boxes, details, a replay's config) see one spelling."""
+    run ignored them; and those that became kind options (MOVED_KIND_SETTINGS) inside
+    `kind_options`. Readers (the app's boxes, details, a replay's config) see one spelling."""
     return lift_moved(config, strict=False)
 
 

@@ -209,6 +209,28 @@ def gate_decoders(own_registry) -> None:
 
 
 @pytest.fixture
+def own_kinds():
+    """A kind registry of the test's own: the kinds it registers are gone for the tests after it.
+    KINDS is one dict that modules import by name, so it is restored in place."""
+    from engine.kinds import KINDS
+
+    saved = dict(KINDS)
+    yield KINDS
+    KINDS.clear()
+    KINDS.update(saved)
+
+
+@pytest.fixture
+def decoderless_kind(own_kinds) -> type:
+    """The test kind that takes no decoder ("fill", tests/decoderless_kind.py) in the test's own
+    kind registry (registered here, not on import: `gate_decoders` says why)."""
+    from tests.decoderless_kind import FillKind
+
+    own_kinds[FillKind.name] = FillKind
+    return FillKind
+
+
+@pytest.fixture
 def model() -> LLaDAModelLM:
     return tiny_llada()
 

@@ -26,7 +26,8 @@ from dinfer_viz.answers import first_wrong
 from dinfer_viz.timeline import Timeline
 from dinfer_viz.tokens import glyph, readable
 from engine import EngineError, GenerationConfig, Trace, decoder_names
-from engine.registry import decoder_options, is_builtin
+from engine.kinds import kind_options
+from engine.registry import KIND_OPTION_PREFIX, decoder_options, is_builtin
 from engine.cache_modes import cache_mode_names
 from tinymodel.tasks import Example
 
@@ -242,11 +243,11 @@ def test_settings_choices_come_from_the_engine():
     assert tuple(by_field["cache"].choices()) == cache_mode_names()
     fields = {c.field for c in all_controls()}
     # every engine setting has a control; decoder_options has one per declared decoder option
-    # (the built-in edit decoder's edit_threshold among them)
-    options = {OPTION_PREFIX + name for name in decoder_options()}
-    assert "decoder_options.edit_threshold" in options
+    # (the built-in edit decoder's edit_threshold among them), kind_options one per kind's option
+    options = {OPTION_PREFIX + name for name in decoder_options()} | {KIND_OPTION_PREFIX + name for name in kind_options()}
+    assert {"decoder_options.edit_threshold", "kind_options.verify_threshold"} <= options
     # the answer's constraint: one mode and one text box for regex, json_schema and choice
-    assert fields == (set(GenerationConfig().to_dict()) - {"decoder_options", "regex", "json_schema", "choice"}) | {"constraint", "constraint_text"} | options
+    assert fields == (set(GenerationConfig().to_dict()) - {"decoder_options", "kind_options", "regex", "json_schema", "choice"}) | {"constraint", "constraint_text"} | options
     assert all(title for title, _ in sections())
 
 

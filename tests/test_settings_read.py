@@ -11,6 +11,7 @@ import pytest
 from engine import Engine, EngineError, GenerationConfig, pipeline
 from engine.__main__ import main
 from engine.kinds import ModelTraits, fit, ignored_settings, kind_reads
+from engine.registry import KIND_OPTION_PREFIX as KOPT
 from engine.registry import OPTION_SETTING_PREFIX as OPT
 from engine.settings_read import readers_note, settings_read, switch_settings
 
@@ -22,15 +23,16 @@ MASKED = ModelTraits("masked")
 def test_a_run_reads_its_kinds_settings_its_decoders_its_cache_modes_and_the_switched_on_features():
     read = settings_read(GenerationConfig())
     assert {"gen_length", "threshold", "temperature", "smoothing", "unroll", "cache"} <= read
-    assert not read & {"steps", "prefix_look", "refresh_every", "cont_weight", "max_unroll", "verify", OPT + "remasking"}
+    assert not read & {"steps", "prefix_look", "refresh_every", "cont_weight", "max_unroll", KOPT + "verify", OPT + "remasking"}
     read = settings_read(GenerationConfig(decoder="fixed", cache="vicinity", smoothing=True, unroll=True))
     assert {"steps", OPT + "remasking", "prefix_look", "warmup", "cont_weight", "threshold_decay", "expected_tpf", "max_unroll"} <= read
     assert "threshold" not in read and OPT + "factor" not in read
     # the kind: the request's, else its decoder's
-    assert settings_read(GenerationConfig(kind="speculative")) & {"verify", "verify_threshold", "threshold"} == {"verify", "verify_threshold", "threshold"}
+    spec = {KOPT + "verify", KOPT + "verify_threshold", "threshold"}
+    assert settings_read(GenerationConfig(kind="speculative")) & spec == spec
     assert not settings_read(GenerationConfig(kind="speculative", cache="vicinity")) & {"prefix_look", "temperature", "smoothing"}
     uniform = settings_read(GenerationConfig(decoder="uniform"))
-    assert OPT + "t_min" in uniform and not uniform & {"threshold", "temperature", "verify"}
+    assert OPT + "t_min" in uniform and not uniform & {"threshold", "temperature", KOPT + "verify"}
     # a decoder the registry does not know: every decoder's settings
     assert {"threshold", "steps", OPT + "credit_alpha", OPT + "remasking"} <= settings_read(GenerationConfig(decoder="no_such_decoder"))
     assert {"kind", "decoder", "cache", "smoothing", "unroll"} == set(switch_settings())
@@ -45,7 +47,7 @@ def test_fit_refuses_at_the_kind_level_only():
 
 
 def test_the_cli_help_says_who_reads_each_setting():
-    assert readers_note("verify") == "[speculative kind]"
+    assert readers_note(KOPT + "verify") == "[speculative kind]"
     assert readers_note("cont_weight") == "[masked kind] [with smoothing on]"
     assert readers_note("prefix_look") == "[masked kind] [read by: cache vicinity]"
     assert "fixed" in readers_note("steps") and readers_note("gen_length") == ""

@@ -86,7 +86,10 @@ def test_what_it_cannot_run_is_refused_in_one_line(model):
     refusals = {
         "no diffusion kind 'nope'": GenerationConfig(kind="nope"),
         "masked diffusion does not read verify": GenerationConfig(verify="auto"),
-        "verify must be one of always, auto": GenerationConfig(kind="speculative", verify="sometimes"),
+        # the kind's own settings (KindSettings.options): another kind's is refused, its own checked as declared
+        r"masked diffusion does not read verify_threshold \(0.5; a setting of the speculative kind\)": GenerationConfig(verify_threshold=0.5),
+        "speculative kind setting verify: 'sometimes' is not one of always, auto": GenerationConfig(kind="speculative", verify="sometimes"),
+        r"speculative kind setting verify_threshold must be in \[0, 1\], got 1.5": GenerationConfig(kind="speculative", kind_options={"verify_threshold": 1.5}),
         "decoder 'edit' revises or needs a shadow block": GenerationConfig(kind="speculative", decoder="edit"),
         "speculative diffusion does not read temperature": GenerationConfig(kind="speculative", temperature=0.5),
         "decoder 'uniform' runs uniform diffusion and this run is speculative diffusion": GenerationConfig(kind="speculative", decoder="uniform"),

@@ -53,6 +53,7 @@ class RunTab:
     system: list[gr.components.Component]  # the Model and system section's system options
     pinned: gr.State  # the position the details panel shows
     state: gr.State  # the run on display (tabs/shown.py: RunState)
+    sections: list[gr.Accordion]  # the settings' sections (settings.sections), in its order
 
 
 def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.components.Component]], header: gr.Markdown) -> RunTab:
@@ -92,7 +93,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     system = model_inputs[3:]  # after path, device and dtype (TabHandlers.settings' order)
     return RunTab(
         parts["prompt"], parts["expected"], settings_inputs, parts["settings_json"], view, controls, parts["explain"],
-        Stoppable(run_event, parts["stop_btn"], parts["message"]), system, parts["pinned"], parts["state"],
+        Stoppable(run_event, parts["stop_btn"], parts["message"]), system, parts["pinned"], parts["state"], parts["sections"],
     )
 
 
@@ -142,8 +143,10 @@ def _settings_controls(defaults: GenerationConfig, parts: Parts) -> dict[str, gr
     """One control per setting, by section (settings.sections), at the engine's defaults; in the
     decoder's section, its published default sets (shown for a decoder that has them)."""
     controls: dict[str, gr.components.Component] = {}
+    parts["sections"] = []  # hidden where none of its controls shows (the Decoder's for a kind that takes none)
     for title, ctrls in sections():
-        with gr.Accordion(title, open=title in OPEN_SECTIONS):
+        with gr.Accordion(title, open=title in OPEN_SECTIONS) as section:
+            parts["sections"].append(section)
             for c in ctrls:
                 controls[c.field] = make_control(c, control_value(c, defaults), elem_id=f"cfg-{c.field}")
             if title == "Decoder":
@@ -313,7 +316,7 @@ def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.c
     options add their paragraphs to the explanation."""
     choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"], tab.controls["kind"]]
     inputs = [*choice, *tab.system]
-    changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter]
+    changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter, *tab.sections]
     gr.on([c.change for c in choice], h.structure, inputs, changed, **LATEST)
     # a system option changes the explanation only (structure would also reset the sweep's setting)
     gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **LATEST)

@@ -23,7 +23,7 @@ from ..explain import explain
 from ..grid import inert
 from ..lessons import lesson_named
 from ..readouts import plural
-from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, constraint_setting, control_value, sweep_setting, visible_fields
+from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, constraint_setting, control_value, sections, sweep_setting, visible_fields
 from .common import TabHandlers, error_text
 
 # Canvas lengths of the forward-cost chart (those above the model's limit are left out)
@@ -119,12 +119,14 @@ class RunSettingsHandlers(TabHandlers):
 
     def structure(self, decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None, *system: Any) -> tuple:
         """Show only the controls that matter for this kind / decoder / cache mode / feature set,
-        the explanation of the choice, and the setting a sweep of this decoder varies."""
+        the explanation of the choice, the setting a sweep of this decoder varies, and only the
+        sections with a control shown (a kind that takes no decoder: no Decoder section)."""
         shown = visible_fields(decoder, cache, bool(smoothing), bool(unroll), kind or None)
         return (
             *(gr.update(visible=c.field in shown) for c in all_controls()),
             self.explanation(decoder, cache, smoothing, unroll, kind, *system),
             gr.update(value=sweep_setting(decoder)),
+            *(gr.update(visible=any(c.field in shown for c in ctrls)) for _, ctrls in sections()),
         )
 
     def explanation(self, decoder: str, cache: str, smoothing: bool, unroll: bool, kind: str | None, *system: Any) -> str:

@@ -11,7 +11,7 @@ import pkgutil
 
 from ..errors import EngineError
 from ..registry import KIND_PLUGIN_ENV, load_plugins
-from .base import KINDS, DiffusionKind, KindSettings, ModelTraits, check_system_options, decoder_kind, fit, ignored_settings, kind_decoders, kind_named, kind_reads, register_kind, run_kind
+from .base import KINDS, DiffusionKind, KindSettings, ModelTraits, check_system_options, decoder_kind, fit, ignored_settings, kind_decoders, kind_named, kind_options, kind_reads, kinds_described, register_kind, run_kind
 
 # masked first: the kinds' order is the order the page and the CLI's help list them in
 for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: (m.name != "masked", m.name)):
@@ -25,5 +25,5 @@ except EngineError as _exc:  # at import time: one line, and the kinds that did 
 
 __all__ = [
     "KINDS", "DiffusionKind", "KindSettings", "ModelTraits", "check_system_options", "decoder_kind", "fit", "ignored_settings", "kind_decoders", "kind_named",
-    "kind_reads", "register_kind", "run_kind",
+    "kind_options", "kind_reads", "kinds_described", "register_kind", "run_kind",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..cache import FULL, REFRESH, ForwardPlan, KVCacheManager, staleness
-from ..config import GenerationConfig, kind_owned
+from ..config import GenerationConfig
 from ..constraints import Restriction
 from ..decoders import Block, DecodeResult, apply_decode, make_decoder, top_candidates
 from ..errors import EngineError
@@ -276,14 +276,14 @@ class MaskedRun(DiffusionRun):
 
 @register_kind
 class MaskedKind(DiffusionKind):
-    """Masked diffusion reads every generation setting but those another kind owns, and runs with
-    every system option."""
+    """Masked diffusion reads every generation setting (another kind's own are that kind's
+    `options`), and runs with every system option."""
 
     name = MASKED
     run = MaskedRun
     summary = "a block's masks are committed over several forwards, as the decoder's rule says"
     settings = KindSettings(
-        reads=frozenset(f for f in GenerationConfig.__dataclass_fields__ if f not in SHARED_SETTINGS and kind_owned(f) is None),
+        reads=frozenset(f for f in GenerationConfig.__dataclass_fields__ if f not in SHARED_SETTINGS),
         default_decoder=GenerationConfig.decoder,
         system_options=frozenset(SYSTEM_OPTIONS),
     )

@@ -34,7 +34,7 @@ from ..config import GenerationConfig
 from ..decoders import Block, DecodeResult, make_decoder, top1, top_candidates
 from ..errors import EngineError
 from ..models.base import ModelOutput
-from ..registry import decoder_class
+from ..registry import DecoderOption, decoder_class
 from ..run import DiffusionRun, block_ranges, masked_canvas
 from ..step_state import StepState, id_lists, per_position, register_step_state
 from ..trace import CANDIDATES_MAX_BLOCK, DRAFT_VERIFY, TOP_CANDIDATES, IterationRecord, candidate_lists, rounded
@@ -95,7 +95,7 @@ class SpeculativeRun(DiffusionRun):
         else:  # left to right, the order the verifier reads it in
             order = -torch.arange(e - s, device=self.device).expand_as(masked)
             draft = torch.where(masked, self.constraint.draft(logits, self.x, self.x == self.mask_id, s, order), self.x[:, s:e])
-        skip = self._router_run(result, c - s) if self.cfg.verify == "auto" else 0
+        skip = self._router_run(result, c - s) if SpeculativeKind.option(self.cfg, "verify") == "auto" else 0
         verifier = verify_probability = None
         if skip:
             n, written, corrected = skip, draft[0, c - s : c - s + skip].tolist(), None
@@ -126,7 +126,7 @@ class SpeculativeRun(DiffusionRun):
         """verify=auto: the length of the decoder's run of commits from the first open position
         when each of them is at least `verify_threshold` confident (the step then skips its verify
         forward), else 0."""
-        confident = result.commit[0, first:] & (result.confidence[0, first:] >= self.cfg.verify_threshold)
+        confident = result.commit[0, first:] & (result.confidence[0, first:] >= SpeculativeKind.option(self.cfg, "verify_threshold"))
         return int(confident.long().cumprod(0).sum())
 
     # ---- the two forwards --------------------------------------------------------------------
@@ -205,7 +205,7 @@ class SpeculativeRun(DiffusionRun):
             "verify_probability": [open_only(rounded(verify_probability[0])) if verify_probability is not None else [None] * width],
             "accepted": [len(written) - (corrected is not None)],
             "corrected": [corrected],
-            "verify_threshold": self.cfg.verify_threshold if self.cfg.verify == "auto" else None,
+            "verify_threshold": SpeculativeKind.option(self.cfg, "verify_threshold") if SpeculativeKind.option(self.cfg, "verify") == "auto" else None,
         }
         return IterationRecord(
             iteration=self.iteration, block=index, block_range=[s, e], forward=DRAFT if verifier is None else DRAFT_VERIFY,
@@ -253,11 +253,15 @@ class SpeculativeKind(DiffusionKind):
     run = SpeculativeRun
     summary = "the model drafts a block in parallel, then checks its draft autoregressively in one forward"
     settings = KindSettings(
-        reads=frozenset({"threshold", "steps", "verify", "verify_threshold"}),
+        reads=frozenset({"threshold", "steps"}),
         default_decoder=GenerationConfig.decoder,
         system_options=frozenset(),
         shares_batches=False,
         decoders="masked",
+        options={
+            "verify": DecoderOption("always", "verify every draft (always: the tokens of the model's own block-1 decode) or only unconfident ones (auto)", choices=("always", "auto")),
+            "verify_threshold": DecoderOption(0.9, "verify auto: skip the verify forward when every drafted token the decoder commits is at least this confident", least=0.0, most=1.0),
+        },
     )
 
     @classmethod

@@ -411,6 +411,7 @@ class UniformKind(DiffusionKind):
 
     name = UNIFORM
     run = UniformRun
+    summary = "every position holds a token from the start; each step resamples the canvas and keeps its lowest-entropy proposals"
     settings = KindSettings(
         reads=frozenset(), default_decoder=UNIFORM, system_options=frozenset({"compile"}),
         shares_batches=False,  # its rows draw proposals and noise from one generator, in batch order

@@ -14,14 +14,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import MOVED_SETTINGS, GenerationConfig
+from ..config import MOVED_KIND_SETTINGS, MOVED_SETTINGS, GenerationConfig
 from ..errors import EngineError
 from .limits import RequestLimits
 
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig))
-# settings taken by name: the config's fields and the old names of those that became decoder
-# options (`decoder_options`), which GenerationConfig lifts into its decoder's options
-SETTING_FIELDS = (*CONFIG_FIELDS, *MOVED_SETTINGS)
+# settings taken by name: the config's fields and the old names of those that became decoder or
+# kind options, which GenerationConfig lifts into `decoder_options` or `kind_options`
+SETTING_FIELDS = (*CONFIG_FIELDS, *MOVED_SETTINGS, *MOVED_KIND_SETTINGS)
 # OpenAI fields accepted only at the value that asks for nothing (the engine has no such feature)
 NEUTRAL_FIELDS: dict[str, tuple[object, ...]] = {
     "n": (1,), "best_of": (1,), "top_p": (1, 1.0), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),

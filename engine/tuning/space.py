@@ -4,11 +4,12 @@ What is searched by default: the settings that choose what else a run reads (the
 decoder, the cache mode, the switches smoothing and unroll: engine/settings_read.py's
 `switch_settings`), the block length (among the divisors of the generation length), the fields the
 decoders declare they read (`Decoder.settings`: the threshold, the fixed decoder's steps), the
-fields a kind alone reads (the speculative kind's verify and verify_threshold), and the chosen
-decoder's own options (`Decoder.options`, each within its declared range). Each is suggested only
-when the run being built reads it (`settings_read`), so a decoder's options appear only in the
-trials that chose it, and the kinds and cache modes the model cannot run are left out
-(`DiffusionKind.refuses`, `CacheMode.block_causal`). Anything else (temperature, a cache mode's
+kinds' own options (`KindSettings.options`: the speculative kind's verify and verify_threshold),
+and the chosen decoder's own options (`Decoder.options`, each within its declared range). Each is
+suggested only when the run being built reads it (`settings_read`), so a kind's or a decoder's
+options appear only in the trials that chose it; the kinds and cache modes the model cannot run
+are left out (`DiffusionKind.refuses`, `CacheMode.block_causal`), and so is every setting none of
+the kinds it can run reads (no decoder for a model whose kinds take none). Anything else (temperature, a cache mode's
 windows, smoothing's weights, unroll's counts) joins with `--space NAME`. `--fix NAME=VALUE` takes
 a setting out of the search; `--decoders` narrows the decoder (by default the engine's own
 decoders; a plug-in decoder is searched when `--decoders` names it).
@@ -27,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache_modes import cache_modes
-from ..config import GenerationConfig, kind_owned, relative_bound
+from ..config import GenerationConfig, relative_bound
 from ..errors import EngineError
-from ..kinds.base import KINDS, ModelTraits, kind_decoders
-from ..registry import OPTION_SETTING_PREFIX, decoder_class, is_builtin
+from ..kinds.base import KINDS, ModelTraits, kind_decoders, kind_options, kind_reads
+from ..registry import KIND_OPTION_PREFIX, OPTION_SETTING_PREFIX, DecoderOption, decoder_class, is_builtin
 from ..settings_read import decoder_declared, settings_read, switch_settings
 
 # The ranges `GenerationConfig.validate` states in its checks instead of the field's declaration:
@@ -91,22 +92,45 @@ def _number(name: str, kind: type, default: Any, least: float | None, most: floa
     return Dimension(name, low=low, high=most, integer=integer)
 
 
+def _is_field(name: str) -> bool:
+    return any(f.name == name for f in dataclasses.fields(GenerationConfig))
+
+
+def _kind_option(name: str) -> DecoderOption | None:
+    """The declaration of a kind's option named `name` (`kind_options.<option>` or bare), else None."""
+    found = kind_options().get(name.removeprefix(KIND_OPTION_PREFIX))
+    return found[1] if found is not None and (name.startswith(KIND_OPTION_PREFIX) or not _is_field(name)) else None
+
+
 def _is_option(name: str) -> bool:
     """Whether `name` is a decoder's option (`decoder_options.<option>` or a bare option name)."""
-    return name.startswith(OPTION_SETTING_PREFIX) or not any(f.name == name for f in dataclasses.fields(GenerationConfig))
+    return name.startswith(OPTION_SETTING_PREFIX) or not (_is_field(name) or _kind_option(name))
+
+
+def setting_key(name: str) -> str:
+    """The setting `name` names: a field, `kind_options.<option>` or `decoder_options.<option>`."""
+    if _is_field(name):
+        return name
+    return KIND_OPTION_PREFIX + name.removeprefix(KIND_OPTION_PREFIX) if _kind_option(name) else OPTION_SETTING_PREFIX + name.removeprefix(OPTION_SETTING_PREFIX)
+
+
+def _option_dimension(key: str, option: DecoderOption) -> Dimension:
+    """A declared option's dimension (a decoder's or a kind's): its choices, or its range."""
+    if option.choices or isinstance(option.default, bool):
+        return Dimension(key, choices=option.choices or (False, True))
+    return _number(key, type(option.default), option.default, option.least, option.most, option.above)
 
 
 def declared_dimension(name: str, base: GenerationConfig) -> Dimension:
-    """The dimension of setting `name` (a field, `decoder_options.<option>` or a bare option name)
-    from its declaration; EngineError for a setting that cannot be searched."""
+    """The dimension of setting `name` (a field, `kind_options.<option>`, `decoder_options.<option>`
+    or a bare option name) from its declaration; EngineError for a setting that cannot be searched."""
+    kind_option = _kind_option(name)
+    if kind_option is not None:
+        return _option_dimension(setting_key(name), kind_option)
     if _is_option(name):
         option_name = name.removeprefix(OPTION_SETTING_PREFIX)
         owner = _option_owner(option_name, base.decoder)
-        option = decoder_class(owner).options[option_name]
-        key = OPTION_SETTING_PREFIX + option_name
-        if option.choices or isinstance(option.default, bool):
-            return Dimension(key, choices=option.choices or (False, True))
-        return _number(key, type(option.default), option.default, option.least, option.most, option.above)
+        return _option_dimension(OPTION_SETTING_PREFIX + option_name, decoder_class(owner).options[option_name])
     field = _field(name)
     hint = typing.get_type_hints(GenerationConfig)[name]
     base_type = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
@@ -149,11 +173,15 @@ def _option_owner(option: str, preferred: str) -> str:
 
 def parse_value(name: str, text: str, base: GenerationConfig) -> Any:
     """`text` as the value of setting `name` (its declared type); EngineError in one line."""
-    if _is_option(name):  # by its declaration: an option with no range to search can still be fixed
-        option_name = name.removeprefix(OPTION_SETTING_PREFIX)
-        option = decoder_class(_option_owner(option_name, base.decoder)).options[option_name]
+    if _kind_option(name) or _is_option(name):  # by its declaration: an option with no range to search can still be fixed
+        option_name = setting_key(name).split(".", 1)[1]
+        if _kind_option(name):
+            kind, option = kind_options()[option_name]
+            owner = f"{kind} kind"
+        else:
+            option, owner = decoder_class(_option_owner(option_name, base.decoder)).options[option_name], "decoder"
         value = _typed(name, text, type(option.default), option.choices)
-        option.check(option_name, value)
+        option.check(option_name, value, owner)
         return value
     dim = declared_dimension(name, base)
     if dim.name == STEPS_PER_BLOCK or name in ("steps",):
@@ -201,8 +229,7 @@ def _narrowed(dim: Dimension, spec: str, base: GenerationConfig) -> Dimension:
 
 def default_names() -> list[str]:
     """The settings searched by default (module docstring), in the order a trial suggests them."""
-    kind_fields = [f.name for f in dataclasses.fields(GenerationConfig) if kind_owned(f.name)]
-    return ["kind", "decoder", "block_length", *[s for s in switch_settings() if s not in ("kind", "decoder")], *decoder_declared(), *kind_fields]
+    return ["kind", "decoder", "block_length", *[s for s in switch_settings() if s not in ("kind", "decoder")], *decoder_declared(), *(KIND_OPTION_PREFIX + name for name in kind_options())]
 
 
 @dataclass(frozen=True)
@@ -216,12 +243,18 @@ class SearchSpace:
     dimensions: tuple[Dimension, ...]
     fixed_options: frozenset[str] = frozenset()
     own_kind: str = "masked"  # the model's own kind: a trial that picks it leaves `kind` unset
+    takes_decoder: bool = True  # whether any kind the model runs takes a decoder (and its options)
+
+    def read(self, config: GenerationConfig) -> frozenset[str]:
+        """What a run of `config` reads on this model (kind None: the model's own, not the kind
+        its decoder decodes for)."""
+        return settings_read(dataclasses.replace(config, kind=config.kind or self.own_kind))
 
     def suggest(self, trial: Any) -> GenerationConfig:
         """One trial's config: each dimension the run being built reads, suggested by `trial`."""
         config = self.base
         for dim in self.dimensions:
-            read = settings_read(config)
+            read = self.read(config)
             if dim.name == STEPS_PER_BLOCK:
                 if "steps" in read:  # at most the chosen block's length per block
                     per_block = dataclasses.replace(dim, high=min(dim.high, config.block_length)).suggest(trial, dim.name)
@@ -231,9 +264,9 @@ class SearchSpace:
             elif dim.name == "kind":
                 kind = dim.suggest(trial, dim.name)
                 config = dataclasses.replace(config, kind=None if kind == self.own_kind else kind)
-            elif dim.name in ("decoder", "block_length") or dim.name in read:
-                config = _with(config, dim.name, dim.suggest(trial, dim.name))
-        return self._options(trial, config)
+            elif dim.name == "block_length" or dim.name in read:  # a kind's option by its bare name
+                config = _with(config, dim.name, dim.suggest(trial, dim.name.removeprefix(KIND_OPTION_PREFIX)))
+        return self._options(trial, config) if "decoder_options" in self.read(config) else config
 
     def _options(self, trial: Any, config: GenerationConfig) -> GenerationConfig:
         """The chosen decoder's options: narrowed ones by their `--space`, the rest as declared
@@ -255,7 +288,8 @@ class SearchSpace:
         """One line per dimension (the table's header and the study's record of its space)."""
         fixed = {k: v for k, v in changed_settings(self.base).items()}
         lines = [d.describe() for d in self.dimensions]
-        lines.append("each chosen decoder's own options as declared" + (f" (but {', '.join(sorted(self.fixed_options))})" if self.fixed_options else ""))
+        if self.takes_decoder:
+            lines.append("each chosen decoder's own options as declared" + (f" (but {', '.join(sorted(self.fixed_options))})" if self.fixed_options else ""))
         return lines + [f"fixed: {json.dumps(fixed, sort_keys=True)}"] if fixed else lines
 
     def fingerprint(self) -> str:
@@ -281,19 +315,24 @@ def build_space(
     fix, space = dict(fix or {}), dict(space or {})
     changes: dict[str, Any] = {}
     options: dict[str, Any] = {}
+    kind_fixed: dict[str, Any] = {}
     for name, text in fix.items():  # the block length first: it bounds steps per block
-        key = name.removeprefix(OPTION_SETTING_PREFIX)
-        value = parse_value(name, text, base)
-        if any(f.name == key for f in dataclasses.fields(GenerationConfig)):
-            changes["steps" if key == STEPS_PER_BLOCK else key] = value
+        key, value = setting_key(name), parse_value(name, text, base)
+        if key.startswith(KIND_OPTION_PREFIX):
+            kind_fixed[key.removeprefix(KIND_OPTION_PREFIX)] = value
+        elif key.startswith(OPTION_SETTING_PREFIX):
+            options[key.removeprefix(OPTION_SETTING_PREFIX)] = value
         else:
-            options[key] = value
-    base = dataclasses.replace(base, **changes, decoder_options={**base.decoder_options, **options})
+            changes["steps" if key == STEPS_PER_BLOCK else key] = value
+    base = dataclasses.replace(base, **changes, decoder_options={**base.decoder_options, **options}, kind_options={**base.kind_options, **kind_fixed})
     runnable = tuple(k for k in KINDS if KINDS[k].refuses(traits) is None)
+    readable = frozenset().union(*(kind_reads(k) for k in runnable))
     dims: dict[str, Dimension] = {}
     for name in [*default_names(), *[n for n in space if n not in default_names()]]:
-        key = name if any(f.name == name for f in dataclasses.fields(GenerationConfig)) else OPTION_SETTING_PREFIX + name.removeprefix(OPTION_SETTING_PREFIX)
-        if key in changes or key.removeprefix(OPTION_SETTING_PREFIX) in options or (key == "steps" and "steps" in changes):
+        key = setting_key(name)
+        if key in changes or key.split(".", 1)[-1] in {**options, **kind_fixed} or (key == "steps" and "steps" in changes):
+            continue
+        if key not in readable and not key.startswith(OPTION_SETTING_PREFIX):  # no kind this model runs reads it
             continue
         dim = declared_dimension(key, base)
         if dim.name == "kind":
@@ -318,11 +357,13 @@ def build_space(
                 base = _with(base, dim.name, dim.choices[0])
             continue
         dims[dim.name] = dim
-    return SearchSpace(base, tuple(dims.values()), frozenset(options), traits.diffusion_kind)
+    return SearchSpace(base, tuple(dims.values()), frozenset(options), traits.diffusion_kind, "decoder_options" in readable)
 
 
 def _with(config: GenerationConfig, name: str, value: Any) -> GenerationConfig:
-    """`config` with setting `name` (a field or `decoder_options.<option>`) set to `value`."""
+    """`config` with setting `name` (a field, `kind_options.<option>` or `decoder_options.<option>`) set to `value`."""
     if name.startswith(OPTION_SETTING_PREFIX):
         return dataclasses.replace(config, decoder_options={**config.decoder_options, name.removeprefix(OPTION_SETTING_PREFIX): value})
+    if name.startswith(KIND_OPTION_PREFIX):
+        return dataclasses.replace(config, kind_options={**config.kind_options, name.removeprefix(KIND_OPTION_PREFIX): value})
     return dataclasses.replace(config, **{name: value})

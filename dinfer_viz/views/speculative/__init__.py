@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.kinds import kind_named
+
 from ...cells import CELL_COLOURS, add_states, collapse_fill, inert, legend_block
 from ...timeline import Timeline
 from ..base import register
@@ -111,7 +113,8 @@ class SpeculativeView(MaskedView):
         return "\n\n".join([SPECULATION, decoder_text, SPECULATIVE_SETTINGS, *options, SPECULATIVE_READING])
 
     def settings_words(self, config: Any) -> list[str]:
-        verify = "verify always" if config.verify == "always" else f"verify auto τ_v={config.verify_threshold:g}"
+        option = kind_named(SPECULATIVE).option
+        verify = "verify always" if option(config, "verify") == "always" else f"verify auto τ_v={option(config, 'verify_threshold'):g}"
         return [verify, f"block {config.block_length}"]
 
     def frame_title(self, timeline: Timeline, index: int) -> str:
