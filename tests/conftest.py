@@ -45,6 +45,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_cli.py::test_generate_json_in_a_real_process",
         "test_kinds.py::test_the_cli_refuses_in_one_line_with_exit_2",
         "test_speculative.py::test_a_kind_file_and_a_view_file_dropped_in_run_with_no_other_edit",
+        "test_example_kind.py::test_the_cli_loads_it_by_path_and_runs_it",
         "test_decoder_discovery.py::test_a_decoder_file_copied_into_engine_decoders_runs_by_its_new_name",
         "test_analysis.py::test_analyze_command",
         "test_trace_diff.py::test_diff_command",

@@ -80,8 +80,14 @@ class Sink:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_path_shows_the_engines_count_of_forwards(kind):
+    check_every_path(kind, config_for(kind))
+
+
+def check_every_path(kind: str, config: GenerationConfig) -> None:
+    """The engine's NFE and TPF of one run of `config` on every path that shows them (the test above;
+    tests/test_example_kind.py runs it for the example kind loaded by path)."""
     name = model_for(kind)
-    engine, config, prompt = engine_of(name), config_for(kind), PROMPTS.get(kind, PROMPTS["masked"])
+    engine, prompt = engine_of(name), PROMPTS.get(kind, PROMPTS["masked"])
     solo = engine.generate(prompt, config, RunHooks(trace=True)).output
     nfe, tokens = solo.stats.nfe, solo.stats.tokens
     assert nfe >= 1 and tokens >= 1
@@ -125,13 +131,20 @@ def test_every_path_shows_the_engines_count_of_forwards(kind):
 @pytest.mark.parametrize("batching", ["continuous", "lockstep"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_servers_usage_counts_the_engines_forwards(kind, batching):
+    check_server_usage(kind, batching)
+
+
+def check_server_usage(kind: str, batching: str, **fields: object) -> dict:
+    """The server's `usage.forwards` for a request of `kind` (with `fields`) equals the engine's
+    NFE for the same settings; returns the answer."""
     name = model_for(kind)
-    engine, config, prompt = engine_of(name), config_for(kind), PROMPTS.get(kind, PROMPTS["masked"])
-    nfe = engine.generate(prompt, config).output.stats.nfe
+    engine, prompt = engine_of(name), PROMPTS.get(kind, PROMPTS["masked"])
+    nfe = engine.generate(prompt, config_for(kind).replace(**fields)).output.stats.nfe
     app = create_app(engine, RequestLimits(), max_batch=4, max_pending=8, batching=batching)
     with running(app) as url:
         settings = settings_for(kind)
-        body = {"model": engine.name, "prompt": prompt, "max_tokens": settings["gen_length"], **{k: v for k, v in settings.items() if k != "gen_length"}, "kind": kind}
+        body = {"model": engine.name, "prompt": prompt, "max_tokens": settings["gen_length"], **{k: v for k, v in settings.items() if k != "gen_length"}, "kind": kind, **fields}
         answer = httpx.post(f"{url}/completions", json=body, timeout=600)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["forwards"] == nfe
+    return answer.json()
