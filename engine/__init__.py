@@ -1,7 +1,9 @@
-"""dinfer-viz engine: masked-diffusion LM inference (LLaDA family) with dInfer's four components.
+"""dinfer-viz engine: diffusion LM inference (masked: LLaDA, LLaDA-MoE, LLaDA2; uniform-state:
+DiffusionGemma; self-speculative on block-causal models) with dInfer's four components.
 
 - model: `engine.models` (families, registry, checkpoint loader)
-- diffusion iteration manager: `engine.run` (the skeleton) and `engine.kinds` (one loop per kind)
+- diffusion iteration manager: `engine.run` (the skeleton every kind shares), `engine.kinds` (one
+  file per kind, discovered; more from $DINFER_VIZ_KINDS) and `engine.fill` (a rule-only kind's run)
 - decoders: `engine.decoders` (one file per family of rules, each imported with the package)
 - KV-cache manager: `engine.cache`
 
