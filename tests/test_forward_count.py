@@ -148,3 +148,18 @@ def check_server_usage(kind: str, batching: str, **fields: object) -> dict:
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["forwards"] == nfe
     return answer.json()
+
+
+def test_a_speculative_stream_carries_its_draft_as_provisional_text():
+    """The kind's own answer to "what does the run hold now" (StepState.current) is what a stream
+    with `provisional: true` sends after the final text: on a prompt whose step corrects its draft
+    mid-block, the rest of that draft arrives as provisional text and never as final text."""
+    engine = engine_of("tiny-llada2")
+    app = create_app(engine, RequestLimits(), max_batch=4, max_pending=8)
+    body = {"model": engine.name, "prompt": "Q: rhymes with shore? A:", "max_tokens": 32, "block_length": 8, "kind": "speculative", "stream": True, "provisional": True}
+    with running(app) as url, httpx.stream("POST", f"{url}/completions", json=body, timeout=600) as answer:
+        chunks = [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    text = "".join(c.get("text") or "" for c in choices)
+    assert text == engine.generate(body["prompt"], GenerationConfig(kind="speculative", gen_length=32, block_length=8, use_chat_template=False)).texts[0]
+    assert any(c.get("provisional") for c in choices), choices
