@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import EngineError
+from engine.kinds import KINDS
 from engine.step_state import has_step_state
 from engine.trace import MASKED
 
@@ -31,13 +32,13 @@ def register(cls: type["KindView"]) -> type["KindView"]:
 
 
 def view_of_kind(kind: str) -> "KindView":
-    """The view of a diffusion kind by its name (engine.trace.MASKED, UNIFORM, ...). A kind with no
-    view of its own whose records keep no step state of their own (engine/step_state.py: a kind
-    that fills a masked canvas, as engine/fill.py's) writes masked diffusion's records, so masked
-    diffusion's view draws it."""
+    """The view of a diffusion kind by its name (engine.trace.MASKED, UNIFORM, ...). A kind this
+    engine runs with no view of its own whose records keep no step state of their own
+    (engine/step_state.py: a kind that fills a masked canvas, as engine/fill.py's) writes masked
+    diffusion's records, so masked diffusion's view draws it; a kind the engine does not know is refused."""
     if kind in VIEWS:
         return VIEWS[kind]
-    if not has_step_state(kind):
+    if kind in KINDS and not has_step_state(kind):
         return VIEWS[MASKED]
     raise EngineError(f"this app has no view for the diffusion kind {kind!r} (it has {', '.join(sorted(VIEWS))})")
 
