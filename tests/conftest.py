@@ -54,6 +54,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_model_names.py::test_the_server_serves_an_embedded_name_from_any_directory",
         "test_security.py::test_app_with_an_address_it_cannot_bind_says_so_in_one_line_and_exits",
         "test_tune.py::test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trials",
+        "test_tune.py::test_a_signal_ends_the_running_trial_and_says_what_the_study_kept",
         "test_hardening_constraints.py",  # constraint builds run to their deadline or memory bound
         "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigint-sweep]",
     ),

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import optuna
@@ -208,6 +210,48 @@ def test_bad_tune_arguments_are_one_line_and_exit_2(argv, words, tmp_path, capsy
     assert words in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--seed", "-1"], "the seed must be from 0 to 4294967295"),
+    (["--seed", str(2**70)], "the seed must be from 0 to 4294967295"),
+    (["--prompts-file", "/dev/zero"], "is not a regular file"),
+    (["--prompts-file", "{fifo}"], "is not a regular file"),
+    (["--prompts-file", "{big}"], "more than 1,048,576"),
+    (["--storage", "journal:{fifo}"], "is not a regular file"),
+    (["--storage", "sqlite:///{fifo}"], "is not a regular file"),
+    (["--storage", "sqlite:///{tmp}/no/such/folder/x.db"], "no folder"),
+    (["--storage", "ftp://host/x"], "--storage must be a database URL"),
+    (["--fix", f"gen_length={10**9}"], "gen_length must be below the model's max_sequence_length"),
+    (["--fix", "threshold=5"], "threshold"),
+    (["--fix", "temperature=nan"], "temperature"),
+    (["--timeout", "nan"], "--timeout must be above 0"),
+    (["--study", "x" * 300], "--study must be 1 to 256"),
+])
+def test_every_tune_flag_is_checked_before_the_study_in_one_line(argv, words, tmp_path, capsys):
+    fifo, big = tmp_path / "fifo", tmp_path / "big.txt"
+    os.mkfifo(fifo)
+    big.write_text("Q: 1+1= A: 2\n" * 100_000)
+    argv = [a.format(fifo=fifo, big=big, tmp=tmp_path) for a in argv]
+    storage = [] if argv[0] == "--storage" else ["--storage", f"sqlite:///{tmp_path}/x.db"]
+    assert main(["tune", *storage, "--trials", "1", "--prompts", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "x.db").exists()  # refused before any study was opened
+
+
+@pytest.mark.parametrize("directions, trial", [(["maximize"], False), (["minimize", "maximize"], False), (["maximize", "maximize"], True)])
+def test_a_study_another_program_made_is_refused_in_one_line(directions, trial, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path}/foreign.db"
+    foreign = optuna.create_study(storage=url, study_name="theirs", directions=directions)
+    if trial:  # their trials hold no config: joining them would end in a KeyError in the report
+        foreign.optimize(lambda t: [t.suggest_float("x", 0, 1)] * len(directions), n_trials=2)
+    before = [(t.number, t.state) for t in foreign.trials]
+    assert main(["tune", "--storage", url, "--study", "theirs", "--trials", "1", "--prompts", "1", "--fix", "gen_length=32"]) == 2
+    err = capsys.readouterr().err
+    assert "study 'theirs' is not this tuner's" in err and err.count("\n") == 1
+    after = optuna.load_study(study_name="theirs", storage=url)
+    assert [(t.number, t.state) for t in after.trials] == before and "space" not in after.user_attrs  # left as it was
+
+
 def test_workers_that_create_one_new_database_at_once_all_open_it(tmp_path):
     # Optuna's RDBStorage alone fails here in all but one thread (the schema's tables and its
     # version row created at once: "table already exists", "UNIQUE constraint failed")
@@ -247,3 +291,41 @@ def test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trial
         assert {t["number"] for t in result["trials"]} <= numbers and result["front"]
     last = json.loads(outputs[0][0] if len(json.loads(outputs[0][0])["trials"]) >= len(json.loads(outputs[1][0])["trials"]) else outputs[1][0])
     assert {t["number"] for t in last["trials"]} == numbers  # the one that finished last saw every trial
+
+
+def _running_trial(storage: str, study: str) -> bool:
+    """Whether the study in `storage` has a trial running (False while the study is not there yet)."""
+    try:
+        return any(t.state == TrialState.RUNNING for t in optuna.load_study(study_name=study, storage=storage).trials)
+    except KeyError:  # not created yet
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_signal_ends_the_running_trial_and_says_what_the_study_kept(signum, tmp_path):
+    storage = f"sqlite:///{tmp_path}/signal.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "engine", "tune", "--storage", storage, "--study", "s", "--trials", "500", "--prompts", "40", "--decoders", "fixed", "--fix", "gen_length=64"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600  # a hang guard on the start (torch's import, the model)
+        while not _running_trial(storage, "s"):  # the study runs a trial: the signal lands inside it
+            assert tune.poll() is None, tune.communicate()
+            assert time.monotonic() < deadline, "no trial started"
+            time.sleep(0.2)
+        tune.send_signal(signum)
+        out, err = tune.communicate(timeout=120)  # a hang guard: the running generation stops within a layer
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+    assert tune.returncode == 128 + signum and out == ""
+    line = err.strip().splitlines()[-1]
+    study = optuna.load_study(study_name="s", storage=storage)
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states  # consistent: the running trial was marked
+    completed, pruned, failed = (states.count(s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    name = signal.Signals(signum).name
+    assert line == f"stopped by {name}: study 's' in {storage} keeps {completed} completed, {pruned} pruned and {failed} failed trials; run again with --study s to go on"
+    assert completed + pruned + failed < 500

@@ -92,3 +92,10 @@ def test_a_study_over_the_bounds_is_refused_in_one_line(handlers):
         assert "\n" not in str(caught.value)
     frames = [dict(zip(TUNE_VIEW, f)) for f in handlers.tune({"config": {}}, "", [], 1, 4, 60)]
     assert len(frames) == 1 and "choose at least one task family" in frames[0]["message"]
+
+
+def test_the_tabs_refusals_are_the_commands_lines_escaped(handlers):
+    for seed, fix, words in ((0, "<img src=x onerror=alert(1)>=1", "no setting"), (-1, "gen_length=32", "the seed must be from 0"), (2**70, "gen_length=32", "the seed must be from 0")):
+        frames = [dict(zip(TUNE_VIEW, f)) for f in handlers.tune({"config": {}}, "", ["pairsum"], 1, 2, 60, seed, [], fix, "")]
+        message = frames[0]["message"]
+        assert len(frames) == 1 and words in message and "<img" not in message and "\n" not in message

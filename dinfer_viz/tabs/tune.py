@@ -16,9 +16,10 @@ from engine import EngineError, GenerationConfig
 from engine.kinds.base import KINDS, kind_decoders
 from engine.tuning.command import parse_pairs
 from engine.tuning.space import build_space
-from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT
+from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, check_seed
 from tinymodel.tasks import TASKS, parse_prompt
 
+from ..cells import inert_markdown
 from ..settings import all_controls, control_value
 from ..sweep import sweep_examples
 from ..tuning import TuneState, front_rows, run_tune, settings_of, tune_figure
@@ -89,18 +90,20 @@ class TuneHandlers(TabHandlers):
             if not chosen:
                 raise EngineError("choose at least one task family")
             per, seed_n = _count(per_family, "prompts per family"), _count(seed, "the seed")
+            check_seed(seed_n)
             splits = {s: sweep_examples(chosen, per, seed=seed_n, split=s) for s in (TUNING_SPLIT, HELD_OUT_SPLIT)}
             searched = build_space(self.host.model_kind(spec), decoders=list(decoders or []) or None, fix=parse_pairs(_items(fix), "a fixed setting", True), space=parse_pairs(_items(space), "a search range", False))
             for example in splits[TUNING_SPLIT]:
                 self.check_request(example.prompt, searched.base)
             states = run_tune(self.host, spec, searched, splits, _count(trials, "trials"), float(seconds or 0), seed=seed_n, cancel=stop.cancel)
             first = next(states)  # its bounds are checked on this first step
-        except EngineError as exc:
-            yield outputs(TUNE_VIEW, {"message": error_text(str(exc))})
+        except EngineError as exc:  # it may quote a setting's name or value as typed
+            yield outputs(TUNE_VIEW, {"message": error_text(inert_markdown(str(exc)))})
             return
         state = first
         while True:
-            out = {"chart": tune_figure(state), "table": front_rows(state), "message": error_text(state.message) if state.failed else state.message, "state": state}
+            message = inert_markdown(state.message)  # a failed study's line may quote what was typed
+            out = {"chart": tune_figure(state), "table": front_rows(state), "message": error_text(message) if state.failed else message, "state": state}
             if state.done and state.front:
                 out["csv"] = self.write_file("tune-front", ".csv", state.csv())
             stop.message = state.message
@@ -126,7 +129,7 @@ class TuneHandlers(TabHandlers):
             prompt = (prompt or "").strip()
             self.check_request(prompt, config)
         except EngineError as exc:
-            return (error_text(str(exc)), *skip)
+            return (error_text(inert_markdown(str(exc))), *skip)
         example = parse_prompt(prompt)
         controls = tuple(control_value(c, config) for c in all_controls())
         return (f"trial {number} opened on the Run tab with its settings", prompt, example.response if example else "", gr.Tabs(selected="run"), state.model_box or gr.skip(), *controls)

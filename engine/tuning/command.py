@@ -12,8 +12,12 @@ import argparse
 import importlib
 import json
 import os
+import signal
+import stat
 import sys
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, apply_runtime, check_threads, set_cpu_threads
 from ..errors import EngineError
@@ -23,6 +27,10 @@ SCORER_ENV = "DINFER_VIZ_TUNE_SCORER"
 DEFAULT_STORAGE = "sqlite:///tune.db"  # beside where the command runs (its output)
 MAX_TRIALS = 10_000
 MAX_PROMPTS = 300  # per family: what every family holds (tinymodel/tasks.py)
+MAX_PROMPTS_FILE_BYTES = 2**20  # a prompts file holds at most 300 prompts (tinymodel/tune_prompts.py)
+MAX_TIMEOUT = 30 * 86400.0
+MAX_STUDY_NAME = 256
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def parse_pairs(items: list[str] | None, what: str, need_value: bool) -> dict[str, str]:
@@ -72,11 +80,55 @@ def _say_refused(study: Any, trial: Any) -> None:
         print(f"trial {trial.number} refused: {trial.user_attrs['refused']}", file=sys.stderr)
 
 
+def check_prompts_file(path: str) -> None:
+    """A prompts file is a regular file of at most MAX_PROMPTS_FILE_BYTES (a FIFO or a device such
+    as /dev/zero would block or fill memory in the read)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read --prompts-file {path[:200]}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise EngineError(f"--prompts-file {path[:200]} is not a regular file")
+    if info.st_size > MAX_PROMPTS_FILE_BYTES:
+        raise EngineError(f"--prompts-file {path[:200]} holds {info.st_size:,} bytes, more than {MAX_PROMPTS_FILE_BYTES:,}")
+
+
+@contextmanager
+def stopped_by_signals(cancel: threading.Event) -> Iterator[list[int]]:
+    """While the study runs, SIGINT and SIGTERM set `cancel` (the running trial's generation stops
+    within a layer, the trial is PRUNED, the study stops) instead of killing the process mid-write;
+    the list yielded gets the signals received. The previous handlers come back after."""
+    received: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        received.append(signum)
+        cancel.set()
+
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS} if threading.current_thread() is threading.main_thread() else {}
+    try:
+        yield received
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def kept_line(study: Any, storage: str, signum: int) -> str:
+    """What a study stopped by a signal kept: its trials by state, and how to resume it."""
+    from optuna.trial import TrialState
+
+    counts = {state: len(study.get_trials(deepcopy=False, states=(state,))) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    return (
+        f"stopped by {signal.Signals(signum).name}: study {study.study_name!r} in {storage[:200]} keeps {counts[TrialState.COMPLETE]} completed, "
+        f"{counts[TrialState.PRUNED]} pruned and {counts[TrialState.FAIL]} failed trials; run again with --study {study.study_name} to go on"
+    )
+
+
 def tune_command(args: argparse.Namespace) -> int:
     import optuna
 
     from ..models import model_skeleton
     from ..pipeline import Engine
+    from ..run import GenerationCancelled
     from .space import build_space
     from .study import OBJECTIVES, format_report, open_study, report, run_trials
 
@@ -84,8 +136,12 @@ def tune_command(args: argparse.Namespace) -> int:
         raise EngineError(f"--trials must be from 1 to {MAX_TRIALS}, got {args.trials}")
     if not 1 <= args.prompts <= MAX_PROMPTS:
         raise EngineError(f"--prompts must be from 1 to {MAX_PROMPTS}, got {args.prompts}")
-    if args.timeout is not None and not args.timeout > 0:
-        raise EngineError(f"--timeout must be positive, got {args.timeout}")
+    if args.timeout is not None and not 0 < args.timeout <= MAX_TIMEOUT:
+        raise EngineError(f"--timeout must be above 0 and at most {MAX_TIMEOUT} seconds, got {args.timeout}")
+    if args.study is not None and not (0 < len(args.study) <= MAX_STUDY_NAME and args.study.isprintable()):
+        raise EngineError(f"--study must be 1 to {MAX_STUDY_NAME} printable characters, got {args.study[:40]!r}")
+    if args.prompts_file:
+        check_prompts_file(args.prompts_file)
     check_threads(args.threads)
     skeleton = model_skeleton(args.model)
     decoders = [d.strip() for d in args.decoders.split(",") if d.strip()] if args.decoders else None
@@ -95,12 +151,19 @@ def tune_command(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the table and the JSON are the output; refusals get one line each
     study = open_study(args.storage, args.study, space, objectives, args.sampler, args.seed)
     set_cpu_threads(skeleton, args.threads)
-    with Engine(args.model, **apply_runtime(args)) as engine:
-        evaluate = scorer.make_evaluator(engine, args.families, args.prompts, args.seed, args.prompts_file)
-        run_trials(study, space, skeleton, evaluate, args.trials, args.timeout, on_trial=_say_refused)
-        if not study.best_trials:
+    cancel = threading.Event()
+    with stopped_by_signals(cancel) as received, Engine(args.model, **apply_runtime(args)) as engine:
+        evaluate = scorer.make_evaluator(engine, args.families, args.prompts, args.seed, args.prompts_file, cancel)
+        run_trials(study, space, skeleton, evaluate, args.trials, args.timeout, cancel=cancel, on_trial=_say_refused)
+        if not received and not study.best_trials:
             raise EngineError(f"study {study.study_name!r} has no completed trial (every setting tried was refused: narrow the space)")
-        result = report(study, skeleton, evaluate)
+        try:
+            result = None if received else report(study, skeleton, evaluate)
+        except GenerationCancelled:  # a signal during the report's held-out runs
+            result = None
+    if result is None:  # stopped by a signal: the study keeps what it has (its running trial PRUNED)
+        print(kept_line(study, args.storage, received[0]), file=sys.stderr)
+        return 128 + received[0]
     print(json.dumps(result) if args.json else format_report(result))
     if not args.json:
         print(f"[storage {args.storage}  study {study.study_name}]", file=sys.stderr)

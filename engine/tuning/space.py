@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -135,7 +136,7 @@ def declared_dimension(name: str, base: GenerationConfig) -> Dimension:
     hint = typing.get_type_hints(GenerationConfig)[name]
     base_type = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
     if name == "block_length":
-        return Dimension(name, choices=tuple(n for n in range(1, base.gen_length + 1) if base.gen_length % n == 0))
+        return Dimension(name, choices=_divisors(base.gen_length))
     if name == "steps":
         return Dimension(STEPS_PER_BLOCK, low=1, high=base.block_length, integer=True)
     if name == "kind":
@@ -325,6 +326,7 @@ def build_space(
         else:
             changes["steps" if key == STEPS_PER_BLOCK else key] = value
     base = dataclasses.replace(base, **changes, decoder_options={**base.decoder_options, **options}, kind_options={**base.kind_options, **kind_fixed})
+    _check_fixed(base, changes, model)
     runnable = tuple(k for k in KINDS if KINDS[k].refuses(traits) is None)
     readable = frozenset().union(*(kind_reads(k) for k in runnable))
     dims: dict[str, Dimension] = {}
@@ -358,6 +360,25 @@ def build_space(
             continue
         dims[dim.name] = dim
     return SearchSpace(base, tuple(dims.values()), frozenset(options), traits.diffusion_kind, "decoder_options" in readable)
+
+
+def _check_fixed(base: GenerationConfig, changes: dict[str, Any], model: Any) -> None:
+    """Refuse fixed settings out of their ranges before any trial, as a run's config is checked
+    (`validate`), the block length, when searched, taken as one block (any divisor is searched),
+    and the generation within the model's positions. The decoder options are left out: each was
+    checked against its own declaration (`parse_value`), and a fixed option applies to the decoders
+    that declare it, not necessarily the base's."""
+    limit = getattr(model, "max_positions", None)
+    if isinstance(limit, int) and base.gen_length >= limit:
+        raise EngineError(f"gen_length must be below the model's max_sequence_length ({limit}), got {base.gen_length}")
+    probe = base if "block_length" in changes else dataclasses.replace(base, block_length=base.gen_length)
+    dataclasses.replace(probe, decoder_options={}).validate()
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of `n`, ascending (pairs up to its square root: a long generation costs no more)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))
 
 
 def _with(config: GenerationConfig, name: str, value: Any) -> GenerationConfig:

@@ -17,6 +17,7 @@ embedded tasks: tinymodel/tune_prompts.py), the engine only searches.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,9 @@ MAX_WRONG = 5  # wrong answers a trial keeps (prompt, answer): enough to see wha
 SAMPLERS = ("tpe", "nsga2")
 STORAGE_ATTEMPTS = 5  # opening a database that other workers create at the same moment
 SQLITE_LOCK_SECONDS = 120
+MAX_STORAGE_URL = 4096
+MAX_SEED = 2**32 - 1  # NumPy's seeds (the samplers')
+RDB_SCHEMES = ("sqlite", "postgresql", "mysql")  # SQLAlchemy's, each with its optional +driver
 
 
 @dataclass
@@ -77,16 +81,43 @@ class Figures:
 Evaluate = Callable[[GenerationConfig, str], Figures]
 
 
+def _check_file(path: str, what: str) -> None:
+    """A storage file is a regular file or not there yet (in a folder that is): a FIFO, a device
+    or a folder would hang the open or fail deep inside the driver."""
+    if not path:
+        raise EngineError(f"--storage {what} names no file")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise EngineError(f"--storage {what} {path[:200]!r} is not a regular file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise EngineError(f"--storage {what} {path[:200]!r}: no folder {folder[:200]!r}")
+
+
+def check_storage(url: str) -> None:
+    """Refuse, in one line and before anything opens it, a storage URL the tuner cannot use: too
+    long, of another scheme, or naming a file that is not a regular one."""
+    if len(url) > MAX_STORAGE_URL:
+        raise EngineError(f"--storage is longer than {MAX_STORAGE_URL} characters")
+    if url.startswith("journal:"):
+        _check_file(url[len("journal:"):], "journal")
+        return
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] not in RDB_SCHEMES:
+        raise EngineError(f"--storage must be a database URL ({', '.join(s + '://' for s in RDB_SCHEMES)}, e.g. sqlite:///tune.db) or journal:PATH, got {url[:80]!r}")
+    if scheme.split("+")[0] == "sqlite" and rest.removeprefix("/") not in ("", ":memory:"):
+        _check_file(rest.removeprefix("/").split("?")[0], "sqlite file")
+
+
 def open_storage(url: str) -> Any:
     """An Optuna storage: an RDB URL (sqlite:///file.db, postgresql://..., mysql://...) or
-    `journal:PATH`, Optuna's journal file (safe on NFS for many machines)."""
+    `journal:PATH`, Optuna's journal file (safe on NFS for many machines); checked first
+    (`check_storage`)."""
+    check_storage(url)
     if url.startswith("journal:"):
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
         return JournalStorage(JournalFileBackend(url[len("journal:"):]))
-    if "://" not in url:
-        raise EngineError(f"--storage must be a database URL (sqlite:///tune.db) or journal:PATH, got {url[:80]!r}")
     import sqlalchemy.exc
     from optuna.storages import RDBStorage
 
@@ -104,12 +135,19 @@ def open_storage(url: str) -> Any:
     return RDBStorage(url, engine_kwargs=engine_kwargs)  # the last attempt's error is the one said
 
 
+def check_seed(seed: int) -> None:
+    """The samplers' seed (and the prompts drawn) within what NumPy's generators take."""
+    if not 0 <= seed <= MAX_SEED:
+        raise EngineError(f"the seed must be from 0 to {MAX_SEED}, got {str(seed)[:40]}")
+
+
 def open_study(storage: str | None, name: str | None, space: SearchSpace, objectives: tuple[str, ...], sampler: str = "tpe", seed: int = 0) -> optuna.Study:
     """Create the study, or join it (another worker's, or a stopped one resumed); a study that
     searches another space or other objectives is refused in one line. `storage` None: in memory
     (the app's, for one page's session)."""
     if sampler not in SAMPLERS:
         raise EngineError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    check_seed(seed)
     chosen = optuna.samplers.TPESampler(seed=seed) if sampler == "tpe" else optuna.samplers.NSGAIISampler(seed=seed)
     try:
         study = optuna.create_study(storage=open_storage(storage) if storage else None, study_name=name, directions=["maximize"] * len(objectives), sampler=chosen, load_if_exists=True)
@@ -117,9 +155,17 @@ def open_study(storage: str | None, name: str | None, space: SearchSpace, object
         raise EngineError(f"cannot open study {name!r} in {(storage or 'memory')[:80]}: {exc}") from None
     except Exception as exc:  # the database driver's errors (SQLAlchemy's), in one line
         raise EngineError(f"cannot open the storage {(storage or 'memory')[:80]}: {str(exc).splitlines()[0][:200]}") from None
+    directions = [d.name.lower() for d in study.directions]
+    if directions != ["maximize"] * len(objectives):
+        raise EngineError(f"study {study.study_name!r} is not this tuner's: its objectives' directions are {', '.join(directions)}; this tuner maximises {', '.join(objectives)}; give another --study")
     recorded = {"space": space.fingerprint(), "objectives": list(objectives)}
+    missing = [key for key in recorded if key not in study.user_attrs]
+    # a study with trials but without the tuner's records was made by another program: its trials
+    # hold no config to report (an empty one is adopted: another worker may be creating it now)
+    if missing and study.get_trials(deepcopy=False):
+        raise EngineError(f"study {study.study_name!r} is not this tuner's: it has trials but no recorded {' or '.join(missing)}; give another --study")
     for key, value in recorded.items():
-        if key not in study.user_attrs:
+        if key in missing:
             study.set_user_attr(key, value)
         elif study.user_attrs[key] != value:
             raise EngineError(f"study {study.study_name!r} was started with other {key} ({str(study.user_attrs[key])[:120]}): use the same flags, or another --study")
