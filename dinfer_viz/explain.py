@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from engine.errors import EngineError
+from engine.kinds import KINDS
 from engine.registry import decoder_class
 from engine.system_options import SYSTEM_OPTIONS, system_options
 from engine.trace import MASKED
@@ -28,7 +29,16 @@ def explain(decoder: str, cache: str, smoothing: bool = False, unroll: bool = Fa
     cache mode or iteration feature, so its text names none)."""
     chosen = system or {}
     options = [SYSTEM_OPTIONS[name].explanation for name, value in chosen.items() if name in SYSTEM_OPTIONS and SYSTEM_OPTIONS[name].is_set(value)]
-    return view_of_kind(kind or decoder_kind(decoder)).explanation(decoder_explanation(decoder), cache, smoothing, unroll, options)
+    rule = KINDS.get(kind or "")
+    text = rule_explanation(rule) if rule is not None and rule.decoder_kind() is None else decoder_explanation(decoder)
+    return view_of_kind(kind or decoder_kind(decoder)).explanation(text, cache, smoothing, unroll, options)
+
+
+def rule_explanation(kind: type) -> str:
+    """The paragraph of a kind that takes no decoder (its rule is its own, so the page's decoder
+    explains nothing): its name and summary (a plug-in's words, escaped)."""
+    summary = kind.summary or "no summary written for this kind yet; the engine registers it, so it runs"
+    return f"**The {inert_markdown(kind.name)} kind (no decoder).** It {inert_markdown(summary)}."
 
 
 def run_kind(config: Any) -> str:

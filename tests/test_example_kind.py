@@ -32,17 +32,22 @@ PROMPT = "Q: ?+?=38 A:"
 _MODULE: list = []
 
 
-@pytest.fixture
-def margin(own_kinds) -> type:
-    """The example's kind in the test's own registry (its module imported once, by path, as
-    $DINFER_VIZ_KINDS loads it; its `@register_kind` lands in the registry the test restores)."""
+def load_example() -> type:
+    """The example's kind class (its module imported once per process, by path, as $DINFER_VIZ_KINDS
+    loads it; its `@register_kind` lands in whatever registry the caller restores after)."""
     if not _MODULE:
         spec = importlib.util.spec_from_file_location("example_margin_kind", EXAMPLE)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         _MODULE.append(module)
-    kind = _MODULE[0].MarginKind
+    return _MODULE[0].MarginKind
+
+
+@pytest.fixture
+def margin(own_kinds) -> type:
+    """The example's kind in the test's own registry."""
+    kind = load_example()
     own_kinds[kind.name] = kind
     return kind
 

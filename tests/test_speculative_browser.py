@@ -61,6 +61,11 @@ def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_pa
     trace = _run_step(page)
     assert trace["kind"] == "speculative" and trace["final"] == autoregressive["final"]  # the block-length-1 answer
     assert trace["stats"]["nfe"] < autoregressive["stats"]["nfe"]  # in fewer forwards
+    # the readout counts the engine's forwards (a draft and a verify per verified step), not the steps
+    nfe, tokens = trace["stats"]["nfe"], trace["stats"]["tokens"]
+    assert nfe == sum(r["forwards"] for r in trace["iterations"]) == sum(1 + r["state"]["verified"][0] for r in trace["iterations"])
+    cells = [c.strip() for c in page.locator("#stats td").all_inner_texts()]
+    assert str(nfe) in cells and f"{tokens / nfe:.2f}" in cells, cells
     expect(page.locator("#explain")).to_contain_text("verif")
     # scrub to a step that corrected a draft, if one did, else to the first; its cells say which is which
     steps = trace["iterations"]
