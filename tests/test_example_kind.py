@@ -138,3 +138,22 @@ def test_the_cli_loads_it_by_path_and_runs_it():
     refused = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", "tiny-llada", "--kind", "margin", "--decoder", "wino", "--prompt", PROMPT],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1 and "takes no decoder" in refused.stderr
+
+
+def test_compare_runs_it_beside_the_masked_kind_and_reads_each_sides_forwards(margin):
+    """Compare (its handlers, as the page calls them): A the example kind, B the threshold decoder,
+    on one model; each side's readout shows its own engine NFE and TPF."""
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.tabs.compare import COMPARE_VIEW
+    from dinfer_viz.ui import Handlers
+
+    handlers = Handlers(EngineHost(ModelSpec("tiny-llada")))
+    small = {"gen_length": 16, "block_length": 8, "use_chat_template": False}
+    frames = [dict(zip(COMPARE_VIEW, out)) for out in handlers.compare(PROMPT, {"config": {**small, "kind": "margin", "kind_options": {"margin": 0.3}}}, {"config": small}, "", 1)]
+    done = frames[-1]
+    state = done["state"]
+    assert state.a.trace.kind == "margin" and state.b.trace.kind == "masked", done["message"]
+    for side, timeline in (("a", state.a), ("b", state.b)):
+        nfe, tokens = timeline.trace.stats["nfe"], timeline.trace.stats["tokens"]
+        assert nfe == timeline.forwards(timeline.iterations)
+        assert f"| {tokens / nfe:.2f} | {nfe} |" in done[f"readout_{side}"]
