@@ -157,3 +157,35 @@ def test_compare_runs_it_beside_the_masked_kind_and_reads_each_sides_forwards(ma
         nfe, tokens = timeline.trace.stats["nfe"], timeline.trace.stats["tokens"]
         assert nfe == timeline.forwards(timeline.iterations)
         assert f"| {tokens / nfe:.2f} | {nfe} |" in done[f"readout_{side}"]
+
+
+def test_a_sweep_over_its_option_and_a_tuning_study_of_it_run(margin, tmp_path):
+    """The Threshold sweep's engine loop over `kind_options.margin` on two pair-sum prompts, and a
+    two-trial study with the kind fixed: each point and trial ran the example kind, counted its
+    forwards, and searched its option, never a decoder."""
+    from optuna.trial import TrialState
+
+    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.sweep import run_sweep
+    from engine.models import model_skeleton
+    from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, open_study, run_trials, trial_config
+    from tinymodel.tasks import split_examples
+    from tinymodel.tune_prompts import evaluator, tune_examples
+
+    host, spec = EngineHost(ModelSpec("tiny-llada")), ModelSpec("tiny-llada")
+    examples = split_examples(["pairsum"], "held_out", 2)
+    base = GenerationConfig(kind="margin", gen_length=16, block_length=8)
+    last = list(run_sweep(host, spec, base, "kind_options.margin", [0.2, 0.8], examples, interval=0.0))[-1]
+    points = last.points()
+    assert [p["value"] for p in points] == [0.2, 0.8] and all(p["nfe"] >= 1 and p["examples"] == 2 for p in points)
+    assert points[0]["nfe"] <= points[1]["nfe"]  # a lower margin fills at least as much per forward
+
+    skeleton = model_skeleton("tiny-llada")
+    space = build_space(skeleton, fix={"kind": "margin", "gen_length": "16"})
+    assert "kind_options.margin" in {d.name for d in space.dimensions} and "decoder" not in {d.name for d in space.dimensions}
+    evaluate = evaluator(engine_of("tiny-llada"), {s: tune_examples(["pairsum"], s, 2) for s in (TUNING_SPLIT, HELD_OUT_SPLIT)})
+    study = open_study(f"sqlite:///{tmp_path}/margin.db", "margin", space, ("accuracy", "tpf"))
+    run_trials(study, space, skeleton, evaluate, 2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    for trial in study.trials:
+        assert trial_config(trial).kind == "margin" and "margin" in trial.params and "decoder" not in trial.params

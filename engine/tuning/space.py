@@ -328,6 +328,8 @@ def build_space(
     base = dataclasses.replace(base, **changes, decoder_options={**base.decoder_options, **options}, kind_options={**base.kind_options, **kind_fixed})
     _check_fixed(base, changes, model)
     runnable = tuple(k for k in KINDS if KINDS[k].refuses(traits) is None)
+    if base.kind in runnable:  # a kind fixed: only what it reads is searched (a kind without a decoder: no decoder)
+        runnable = (base.kind,)
     readable = frozenset().union(*(kind_reads(k) for k in runnable))
     dims: dict[str, Dimension] = {}
     for name in [*default_names(), *[n for n in space if n not in default_names()]]:
