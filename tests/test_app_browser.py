@@ -513,7 +513,7 @@ def test_compare_marks_wrong_commits_and_the_scrubbed_iteration_and_its_legend_c
     page.wait_for_function(f"JSON.stringify(({red})()) === '[1]'")
 
 
-def test_the_sweeps_stop_stops_the_sweep(session, tmp_path):
+def test_the_sweeps_stop_stops_the_sweep(session, tmp_path, monkeypatch):
     """#44 item 1, in the page at a projector's 1024x768: the default sweep (every held-out pair-sum
     prompt at each default value) started, its Stop clicked once the page shows progress; the page
     says stopped, the engine is free (its lock, taken by the test), and the sweep stays stopped."""
@@ -521,13 +521,35 @@ def test_the_sweeps_stop_stops_the_sweep(session, tmp_path):
 
     from playwright.sync_api import expect
 
+    from dinfer_viz.tabs import common
+
     page, host = session.page, session.host
-    page.set_viewport_size({"width": 1024, "height": 768})
-    page.get_by_role("tab", name="Threshold sweep").click()
-    page.click("#sweep-btn")
-    expect(page.locator("#sweep-message")).to_contain_text(re.compile(r"[1-9][0-9]*/[0-9]+ prompts run"), timeout=300_000)
-    page.click("#sweep-stop")
-    expect(page.locator("#sweep-message")).to_contain_text(re.compile(r"stopped: \d+/\d+ prompts run"), timeout=120_000)
+    # Once the sweep is under way, the engine's forwards wait for its Stop's cancel (the app runs in
+    # this process), so the sweep cannot finish before the click lands however fast or loaded the
+    # machine is (on a loaded CI machine it once ran all 272 prompts between showing progress and
+    # the click); the cancel then stops the waiting forward at its first layer.
+    stops: list = []
+    made = common.SweepStop
+    monkeypatch.setattr(common, "SweepStop", lambda: stops.append(made()) or stops[-1])
+    with host.lock:
+        model = host.get(host.default).model
+    forwards = [0]
+
+    def wait_for_the_stop(module, args):
+        forwards[0] += 1
+        if forwards[0] > 40 and stops:
+            stops[-1].cancel.wait(timeout=300)
+
+    hook = model.register_forward_pre_hook(wait_for_the_stop)
+    try:
+        page.set_viewport_size({"width": 1024, "height": 768})
+        page.get_by_role("tab", name="Threshold sweep").click()
+        page.click("#sweep-btn")
+        expect(page.locator("#sweep-message")).to_contain_text(re.compile(r"[1-9][0-9]*/[0-9]+ prompts run"), timeout=300_000)
+        page.click("#sweep-stop")
+        expect(page.locator("#sweep-message")).to_contain_text(re.compile(r"stopped: \d+/\d+ prompts run"), timeout=120_000)
+    finally:
+        hook.remove()
     assert host.lock.acquire(timeout=120)  # the sweep's engine worker let go
     host.lock.release()
     run, total = map(int, re.search(r"stopped: (\d+)/(\d+) prompts run", page.locator("#sweep-message").inner_text()).groups())
