@@ -82,6 +82,23 @@ def check_token_prompts(prompts: Any, vocab_size: int) -> None:
     need(bad is None, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
 
 
+def check_ids(ids: Any, vocab_size: int) -> list[int]:
+    """One row of token ids to decode (a list, a tuple or a 1-d tensor's), each in the vocabulary."""
+    row = ids.tolist() if isinstance(ids, torch.Tensor) and ids.dim() == 1 else ids
+    need(isinstance(row, (list, tuple)) and all(is_int(i) for i in row), f"ids must be a list of token ids (integers), got {shown(ids)}")
+    bad = next((i for i in row if not 0 <= i < vocab_size), None)
+    need(bad is None, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
+    return list(row)
+
+
+def check_expected(expected: Any, prompts: int) -> list[str]:
+    """`generate`'s expected answers: one text for every prompt, or a text per prompt ("" or None for none)."""
+    answers = [expected] * prompts if isinstance(expected, str) else expected
+    need(isinstance(answers, (list, tuple)) and all(a is None or isinstance(a, str) for a in answers), f"expected must be a text or a list of texts (one per prompt), got {shown(expected)}")
+    need(len(answers) == prompts, f"{len(answers)} expected answers for {prompts} prompts")
+    return list(answers)
+
+
 def check_instance(name: str, value: Any, cls: type, hint: str = "") -> None:
     need(isinstance(value, cls), f"{name} must be a {cls.__name__}{hint}, got {shown(value)}")
 

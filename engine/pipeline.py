@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .arguments import check_device, check_dtype, check_engine_arguments, check_instance, check_prompts, check_token_prompts
+from .arguments import check_device, check_dtype, check_engine_arguments, check_expected, check_ids, check_instance, check_prompts, check_token_prompts, need, shown
 from .config import GenerationConfig
 from .constraints import TokenAutomaton, TokenVocabulary, spec_of
 from .errors import EngineError
@@ -57,7 +57,8 @@ def load_tokenizer(path: str | os.PathLike):
 def encode_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> list[int]:
     """`prompt` as the model reads it: the tokenizer's chat template around it when asked and the
     tokenizer has one, else the bare text; EngineError for an empty or unwritable prompt."""
-    if not prompt or not prompt.strip():
+    need(isinstance(prompt, str), f"the prompt must be a text, got {shown(prompt)}")  # not a TypeError inside the tokenizer
+    if not prompt.strip():
         raise EngineError("empty prompt")
     check_text(prompt)
     if use_chat_template and getattr(tokenizer, "chat_template", None):
@@ -119,6 +120,11 @@ def _checked_call(config: Any, hooks: Any) -> GenerationConfig:
     config = GenerationConfig() if config is None else config
     check_instance("config", config, GenerationConfig, " (GenerationConfig.from_dict reads a dict)")
     check_instance("hooks", hooks, RunHooks)
+    # the kind and the decoder choose the run, and so what validates the config (`fit`): read
+    # before `validate` checks every field's type, so checked here
+    for name in ("kind", "decoder"):
+        value = getattr(config, name)
+        need(value is None or isinstance(value, str), f"{name} must be a string, got {shown(value)}")
     return config
 
 
@@ -216,7 +222,7 @@ class Engine:
         return [prompt[a:b] for i, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if i == unk]
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(check_ids(ids, self.model.embedding_weight().shape[0]), skip_special_tokens=True)
 
     def token_strings(self, ids: set[int]) -> dict[str, str]:
         """id -> displayable string, for the trace's `tokens` (the engine asks as ids appear)."""
@@ -248,9 +254,7 @@ class Engine:
         config = _checked_call(config, hooks)
         encoded = [self.encode(p, config.use_chat_template) for p in batch]
         if expected is not None:
-            answers = [expected] * len(batch) if isinstance(expected, str) else list(expected)
-            if len(answers) != len(batch):
-                raise EngineError(f"{len(answers)} expected answers for {len(batch)} prompts")
+            answers = check_expected(expected, len(batch))
             hooks = hooks.but(expected_ids=[self.answer_ids(a) if a else [] for a in answers])
         out = self.generate_ids(encoded, config, hooks, fitted=fitted)
         return TextResult([self.decode(ids) for ids in out.token_ids], out)

@@ -8,13 +8,16 @@ records and writes the footer. The format, field by field: docs/trace.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
+from .config import GenerationConfig
 from .errors import EngineError
 from .step_state import step_state
 from .trace_upgrade import DRAFT_VERIFY, EDIT, MASKED, REFRESH_FORWARD, REMASK, TRACE_VERSION, UNIFORM, upgrade, upgrade_config
@@ -29,6 +32,7 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 # the largest trace file read (the largest the app writes, 1,024 positions of the fixed decoder in
 # one block, is 12.5 MB)
 MAX_TRACE_BYTES = 64 << 20
+MAX_CONFIG_NUMBER = 2**53  # the largest a JSON number keeps exactly, and the page's writer takes
 
 # ids -> {str(id): token string}, the pipeline's tokenizer (engine.pipeline.Engine.token_strings)
 TokenStrings = Callable[[set[int]], dict[str, str]]
@@ -182,6 +186,7 @@ class Trace:
         _need(isinstance(self.final, list) and all(_int_list(r) for r in self.final), "final must be a list of rows of integers")
         _need(isinstance(self.tokens, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in self.tokens.items()), "tokens must map id strings to strings")
         _need(isinstance(self.config, dict) and isinstance(self.stats, dict) and isinstance(self.model, str), "config and stats must be objects and model a string")
+        _check_config(self.config, self.canvas_length)
         # the views do arithmetic on every stat (a string there broke them with a TypeError)
         _need(all(isinstance(k, str) and (v is None or _is_number(v)) for k, v in self.stats.items()), "stats must map names to numbers")
         _need(_is_number(self.trace_seconds), "trace_seconds must be a number")
@@ -300,6 +305,32 @@ def candidate_lists(candidates: tuple[torch.Tensor, torch.Tensor], masked: torch
         [[[i, round(p, 4)] for i, p in zip(row_ids[w], row_probs[w])] if was_masked else [] for w, was_masked in enumerate(row_masked)]
         for row_ids, row_probs, row_masked in zip(ids, probs, masked.cpu().tolist())
     ]
+
+
+def _numbers(value: Any, path: str) -> Iterator[tuple[str, int | float]]:
+    """Every number inside `value` (objects and lists walked), with its path."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{path}[{i}]")
+    elif _is_number(value):
+        yield path, value
+
+
+def _check_config(config: dict[str, Any], canvas: int) -> None:
+    """The recorded config as a run could have held it (the app fills its boxes from it, a replay
+    reads it): every number finite and at most MAX_CONFIG_NUMBER in size, each declared setting at
+    least its declared least (engine/config.py `_setting`), the generation inside the canvas; the
+    first that is not is named."""
+    for path, value in _numbers(config, "config"):
+        _need(math.isfinite(value) and abs(value) <= MAX_CONFIG_NUMBER, f"{path[:120]} must be a finite number of at most 2**53 in size, got {str(value)[:40]}")
+    for f in dataclasses.fields(GenerationConfig):
+        value, least = config.get(f.name), f.metadata.get("least")
+        _need(least is None or not _is_number(value) or value >= least, f"config.{f.name} must be at least {least}, got {value}")
+    gen_length = config.get("gen_length")
+    _need(gen_length is None or (_is_int(gen_length, 1) and gen_length <= canvas), f"config.gen_length must be an integer from 1 to canvas_length ({canvas}), got {str(gen_length)[:40]}")
 
 
 def _need(ok: bool, message: str) -> None:

@@ -5,6 +5,7 @@ engine goes on answering."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -37,6 +38,16 @@ def refused(call, words: str) -> None:
         (lambda e: e.generate_ids([[1, -3]], GenerationConfig(gen_length=8, block_length=8)), "token id -3 is outside"),
         (lambda e: e.generate_ids("abc", GenerationConfig(gen_length=8, block_length=8)), "lists of token ids"),
         (lambda e: e.generate_ids([[1.5]], GenerationConfig(gen_length=8, block_length=8)), "lists of token ids"),
+        # issue #55: the four that leaked a TypeError or AttributeError from inside
+        (lambda e: e.generate("Q: 1+1=? A:", GenerationConfig(gen_length=8, block_length=8), expected=5), "expected must be a text or a list of texts"),
+        (lambda e: e.generate(["Q: 1+1=? A:", "Q: 2+2=? A:"], GenerationConfig(gen_length=8, block_length=8), expected=["2", 4]), "expected must be"),
+        (lambda e: e.encode(123), "the prompt must be a text, got int"),
+        (lambda e: e.decode(["a"]), "ids must be a list of token ids"),
+        (lambda e: e.decode([-1]), "token id -1 is outside the vocabulary"),
+        (lambda e: e.decode([2**70]), "is outside the vocabulary"),
+        (lambda e: e.generate("Q: 1+1=? A:", GenerationConfig(kind=["masked"])), "kind must be a string, got list"),
+        (lambda e: e.generate("Q: 1+1=? A:", GenerationConfig(decoder=["threshold"])), "decoder must be a string, got list"),
+        (lambda e: e.generate_ids([[1, 2]], GenerationConfig(kind=["masked"])), "kind must be a string"),
     ],
 )
 def test_a_call_with_a_wrong_argument_is_one_line(engine, call, words):
@@ -162,20 +173,30 @@ def test_a_replay_outside_the_run_is_one_line():
     assert dict(zip(RUN_VIEW, h.replay(4, state)))["grid"]  # the last iteration shows
 
 
-def test_a_trace_with_an_absurd_generation_length_loads_without_filling_the_boxes(tmp_path):
-    """#43 item 6: a trace whose config said gen_length 10**30 filled the page's box with it, and
-    the client got a CancelledError (the page's JSON writer takes no such integer). That box stays
-    as it is, the others are filled, and the run replays."""
+@pytest.mark.parametrize("change, field", [
+    ({"gen_length": 10**30}, "config.gen_length must be a finite number of at most 2**53"),
+    ({"gen_length": -5}, "config.gen_length must be an integer from 1 to canvas_length"),
+    ({"gen_length": 10**6}, "config.gen_length must be an integer from 1 to canvas_length"),
+    ({"threshold": float("nan")}, "config.threshold must be a finite number"),
+    ({"temperature": float("inf")}, "config.temperature must be a finite number"),
+    ({"temperature": -1.0}, "config.temperature must be at least 0.0"),
+    ({"decoder_options": {"alpha": 1e300}}, "config.decoder_options.alpha must be a finite number of at most 2**53"),
+])
+def test_a_trace_whose_config_no_run_could_hold_is_refused_naming_the_field(tmp_path, change, field):
+    """#55 (was #43 item 6: a config's gen_length 10**30 reached the page's box): a recorded
+    config with NaN, a negative or a huge number is refused as the trace loads, in one line naming
+    the field, by the engine's loader and so by the app's."""
     from dinfer_viz.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
+    from engine.trace import Trace
 
     from .app_support import handmade_trace
 
     trace = handmade_trace()
-    trace.config = {**trace.config, "gen_length": 10**30}
-    path = tmp_path / "long.json"
+    trace.config = {**trace.config, **change}
+    path = tmp_path / "odd.json"
     path.write_text(trace.to_json())
+    refused(lambda: Trace.from_json(path.read_text()), "trace: " + re.escape(field))
     h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)
-    out = dict(zip(h.loaded_slots, h.load_trace(str(path))))
-    assert "loaded a trace" in out["message"] and out["cfg:gen_length"] == {"__type__": "update"}  # left as it is
-    assert out["cfg:decoder"] == "threshold"
+    message = dict(zip(h.loaded_slots, h.load_trace(str(path))))["message"]
+    assert "cannot load this trace" in message and "config." in message and "\n" not in message.strip()

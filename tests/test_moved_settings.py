@@ -177,3 +177,13 @@ def test_a_shipped_version_2_trace_reads_its_decoders_settings_as_options(stem, 
     trace = Trace.from_dict(data)
     assert trace.config["decoder_options"] == options and not set(MOVED_SETTINGS) & set(trace.config)
     assert GenerationConfig.from_dict(trace.config).decoder_options == options
+
+
+def test_a_setting_given_as_null_is_its_default_for_every_setting():
+    """#55: `verify: null` was a 400 while `kind: null` meant the default; null is the default for
+    every setting field alike (docs/serving.md)."""
+    from engine.serving.schema import SETTING_FIELDS
+
+    plain = parse_request({"prompt": "Q: 1+2=? A:"}, False, RequestLimits()).config
+    for name in SETTING_FIELDS:
+        assert parse_request({"prompt": "Q: 1+2=? A:", name: None}, False, RequestLimits()).config == plain, name

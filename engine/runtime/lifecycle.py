@@ -24,7 +24,9 @@ workers, tests/lifecycle_workers.py).
   it waits. Every process is killed and reaped, the caller gets EngineError (one line) or its own
   exception, and the next call starts a fresh group.
 - **The caller's death.** A worker exits when its pipe closes, and a watchdog thread ends it when
-  its parent process is gone, a worker frozen away from its pipe included. `close()` kills the
+  its parent process is gone, a worker frozen away from its pipe included; on Linux, spawned from
+  the caller's main thread, the kernel also kills it with its parent (PR_SET_PDEATHSIG), whatever
+  it is doing. Both are armed in the worker's first lines, before it imports its handler's modules. `close()` kills the
   workers: they hold nothing that needs a clean exit, and a rank stuck in an all-reduce would not
   read a polite request.
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import runpy
 import signal
 import sys
@@ -62,6 +65,7 @@ CANCEL_POLL_SECONDS = 0.05
 # layer's forward; one that has not answered by then is frozen (a bound, not an expected time).
 STOP_GRACE_SECONDS = 10.0
 PARENT_POLL_SECONDS = 0.2  # how often a worker's watchdog looks for its parent
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class StopFlags:
@@ -122,6 +126,20 @@ def one_line(rank: int, exc: BaseException) -> str:
 # ---- the worker's side -------------------------------------------------------------------------
 
 
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG): it
+    lands whatever the process is doing, a C call holding the GIL included, where the watchdog
+    thread cannot run. The kernel sends it when the *thread* that spawned this process ends, so
+    the caller asks for it only when it spawns from its main thread (whose end is the process's).
+    A parent that died before the request leaves nothing to send it: checked after."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _watch_parent(parent: int) -> None:
     """End this process once its parent is gone (reparented), whatever its main thread is doing."""
 
@@ -137,11 +155,16 @@ def _end_now(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
-def _serve(rank: int, parent: int, environment: dict[str, str], load: Load, conn: Connection, stop_parts: tuple) -> None:
-    """A worker: build the handler (`load`), then answer requests until the pipe closes. SIGTERM
+def _serve(rank: int, parent: int, death_signal: bool, environment: dict[str, str], pickled_load: bytes, conn: Connection, stop_parts: tuple) -> None:
+    """A worker: build the handler (`load`, pickled), then answer requests until the pipe closes.
+    It ends with its parent from its first lines (`_die_with_parent` where the caller asked for it,
+    and the watchdog): `load` comes pickled so that unpickling it, which imports what it needs
+    (torch: seconds), happens after, not in spawn's start where no watch runs yet. SIGTERM
     (multiprocessing's own at the caller's exit) ends it at once, whatever it is doing; set before
     the handler loads, so a launched rank's SIGTERM line (engine/runtime/launch.py: Job.join,
     which leaves a handler already set alone) is not raised in a worker, where nobody reads it."""
+    if death_signal:
+        _die_with_parent(parent)
     _watch_parent(parent)
     signal.signal(signal.SIGTERM, _end_now)
     os.environ.update(environment)
@@ -152,7 +175,7 @@ def _serve(rank: int, parent: int, environment: dict[str, str], load: Load, conn
 
     try:
         try:
-            handle = load(rank)
+            handle = pickle.loads(pickled_load)(rank)
         except Exception as exc:
             conn.send(("error", one_line(rank, exc)))
             return
@@ -220,11 +243,14 @@ class ProcessGroup:
     def start(self) -> None:
         """Spawn the ranks and wait until each has loaded (EngineError: the first failing rank's line)."""
         environments = self.environments()
+        load = pickle.dumps(self.load)  # unpickled by the worker once it watches its parent (`_serve`)
+        # the kernel's death signal follows the spawning thread: only the main thread's end is the process's
+        death_signal = threading.current_thread() is threading.main_thread()
         try:
             for rank in range(self.world):
                 mine, theirs = self._ctx.Pipe()
                 self._conns.append(mine)
-                arguments = (rank, os.getpid(), environments[rank], self.load, theirs, self.flags.parts())
+                arguments = (rank, os.getpid(), death_signal, environments[rank], load, theirs, self.flags.parts())
                 process = self._ctx.Process(
                     target=runpy.run_path, args=(__file__,), kwargs=dict(init_globals={"WORKER_ARGUMENTS": arguments}, run_name=WORKER),
                     name=f"dinfer-viz {self.name} {rank}", daemon=True,

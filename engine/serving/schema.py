@@ -126,8 +126,10 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
 def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> GenerationConfig:
     """The extra fields as a GenerationConfig. A completion's prompt is raw text unless the request
     sets use_chat_template; a chat's goes through the template. `max_tokens` without `gen_length`:
-    the canvas is max_tokens rounded up to whole blocks."""
-    settings = {name: body[name] for name in SETTING_FIELDS if name in body} | _constraint(body)
+    the canvas is max_tokens rounded up to whole blocks. A setting given as null is the default,
+    as if left out (docs/serving.md): every optional setting's default is None, so `kind: null` and
+    `verify: null` mean alike."""
+    settings = {name: body[name] for name in SETTING_FIELDS if body.get(name) is not None} | _constraint(body)
     settings.setdefault("use_chat_template", chat)
     if max_tokens is not None and "gen_length" not in settings:
         block = settings.get("block_length", GenerationConfig.block_length)
