@@ -165,9 +165,17 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
+    from .kinds import fit
+    from .models import model_skeleton
     from .reference import check_settings, record_reference
 
-    config = config_from_args(args).validate()
+    config = config_from_args(args)
+    try:
+        skeleton = model_skeleton(args.model)
+    except EngineError:
+        config.validate()  # a bad config is the first thing said, as `generate` says it
+        raise
+    config = fit(config, skeleton)  # the request as the model's kind runs it, as `generate` fits it
     check_settings(args.reference, config)  # before the (slow) model load
     check_writable(Path(args.trace))
     trace = record_reference(args.reference, args.model, args.prompt, config, device=args.device)

@@ -126,3 +126,15 @@ def test_record_command_refuses_in_one_line(tmp_path, capsys):
         assert main(["record", *args, "--prompt", "Hi", "--trace", str(tmp_path / "x.json")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
+
+
+def test_record_fits_a_uniform_state_setting_to_the_models_kind_as_generate_does(tmp_path, capsys):
+    """#54: `record --reference transformers --entropy-bound 0.1` on the embedded DiffusionGemma
+    checkpoint (no `--decoder uniform`): the request is fitted to the model's kind first, so the
+    sampler's setting is taken, and the trace records it."""
+    from engine.__main__ import main
+
+    trace = tmp_path / "reference.json"
+    assert main(["record", "--reference", "transformers", "--model", "tiny-gemma", "--entropy-bound", "0.1", "--prompt", "Q: 14+5=? A:", "--trace", str(trace)]) == 0
+    recorded = Trace.from_json(trace.read_text())
+    assert recorded.kind == "uniform" and recorded.config["decoder"] == "uniform" and recorded.config["decoder_options"]["entropy_bound"] == 0.1
