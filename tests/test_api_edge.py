@@ -136,7 +136,7 @@ def test_files_that_are_not_regular_or_too_long_are_refused_before_reading(tmp_p
 
 def test_a_model_name_no_file_system_takes_is_one_line_in_the_app():
     """#43 item 6: a 5,000-character model path in the app was "internal error: OSError"."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     h = Handlers(EngineHost(ModelSpec("tiny-llada")))
@@ -146,10 +146,10 @@ def test_a_model_name_no_file_system_takes_is_one_line_in_the_app():
 
 def test_a_replay_outside_the_run_is_one_line():
     """#43 item 6: `/replay -5` returned a bare update; an iteration past the run's too."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.tabs.run_view import RUN_VIEW
     from dinfer_viz.tabs.shown import FINISHED, RunState
-    from dinfer_viz.timeline import Timeline
+    from dinfer_viz.reading.timeline import Timeline
     from dinfer_viz.ui import Handlers
 
     from .app_support import handmade_trace
@@ -166,7 +166,7 @@ def test_a_trace_with_an_absurd_generation_length_loads_without_filling_the_boxe
     """#43 item 6: a trace whose config said gen_length 10**30 filled the page's box with it, and
     the client got a CancelledError (the page's JSON writer takes no such integer). That box stays
     as it is, the others are filled, and the run replays."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     from .app_support import handmade_trace

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dinfer_viz.sweep import sweep_configs
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.studies.sweep_study import sweep_configs
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.views import view_for
 from dinfer_viz.views.masked import MaskedView
 from engine import EngineError, GenerationConfig, RunHooks, Trace
