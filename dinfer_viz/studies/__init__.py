@@ -5,5 +5,5 @@
 - sweep_study: one setting swept over prompts with known answers; sweep_chart: its charts
 - tuning: the engine's tuner on the page's model, its Pareto front and chart
 
-Imports from every floor below tabs/: reading/, drawing/, live/, views/, settings.py, panes/.
+Imports from the floors below it: reading/, drawing/, live/, views/, settings.py, panes/.
 """
