@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --fps, --plot-hz, --threads and the --max-* limits must be positive", file=sys.stderr)
         return 2
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from dinfer_viz.host import EngineHost, ModelSpec, embedded_models
+    from dinfer_viz.live.host import EngineHost, ModelSpec, embedded_models
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
     from engine.serving.command import listen as listening
 

@@ -17,7 +17,7 @@ import time
 
 from gradio_client import Client
 
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 from engine.cli import DEFAULT_MODEL, OneLineParser

@@ -24,9 +24,9 @@ from engine.cli import set_cpu_threads
 from engine.cache_modes import cache_modes
 from engine.registry import builtin_decoder_names
 
-from .answers import FAMILY_EXAMPLES
-from .lessons import EDIT_LESSON_PROMPT, EDIT_MODEL
-from .readouts import plural
+from .studies.answers import FAMILY_EXAMPLES
+from .studies.lessons import EDIT_LESSON_PROMPT, EDIT_MODEL
+from .panes.readouts import plural
 
 ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL = ROOT / "assets" / "tiny-llada"

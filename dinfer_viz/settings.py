@@ -33,8 +33,8 @@ from engine.decoders.revising import apply_preset
 
 from engine.cli import checked_device
 
-from .host import DTYPES, ModelSpec
-from .system import offered_options
+from .live.host import DTYPES, ModelSpec
+from .live.system import offered_options
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Public API endpoints (gradio_client, `api_name`): /run, /replay, /load_trace, /l
 /export_gif, /export_mp4, /load_model, /compare, /compare_replay, /sweep, /diff, /record_reference.
 Comparisons, sweeps, reference recordings and model loads share the queue concurrency id "engine"
 with limit 1: one at a time, the rest wait in line. Runs have their own ("runs", up to a batch at once): they wait for the engine in the
-RunBatcher, where runs of different sessions join one batch (dinfer_viz/batching.py).
+RunBatcher, where runs of different sessions join one batch (dinfer_viz/live/batching.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 
-from .stream_keeper import add_keeper
+from .live.stream_keeper import add_keeper
 from .tabs import compare, diff, model, run, run_page, sweep, tune
 from .tabs.common import PRIVATE
 

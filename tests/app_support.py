@@ -108,7 +108,7 @@ def edit_model() -> Path | None:
 def launch_app(tmp_factory, fps: float = 100.0, plot_hz: float = 10.0, embedded: dict[str, str] | None = None, model: str | None = None):
     """(demo, url, host): the app on the test model (`model`: another folder), served on a free
     local port. `embedded`: the models the app offers by name (EngineHost's; None: those under assets/)."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
     host = EngineHost(ModelSpec(model or app_model(tmp_factory)), embedded=embedded)

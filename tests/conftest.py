@@ -252,7 +252,7 @@ def app_in_browser(tmp_path_factory):
     demo): its pages open here. Not one app per test process, tried to save the 3-8 s an app takes
     to start: a Run clicked by a later module's test then started nothing ("no run yet" for 300 s,
     twice in one fresh-clone CI run, once in four local runs). The same Run started nothing with an
-    app per module too, until the page's event stream was kept (dinfer_viz/stream_keeper.py), the
+    app per module too, until the page's event stream was kept (dinfer_viz/live/stream_keeper.py), the
     likely cause of both; one app per process was not tried again."""
     from .app_support import app_in_chromium
 

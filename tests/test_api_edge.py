@@ -147,7 +147,7 @@ def test_files_that_are_not_regular_or_too_long_are_refused_before_reading(tmp_p
 
 def test_a_model_name_no_file_system_takes_is_one_line_in_the_app():
     """#43 item 6: a 5,000-character model path in the app was "internal error: OSError"."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     h = Handlers(EngineHost(ModelSpec("tiny-llada")))
@@ -157,10 +157,10 @@ def test_a_model_name_no_file_system_takes_is_one_line_in_the_app():
 
 def test_a_replay_outside_the_run_is_one_line():
     """#43 item 6: `/replay -5` returned a bare update; an iteration past the run's too."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.tabs.run_view import RUN_VIEW
     from dinfer_viz.tabs.shown import FINISHED, RunState
-    from dinfer_viz.timeline import Timeline
+    from dinfer_viz.reading.timeline import Timeline
     from dinfer_viz.ui import Handlers
 
     from .app_support import handmade_trace
@@ -186,7 +186,7 @@ def test_a_trace_whose_config_no_run_could_hold_is_refused_naming_the_field(tmp_
     """#55 (was #43 item 6: a config's gen_length 10**30 reached the page's box): a recorded
     config with NaN, a negative or a huge number is refused as the trace loads, in one line naming
     the field, by the engine's loader and so by the app's."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
     from engine.trace import Trace
 

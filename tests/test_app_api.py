@@ -19,7 +19,7 @@ from gradio_client.utils import Status
 from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.ui import Handlers
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from engine import GenerationConfig, RunHooks, Trace
 
 from .app_support import handmade_trace, launch_app

@@ -221,7 +221,7 @@ def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
     choose_option(page, "#live-speed", "1 iteration / s")  # the live view lasts 16 s, and Pause holds it
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
     # this Run, clicked as the settings checks' stream closed, once showed nothing: Gradio's client
-    # had dropped its stream (dinfer_viz/stream_keeper.py, tests/test_stream_keeper.py)
+    # had dropped its stream (dinfer_viz/live/stream_keeper.py, tests/test_stream_keeper.py)
     page.click("#run-btn")
     expect(page.locator("#grid .live .caption")).to_contain_text(re.compile(r"iteration [1-9]"))  # live, a forward's frame painted
     page.click("#pause-btn")  # the live view holds while it is read
@@ -278,7 +278,7 @@ def test_readout_cells_never_wrap_inside_a_word_or_number(session, width, height
 @pytest.fixture(scope="module")
 def offline_page(session, tmp_path_factory):
     """A page on an app started as `python app.py --no-model` starts it: no model loaded."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
     handlers = Handlers(EngineHost(ModelSpec(str(tmp_path_factory.mktemp("none") / "absent"))), no_model=True)
@@ -430,7 +430,7 @@ def test_at_1024x768_grid_and_raster_share_the_screen_and_no_chip_covers_a_plot(
 def test_a_lesson_sets_the_run_tabs_controls_one_step_at_a_time(session):
     from playwright.sync_api import expect
 
-    from dinfer_viz.lessons import LESSONS
+    from dinfer_viz.studies.lessons import LESSONS
 
     page = session.page
     open_app(page, session.url)
@@ -577,7 +577,7 @@ def test_a_lesson_chosen_after_another_runs_on_its_own_model(session, tmp_path):
     from the run's own trace, downloaded from the page."""
     from playwright.sync_api import expect
 
-    from dinfer_viz.lessons import BASE_MODEL, LESSONS, UNIFORM_MODEL
+    from dinfer_viz.studies.lessons import BASE_MODEL, LESSONS, UNIFORM_MODEL
 
     six, seven = (next(l for l in LESSONS if l.name.startswith(f"{n} ")) for n in (6, 7))
     page = session.page
@@ -610,7 +610,7 @@ def test_a_slow_playback_says_which_iteration_it_plays_not_that_a_forward_runs(s
     two played iterations, whatever the machine's speed."""
     from playwright.sync_api import expect
 
-    monkeypatch.setattr("dinfer_viz.runner.HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr("dinfer_viz.live.runner.HEARTBEAT_SECONDS", 0.2)
     page = session.page
     open_app(page, session.url)
     choose_option(page, "#live-speed", "1 iteration / s")

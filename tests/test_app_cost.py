@@ -12,13 +12,13 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import numpy as np
 import pytest
 
-from dinfer_viz.cost_figure import CATEGORIES, NO_COST, cost_figure
-from dinfer_viz.explain import explain, system_markdown
+from dinfer_viz.panes.cost_figure import CATEGORIES, NO_COST, cost_figure
+from dinfer_viz.panes.explain import explain, system_markdown
 from engine.system_options import SYSTEM_OPTIONS
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.system import startup_note
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.live.system import startup_note
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import Trace
 

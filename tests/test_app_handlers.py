@@ -9,13 +9,13 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz.answers import first_wrong
+from dinfer_viz.studies.answers import first_wrong
 from dinfer_viz.settings import all_controls
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
 from dinfer_viz.ui import Handlers
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.sweep import Outcome, SweepState
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.studies.sweep_study import Outcome, SweepState
+from dinfer_viz.reading.timeline import Timeline
 from tinymodel.tasks import Example
 
 from .app_support import handmade_trace

@@ -18,9 +18,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz import answers
-from dinfer_viz.grid import grid_value
-from dinfer_viz.host import DISTILLED, EngineHost, ModelSpec, embedded_models
+from dinfer_viz.studies import answers
+from dinfer_viz.panes.grid import grid_value
+from dinfer_viz.live.host import DISTILLED, EngineHost, ModelSpec, embedded_models
 from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW
 from dinfer_viz.ui import Handlers

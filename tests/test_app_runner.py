@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.runner import MAX_UNPAINTED, REPORT_GRACE_SECONDS, FrameClock, PagePacer, Playback, acknowledge, run_live
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.live.runner import MAX_UNPAINTED, REPORT_GRACE_SECONDS, FrameClock, PagePacer, Playback, acknowledge, run_live
 from engine import GenerationConfig
 
 from .app_support import app_model
@@ -126,7 +126,7 @@ def test_frames_show_the_engine_records_in_order_and_the_last_is_the_engine_resu
 def test_a_page_that_stops_painting_gets_no_more_frames_until_the_end(host, monkeypatch):
     # the grace frame after REPORT_GRACE_SECONDS of silence is test_a_lost_report_costs_the_grace_period_not_the_live_view's (on the pacer's
     # own clock); here the run may take any time on a loaded machine and still send no backlog
-    monkeypatch.setattr("dinfer_viz.runner.REPORT_GRACE_SECONDS", float("inf"))
+    monkeypatch.setattr("dinfer_viz.live.runner.REPORT_GRACE_SECONDS", float("inf"))
     config = GenerationConfig(gen_length=64, block_length=64, decoder="fixed", align_blocks=False)
     stream = run_live(host, host.default, PROMPT, config, fps=1000, plot_hz=1000)
     first = next(stream)
@@ -212,8 +212,8 @@ def test_a_heartbeat_during_a_slow_playback_says_it_is_playing_back(host):
     beyond those shown mean a playback, and a finished engine says so."""
     import queue
 
-    from dinfer_viz.runner import FrameClock, LiveRun, Playback
-    from dinfer_viz.timeline import Timeline
+    from dinfer_viz.live.runner import FrameClock, LiveRun, Playback
+    from dinfer_viz.reading.timeline import Timeline
     from engine import RunHooks
 
     with host.lock:

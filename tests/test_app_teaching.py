@@ -16,12 +16,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.readouts import median_stats, passes_count, percent
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.panes.readouts import median_stats, passes_count, percent
 from dinfer_viz.sample_traces import sample_settings, shipped_samples
 from dinfer_viz.settings import all_controls
-from dinfer_viz.sweep import run_sweep, sweep_examples
-from dinfer_viz.system import offered_options
+from dinfer_viz.studies.sweep_study import run_sweep, sweep_examples
+from dinfer_viz.live.system import offered_options
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_VIEW
 from dinfer_viz.ui import Handlers
@@ -146,7 +146,7 @@ def test_every_sample_trace_replays_with_no_model(tmp_path):
 
 
 def test_every_figure_saves_as_a_png_and_the_model_box_names_the_embedded_models(tmp_path):
-    from dinfer_viz.figure_base import FIGURE_DOWNLOAD
+    from dinfer_viz.drawing.figure_base import FIGURE_DOWNLOAD
     from dinfer_viz.ui import build_demo
 
     offline = Handlers(EngineHost(ModelSpec(str(tmp_path / "absent")), embedded={"tiny-llada": "/m/a", "tiny-llada-td": "/m/b"}), no_model=True)
@@ -163,8 +163,8 @@ def test_every_figure_saves_as_a_png_and_the_model_box_names_the_embedded_models
 
 # ---- #16 items 1, 2 and 4 through the handlers ---------------------------------------------------
 
-from dinfer_viz import readouts  # noqa: E402
-from dinfer_viz.explain import explain  # noqa: E402
+from dinfer_viz.panes import readouts  # noqa: E402
+from dinfer_viz.panes.explain import explain  # noqa: E402
 from dinfer_viz.settings import control_value  # noqa: E402
 from dinfer_viz.tabs import run_settings  # noqa: E402
 from dinfer_viz.tabs.compare import COMPARE_DEFAULTS, COMPARE_FIELDS, COMPARE_VIEW, side_fields  # noqa: E402
@@ -237,7 +237,7 @@ def test_counts_are_singular_for_one_and_a_fixed_runs_low_tpf_is_explained(handl
 def test_one_torch_thread_is_singular():
     import torch
 
-    from dinfer_viz.system import describe_machine
+    from dinfer_viz.live.system import describe_machine
 
     threads = torch.get_num_threads()
     try:

@@ -9,22 +9,22 @@ import math
 import numpy as np
 import pytest
 
-from dinfer_viz.explain import explain
-from dinfer_viz.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras
-from dinfer_viz.sweep_chart import sweep_figure
-from dinfer_viz.cells import REVISION_STATES
+from dinfer_viz.panes.explain import explain
+from dinfer_viz.panes.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras
+from dinfer_viz.studies.sweep_chart import sweep_figure
+from dinfer_viz.drawing.cells import REVISION_STATES
 from dinfer_viz.views import view_for
 from dinfer_viz.views.speculative import SPECULATIVE_STATES
 from dinfer_viz.views.uniform import UNIFORM_STATES
-from dinfer_viz.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value, legend_html
-from dinfer_viz.readouts import live_line, readout
+from dinfer_viz.panes.grid import CELL_COLOURS, GRID_CSS, GRID_JS, GRID_TEMPLATE, LiveGrid, grid_value, legend_html
+from dinfer_viz.panes.readouts import live_line, readout
 from dinfer_viz.settings import OPTION_PREFIX, all_controls, build_config, parse_settings, sections, visible_fields
-from dinfer_viz.host import ModelSpec
-from dinfer_viz.sweep import Outcome, SweepState, parse_values
-from dinfer_viz.system import engine_parameters, offered_options
-from dinfer_viz.answers import first_wrong
-from dinfer_viz.timeline import Timeline
-from dinfer_viz.tokens import glyph, readable
+from dinfer_viz.live.host import ModelSpec
+from dinfer_viz.studies.sweep_study import Outcome, SweepState, parse_values
+from dinfer_viz.live.system import engine_parameters, offered_options
+from dinfer_viz.studies.answers import first_wrong
+from dinfer_viz.reading.timeline import Timeline
+from dinfer_viz.reading.tokens import glyph, readable
 from engine import EngineError, GenerationConfig, Trace, decoder_names
 from engine.kinds import kind_options
 from engine.registry import KIND_OPTION_PREFIX, decoder_options, is_builtin
@@ -307,7 +307,7 @@ def test_system_options_say_why_they_are_off():
 
 
 def test_parallel_degrees_run_as_processes_on_the_cpu_and_take_a_gpu_each_on_cuda(monkeypatch):
-    import dinfer_viz.system as system
+    import dinfer_viz.live.system as system
 
     on_cpu = {o.name: o for o in offered_options("cpu")}
     assert on_cpu["tp_size"].available and on_cpu["ep_size"].available and on_cpu["tp_size"].kind is int

@@ -50,7 +50,7 @@ def test_curves_share_y_max_so_a_weaker_curve_is_weighed_against_the_best():
 
 
 def test_the_app_sweep_table_and_csv_carry_edits_remasks_and_each_models_aup():
-    from dinfer_viz.sweep import Outcome, SweepState
+    from dinfer_viz.studies.sweep_study import Outcome, SweepState
     from tinymodel.tasks import Example
 
     ex = Example("pairsum", "Q: ?+?=5 A:", " 2 + 3")

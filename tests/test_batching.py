@@ -1,5 +1,5 @@
 """Concurrent runs batched into one engine call (engine/serving/batcher.py, through the app's
-adapter dinfer_viz/batching.py): each row's header,
+adapter dinfer_viz/live/batching.py): each row's header,
 records, tokens and NFE equal its solo run's, runs wait and join by the rule, and nothing here
 depends on timing (the host's lock is held while the runs queue up)."""
 
@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from dinfer_viz.batching import RowView, RunBatcher, batch_key
-from dinfer_viz.events import Finished, Started, Waiting
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.batching import RowView, RunBatcher, batch_key
+from dinfer_viz.live.events import Finished, Started, Waiting
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from engine import Engine, GenerationConfig, RunHooks
 from engine.cli import DEFAULT_MODEL
 

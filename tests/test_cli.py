@@ -167,7 +167,7 @@ def test_cpu_threads_follow_the_model_size_unless_asked(checkpoint, tmp_path):
     torch's own count above; --threads wins. The app applies it per run (EngineHost.get)."""
     import torch
 
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from engine.cli import SMALL_MODEL_PARAMETERS, TORCH_DEFAULT_THREADS, cpu_threads_for
 
     assert cpu_threads_for(SMALL_MODEL_PARAMETERS - 1) == 1

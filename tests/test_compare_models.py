@@ -13,8 +13,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz.grid import grid_value
-from dinfer_viz.host import EngineHost, ModelSpec, model_title
+from dinfer_viz.panes.grid import grid_value
+from dinfer_viz.live.host import EngineHost, ModelSpec, model_title
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_FIELDS, COMPARE_VIEW, DECODER_OWN, SCRUB_LABEL
 from dinfer_viz.ui import Handlers

@@ -16,17 +16,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz.constraint import CUT, run_constraint
-from dinfer_viz.details import position_details
-from dinfer_viz.figures import confidence_raster
-from dinfer_viz.grid import grid_value, legend_html
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.lessons import LESSONS, PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
-from dinfer_viz.system import offered_options
+from dinfer_viz.drawing.constraint import CUT, run_constraint
+from dinfer_viz.panes.details import position_details
+from dinfer_viz.panes.figures import confidence_raster
+from dinfer_viz.panes.grid import grid_value, legend_html
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.studies.lessons import LESSONS, PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
+from dinfer_viz.live.system import offered_options
 from dinfer_viz.settings import CONSTRAINT, CONSTRAINT_TEXT, OTHER_SECTION, all_controls, build_config, control_value, sections
 from dinfer_viz.tabs.compare import COMPARE_FIELDS, COMPARE_VIEW
 from dinfer_viz.tabs.run import RUN_VIEW
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import EngineError, GenerationConfig
 

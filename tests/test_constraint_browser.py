@@ -15,7 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from dinfer_viz.lessons import PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
+from dinfer_viz.studies.lessons import PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
 
 from .app_support import choose_option, open_app
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)

@@ -1,5 +1,5 @@
-"""The details panel (dinfer_viz/details.py) and the cache's state per position and forward costs
-(dinfer_viz/cache_figure.py): from hand-made traces, and from real runs of the embedded model in
+"""The details panel (dinfer_viz/panes/details.py) and the cache's state per position and forward costs
+(dinfer_viz/drawing/cache_figure.py): from hand-made traces, and from real runs of the embedded model in
 every cache mode and with every decoder, checked against the records the engine wrote."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dinfer_viz.cache_figure import (
+from dinfer_viz.drawing.cache_figure import (
     EXACT,
     FRESH,
     NOT_COMPUTED,
@@ -20,9 +20,9 @@ from dinfer_viz.cache_figure import (
     forward_cost_figure,
     measure_forward_costs,
 )
-from dinfer_viz.details import position_details
-from dinfer_viz.views.masked.details import rule_text
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.panes.details import position_details
+from dinfer_viz.views.masked.masked_details import rule_text
+from dinfer_viz.reading.timeline import Timeline
 from engine import Engine, EngineError, GenerationConfig, RunHooks
 
 from .app_support import app_model, handmade_trace

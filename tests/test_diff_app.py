@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.tabs.diff import ANALYSIS_VIEW, DIFF_VIEW, STEP_VIEW
 from dinfer_viz.tabs.shown import FINISHED, LIVE, RunState
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import RunHooks, Trace
 

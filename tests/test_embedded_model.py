@@ -105,7 +105,7 @@ def test_blocks_keep_the_eos_march_from_cutting_grammar_short(valid_rate):
 
 
 def test_lesson_4_shows_the_eos_march_and_the_blocks_that_stop_it():
-    from dinfer_viz.lessons import LESSONS
+    from dinfer_viz.studies.lessons import LESSONS
 
     lesson, engine = LESSONS[3], Engine(FOLDER)
     example = TASKS["grammar"].parse(lesson.prompt)
@@ -124,8 +124,8 @@ def test_the_apps_default_sweep_draws_the_curve():
     """The Threshold sweep tab's defaults (every held-out pair-sum prompt, its default values), run
     as the tab runs them: several TPF regimes and an accuracy spread (measured 74 points; the floor
     sits well below it, as every floor here does)."""
-    from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.sweep import parse_values, run_sweep, sweep_examples
+    from dinfer_viz.live.host import EngineHost, ModelSpec
+    from dinfer_viz.studies.sweep_study import parse_values, run_sweep, sweep_examples
     from dinfer_viz.tabs.sweep import SWEEP_DEFAULT_PER_SET, SWEEP_DEFAULT_SETS, SWEEP_DEFAULT_VALUES
 
     host = EngineHost(ModelSpec(str(FOLDER)))

@@ -79,7 +79,7 @@ def test_no_mask_no_commit():
 
 def test_declared_for_the_cli_the_app_and_the_sweep():
     from dinfer_viz.settings import numeric_fields, sweep_setting
-    from dinfer_viz.sweep import sweep_configs
+    from dinfer_viz.studies.sweep_study import sweep_configs
 
     cls = decoder_class("entropy_bound")
     assert "entropy_bound" in cls.options and cls.row_wise

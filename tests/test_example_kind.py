@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dinfer_viz.sweep import sweep_configs
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.studies.sweep_study import sweep_configs
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.views import view_for
 from dinfer_viz.views.masked import MaskedView
 from engine import EngineError, GenerationConfig, RunHooks, Trace
@@ -143,7 +143,7 @@ def test_the_cli_loads_it_by_path_and_runs_it():
 def test_compare_runs_it_beside_the_masked_kind_and_reads_each_sides_forwards(margin):
     """Compare (its handlers, as the page calls them): A the example kind, B the threshold decoder,
     on one model; each side's readout shows its own engine NFE and TPF."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.tabs.compare import COMPARE_VIEW
     from dinfer_viz.ui import Handlers
 
@@ -165,8 +165,8 @@ def test_a_sweep_over_its_option_and_a_tuning_study_of_it_run(margin, tmp_path):
     forwards, and searched its option, never a decoder."""
     from optuna.trial import TrialState
 
-    from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.sweep import run_sweep
+    from dinfer_viz.live.host import EngineHost, ModelSpec
+    from dinfer_viz.studies.sweep_study import run_sweep
     from engine.models import model_skeleton
     from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, open_study, run_trials, trial_config
     from tinymodel.tasks import split_examples

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageColor
 
-from dinfer_viz.export import MAX_CELLS, MAX_FRAMES, MP4_MISSING, WIDTH, ExportUnavailable, compare_csv, frame_plan, frame_title, mp4_unavailable, render_frames, run_gif, run_mp4
-from dinfer_viz.figure_base import RASTER_MARKS
-from dinfer_viz.figures import confidence_raster, extras_figure, iteration_chart
-from dinfer_viz.grid import CELL_COLOURS, caption, grid_value
+from dinfer_viz.panes.export import MAX_CELLS, MAX_FRAMES, MP4_MISSING, WIDTH, ExportUnavailable, compare_csv, frame_plan, frame_title, mp4_unavailable, render_frames, run_gif, run_mp4
+from dinfer_viz.drawing.figure_base import RASTER_MARKS
+from dinfer_viz.panes.figures import confidence_raster, extras_figure, iteration_chart
+from dinfer_viz.panes.grid import CELL_COLOURS, caption, grid_value
 from dinfer_viz.sample_traces import TRACES
-from dinfer_viz.timeline import Timeline, iteration_number
+from dinfer_viz.reading.timeline import Timeline, iteration_number
 from engine import IterationRecord, Trace
 
 from .app_support import handmade_trace
@@ -142,7 +142,7 @@ def test_extras_still_drawn_on_committed_positions(timeline):
     assert z[1, 0] == pytest.approx(1.5) and not math.isnan(z[3, 4])  # credit of every generated block position
 
 
-# ---- exports for slides (dinfer_viz/export.py) ------------------------------------------------------
+# ---- exports for slides (dinfer_viz/panes/export.py) ------------------------------------------------------
 
 
 def long_trace(iterations: int, gen: int) -> Trace:

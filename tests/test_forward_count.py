@@ -14,11 +14,11 @@ import httpx
 import pytest
 import torch
 
-from dinfer_viz import readouts
-from dinfer_viz.batching import RunBatcher
-from dinfer_viz.events import Finished
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.panes import readouts
+from dinfer_viz.live.batching import RunBatcher
+from dinfer_viz.live.events import Finished
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.views import view_for
 from dinfer_viz.views.base import KindView
 from engine import Engine, GenerationConfig, Trace

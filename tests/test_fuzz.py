@@ -138,7 +138,7 @@ def test_the_server_answers_generated_bad_bodies_with_a_4xx_in_one_line_never_a_
 
 @pytest.fixture(scope="module")
 def handlers(folder):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     host = EngineHost(ModelSpec(str(folder)))

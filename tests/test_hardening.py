@@ -342,7 +342,7 @@ def test_a_bad_trace_is_one_engine_error(case):
 # ---- the app's handlers ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def handlers(folder):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     host = EngineHost(ModelSpec(str(folder)))
@@ -436,7 +436,7 @@ def test_an_unexpected_exception_in_a_handler_is_one_line_in_the_page(handlers, 
 def test_a_live_run_keeps_yielding_during_a_long_forward_and_closing_it_frees_the_engine(handlers):
     """A forward blocked inside layer 0 produces no iteration events; the live stream must still
     yield (so Gradio can close it), and closing it must free the engine lock."""
-    from dinfer_viz.runner import run_live
+    from dinfer_viz.live.runner import run_live
 
     host = handlers.host
     engine = host.get(host.default)
@@ -483,7 +483,7 @@ def test_resume_files_load_without_pickle(tmp_path):
 
 # ---- public mode -------------------------------------------------------------------------------
 def test_public_mode_loads_only_allow_listed_models_and_shows_no_paths(folder, tmp_path):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo
 
     host = EngineHost(ModelSpec(str(folder)), allowed={"tiny": str(folder)})
@@ -516,7 +516,7 @@ def test_a_loaded_trace_whose_every_string_carries_markup_shows_it_as_text(tmp_p
     in the page). Every string field the trace holds here (the model, every config value, every
     token string) carries a tag, a Markdown link, an image and an autolink to a beacon; no
     output of loading it, or of scrubbing it with a position's details pinned, holds a live one."""
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.tabs.run_view import RUN_VIEW
     from dinfer_viz.ui import Handlers
 

@@ -80,7 +80,7 @@ def test_the_cli_answers_the_bound_in_one_line(engine, monkeypatch, capsys):
 
 
 def test_the_page_answers_the_bound_in_one_line(engine, monkeypatch):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.settings import CONSTRAINT, CONSTRAINT_TEXT
     from dinfer_viz.tabs.run import RUN_VIEW
     from dinfer_viz.ui import Handlers

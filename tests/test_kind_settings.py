@@ -68,7 +68,7 @@ def test_a_kind_without_a_decoder_refuses_one_on_the_cli_and_the_server(decoderl
 
 
 def test_the_page_hides_the_decoder_for_a_kind_without_one_and_shows_each_kinds_options_with_it(decoderless_kind, monkeypatch, tmp_path):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.settings import all_controls, build_config, sections, visible_fields, without_hidden
     from dinfer_viz.ui import Handlers
     from dinfer_viz.views.base import VIEWS

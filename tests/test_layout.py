@@ -1,12 +1,15 @@
 """The package layout the code relies on, read from the sources' import statements (module and
 function level alike): the engine never imports the app, the embedded model's package or the
-benchmarks, and no two of its modules import each other."""
+benchmarks, and no two of its modules import each other; the engine and the app each stand on
+floors, none importing from a floor above (the app's: docs/app.md, module map)."""
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "engine"
+APP = ROOT / "dinfer_viz"
 
 
 def imports_of(path: Path) -> set[str]:
@@ -81,6 +84,51 @@ def test_every_engine_module_has_a_floor_and_imports_nothing_above_it():
         assert floor_of(name) is not None, f"{name} has no floor in FLOORS"
         upward = sorted(d for d in deps if d != "engine" and floor_of(d) is not None and floor_of(d) > floor_of(name))
         assert not upward, f"{name} (floor {floor_of(name)}) imports from a higher floor: {upward}"
+
+
+# The app's floors, lowest first (docs/app.md, module map), each holding layers: packages or
+# top-level modules. A module imports only from its own layer and from the floors below, so two
+# layers of one floor know nothing of each other.
+APP_FLOORS = (
+    ("dinfer_viz.reading",),
+    ("dinfer_viz.drawing", "dinfer_viz.live"),
+    ("dinfer_viz.views", "dinfer_viz.settings"),
+    ("dinfer_viz.panes",),
+    ("dinfer_viz.studies",),
+    ("dinfer_viz.sample_traces",),
+    ("dinfer_viz.tabs",),
+    ("dinfer_viz.ui",),
+)
+
+
+def app_layer_of(module: str) -> tuple[int, str] | None:
+    """(floor, layer) of an app module, None where no layer of APP_FLOORS holds it."""
+    for level, layers in enumerate(APP_FLOORS):
+        for layer in layers:
+            if module == layer or module.startswith(layer + "."):
+                return level, layer
+    return None
+
+
+def test_every_app_module_has_a_floor_and_imports_only_from_its_layer_and_the_floors_below():
+    graph = package_graph(APP)
+    assert "dinfer_viz.reading.timeline" in graph["dinfer_viz.drawing.cells"]  # the graph is read
+    for name, deps in graph.items():
+        if name == "dinfer_viz":  # the package itself: its docstring, no import
+            continue
+        floor, layer = app_layer_of(name) or (None, None)
+        assert layer is not None, f"{name} has no floor in APP_FLOORS"
+        wrong = sorted(d for d in deps if (other := app_layer_of(d)) and other[1] != layer and other[0] >= floor)
+        assert not wrong, f"{name} (floor {floor}) imports from another layer of its floor or from a higher floor: {wrong}"
+
+
+def test_no_app_module_name_is_used_twice():
+    """A name says where a thing lives: no two modules (or a module and a package) under dinfer_viz/
+    share one, however deep."""
+    names = Counter(p.parent.name if p.name == "__init__.py" else p.stem for p in APP.rglob("*.py") if p != APP / "__init__.py")
+    assert names, "no module found under dinfer_viz/"
+    twice = sorted(name for name, count in names.items() if count > 1)
+    assert not twice, f"module names used more than once under dinfer_viz/: {twice}"
 
 
 def test_no_import_cycle_in_the_tree():

@@ -10,7 +10,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from dinfer_viz.lessons import LESSONS, Lesson, Step, check_lessons, lesson_named
+from dinfer_viz.studies.lessons import LESSONS, Lesson, Step, check_lessons, lesson_named
 from dinfer_viz.settings import all_controls
 from engine import EngineError, GenerationConfig
 
@@ -49,7 +49,7 @@ def test_a_lesson_changing_two_settings_or_an_invalid_one_is_refused():
 
 
 def test_the_run_tab_sets_prompt_and_controls_and_next_stops_at_the_last_step():
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)
@@ -114,7 +114,7 @@ UNIFORM_ASSET = ROOT / "assets" / "tiny-gemma"
 
 
 def test_lesson_6_moves_from_the_masked_model_to_the_uniform_one_then_raises_the_entropy_bound():
-    from dinfer_viz.lessons import LARGER_BOUND, UNIFORM_MODEL
+    from dinfer_viz.studies.lessons import LARGER_BOUND, UNIFORM_MODEL
     from engine.kinds.uniform import UniformSampler
 
     lesson = UNIFORM_LESSON
@@ -133,8 +133,8 @@ def test_lesson_6_moves_from_the_masked_model_to_the_uniform_one_then_raises_the
 
 
 def test_the_run_tab_puts_lesson_6_s_model_and_the_uniform_sampler_s_bound_in_its_controls():
-    from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.lessons import LARGER_BOUND, UNIFORM_MODEL
+    from dinfer_viz.live.host import EngineHost, ModelSpec
+    from dinfer_viz.studies.lessons import LARGER_BOUND, UNIFORM_MODEL
     from dinfer_viz.ui import Handlers
 
     h = Handlers(EngineHost(ModelSpec("/nonexistent")), no_model=True)

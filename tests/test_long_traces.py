@@ -17,11 +17,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz.figure_base import MAX_HEATMAP_CELLS, heatmap_rows
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.drawing.figure_base import MAX_HEATMAP_CELLS, heatmap_rows
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.tabs.compare import COMPARE_VIEW, CompareState
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import IterationRecord, Trace
 

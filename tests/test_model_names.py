@@ -1,6 +1,6 @@
 """One way to name a model everywhere (#34 item 7): the embedded models by name or as
 `assets/<name>` from any directory, in the CLI, the Python API and the server (the app: through
-dinfer_viz/host.py, tests/test_app_models.py); a name that is neither a folder nor on the hub gets
+dinfer_viz/live/host.py, tests/test_app_models.py); a name that is neither a folder nor on the hub gets
 one line saying both. Every `generate` and `serve` flag has help (#34 item 8). No network: the hub
 is asked offline (HF_HUB_OFFLINE), which answers from the local cache at once."""
 

@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.presets import parse_configs
 from benchmarks.sweep import sweep_points
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.settings import OPTION_PREFIX, all_controls, build_config, sections, sweep_setting, visible_fields
 from dinfer_viz.ui import Handlers
 from engine import EngineError, GenerationConfig, RunHooks

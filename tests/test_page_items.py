@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, control_value
-from dinfer_viz.system import offered_options
+from dinfer_viz.live.system import offered_options
 from dinfer_viz.tabs.run_settings import constraint_admits, held_words
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
-from dinfer_viz.views.uniform.grid import uniform_state
+from dinfer_viz.views.uniform.uniform_grid import uniform_state
 from engine import Engine, GenerationConfig
 from engine.constraints import ConstraintSpec
 from engine.hooks import RunHooks
@@ -91,8 +91,8 @@ def test_a_uniform_runs_canvases_that_never_ran_are_fill_once_it_is_done():
 def test_the_diff_chart_of_equal_runs_marks_the_step_shown_apart_from_a_difference():
     """Item 10: a trace against itself differs nowhere; the step shown is not drawn in the strip's
     red, and the axes tick whole numbers from 0 (an all-zero curve put "0" on "0.5")."""
-    from dinfer_viz.diff_view import diff_figure, diff_state
-    from dinfer_viz.figure_base import SHOWN_LINE
+    from dinfer_viz.panes.diff_view import diff_figure, diff_state
+    from dinfer_viz.drawing.figure_base import SHOWN_LINE
 
     from .app_support import handmade_trace
 
@@ -110,7 +110,7 @@ def test_the_compare_csv_has_each_runs_edits_and_remasks():
     import csv
     import io
 
-    from dinfer_viz.export import compare_csv
+    from dinfer_viz.panes.export import compare_csv
 
     from .app_support import handmade_trace
 

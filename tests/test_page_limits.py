@@ -10,13 +10,13 @@ import io
 
 import pytest
 
-from dinfer_viz.export import compare_csv
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.panes.export import compare_csv
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.sample_traces import TRACES
 from dinfer_viz.settings import PLUGIN_SECTION, all_controls, control_value, sections
-from dinfer_viz.system import offered_options
+from dinfer_viz.live.system import offered_options
 from dinfer_viz.tabs.compare import side_fields
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import GenerationConfig, Trace
 from engine.models.loader import EMBEDDED_ROOT

@@ -108,7 +108,7 @@ def test_a_speculative_runs_details_fit(session, tmp_path):
     """Lesson 8's last step: tiny-llada2, the speculative kind; its drafts table in the panel."""
     from playwright.sync_api import expect
 
-    from dinfer_viz.lessons import LESSONS
+    from dinfer_viz.studies.lessons import LESSONS
 
     page = open_page(session, *SIZES[0])
     lesson = next(l for l in LESSONS if l.name.startswith("8 "))

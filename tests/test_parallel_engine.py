@@ -147,8 +147,8 @@ def test_a_rank_that_cannot_load_is_one_error_line_and_leaves_no_process(tmp_pat
 
 
 def test_the_app_runs_and_sweeps_a_parallel_engine_and_ends_its_workers_when_it_loads_another():
-    from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.sweep import run_sweep
+    from dinfer_viz.live.host import EngineHost, ModelSpec
+    from dinfer_viz.studies.sweep_study import run_sweep
     from dinfer_viz.tabs.run import RUN_VIEW
     from dinfer_viz.ui import Handlers
     from tinymodel.tasks import split_examples

@@ -81,7 +81,7 @@ def no_overlaps(page, *plots: str) -> None:
 def test_the_run_tab_details_lesson_and_figures(page, tmp_path):
     from playwright.sync_api import expect
 
-    from dinfer_viz.lessons import LESSONS
+    from dinfer_viz.studies.lessons import LESSONS
 
     page.click("#run-btn")
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dinfer_viz.explain import explain, system_markdown
+from dinfer_viz.panes.explain import explain, system_markdown
 from dinfer_viz.settings import all_controls, visible_fields
 from engine.__main__ import build_parser
 from engine.cache import BlockCausalCache

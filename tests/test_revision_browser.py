@@ -13,7 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from dinfer_viz.grid import CELL_COLOURS
+from dinfer_viz.panes.grid import CELL_COLOURS
 
 from .app_support import choose_option, open_app
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)

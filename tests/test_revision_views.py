@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from PIL import ImageColor
 
-from dinfer_viz.details import position_details
-from dinfer_viz.export import frame_iterations, frame_title, legend_states, render_frames
-from dinfer_viz.figures import compare_figure, confidence_raster, iteration_chart
-from dinfer_viz.grid import CELL_COLOURS, LiveGrid, cell_state, grid_value
+from dinfer_viz.panes.details import position_details
+from dinfer_viz.panes.export import frame_iterations, frame_title, legend_states, render_frames
+from dinfer_viz.panes.figures import compare_figure, confidence_raster, iteration_chart
+from dinfer_viz.panes.grid import CELL_COLOURS, LiveGrid, cell_state, grid_value
 from dinfer_viz.tabs.run import RUN_VIEW, RunState
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from engine import IterationRecord, Trace
 from engine.trace import EDIT, REMASK
 
@@ -174,7 +174,7 @@ def test_export_frames_draw_the_edit_and_the_remask(timeline):
 
 
 def test_the_run_tabs_handlers_show_the_revisions_of_a_loaded_trace(tmp_path, timeline):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     h = Handlers(EngineHost(ModelSpec(str(tmp_path / "never-loaded"))), no_model=True)
@@ -225,7 +225,7 @@ def test_a_real_edit_run_shows_every_revision_the_engine_recorded():
 
 @pytest.mark.skipif(not (MODEL / "config.json").exists(), reason="needs the embedded model")
 def test_the_sweep_of_the_edit_threshold_counts_edits_and_remasks_in_its_table_and_csv():
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW
     from dinfer_viz.ui import Handlers
     from tinymodel.aup import aup_by_curve
@@ -266,7 +266,7 @@ def test_the_run_tab_shows_every_iteration_of_an_edit_run_its_post_edit_steps_in
     import gradio as gr
     import torch
 
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
     from engine import GenerationConfig, RunHooks
 
@@ -291,7 +291,7 @@ def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_o
     and at each of B's revising iterations B's grid marks exactly the positions revised."""
     import gradio as gr
 
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.tabs.compare import COMPARE_VIEW
     from dinfer_viz.ui import Handlers
 
@@ -314,7 +314,7 @@ def test_compare_steps_a_threshold_run_and_an_edit_run_and_shows_the_revisions_o
 
 
 def test_the_details_state_wino_and_remdm_commit_rules(timeline):
-    from dinfer_viz.views.masked.details import rule_text
+    from dinfer_viz.views.masked.masked_details import rule_text
 
     trace = revising_trace()
     trace.config["decoder"] = "wino"

@@ -9,8 +9,8 @@ import pytest
 
 from dinfer_viz.sample_traces import EMBEDDED_MODEL, INDEX, SAMPLE_RUNS, TRACES, generate_sample, sample_engine, sample_run, sample_settings, shipped_samples
 from dinfer_viz.ui import Handlers
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.reading.timeline import Timeline
 from engine import Engine, Trace
 from engine.cache_modes import cache_mode_names
 from engine.registry import builtin_decoder_names

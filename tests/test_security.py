@@ -14,9 +14,9 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 import app
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.system import offered_options
-from dinfer_viz.sweep import MAX_PER_SET, MAX_SWEEP_RUNS, MAX_VALUES, PUBLIC_MAX_SWEEP_RUNS
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.live.system import offered_options
+from dinfer_viz.studies.sweep_study import MAX_PER_SET, MAX_SWEEP_RUNS, MAX_VALUES, PUBLIC_MAX_SWEEP_RUNS
 from dinfer_viz.tabs.sweep import SWEEP_VIEW
 from dinfer_viz.ui import Handlers
 from engine import Engine, EngineError

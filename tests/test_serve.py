@@ -466,10 +466,10 @@ def test_lm_eval_scores_the_embedded_model_through_the_server(served, monkeypatc
 
 
 def test_the_app_opens_a_trace_from_the_server_by_id(served):
-    """The debugger's loader (dinfer_viz/server_trace.py): the Run tab's view of the server's trace,
+    """The debugger's loader (dinfer_viz/tabs/server_trace.py): the Run tab's view of the server's trace,
     as when its file is loaded; a wrong id or address, or a public app, is one escaped line."""
-    from dinfer_viz.host import EngineHost, ModelSpec
-    from dinfer_viz.server_trace import open_server_trace
+    from dinfer_viz.live.host import EngineHost, ModelSpec
+    from dinfer_viz.tabs.server_trace import open_server_trace
     from dinfer_viz.tabs.run import RUN_VIEW
     from dinfer_viz.ui import Handlers
 

@@ -98,7 +98,7 @@ def test_a_parallel_engines_workers_run_the_parents_fitted_config(monkeypatch, v
 
 
 def test_an_app_run_validates_its_config_once(validations, tmp_path):
-    from dinfer_viz.host import EngineHost, ModelSpec
+    from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers
 
     handlers = Handlers(EngineHost(ModelSpec(str(EMBEDDED_MODEL))))

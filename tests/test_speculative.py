@@ -118,7 +118,7 @@ class ToyView(MaskedView):
 DRAW = '''
 import json, sys
 from engine import Trace
-from dinfer_viz.timeline import Timeline
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.views import view_for
 trace = Trace.from_json(open(sys.argv[1]).read())
 timeline = Timeline(trace)

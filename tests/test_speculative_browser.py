@@ -42,7 +42,7 @@ def _run_step(page) -> dict:
 def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_path):
     from playwright.sync_api import expect
 
-    from dinfer_viz.lessons import LESSONS
+    from dinfer_viz.studies.lessons import LESSONS
 
     lesson = next(l for l in LESSONS if l.name.startswith("8 "))
     page = session.page
@@ -90,7 +90,7 @@ def test_lesson_8s_model_box_stays_usable_on_a_model_that_cannot_verify(session,
     run there, and switching back makes them run again."""
     from playwright.sync_api import expect
 
-    from dinfer_viz.lessons import LESSONS
+    from dinfer_viz.studies.lessons import LESSONS
 
     lesson = next(l for l in LESSONS if l.name.startswith("8 "))
     page = session.page

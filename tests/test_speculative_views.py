@@ -11,13 +11,13 @@ import re
 
 import pytest
 
-from dinfer_viz.cost_figure import cost_figure
-from dinfer_viz.details import position_details
-from dinfer_viz.export import frame_title, legend_states, render_frames
-from dinfer_viz.explain import explain
-from dinfer_viz.figures import iteration_chart
-from dinfer_viz.grid import LiveGrid, caption, grid_value, legend_html
-from dinfer_viz.timeline import Timeline, iteration_number
+from dinfer_viz.panes.cost_figure import cost_figure
+from dinfer_viz.panes.details import position_details
+from dinfer_viz.panes.export import frame_title, legend_states, render_frames
+from dinfer_viz.panes.explain import explain
+from dinfer_viz.panes.figures import iteration_chart
+from dinfer_viz.panes.grid import LiveGrid, caption, grid_value, legend_html
+from dinfer_viz.reading.timeline import Timeline, iteration_number
 from dinfer_viz.views import view_for, view_of_kind
 from dinfer_viz.views.speculative import SPECULATION, SPECULATIVE_SETTINGS, SpeculativeView
 from engine import GenerationConfig, RunHooks, Trace, run_diffusion

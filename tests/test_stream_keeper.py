@@ -1,4 +1,4 @@
-"""The page's event stream kept (dinfer_viz/stream_keeper.py), in a real browser (Debian's chromium).
+"""The page's event stream kept (dinfer_viz/live/stream_keeper.py), in a real browser (Debian's chromium).
 
 Gradio's client can join an event while it still believes a stream open that the server has
 already closed; the event then runs with no stream to tell the page. These tests put the page in
@@ -17,7 +17,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from dinfer_viz.stream_keeper import KEEPER_ID
+from dinfer_viz.live.stream_keeper import KEEPER_ID
 
 from .app_support import choose_option, open_app
 

@@ -17,9 +17,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import numpy as np
 import pytest
 
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.sweep import ANALYSIS_COLUMNS, Outcome, SweepState
-from dinfer_viz.sweep_chart import sweep_analysis_figure
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.studies.sweep_study import ANALYSIS_COLUMNS, Outcome, SweepState
+from dinfer_viz.studies.sweep_chart import sweep_analysis_figure
 from dinfer_viz.tabs.sweep import SWEEP_VIEW
 from dinfer_viz.ui import Handlers
 from engine.analysis import RunFigures, aggregate_runs, kl_area, quartiles

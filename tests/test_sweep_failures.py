@@ -13,10 +13,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 import pytest
 
-from dinfer_viz import sweep as sweep_module
-from dinfer_viz.host import EngineHost, ModelSpec
-from dinfer_viz.sweep import Outcome, SweepState, failure_key, run_sweep, sweep_examples
-from dinfer_viz.sweep_chart import MARKER_PX, PLOT_PX, _pixel, label_box, place_labels, sweep_figure
+from dinfer_viz.studies import sweep_study as sweep_module
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.studies.sweep_study import Outcome, SweepState, failure_key, run_sweep, sweep_examples
+from dinfer_viz.studies.sweep_chart import MARKER_PX, PLOT_PX, _pixel, label_box, place_labels, sweep_figure
 from dinfer_viz.tabs.run import RUN_VIEW
 from dinfer_viz.tabs.sweep import SWEEP_TABLE_HEADERS, SWEEP_VIEW, _failure_summary, _sweep_rows
 from dinfer_viz.ui import Handlers

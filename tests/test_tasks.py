@@ -217,7 +217,7 @@ def test_parse_prompt_recognises_every_family_and_nothing_else():
 
 
 def test_the_app_knows_answers_notes_and_verdicts():
-    from dinfer_viz.answers import FAMILY_EXAMPLES, expected_response, prompt_note, verdict
+    from dinfer_viz.studies.answers import FAMILY_EXAMPLES, expected_response, prompt_note, verdict
 
     assert expected_response("Q: 123+45=? A:") == " 123+ 45= 168"
     assert expected_response("Q: ?+?=57 A:") == ""  # many valid answers: no single expected one

@@ -15,10 +15,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.settings import all_controls
 from dinfer_viz.tabs.tune import TUNE_VIEW
-from dinfer_viz.tuning import PUBLIC_MAX_TUNE_SECONDS, PUBLIC_MAX_TUNE_TRIALS, TuneState, check_budget
+from dinfer_viz.studies.tuning import PUBLIC_MAX_TUNE_SECONDS, PUBLIC_MAX_TUNE_TRIALS, TuneState, check_budget
 from dinfer_viz.ui import Handlers
 from engine import EngineError
 

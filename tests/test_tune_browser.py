@@ -22,7 +22,7 @@ from .test_run_on_display_browser import SHOTS, page, shot  # noqa: F401 (the pa
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 WAIT = 300_000  # ms: a bound on a hang, never a pace
 # What the page showed, as it showed it: each change of the Tune tab's message with the number of
-# points its chart then drew for trials (dinfer_viz/tuning.py tune_figure's traces 1 and 2: the grey
+# points its chart then drew for trials (dinfer_viz/studies/tuning.py tune_figure's traces 1 and 2: the grey
 # trials and the front's; not the default's or the held-out ones)
 RECORD_JS = r"""
 () => {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine import GenerationConfig
-from dinfer_viz.host import EngineHost, ModelSpec
+from dinfer_viz.live.host import EngineHost, ModelSpec
 from engine.kinds import ModelTraits, fit
 
 

@@ -11,10 +11,10 @@ import pytest
 from engine import Engine, GenerationConfig
 from engine.hooks import RunHooks
 from engine.trace import Trace
-from dinfer_viz.export import frame_title, legend_states, render_frames
-from dinfer_viz.grid import LiveGrid, cell_state, grid_value
-from dinfer_viz.timeline import Timeline
-from dinfer_viz.views.uniform.grid import finished_until
+from dinfer_viz.panes.export import frame_title, legend_states, render_frames
+from dinfer_viz.panes.grid import LiveGrid, cell_state, grid_value
+from dinfer_viz.reading.timeline import Timeline
+from dinfer_viz.views.uniform.uniform_grid import finished_until
 
 from .gemma_models import CANVAS
 

@@ -13,10 +13,10 @@ import re
 import numpy as np
 import pytest
 
-from dinfer_viz.details import position_details
-from dinfer_viz.explain import explain
-from dinfer_viz.figures import confidence_raster, iteration_chart
-from dinfer_viz.timeline import Timeline, iteration_number
+from dinfer_viz.panes.details import position_details
+from dinfer_viz.panes.explain import explain
+from dinfer_viz.panes.figures import confidence_raster, iteration_chart
+from dinfer_viz.reading.timeline import Timeline, iteration_number
 from dinfer_viz.views.uniform import UNIFORM_READING, UNIFORM_SETTINGS
 from engine import Engine, GenerationConfig, RunHooks, Trace
 from engine.cache_modes import cache_mode

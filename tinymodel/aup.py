@@ -1,5 +1,5 @@
 """AUP, "accuracy under parallelism": one number for a decoder's accuracy-against-TPF curve, as
-d3LLM (hao-ai-lab) defines it (docs/counting.md §11). The app's sweep (dinfer_viz/sweep.py) and
+d3LLM (hao-ai-lab) defines it (docs/counting.md §11). The app's sweep (dinfer_viz/studies/sweep_study.py) and
 the sweep benchmark (benchmarks/sweep.py) both report it; it lives in this package because both
 import it and neither imports the other.
 

@@ -14,7 +14,7 @@ an answer's mean confidence averages them, its min confidence is the weakest one
 tokens are near-certain, so the min is what separates right from wrong, and buckets use it).
 
 `answer_prompts` is the one loop that evaluates prompts through the engine: this command, the
-benchmarks (benchmarks/run.py) and the app's sweep (dinfer_viz/sweep.py) all run it. It lives here,
+benchmarks (benchmarks/run.py) and the app's sweep (dinfer_viz/studies/sweep_study.py) all run it. It lives here,
 not in engine/ (inference only) nor in benchmarks/ or dinfer_viz/ (neither imports the other),
 because this package is the one both of them import.
 """

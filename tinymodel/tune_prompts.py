@@ -2,7 +2,7 @@
 scored by the family's verifier through `answer_prompts` (docs/tuning.md §3).
 
 The split is tinymodel/tasks.py's (`split_examples`, a SHA-256 hash of what a prompt asks), the
-one the Sweep tab reads too (dinfer_viz/sweep.py `sweep_examples`): trials run the train split,
+one the Sweep tab reads too (dinfer_viz/studies/sweep_study.py `sweep_examples`): trials run the train split,
 the front's report the held-out one, never a prompt of both. A prompts file (one prompt a line,
 each of some family, whose verifier scores it, as the sweep's own prompts) is split by the same
 hash of each line (`FILE_HELD_OUT_PERCENT` held out).

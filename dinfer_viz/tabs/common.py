@@ -26,15 +26,15 @@ from gradio.events import Dependency
 
 from engine import EngineError, GenerationConfig
 
-from ..batching import MAX_BATCH, RunBatcher
-from ..cells import inert_markdown
-from ..grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
-from ..host import EngineHost, ModelSpec
-from ..runner import acknowledge
+from ..live.batching import MAX_BATCH, RunBatcher
+from ..drawing.cells import inert_markdown
+from ..panes.grid import GRID_CSS, GRID_JS, GRID_TEMPLATE
+from ..live.host import EngineHost, ModelSpec
+from ..live.runner import acknowledge
 from engine.kinds import fit
 
 from ..settings import Control, all_controls, parse_settings, without_hidden
-from ..system import check_offered, offered_options
+from ..live.system import check_offered, offered_options
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Stoppable:
 
 
 def grid_view(value: dict, elem_id: str, min_height: int, extra_js: str = "") -> gr.HTML:
-    """A token grid (dinfer_viz/grid.py): full values drawn by its template, live frames by its
+    """A token grid (dinfer_viz/panes/grid.py): full values drawn by its template, live frames by its
     renderer, which reports each frame it painted through the server function `painted` (a plain
     request: no queue, no event, nothing else updated in the page). A click on a cell is the grid's
     select event (index: the position); `extra_js` runs in the same scope (RASTER_PICK_JS)."""
@@ -297,7 +297,7 @@ class TabHandlers:
 
     def stop_sweep(self, request: gr.Request | None) -> None:
         """Stop the session's sweep, if one runs: its engine stops within a layer, and the sweep
-        ends with its last state marked stopped (dinfer_viz/sweep.py: run_sweep's `cancel`); this
+        ends with its last state marked stopped (dinfer_viz/studies/sweep_study.py: run_sweep's `cancel`); this
         waits (a bound, not a pace) for that last frame to go, so the click's follow-up cancel of
         the sweep's event never cuts it off."""
         stop = self._sweeps.pop(_session(request), None)

@@ -20,19 +20,19 @@ import gradio as gr
 from engine import EngineError, GenerationConfig
 from engine.constraints import spec_of
 
-from ..cells import inert_markdown
-from ..explain import run_kind
-from ..export import compare_csv
-from ..figures import compare_figure
-from ..grid import EMPTY_GRID, grid_value
-from ..host import ModelSpec
-from ..readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
-from ..runner import run_live, timed_passes
+from ..drawing.cells import inert_markdown
+from ..panes.explain import run_kind
+from ..panes.export import compare_csv
+from ..panes.figures import compare_figure
+from ..panes.grid import EMPTY_GRID, grid_value
+from ..live.host import ModelSpec
+from ..panes.readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
+from ..live.runner import run_live, timed_passes
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, decoder_settings, parse_settings, sweep_setting
-from ..timeline import Timeline, record_index
+from ..reading.timeline import Timeline, record_index
 from ..views import view_of_kind
 from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs, sent_value
-from .live import LiveView
+from .live_view import LiveView
 from .run_page import RunTab
 
 # The panels' titles come last, so API clients reading the earlier outputs by place keep working.

@@ -1,6 +1,6 @@
 """The Diff & analysis tab (issue #36): how autoregressive the run on display is (engine/analysis.py
-drawn by dinfer_viz/analysis_figure.py), and two runs of one prompt diffed step by step on one
-slider (engine/trace_diff.py drawn by dinfer_viz/diff_view.py): two uploaded trace files, or the
+drawn by dinfer_viz/panes/analysis_figure.py), and two runs of one prompt diffed step by step on one
+slider (engine/trace_diff.py drawn by dinfer_viz/panes/diff_view.py): two uploaded trace files, or the
 run on display against its reference library's own run recorded here (engine/reference.py:
 transformers' DiffusionGemma `generate` for a uniform-state model, diffusers' `LLaDA2Pipeline` for
 an LLaDA2 one). docs/app.md §2 ("Diff & analysis"), docs/analysis.md.
@@ -20,11 +20,11 @@ from engine.trace import MAX_TRACE_BYTES
 from engine.analysis import analyze
 from engine.reference import check_settings, record_diffusers, record_transformers, reference_of_kind
 
-from ..analysis_figure import analysis_text, order_figure, per_step_figure
-from ..diff_view import DiffState, diff_figure, diff_state, diff_strip, divergence_card, summary_text
-from ..figure_base import message_figure
-from ..grid import inert
-from ..readouts import plural
+from ..panes.analysis_figure import analysis_text, order_figure, per_step_figure
+from ..panes.diff_view import DiffState, diff_figure, diff_state, diff_strip, divergence_card, summary_text
+from ..drawing.figure_base import message_figure
+from ..panes.grid import inert
+from ..panes.readouts import plural
 from .common import ENGINE_QUEUE, LATEST, PRIVATE, TabHandlers, error_text, guarded, outputs
 from .run_page import RunTab
 from .shown import LIVE, RunState

@@ -11,10 +11,10 @@ import gradio as gr
 
 from engine import EngineError
 
-from ..cells import inert_markdown
-from ..explain import system_markdown
-from ..host import DTYPES
-from ..system import OfferedOption, describe_machine, devices, progress_line, startup_note, offered_options
+from ..drawing.cells import inert_markdown
+from ..panes.explain import system_markdown
+from ..live.host import DTYPES
+from ..live.system import OfferedOption, describe_machine, devices, progress_line, startup_note, offered_options
 from .common import ENGINE_QUEUE, LATEST, TabHandlers, error_text, guarded
 
 

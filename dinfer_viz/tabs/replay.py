@@ -15,9 +15,9 @@ import gradio as gr
 
 from engine import EngineError
 
-from ..cells import inert_markdown
-from ..grid import inert
-from ..timeline import iteration_number, record_index
+from ..drawing.cells import inert_markdown
+from ..panes.grid import inert
+from ..reading.timeline import iteration_number, record_index
 from .common import TabHandlers, error_text, guarded, outputs
 from .run_view import RUN_VIEW, details_view, timeline_view, unpinned_kept
 from .shown import LIVE, RunState

@@ -17,19 +17,19 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
-from .. import answers
-from ..answers import FAMILY_EXAMPLES
-from ..cost_figure import cost_figure
-from ..figures import confidence_raster, iteration_chart, message_figure
-from ..cells import inert_markdown
-from ..grid import EMPTY_GRID
-from ..host import ModelSpec
-from ..readouts import message_readout, plural
-from ..runner import Frame, run_live
-from ..system import progress_line, startup_note
-from ..timeline import Timeline
+from ..studies import answers
+from ..studies.answers import FAMILY_EXAMPLES
+from ..panes.cost_figure import cost_figure
+from ..panes.figures import confidence_raster, iteration_chart, message_figure
+from ..drawing.cells import inert_markdown
+from ..panes.grid import EMPTY_GRID
+from ..live.host import ModelSpec
+from ..panes.readouts import message_readout, plural
+from ..live.runner import Frame, run_live
+from ..live.system import progress_line, startup_note
+from ..reading.timeline import Timeline
 from .common import error_text, guarded, outputs
-from .live import LiveView
+from .live_view import LiveView
 from .replay import ReplayHandlers
 from .run_files import RunFileHandlers
 from .run_settings import KEEP_TYPED_JS, RunSettingsHandlers

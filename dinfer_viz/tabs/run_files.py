@@ -14,12 +14,12 @@ from engine import EngineError, GenerationConfig, Trace
 from engine.arguments import read_text_file
 from engine.trace import MAX_TRACE_BYTES
 
-from ..cells import inert_markdown
-from ..export import run_gif, run_mp4
-from ..readouts import plural
+from ..drawing.cells import inert_markdown
+from ..panes.export import run_gif, run_mp4
+from ..panes.readouts import plural
 from ..sample_traces import shipped_samples
 from ..settings import all_controls, config_fields, control_value
-from ..timeline import Timeline
+from ..reading.timeline import Timeline
 from ..views import view_of_kind
 from .common import TabHandlers, error_text, guarded, outputs
 from .run_view import RUN_VIEW, stored_view

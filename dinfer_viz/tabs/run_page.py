@@ -13,14 +13,15 @@ import gradio as gr
 
 from engine import GenerationConfig
 
-from .. import answers, server_trace
-from ..answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
-from ..explain import explain
-from ..export import mp4_unavailable
-from ..figures import message_figure
-from ..grid import EMPTY_GRID, RASTER_PICK_JS, inert
-from ..lessons import LESSONS
-from ..readouts import message_readout
+from . import server_trace
+from ..studies import answers
+from ..studies.answers import FAMILY_DESCRIPTIONS, FAMILY_EXAMPLES, OUT_OF_FAMILY_EXAMPLES, model_knows_markdown
+from ..panes.explain import explain
+from ..panes.export import mp4_unavailable
+from ..panes.figures import message_figure
+from ..panes.grid import EMPTY_GRID, RASTER_PICK_JS, inert
+from ..studies.lessons import LESSONS
+from ..panes.readouts import message_readout
 from ..sample_traces import shipped_samples
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, control_value, decoder_presets, preset_controls, sections
 from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control

@@ -16,13 +16,13 @@ from engine import EngineError
 from engine.constraints import ConstraintSpec, spec_of
 from engine.pipeline import check_request, encode_prompt
 
-from .. import answers
-from ..cache_figure import forward_cost_figure, measure_forward_costs
-from ..cells import inert_markdown
-from ..explain import explain
-from ..grid import inert
-from ..lessons import lesson_named
-from ..readouts import plural
+from ..studies import answers
+from ..drawing.cache_figure import forward_cost_figure, measure_forward_costs
+from ..drawing.cells import inert_markdown
+from ..panes.explain import explain
+from ..panes.grid import inert
+from ..studies.lessons import lesson_named
+from ..panes.readouts import plural
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, constraint_setting, control_value, sections, sweep_setting, visible_fields
 from .common import TabHandlers, error_text
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import gradio as gr
 
-from ..cache_figure import cache_state_figure
-from ..cost_figure import cost_figure
-from ..details import position_details
-from ..explain import explain
-from ..figures import confidence_raster, extras_figure, iteration_chart
-from ..grid import grid_value, inert
-from ..host import model_title
-from ..readouts import readout
-from ..timeline import Timeline, iteration_number
+from ..drawing.cache_figure import cache_state_figure
+from ..panes.cost_figure import cost_figure
+from ..panes.details import position_details
+from ..panes.explain import explain
+from ..panes.figures import confidence_raster, extras_figure, iteration_chart
+from ..panes.grid import grid_value, inert
+from ..live.host import model_title
+from ..panes.readouts import readout
+from ..reading.timeline import Timeline, iteration_number
 from ..views import view_for
 from .shown import LOADED, RunState, trace_prompt
 

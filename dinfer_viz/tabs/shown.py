@@ -11,9 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cells import inert_markdown
-from ..readouts import plural
-from ..timeline import Timeline
+from ..drawing.cells import inert_markdown
+from ..panes.readouts import plural
+from ..reading.timeline import Timeline
 
 LIVE, STOPPED, FAILED, FINISHED, LOADED = "live", "stopped", "failed", "finished", "loaded"
 

@@ -1,5 +1,5 @@
 """The Threshold sweep tab: one setting swept over held-out prompts with known answers (the sweep
-itself is dinfer_viz/sweep.py), with the Run tab's other settings, on the Run tab's model and
+itself is dinfer_viz/studies/sweep_study.py), with the Run tab's other settings, on the Run tab's model and
 optionally a second one; accuracy against tokens per forward (a curve per model), a table per model
 and value, the runs' analyses against the swept value ("how autoregressive is the decoder at each
 value?"), and the wrong answers, each opening in the Run tab at its first wrong commit with the
@@ -15,12 +15,12 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
-from ..sweep_chart import sweep_analysis_figure, sweep_figure, value_symbol
-from ..cells import inert_markdown
-from ..readouts import MAX_PASSES, passes_count, percent
+from ..studies.sweep_chart import sweep_analysis_figure, sweep_figure, value_symbol
+from ..drawing.cells import inert_markdown
+from ..panes.readouts import MAX_PASSES, passes_count, percent
 from ..settings import all_controls, control_value, numeric_fields, sweep_setting
-from ..sweep import MAX_KEPT_PER_VALUE, MAX_PER_SET, SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
-from ..timeline import Timeline, iteration_number
+from ..studies.sweep_study import MAX_KEPT_PER_VALUE, MAX_PER_SET, SweepState, parse_values, prompt_sets, run_sweep, sweep_examples
+from ..reading.timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, SweepStop, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, stored_view
 from .run_page import SHOW_RUN_JS, RunTab

@@ -1,6 +1,6 @@
 """The Tune tab: the engine's tuner (engine/tuning/, docs/tuning.md) on a model of the page, its
 Pareto front of accuracy against tokens per forward growing as trials finish (the engine side:
-dinfer_viz/tuning.py), the front's held-out figures beside it, a table and a CSV of the front;
+dinfer_viz/studies/tuning.py), the front's held-out figures beside it, a table and a CSV of the front;
 a click on a point (or a row) opens that trial's run of the chosen prompt on the Run tab with the
 trial's settings on its controls, and runs it.
 """
@@ -19,10 +19,10 @@ from engine.tuning.space import build_space
 from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, check_seed
 from tinymodel.tasks import TASKS, parse_prompt
 
-from ..cells import inert_markdown
+from ..drawing.cells import inert_markdown
 from ..settings import all_controls, control_value
-from ..sweep import sweep_examples
-from ..tuning import TuneState, front_rows, run_tune, settings_of, tune_figure
+from ..studies.sweep_study import sweep_examples
+from ..studies.tuning import TuneState, front_rows, run_tune, settings_of, tune_figure
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, SweepStop, TabHandlers, error_text, guarded, outputs
 from .run_page import SHOW_RUN_JS, RunTab
 
@@ -34,7 +34,7 @@ DEFAULT_PROMPTS, DEFAULT_TRIALS, DEFAULT_SECONDS = 8, 20, 300
 DEFAULT_OPEN_PROMPT = "Q: ?+?=38 A:"  # the Run tab's own default prompt, a held-out pair sum
 # A click on a point of the front's chart: plotly's click event lives on the figure's div, which
 # Gradio makes anew when the plot draws, so the listener goes on whichever div is there, once per
-# div (as the Run tab's raster does: dinfer_viz/grid.py RASTER_PICK_JS); it sends the trial number
+# div (as the Run tab's raster does: dinfer_viz/panes/grid.py RASTER_PICK_JS); it sends the trial number
 # (the point's customdata) through this element's select event.
 PICK_JS = r"""
 setInterval(() => {

@@ -4,7 +4,7 @@ its trace header's `kind` (docs/trace.md §2).
 Every view the page draws of a run (grid, caption, cell states, the live canvas, raster,
 per-iteration chart, cost panel, details panel, legend, explanation, exported frames, readout notes,
 the settled-token count) is a method of its kind's `KindView`. The page-facing functions
-(dinfer_viz/grid.py, figures.py, details.py, export.py, readouts.py, explain.py, cost_figure.py)
+(dinfer_viz/panes/grid.py, figures.py, details.py, export.py, readouts.py, explain.py, cost_figure.py)
 ask `view_for(timeline)` and never test the kind themselves. A new kind is one more module under
 dinfer_viz/views/ with a `@register` class, imported by dinfer_viz/views/__init__.py.
 
@@ -20,7 +20,7 @@ from engine.kinds import KINDS
 from engine.step_state import has_step_state
 from engine.trace import MASKED
 
-from ..timeline import Timeline
+from ..reading.timeline import Timeline
 
 VIEWS: dict[str, "KindView"] = {}
 

@@ -18,7 +18,7 @@ block-causal models (their prefix-store forwards are not per-row records) and ki
 share batches (`KindSettings.shares_batches`). A request that is cancelled leaves the batch at once; the batch is cancelled
 when every member has.
 
-The app (dinfer_viz/batching.py) and the HTTP server (engine/serving/app.py) adapt this to their
+The app (dinfer_viz/live/batching.py) and the HTTP server (engine/serving/app.py) adapt this to their
 hosts and events.
 """
 

@@ -2,7 +2,7 @@
 
 Every row a request decodes gets an id when it is submitted; its entry says whether it is running,
 done (with the trace's JSON), cancelled or failed (with the one-line reason). `GET /v1/traces/{id}`
-reads it, and the app opens it (dinfer_viz/server_trace.py).
+reads it, and the app opens it (dinfer_viz/tabs/server_trace.py).
 """
 
 from __future__ import annotations

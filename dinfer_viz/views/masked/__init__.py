@@ -9,12 +9,12 @@ from typing import Any
 from engine.cache_modes import cache_mode
 from engine.trace import MASKED
 
-from ...cache_figure import cache_rule_markdown
-from ...cells import CELL_COLOURS, CELL_MARKS, inert_markdown, legend_block
-from ...constraint import constraint_marks
-from ...timeline import Timeline, iteration_number
+from ...drawing.cache_figure import cache_rule_markdown
+from ...drawing.cells import CELL_COLOURS, CELL_MARKS, inert_markdown, legend_block
+from ...drawing.constraint import constraint_marks
+from ...reading.timeline import Timeline, iteration_number
 from ..base import KindView, register
-from . import details, figures, grid
+from . import masked_details, masked_figures, masked_grid
 
 # the states a revising decoder adds: the legend shows them for its runs only
 REVISION_STATES = ("edited", "remasked")
@@ -62,16 +62,16 @@ class MaskedView(KindView):
         return notes
 
     def grid_value(self, timeline: Timeline, iteration: int, expected: list[int] | None) -> dict:
-        return {"cells": grid.masked_cells(timeline, iteration, expected)}
+        return {"cells": masked_grid.masked_cells(timeline, iteration, expected)}
 
     def caption(self, timeline: Timeline, iteration: int, total: int) -> str:
-        return grid.masked_caption(timeline, iteration, total)
+        return masked_grid.masked_caption(timeline, iteration, total)
 
     def cell_state(self, timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
-        return grid.cell_state(timeline, canvas, p, iteration)
+        return masked_grid.cell_state(timeline, canvas, p, iteration)
 
     def live_fields(self, timeline: Timeline, shown: int, since: int, expected: list[int] | None, canvas: list[list]) -> dict[str, Any]:
-        return grid.live_fields(timeline, shown, since, expected, canvas)
+        return masked_grid.live_fields(timeline, shown, since, expected, canvas)
 
     def legend_states(self, timeline: Timeline | None) -> list[tuple[str, str]]:
         shown = revises(timeline)
@@ -81,13 +81,13 @@ class MaskedView(KindView):
         return legend_block(self.legend_states(timeline), constraint_marks(timeline, MARKS), "confidence now")
 
     def raster(self, timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> Any:
-        return figures.confidence_raster(timeline, upto, highlight, last_rows, expected)
+        return masked_figures.confidence_raster(timeline, upto, highlight, last_rows, expected)
 
     def iteration_chart(self, timeline: Timeline, upto: int | None, highlight: int | None) -> Any:
-        return figures.iteration_chart(timeline, upto, highlight)
+        return masked_figures.iteration_chart(timeline, upto, highlight)
 
     def details(self, timeline: Timeline, position: int, iteration: int, expected: list[int] | None) -> str:
-        return details.position_details(timeline, position, iteration, expected)
+        return masked_details.position_details(timeline, position, iteration, expected)
 
     def explanation(self, decoder_text: str, cache: str, smoothing: bool, unroll: bool, options: list[str]) -> str:
         mode = cache_mode(cache)
@@ -116,7 +116,7 @@ class MaskedView(KindView):
         committed, forced = len(rec.committed[timeline.row]), len(rec.forced[timeline.row])
         return (
             f"iteration {iteration_number(index)}/{timeline.iterations} · block {rec.block} [{s}, {e}) · {rec.forward} forward · committed {committed}"
-            + (f" ({forced} forced)" if forced else "") + grid.revised_summary(timeline, index)
+            + (f" ({forced} forced)" if forced else "") + masked_grid.revised_summary(timeline, index)
         )
 
     def frame_legend_states(self, timeline: Timeline) -> tuple[str, ...]:

@@ -12,11 +12,11 @@ from typing import Any
 
 from engine.kinds import kind_named
 
-from ...cells import CELL_COLOURS, add_states, collapse_fill, inert, legend_block
-from ...timeline import Timeline
+from ...drawing.cells import CELL_COLOURS, add_states, collapse_fill, inert, legend_block
+from ...reading.timeline import Timeline
 from ..base import register
 from ..masked import MaskedView
-from . import details, figures, steps
+from . import speculative_details, speculative_figures, steps
 
 SPECULATIVE = "speculative"  # engine.kinds.speculative.SPECULATIVE (the app imports no kind module)
 DRAFT_VERIFY, DRAFT = "draft+verify", "draft"  # a record's `forward`
@@ -94,7 +94,7 @@ class SpeculativeView(MaskedView):
         return legend_block(self.legend_states(timeline), MARKS, "the draft's probability")
 
     def iteration_chart(self, timeline: Timeline, upto: int | None, highlight: int | None) -> Any:
-        return figures.speculative_chart(timeline, upto, highlight, FORWARD_NAMES)
+        return speculative_figures.speculative_chart(timeline, upto, highlight, FORWARD_NAMES)
 
     def forward_costs(self, timeline: Timeline) -> tuple[str, dict[str, str]]:
         """The forwards counted (the cost panel's title: each record's cost sums its step's forwards)."""
@@ -107,7 +107,7 @@ class SpeculativeView(MaskedView):
         return self.forward_costs(timeline)[0] + "; a step's bar sums its forwards"
 
     def details(self, timeline: Timeline, position: int, iteration: int, expected: list[int] | None) -> str:
-        return details.speculative_details(timeline, position, iteration, expected)
+        return speculative_details.speculative_details(timeline, position, iteration, expected)
 
     def explanation(self, decoder_text: str, cache: str, smoothing: bool, unroll: bool, options: list[str]) -> str:
         return "\n\n".join([SPECULATION, decoder_text, SPECULATIVE_SETTINGS, *options, SPECULATIVE_READING])

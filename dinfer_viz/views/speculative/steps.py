@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...cells import cell_text, expected_at, first_shown, summary_tip
-from ...timeline import Timeline, iteration_number
-from ..masked.grid import COMMITTED_STATES, STATE_TIPS, cell_state as masked_state
+from ...drawing.cells import cell_text, expected_at, first_shown, summary_tip
+from ...reading.timeline import Timeline, iteration_number
+from ..masked.masked_grid import COMMITTED_STATES, STATE_TIPS, cell_state as masked_state
 
 # the fate of a drafted position at its step (`Step.outcome`), in the words the views share
 KEPT = "kept: verifier agrees"

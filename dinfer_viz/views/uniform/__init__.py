@@ -10,11 +10,11 @@ from typing import Any
 
 from engine.trace import UNIFORM
 
-from ...cells import CELL_COLOURS, Mark, add_states, cell_text, collapse_fill, expected_at, first_shown, inert, legend_block, summary_tip
-from ...constraint import constraint_marks
-from ...timeline import Timeline
+from ...drawing.cells import CELL_COLOURS, Mark, add_states, cell_text, collapse_fill, expected_at, first_shown, inert, legend_block, summary_tip
+from ...drawing.constraint import constraint_marks
+from ...reading.timeline import Timeline
 from ..base import KindView, register
-from . import details, figures, grid
+from . import uniform_details, uniform_figures, uniform_grid
 
 # its own states (after the masked kind's in cells.CELL_COLOURS) and the masked states it has too, with its labels
 add_states(
@@ -71,7 +71,7 @@ class UniformView(KindView):
         first = first_shown(timeline)
         canvas = timeline.canvas_at(iteration)
         cells = [{"t": f"…{first}", "k": "prompt", "tip": summary_tip(first), "c": 0, "p": -1}] if first > 0 else []
-        for p, text, classes, tip in grid.uniform_cells(timeline, iteration, first):
+        for p, text, classes, tip in uniform_grid.uniform_cells(timeline, iteration, first):
             c = rec.state["proposal_probability"][timeline.row][p - rec.block_range[0]] if "blk" in classes else 0.0
             want = expected_at(timeline, expected, p)
             if classes[0] == "output" and want is not None and want != canvas[p]:
@@ -81,17 +81,17 @@ class UniformView(KindView):
         return {"cells": collapse_fill(cells, "after the row's end")}
 
     def caption(self, timeline: Timeline, iteration: int, total: int) -> str:
-        return grid.uniform_caption(timeline, iteration, total)
+        return uniform_grid.uniform_caption(timeline, iteration, total)
 
     def cell_state(self, timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
-        return grid.uniform_state(timeline, canvas, p, iteration)
+        return uniform_grid.uniform_state(timeline, canvas, p, iteration)
 
     def live_fields(self, timeline: Timeline, shown: int, since: int, expected: list[int] | None, canvas: list[list]) -> dict[str, Any]:
         """A step may change every position of its canvas (re-noising): each frame brings them all,
         with the proposals and their probabilities as the block's bar."""
         at, row = shown - 1, timeline.row
         head = canvas[:1] if canvas and canvas[0][0] == -1 else []
-        cells = grid.uniform_cells(timeline, at, first_shown(timeline))
+        cells = uniform_grid.uniform_cells(timeline, at, first_shown(timeline))
         live: dict[str, Any] = {"commits": [], "revisions": [], "canvas": head + [[p, text, " ".join(classes), "\n".join(tip)] for p, text, classes, tip in cells]}
         if at >= 0:
             rec = timeline.records[at]
@@ -108,10 +108,10 @@ class UniformView(KindView):
         return legend_block(self.legend_states(timeline), constraint_marks(timeline, MARKS), "the proposal's probability")
 
     def raster(self, timeline: Timeline, upto: int | None, highlight: int | None, last_rows: int | None, expected: list[int] | None) -> Any:
-        return figures.uniform_raster(timeline, upto, highlight, last_rows, expected)
+        return uniform_figures.uniform_raster(timeline, upto, highlight, last_rows, expected)
 
     def iteration_chart(self, timeline: Timeline, upto: int | None, highlight: int | None) -> Any:
-        return figures.uniform_iteration_chart(timeline, upto, highlight, STEP_FORWARD, ENCODER_FORWARD)
+        return uniform_figures.uniform_iteration_chart(timeline, upto, highlight, STEP_FORWARD, ENCODER_FORWARD)
 
     def forward_costs(self, timeline: Timeline) -> tuple[str, dict[str, str]]:
         steps = timeline.iterations
@@ -121,7 +121,7 @@ class UniformView(KindView):
         return title, {rec.forward: f"{STEP_FORWARD} + sampler" for rec in timeline.records}
 
     def details(self, timeline: Timeline, position: int, iteration: int, expected: list[int] | None) -> str:
-        return details.uniform_position_details(timeline, position, iteration, expected)
+        return uniform_details.uniform_position_details(timeline, position, iteration, expected)
 
     def explanation(self, decoder_text: str, cache: str, smoothing: bool, unroll: bool, options: list[str]) -> str:
         """The sampler reads no cache mode or iteration feature, so its text names none."""
@@ -151,7 +151,7 @@ class UniformView(KindView):
         return sum(not timeline.is_end(t) and t != timeline.mask_id for t in settled)
 
     def frame_title(self, timeline: Timeline, index: int) -> str:
-        return grid.uniform_caption(timeline, index, timeline.iterations)  # the step's rule and counts, as the page's grid says them
+        return uniform_grid.uniform_caption(timeline, index, timeline.iterations)  # the step's rule and counts, as the page's grid says them
 
     def frame_legend_states(self, timeline: Timeline) -> tuple[str, ...]:
         return ("prompt", *UNIFORM_STATES)
