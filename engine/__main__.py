@@ -167,7 +167,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from .kinds import fit
     from .models import model_skeleton
-    from .reference import check_settings, record_reference
+    from .reference import check_model, check_settings, record_reference
 
     config = config_from_args(args)
     try:
@@ -175,6 +175,7 @@ def _record(args: argparse.Namespace) -> int:
     except EngineError:
         config.validate()  # a bad config is the first thing said, as `generate` says it
         raise
+    check_model(args.reference, skeleton.diffusion_kind)
     config = fit(config, skeleton)  # the request as the model's kind runs it, as `generate` fits it
     check_settings(args.reference, config)  # before the (slow) model load
     check_writable(Path(args.trace))

@@ -57,6 +57,17 @@ def reference_decoders(reference: str) -> list[str]:
     return [name for kind in KINDS for name in builtin_decoder_names(kind) if reference in decoder_class(name).references]
 
 
+# what each reference library's sampler runs on, in words (its refusal names it)
+REFERENCE_MODELS = {"transformers": "DiffusionGemma checkpoints", "diffusers": "LLaDA2 checkpoints"}
+
+
+def check_model(reference: str, model_kind: str) -> None:
+    """EngineError (one line) for a model of another kind than the reference's sampler runs, said
+    before the request is fitted to the model (whose refusal would name the engine's decoders)."""
+    if reference in REFERENCE_KINDS and REFERENCE_KINDS[reference] != model_kind:
+        raise EngineError(f"the {reference} reference runs {REFERENCE_MODELS[reference]} ({REFERENCE_KINDS[reference]} diffusion); this model is {model_kind} diffusion")
+
+
 def check_settings(reference: str, config: GenerationConfig) -> None:
     """EngineError (one line) for a reference it cannot run, a decoder it does not have or a
     setting it has no counterpart for."""

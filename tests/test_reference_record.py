@@ -121,7 +121,7 @@ def test_record_command_refuses_in_one_line(tmp_path, capsys):
     for args, words in [
         (["--reference", "transformers", "--model", str(ROOT / "assets" / "tiny-llada"), "--decoder", "uniform"], "DiffusionGemma"),
         (["--reference", "diffusers", "--model", str(ROOT / "assets" / "tiny-llada"), "--smoothing"], "--smoothing"),
-        (["--reference", "transformers", "--model", str(ROOT / "assets" / "tiny-gemma")], "runs uniform"),
+        (["--reference", "transformers", "--model", str(ROOT / "assets" / "tiny-gemma"), "--decoder", "wino"], "runs masked diffusion"),  # fitted as generate fits it
     ]:
         assert main(["record", *args, "--prompt", "Hi", "--trace", str(tmp_path / "x.json")]) == 2
         err = capsys.readouterr().err
