@@ -321,7 +321,8 @@ def test_parallel_degrees_run_as_processes_on_the_cpu_and_take_a_gpu_each_on_cud
 
 def test_every_kind_the_engine_registers_has_a_view_found_from_its_file():
     """Kinds and views are discovered from their packages (engine/kinds/, dinfer_viz/views/): every
-    view module registers a view, and every registered kind is drawn by one."""
+    view module registers a view, every kind whose records keep a step state of their own has its
+    own, and every registered kind is drawn by one (a kind without state by masked diffusion's)."""
     import pkgutil
 
     import dinfer_viz.views
@@ -330,4 +331,8 @@ def test_every_kind_the_engine_registers_has_a_view_found_from_its_file():
 
     files = {m.name for m in pkgutil.iter_modules(dinfer_viz.views.__path__)} - {"base"}
     assert {type(view).__module__.split(".")[2] for view in VIEWS.values()} == files
-    assert set(KINDS) <= set(VIEWS)
+    from dinfer_viz.views import view_of_kind
+    from engine.step_state import has_step_state
+
+    assert {kind for kind in KINDS if has_step_state(kind)} <= set(VIEWS)
+    assert all(view_of_kind(kind) is VIEWS.get(kind, VIEWS["masked"]) for kind in KINDS)

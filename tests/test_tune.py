@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from engine import Engine, GenerationConfig
 from engine.__main__ import main
-from engine.kinds.base import fit, kind_decoders
+from engine.kinds.base import KINDS, ModelTraits, fit, kind_decoders
 from engine.models import model_skeleton
 from engine.registry import builtin_decoder_names, decoder_class
 from engine.tuning.space import STEPS_PER_BLOCK, build_space
@@ -54,11 +54,13 @@ def _ask(space, n: int, seed: int = 0) -> list[tuple[dict, GenerationConfig]]:
 
 def test_the_space_is_the_declarations_and_a_decoders_options_appear_only_when_chosen():
     skeleton = model_skeleton("tiny-llada")
-    space = build_space(skeleton, fix=SMALL)
+    runnable = {k for k in KINDS if KINDS[k].refuses(ModelTraits.of(skeleton)) is None}
+    assert {d.name: d for d in build_space(skeleton, fix=SMALL).dimensions}["kind"].choices == tuple(k for k in KINDS if k in runnable)
+    space = build_space(skeleton, fix={**SMALL, "kind": "masked"})  # the masked kind's decoders and their options
     dims = {d.name: d for d in space.dimensions}
     assert dims["decoder"].choices == tuple(builtin_decoder_names("masked"))  # plug-ins join when named
     assert dims["block_length"].choices == (1, 2, 4, 8, 16, 32)  # the divisors of gen_length 32
-    assert "kind" not in dims  # tiny-llada runs its own kind only
+    assert "kind" not in dims  # fixed
     assert set(dims["cache"].choices) == {"none", "prefix", "dual", "vicinity"}
     for params, config in _ask(space, 60):
         for name in params:
@@ -112,10 +114,11 @@ def test_a_plug_in_decoder_is_searched_when_named_and_its_unbounded_option_says_
     load_plugins(str(Path(__file__).resolve().parent.parent / "examples" / "entropy_decoder.py"))
     skeleton = model_skeleton("tiny-llada")
     assert "entropy" in kind_decoders("masked")
-    assert "entropy" not in {d.name: d for d in build_space(skeleton, fix=SMALL).dimensions}["decoder"].choices
+    masked = {**SMALL, "kind": "masked"}  # a trial of a kind without decoders suggests none
+    assert "entropy" not in {d.name: d for d in build_space(skeleton, fix=masked).dimensions}["decoder"].choices
     with pytest.raises(EngineError, match="max_per_step declares no upper bound"):
-        _ask(build_space(skeleton, decoders=["entropy"], fix=SMALL), 1)
-    space = build_space(skeleton, decoders=["entropy", "threshold"], fix={**SMALL, "max_per_step": "2"})
+        _ask(build_space(skeleton, decoders=["entropy"], fix=masked), 1)
+    space = build_space(skeleton, decoders=["entropy", "threshold"], fix={**masked, "max_per_step": "2"})
     chosen = {config.decoder for _, config in _ask(space, 12)}
     assert chosen == {"entropy", "threshold"}
     assert all(config.decoder_options == {"max_per_step": 2} for _, config in _ask(space, 12) if config.decoder == "entropy")
