@@ -35,6 +35,7 @@ import torch
 
 from engine import Engine, GenerationConfig, RunHooks
 from engine.constraints import CanvasConstraint, ConstraintSpec, TokenVocabulary
+from engine.constraints.spec import JSON_OBJECT
 from tinymodel.tasks import PairSum
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,6 +172,49 @@ def bpe_row(vocab_size: int, canvas: int, block: int, iterations: int) -> list[s
     return [f"BPE {size} (trained {trained:.0f} s)", f"{automaton.states} states, {automaton.classes} classes (built {compiled:.1f} s)", f"{canvas} / {block}", f"{steps}", f"{1000 * spent / steps:.1f}"]
 
 
+RECORD_SCHEMA = {  # a schema whose shortest answer fits gen_length 64 over the embedded models' characters
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}},
+    "required": ["name", "age"],
+}
+PER_STEP = {  # the constraints of the per-step table (issue 60): a server's json_object, a regex, a schema
+    "json_object": ConstraintSpec("json_schema", JSON_OBJECT),
+    "regex": ConstraintSpec("regex", r"[A-Z][a-z]{2,12}( [a-z]{1,10}){2,8}\\. (Yes|No)!"),
+    "JSON schema": ConstraintSpec("json_schema", RECORD_SCHEMA),
+}
+
+
+def per_step_rows(gens: tuple[int, ...], repeats: int) -> list[list[str]]:
+    """Per generation length and constraint: the median wall time of one request on tiny-llada
+    (its defaults, automata already built and kept), per forward, against the same request
+    without the constraint in the same run; and the constraint's own time per forward."""
+    engine = Engine(ROOT / "assets" / "tiny-llada")
+    prompt = "A city record:"  # short: gen_length 480 fits the model's 512 positions
+    for spec in PER_STEP.values():  # built (or read from the store) before any timing
+        engine.vocabulary.automaton(spec.regex())
+    rows = []
+    for gen in gens:
+        plain_ms = None
+        for name, spec in (("none", None), *PER_STEP.items()):
+            config = GenerationConfig(gen_length=gen, use_chat_template=False, **({spec.kind: spec.value} if spec is not None else {}))
+            walls, spent, nfe = [], [], 0
+            for _ in range(repeats):
+                clock = Clock()
+                with clock.installed():
+                    start = time.perf_counter()
+                    out = engine.generate(prompt, config)
+                    walls.append(time.perf_counter() - start)
+                spent.append(clock.seconds)
+                nfe = out.output.stats.nfe
+            wall = float(np.median(walls))
+            per_step = 1000 * wall / nfe
+            plain_ms = per_step if spec is None else plain_ms
+            rows.append([str(gen), name, str(nfe), f"{1000 * wall:.0f}", f"{per_step:.1f}", f"{1000 * float(np.median(spent)) / nfe:.1f}" if spec else "-",
+                         f"{per_step / plain_ms:.2f}x" if spec else "1.00x"])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -181,8 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="held-out pair-sum prompts (default: all 34)")
     ap.add_argument("--vocab-size", type=int, default=32000)
     ap.add_argument("--skip-embedded", action="store_true")
+    ap.add_argument("--per-step", action="store_true", help="only the per-step table: constrained against plain requests (issue 60)")
+    ap.add_argument("--gens", type=int, nargs="+", default=[64, 256, 480], help="the per-step table's generation lengths")
+    ap.add_argument("--repeats", type=int, default=5, help="requests per cell of the per-step table (its median)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.per_step:
+        header = ["gen_length", "constraint", "forwards", "request ms", "ms per forward", "constraint ms per forward", "per forward / plain"]
+        print(table(header, per_step_rows(tuple(args.gens), args.repeats)))
+        return 0
     if not args.skip_embedded:
         print(table(["model", "setting", "constraint", "well-formed", "correct", "TPF", "constraint ms/iter", "forward ms/iter"], embedded_rows(args.limit)))
         print()

@@ -4,16 +4,19 @@ model's own), check it, then run that kind's loop (engine/kinds/) under the call
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from .cache import check_attention
 from .config import GenerationConfig
 from .constraints import CanvasConstraint, Compiler, spec_of
+from .constraints.canvas import checked_by
 from .errors import EngineError
-from .hooks import NO_HOOKS, RunHooks
+from .hooks import NO_HOOKS, CancelFlag, RunHooks
 from .kinds import fit, run_kind
 from .models.base import DiffusionLM
-from .run import GenerationOutput, cancel_between_layers, check_canvas
+from .run import GenerationCancelled, GenerationOutput, cancel_between_layers, check_canvas
 
 
 def fit_request(
@@ -68,5 +71,12 @@ def run_fitted(
     if model.device.type == "meta":
         raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
     run = run_kind(fitted, model).run
-    with cancel_between_layers(model, hooks.cancel):
+    with cancel_between_layers(model, hooks.cancel), checked_by(partial(_cancelled, hooks.cancel)):
         return run(model, prompts, fitted, stop_ids or [model.eos_token_id], hooks, vocabulary).run()
+
+
+def _cancelled(cancel: CancelFlag | None) -> None:
+    """The check a constraint's pass over a long region makes (engine/constraints/canvas.py:
+    checked_by), so a cancel stops it there and not only at the loop's next step."""
+    if cancel is not None and cancel.is_set():
+        raise GenerationCancelled("generation cancelled")

@@ -28,7 +28,8 @@ class RunHooks:
     config measures staleness: the trace is where that goes). `on_start` gets the header before the
     first forward; `on_iteration` each record as it is made. `cancel`: checked between groups of
     iterations and between layers; when set the run raises GenerationCancelled. `max_tokens`: the
-    caller's bound on the canvas (prompt + gen_length), besides the model's own. `model_name` names
+    caller's bound on the canvas (prompt + gen_length), besides the model's own and the Engine's
+    (`Engine(max_tokens=...)`: the smaller applies). `model_name` names
     the model in the header and `token_strings` fills its `tokens` as ids appear (Engine passes
     both). `expected_ids`: an expected answer's ids, carried in the header (with their strings) for a
     viewer that marks where the run departs from it. `constraints`: per row, its answer's constraint

@@ -273,7 +273,7 @@ class Engine:
         check_system_options(run_kind(config, self.model).name, self._system_options)  # a request's kind may run with fewer
         # a parallel engine checks the constraint's room here too (in one process the run does)
         room = self._workers is not None and (any(hooks.constraints or ()) or spec_of(config) is not None)
-        config = (check_fitted if fitted else fit_request)(self.model, prompts, config, self.max_tokens, self.vocabulary if room else None)
+        config = (check_fitted if fitted else fit_request)(self.model, prompts, config, self._limit(hooks), self.vocabulary if room else None)
         if self._workers is not None:  # each rank's engine adds its limit, name and strings
             # the constraints the room check built here: the ranks adopt them, building none
             built = {s.regex(): self.vocabulary.automaton(s.regex()) for s in row_constraints(config, hooks, len(prompts)) if s is not None} if room else {}
@@ -282,11 +282,17 @@ class Engine:
             return self._job.run(prompts, config, hooks, self._run_fitted_here)
         return self._run_fitted_here(prompts, config, hooks)
 
+    def _limit(self, hooks: RunHooks) -> int | None:
+        """A call's bound on the canvas: the engine's `max_tokens` or the call's
+        `RunHooks.max_tokens`, whichever is smaller (None: neither is set)."""
+        limits = [limit for limit in (self.max_tokens, hooks.max_tokens) if limit is not None]
+        return min(limits) if limits else None
+
     def _run_fitted_here(self, prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks, built: dict[str, TokenAutomaton] | None = None) -> GenerationOutput:
         """The loop in this process on a fitted config (generate_ids's, or a parallel engine's
         caller's), with this engine's stop ids, limit, name and token strings. `built`: constraint
         automata its caller built over the same vocabulary (a worker rank's request), adopted."""
-        hooks = hooks.but(max_tokens=self.max_tokens, model_name=self.name, token_strings=self.token_strings)
+        hooks = hooks.but(max_tokens=self._limit(hooks), model_name=self.name, token_strings=self.token_strings)
         constrained = any(hooks.constraints or ()) or spec_of(config) is not None
         if built:
             self.vocabulary.adopt(built)

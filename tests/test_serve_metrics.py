@@ -6,12 +6,17 @@ model: scraped and parsed with prometheus_client's own parser after real request
 from __future__ import annotations
 
 import json
+import threading
+
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.constraints import CanvasConstraint
+from engine.errors import EngineError
 from engine.serving.app import create_app
 
-from .test_serve import PROMPTS, SETTINGS, Served, complete, served, solo  # noqa: F401 (served: the fixture)
+from .test_serve import LIMITS, PROMPTS, SETTINGS, Served, complete, running, served, solo, until  # noqa: F401 (served: the fixture)
 
 
 def parsed(text: str) -> dict[str, dict[tuple, float]]:
@@ -94,3 +99,40 @@ def test_a_provisional_stream_shows_the_draft_and_ends_with_the_plain_text(serve
 def test_provisional_needs_a_stream(served):
     response = httpx.post(served.url + "/completions", json={"prompt": PROMPTS[0], "provisional": True}, timeout=60)
     assert response.status_code == 400 and "stream" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("ending", ["ok", "refused", "failed", "cancelled"])
+def test_every_request_is_counted_once_by_how_it_ended(served, monkeypatch, ending, stream):
+    """Issue 60 item 4: a dropped stream was not counted at all and a dropped plain request counted
+    as failed. One request per ending, streamed or not, on an app of its own: exactly one count,
+    under its ending. Failed: the constraint's step raises; cancelled: the run is held in its
+    constraint's step (an event) while the client leaves."""
+    from .test_constraints_load import PAIR, Held, ended
+
+    served.engine.vocabulary.automaton(PAIR)
+    if ending == "failed":
+        def broken(*args, **kwargs):
+            raise EngineError("the test's failure")
+
+        monkeypatch.setattr(CanvasConstraint, "restrict", broken)
+    held = Held(monkeypatch) if ending == "cancelled" else None
+    app = create_app(served.engine, LIMITS)
+    body = {"prompt": PROMPTS[0], **SETTINGS, "regex": PAIR, "stream": stream, **({"threshold": 2} if ending == "refused" else {})}
+    with running(app) as url:
+        if held is None:
+            reply = httpx.post(url + "/completions", json=body, timeout=600)
+            assert reply.status_code == {"ok": 200, "refused": 400, "failed": 200 if stream else 500}[ending]
+        elif stream:
+            with httpx.stream("POST", url + "/completions", json=body, timeout=600):
+                assert held.entered.wait(600)  # the run is inside its step; the client leaves
+        else:
+            leaving = threading.Thread(target=lambda: pytest.raises(httpx.ReadTimeout, httpx.post, url + "/completions", json=body, timeout=httpx.Timeout(600, read=1)))
+            leaving.start()
+            assert held.entered.wait(600)
+            leaving.join()  # the client gave up waiting for the answer (its read timeout) and left
+        if held is not None:
+            until(lambda: all(entry.status != "running" for entry in app.state.server.traces._entries.values()))
+            held.release.set()
+        until(lambda: app.state.server.pending == 0 and sum(ended(url).values()) >= 1)
+        assert ended(url) == {status: float(status == ending) for status in ("ok", "failed", "cancelled", "refused")}

@@ -13,14 +13,16 @@ language. Rows without a constraint are never touched, so their tokens are the u
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from ..errors import EngineError
-from .automaton import Sets, TokenAutomaton
+from .automaton import Region, TokenAutomaton
 from .spec import ConstraintSpec
 
 
@@ -72,12 +74,31 @@ class Restriction:
         }
 
 
+_checks = threading.local()  # `.check`: the cancel check of the run on this thread (`checked_by`)
+
+
+@contextlib.contextmanager
+def checked_by(check: Callable[[], None]) -> Iterator[None]:
+    """While inside, constraints built on this thread call `check` within their passes over a
+    region (it raises to stop the run), so a cancel reaches even one long pass, not only the
+    loop's next step (engine/generation.py: run_fitted sets it to the run's cancel)."""
+    outer = getattr(_checks, "check", None)
+    _checks.check = check
+    try:
+        yield
+    finally:
+        _checks.check = outer
+
+
 class CanvasConstraint:
     """Per row, the automaton its region must be a word of (None: a free row), and where its
-    region starts; `length` is the canvas's length."""
+    region starts; `length` is the canvas's length. Each row's sets are kept between calls
+    (automaton.Region) and recomputed only where the canvas changed since the last call."""
 
     def __init__(self, automata: list[TokenAutomaton | None], starts: list[int], length: int) -> None:
         self.automata, self.starts, self.length = automata, starts, length
+        self._regions: list[Region | None] = [None] * len(automata)
+        self._check: Callable[[], None] | None = getattr(_checks, "check", None)
 
     @classmethod
     def build(cls, specs: list[ConstraintSpec | None], compiler: Compiler | None, starts: list[int], length: int) -> "CanvasConstraint | None":
@@ -98,20 +119,36 @@ class CanvasConstraint:
                 raise EngineError(f"the constraint ({spec.describe()}) needs at least {need} tokens and the answer has {room} positions (gen_length); raise gen_length")
         return cls(automata, starts, length)
 
-    def _region(self, row: int, x: np.ndarray, open_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        start = self.starts[row]
-        return x[row, start:].copy(), open_[row, start:].copy()
+    def _region(self, row: int, x: np.ndarray, open_: np.ndarray) -> Region:
+        """Row `row`'s kept region, brought to its canvas row `x` `[T]` (open where `open_`) and
+        checked completable: the invariant every step keeps; a broken one is a bug, said at once."""
+        start, region = self.starts[row], self._regions[row]
+        tokens, free = x[start:], open_[start:]
+        if region is None:
+            region = self._regions[row] = Region(self.automata[row], tokens, free, self._check)
+        else:
+            region.update(tokens, free)
+        self._invariant(row, region)
+        return region
 
-    def _sets(self, row: int, tokens: np.ndarray, open_: np.ndarray) -> Sets:
-        sets = self.automata[row].sets(tokens, open_)
-        if not sets.completable:  # the invariant every step keeps; a broken one is a bug, said at once
+    @staticmethod
+    def _invariant(row: int, region: Region) -> None:
+        if not region.completable:
             raise EngineError(f"internal error: row {row}'s canvas can no longer be completed under its constraint")
-        return sets
 
     def completable(self, x: torch.Tensor, open_: torch.Tensor) -> list[bool]:
         """Per row, whether the canvas `x` (open where `open_`) can still be completed (free rows: True)."""
         xs, os_ = x.cpu().numpy(), open_.cpu().numpy()
-        return [a is None or a.sets(*self._region(r, xs, os_)).completable for r, a in enumerate(self.automata)]
+        return [a is None or a.sets(xs[r, self.starts[r]:], os_[r, self.starts[r]:]).completable for r, a in enumerate(self.automata)]
+
+    @staticmethod
+    def _widened(tokens: np.ndarray, vocab: int) -> np.ndarray:
+        """`tokens` `[..., n]` (the automaton's vocabulary) as `[..., vocab]` (the logits' width):
+        ids past the automaton's vocabulary are never allowed."""
+        out = np.zeros((*tokens.shape[:-1], vocab), dtype=bool)
+        n = min(tokens.shape[-1], vocab)
+        out[..., :n] = tokens[..., :n]
+        return out
 
     def restrict(self, logits: torch.Tensor, x: torch.Tensor, open_: torch.Tensor, s: int, where: torch.Tensor) -> tuple[torch.Tensor, Restriction]:
         """`logits` `[B, W, V]` of window `[s, s + W)` with the tokens that would leave the canvas
@@ -123,16 +160,14 @@ class CanvasConstraint:
         for r, automaton in enumerate(self.automata):
             if automaton is None:
                 continue
-            sets = self._sets(r, *self._region(r, xs, os_))
-            for w in range(width):
-                i = s + w - self.starts[r]
-                if i < 0 or not wh[r, w]:
-                    continue
-                tokens = sets.allowed_tokens(i)
-                n = min(len(tokens), vocab)
-                allowed[r, w, :n] = tokens[:n]
-                allowed[r, w, n:] = False
-                restricted[r, w] = True
+            region = self._region(r, xs[r], os_[r])
+            columns = [w for w in range(width) if s + w >= self.starts[r] and wh[r, w]]
+            if not columns:
+                continue
+            # per position the allowed classes, then every position's tokens in one gather
+            classes = np.stack([region.allowed_classes(s + w - self.starts[r]) for w in columns])
+            allowed[r, columns] = self._widened(automaton.tokens_of(classes), vocab)
+            restricted[r, columns] = True
         allowed_t = torch.from_numpy(allowed).to(logits.device)
         out = logits.masked_fill(~allowed_t, float("-inf"))
         return out, Restriction(allowed_t, torch.from_numpy(restricted), [a is not None for a in self.automata])
@@ -149,17 +184,16 @@ class CanvasConstraint:
         for r, automaton in enumerate(self.automata):
             if automaton is None:
                 continue
-            region, free = self._region(r, xs, os_)
+            region = self._region(r, xs[r], os_[r])
             start = self.starts[r]
             for w in range(width):
                 i = s + w - start
                 if i < 0:
                     continue
-                if free[i]:
-                    tokens_i = self._sets(r, region, free).allowed_tokens(i)
-                    n = min(len(tokens_i), vocab)
-                    allowed[r, w, :n], allowed[r, w, n:] = tokens_i[:n], False
-                region[i], free[i] = ts[r, w], False
+                if region.open[i]:
+                    self._invariant(r, region)
+                    allowed[r, w] = self._widened(region.allowed_tokens(i), vocab)
+                region.set(i, int(ts[r, w]))
         return logits.masked_fill(~torch.from_numpy(allowed).to(logits.device), float("-inf"))
 
     def admit(self, x: torch.Tensor, open_: torch.Tensor, s: int, writes: torch.Tensor, tokens: torch.Tensor, order: torch.Tensor, opened: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,24 +207,20 @@ class CanvasConstraint:
         for r, automaton in enumerate(self.automata):
             if automaton is None or not ws[r].any():
                 continue
-            region, free = self._region(r, xs, os_)
             start = self.starts[r]
+            free = os_[r].copy()
             if ops is not None:
-                for w in np.nonzero(ops[r])[0]:
-                    if s + w >= start:
-                        free[s + w - start] = True
+                free[s : s + ops.shape[1]] |= ops[r]
+            region = self._region(r, xs[r], free)
             candidates = sorted(np.nonzero(ws[r])[0].tolist(), key=lambda w: (-ords[r, w], w))
-            sets = self._sets(r, region, free)
-            for k, w in enumerate(candidates):
+            for w in candidates:
                 i = s + w - start
                 if i < 0:
                     continue
-                if not sets.allows(i, int(ts[r, w])):
+                if not region.allows(i, int(ts[r, w])):
                     kept[r, w] = False
                     continue
-                region[i], free[i] = ts[r, w], False
-                if k + 1 < len(candidates):
-                    sets = self._sets(r, region, free)
+                region.set(i, int(ts[r, w]))
         return kept
 
     def draft(self, logits: torch.Tensor, x: torch.Tensor, open_: torch.Tensor, s: int, order: torch.Tensor) -> torch.Tensor:
@@ -205,17 +235,15 @@ class CanvasConstraint:
                 continue
             if values is None:
                 values = logits.float().cpu().numpy()
-            region, free = self._region(r, xs, os_)
+            region = self._region(r, xs[r], os_[r])
             start = self.starts[r]
             for w in sorted(range(logits.shape[1]), key=lambda w: (-ords[r, w], w)):
                 i = s + w - start
                 if i < 0:
                     continue
-                sets = self._sets(r, region, free)
-                allowed = sets.allowed_tokens(i)
-                n = min(len(allowed), values.shape[-1])
-                scores = np.where(allowed[:n], values[r, w, :n], -np.inf)
-                token = int(scores.argmax())
+                self._invariant(r, region)
+                allowed = self._widened(region.allowed_tokens(i), values.shape[-1])
+                token = int(np.where(allowed, values[r, w], -np.inf).argmax())
                 draft[r, w] = token
-                region[i], free[i] = token, False
+                region.set(i, token)
         return draft

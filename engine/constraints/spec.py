@@ -125,6 +125,7 @@ def check_regex(regex: str) -> None:
 _WIDE = 4
 
 
+@lru_cache(maxsize=256)  # json_object's 6,900-character regex takes Python's parser ~0.1 s, which no request should pay again
 def structural_bound(regex: str) -> int | None:
     """An estimate, read off the regex's parse (Python's, whose syntax this shares for what it
     bounds), of the byte-level DFA's states a counted repetition forces: a literal byte 1, a class

@@ -88,6 +88,13 @@ def file_name(vocabulary: str, regex: str) -> str:
     return hashlib.sha256(key(vocabulary, regex).encode()).hexdigest() + SUFFIX
 
 
+def kept(vocabulary: str, regex: str) -> bool:
+    """Whether a file for the automaton of `regex` over `vocabulary` is in the store (a look at
+    its name only: reading it may still find it fails its checks, and build)."""
+    root = folder()
+    return root is not None and os.path.isfile(root / file_name(vocabulary, regex))
+
+
 def content_digest(arrays: dict[str, np.ndarray]) -> str:
     """A SHA-256 of the arrays: each one's name, dtype, shape and bytes, in name order."""
     digest = hashlib.sha256()

@@ -153,6 +153,14 @@ class TokenVocabulary:
         building.set_result(automaton)
         return automaton
 
+    def kept(self, regex: str) -> bool:
+        """Whether the automaton of `regex` is in this process's memory or in the store on disk
+        (asking for it reads it, in milliseconds, and builds nothing)."""
+        with self._lock:
+            if regex in self._compiled:
+                return True
+        return stored.kept(self.digest, regex)
+
     def adopt(self, automata: dict[str, TokenAutomaton]) -> None:
         """Keep automata built over this same vocabulary elsewhere: a parallel engine's caller
         builds a request's constraints once, in its bounded child, and its worker ranks adopt them
@@ -205,6 +213,7 @@ def compile_in_background(vocabulary: Callable[[], TokenVocabulary], specs: Iter
     def build() -> None:
         for spec in specs:
             try:
+                check_regex(spec.regex())  # a request's checks count the byte-level DFA's states too
                 vocabulary().automaton(spec.regex())
             except EngineError:
                 pass

@@ -26,7 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..cache import PrefixStore
-from ..constraints import compile_in_background, spec_of
+from ..constraints import ConstraintSpec, compile_in_background, spec_of
+from ..constraints.bounded import MAX_BUILDS
 from ..errors import EngineError
 from ..generation import check_fitted
 from ..kinds import fit
@@ -36,7 +37,8 @@ from .batcher import MAX_BATCH, BatchRequest, Batcher, batch_key
 from .scheduler import ContinuousBatcher, shares_forwards
 from .limits import RequestLimits, TooLarge
 from .metrics import ServerMetrics
-from .schema import ParsedRequest, parse_request
+from .fair import FairPool
+from .schema import ParsedRequest, constraint_of, parse_request
 from .streaming import RowText, sse
 from .traces import CANCELLED, DONE, FAILED, RUNNING, TraceStore
 
@@ -154,8 +156,9 @@ class Server:
             engine.model.prefix_store = PrefixStore(prefix_cache_bytes, on_hit=self.metrics.prefix_hit)
         self._pending = 0
         self._pending_lock = threading.Lock()
-        self._watchers: set[asyncio.Task] = set()  # disconnect watchers, referenced until they end
+        self._watchers: set[asyncio.Task] = set()  # disconnect watchers and drains, referenced until they end (`keep`)
         self._cancels: set[threading.Event] = set()  # the cancel flags of the requests in flight
+        self.builds = FairPool(MAX_BUILDS, "constraint-checks")  # the checks of requests whose constraint is built
         self.stopping = False
 
     @property
@@ -217,7 +220,10 @@ class Server:
             for trace_id in trace_ids:
                 self.traces.ended(trace_id, CANCELLED, "the client disconnected")
 
-        task = asyncio.get_running_loop().create_task(watch())
+        self.keep(asyncio.get_running_loop().create_task(watch()))
+
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a request's task (a disconnect watcher, a left stream's drain) until it ends."""
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
 
@@ -225,9 +231,13 @@ class Server:
         arrived = time.monotonic()
         try:
             body = await self.read_body(request)
-            # the checks compile a constraint's automaton (seconds for a JSON schema on a large
-            # vocabulary): off the event loop, so every other client, /v1/models included, is answered meanwhile
-            parsed, encoded = await asyncio.to_thread(self._checked, body, chat)
+            # off the event loop (a constraint's build takes seconds to minutes); one that builds on the
+            # builds' own threads, in its client's turn (fair.py), holding no quick check's thread
+            if await asyncio.to_thread(self._builds, constraint_of(body)):  # the vocabulary's first use reads the tokenizer
+                client = request.client.host if request.client is not None else ""
+                parsed, encoded = await self.builds.run(client, self._checked, body, chat)
+            else:
+                parsed, encoded = await asyncio.to_thread(self._checked, body, chat)
             self._reserve(len(encoded))
         except Exception:
             self.metrics.requests.labels("refused").inc()
@@ -245,11 +255,18 @@ class Server:
             self.batcher.submit(BatchRequest(ids, parsed.config, cancel, sink, key, fitted=True))
         self.watch_disconnect(request, cancel, [r.trace_id for r in rows])
         headers = {"X-Trace-Ids": ",".join(r.trace_id for r in rows)}
-        reply = Reply(self, parsed, request_id, rows, events, arrived, done=lambda: self._cancels.discard(cancel))
+        reply = Reply(self, parsed, request_id, rows, events, arrived, cancel, done=lambda: self._cancels.discard(cancel))
         if parsed.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         body = await reply.whole()
         return JSONResponse(body, headers=headers)
+
+    def _builds(self, spec: ConstraintSpec | None) -> bool:
+        """Whether checking a request of constraint `spec` may build its automaton (neither in this
+        process's memory nor in the store yet; a schema outlines-core refuses is refused at once)."""
+        with contextlib.suppress(EngineError):
+            return spec is not None and not self.engine.vocabulary.kept(spec.regex())
+        return False
 
     def _checked(self, body: Any, chat: bool) -> tuple[ParsedRequest, list[list[int]]]:
         """The request parsed, its config fitted to the model (once: its rows run it as it is,
@@ -274,10 +291,13 @@ class Reply:
     """The answer to one request: its rows' events turned into one JSON body or a stream of chunks."""
 
     def __init__(
-        self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, arrived: float, done: Callable[[], None]
+        self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, arrived: float,
+        cancel: threading.Event, done: Callable[[], None],
     ) -> None:
         self.server, self.parsed, self.id, self.rows, self.events = server, parsed, request_id, rows, events
+        self.cancel = cancel  # the request's: set when its client left, or the server stops
         self.done = done  # called once every row has ended
+        self.open_rows = len(rows)  # rows not yet ended: what `_events` still waits for
         self.created = int(time.time())
         self.arrived = arrived  # time.monotonic() when the request came: its latency's start
         self.first_text: float | None = None  # when its first final text went out
@@ -288,9 +308,9 @@ class Reply:
         return RowText(header, self.server.engine.decode, self.parsed.max_tokens, self.parsed.stop)
 
     async def _events(self) -> AsyncIterator[tuple[Row, str, object]]:
-        """Every row's events until each has finished or failed."""
-        open_rows = len(self.rows)
-        while open_rows:
+        """Every row's events until each has finished or failed (a later call goes on where an
+        earlier one stopped: `_drain`)."""
+        while self.open_rows:
             index, kind, value = await self.events.get()
             row = self.rows[index]
             if kind == "started":
@@ -302,19 +322,20 @@ class Reply:
                 row.result = value  # type: ignore[assignment]
                 self.forwards += row.result.output.stats.nfe
                 self.metrics.forwards_per_request.observe(row.result.output.stats.nfe)
-                open_rows -= 1
+                self.open_rows -= 1
             elif kind == "failed":
                 row.error = str(value)
-                open_rows -= 1
-            if not open_rows:
+                self.open_rows -= 1
+            if not self.open_rows:
                 self._ended()
             yield row, kind, value
 
     def _ended(self) -> None:
-        """Every row has ended: the request's status and times in the metrics."""
+        """Every row has ended: the request counted once in the metrics by how it ended (a row that
+        failed after its request's cancel was set was cancelled, whatever its message), and its times."""
         self.done()
-        errors = [r.error for r in self.rows if r.error is not None]
-        status = "ok" if not errors else "cancelled" if errors[0] in ("cancelled", SHUTTING_DOWN) or self.server.stopping else "failed"
+        failed = any(r.error is not None for r in self.rows)
+        status = "ok" if not failed else "cancelled" if self.cancel.is_set() or self.server.stopping else "failed"
         self.metrics.requests.labels(status).inc()
         now = time.monotonic()
         self.metrics.latency.observe(now - self.arrived)
@@ -363,7 +384,24 @@ class Reply:
 
     async def stream(self) -> AsyncIterator[str]:
         """Chunks of final text as records make it final (streaming.py); then each row's rest and
-        finish reason; usage when asked; [DONE]. A failure is an error event, then [DONE]."""
+        finish reason; usage when asked; [DONE]. A failure is an error event, then [DONE]. A stream
+        closed before its rows ended (its client left) cancels them; `_drain` counts it later."""
+        try:
+            async for chunk in self._chunks():
+                yield chunk
+        finally:
+            if self.open_rows:
+                self.cancel.set()
+                with contextlib.suppress(RuntimeError):  # no running loop: the server itself has stopped
+                    self.server.keep(asyncio.get_running_loop().create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        """A left stream's remaining events, read to its rows' end (`_ended` counts the request)."""
+        async for _ in self._events():
+            pass
+
+    async def _chunks(self) -> AsyncIterator[str]:
+        """The stream's server-sent events (`stream`)."""
         async for row, kind, value in self._events():
             if kind == "started":  # the row's first chunk: its trace id, how many rows share its batch
                 first = self._choice(row, "", None, delta=True)

@@ -8,7 +8,10 @@ would alone (engine.run.forwards_routed: its run hands each model call to `Sched
 and waits). Once every running run waits on a forward, the scheduler takes them all: the
 shareable ones (engine/serving/padded.py: full forwards on the shared layer stack, any prompt or
 canvas length, any decoder, seed or setting) become one padded model call, the others are called
-one by one, and each run gets its own output and goes on. So rows of different prompt and
+one by one, and each run gets its own output and goes on. A run still busy on the host (a long
+constraint check, a slow decoder rule) holds no other: the scheduler waits for it at most one
+forward's time (the last one's, at least MIN_WAIT_SECONDS) after the first row asked, then runs
+the rows that wait without it; it joins the next forward. So rows of different prompt and
 generation lengths share forwards, a row joins at the next forward after a slot frees, and it
 leaves the moment its own run ends (first done, first out): a short request never waits for a
 long one's last block. Each run's decisions, records, stop and counts are its solo run's by
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -39,6 +43,8 @@ from .batcher import MAX_BATCH, POLL_SECONDS, BatchRequest, report_failure
 from .heap import release_freed_memory
 from .padded import padded_forward, shareable
 
+MIN_WAIT_SECONDS = 0.005  # the least the scheduler waits for a straggler (module docstring): a fast forward's rows still gather
+
 
 def shares_forwards(engine: Engine) -> bool:
     """Whether `engine` generates in this process, where a run's forwards can be routed (a parallel
@@ -53,6 +59,7 @@ class Slot:
     request: BatchRequest
     alone: bool  # its kind does not share batches
     call: tuple[DiffusionLM, dict[str, Any]] | None = None  # the forward it waits on, until the scheduler takes it
+    asked: float = 0.0  # time.monotonic() when it asked for that forward
     result: ModelOutput | BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     shared: int = 1  # the most rows one of its forwards decoded
@@ -69,6 +76,7 @@ class Scheduler:
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
         self._taken: list[Slot] = []  # the rows of the forwards being run now
+        self._forward_seconds = 0.0  # the last round of forwards' time: how long a straggler is waited for
         # the loop's thread, while any row runs: started by the first row admitted to an empty
         # `running`, ended by the last to leave, so an idle server (or a dropped app) holds none
         self.thread: threading.Thread | None = None
@@ -120,7 +128,7 @@ class Scheduler:
         for its forward (shared with others, it cannot stop for this run alone)."""
         with self._cond:
             slot.done.clear()
-            slot.call = (model, inputs)
+            slot.call, slot.asked = (model, inputs), time.monotonic()
             self._cond.notify_all()
         while not slot.done.wait(POLL_SECONDS):
             if slot.request.cancel.is_set():
@@ -136,24 +144,42 @@ class Scheduler:
         return result
 
     def _loop(self) -> None:
-        """Once every running row waits on a forward, run them all; end when no row runs."""
+        """Once every running row waits on a forward, or the first to ask has waited a forward's
+        time for the others (module docstring), run the rows that wait; end when no row runs.
+        The engine's lock is taken before the rows are: a host that holds it pauses the engine,
+        and the rows gather meanwhile."""
         while True:
             with self._cond:
-                while not (self.running and all(s.call is not None for s in self.running)):
+                while not any(s.call is not None for s in self.running):
                     if not self.running:  # under the lock: a row admitted after this starts a new thread
                         self.thread = None
                         return
                     self._cond.wait()
-                taken = [(s, s.call) for s in self.running]
-                self._taken = list(self.running)
-                for s in self.running:
-                    s.call = None
-            self._run(taken)  # type: ignore[arg-type]
+            with self.lock:
+                with self._cond:
+                    while True:
+                        asking = [s for s in self.running if s.call is not None]
+                        if not asking or len(asking) == len(self.running):  # none left (cancelled while queued), or all
+                            break
+                        left = min(s.asked for s in asking) + max(self._forward_seconds, MIN_WAIT_SECONDS) - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    self._taken = asking
+                    taken = [(s, s.call) for s in asking]
+                    for s in asking:
+                        s.call = None
+                if not taken:
+                    continue
+                start = time.monotonic()
+                self._run(taken)  # type: ignore[arg-type]
+                self._forward_seconds = time.monotonic() - start
             with self._cond:
                 self._taken = []
 
     def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, dict[str, Any]]]]) -> None:
-        """The shareable forwards of each model as one padded call, the others one by one."""
+        """The shareable forwards of each model as one padded call, the others one by one (the
+        engine's lock held)."""
         groups: list[list[tuple[Slot, DiffusionLM, dict[str, Any]]]] = []
         shared: dict[int, list] = {}
         for slot, (model, inputs) in taken:
@@ -167,7 +193,7 @@ class Scheduler:
         for group in groups:
             slots = [slot for slot, _, _ in group]
             try:
-                with self.lock, torch.inference_mode():
+                with torch.inference_mode():  # the engine's lock is held (`_loop`)
                     outputs: list[Any] = padded_forward(group[0][1], [inputs for _, _, inputs in group])
             except BaseException as exc:  # each run fails with it, as its solo run would
                 outputs = [exc] * len(group)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import MOVED_KIND_SETTINGS, MOVED_SETTINGS, GenerationConfig
+from ..constraints import CONSTRAINT_FIELDS, ConstraintSpec
 from ..errors import EngineError
 from .limits import RequestLimits
 
@@ -121,6 +122,21 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
         out[STRUCTURED_OUTPUTS[key]] = value
     _need(not (out and any(name in body for name in STRUCTURED_OUTPUTS.values())), "give the answer's constraint once: response_format, structured_outputs or regex/json_schema/choice")
     return out
+
+
+def constraint_of(body: Any) -> ConstraintSpec | None:
+    """The constraint a request body asks for, read before its checks (which may compile it: the
+    server runs those apart, app.py); None when it names none, or names one its checks refuse."""
+    if not isinstance(body, dict):
+        return None
+    try:
+        asked = {name: body[name] for name in CONSTRAINT_FIELDS if body.get(name) is not None} | _constraint(body)
+    except EngineError:
+        return None
+    if len(asked) != 1:
+        return None
+    (kind, value), = asked.items()
+    return ConstraintSpec(kind, tuple(value) if isinstance(value, list) else value)
 
 
 def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> GenerationConfig:

@@ -1,0 +1,96 @@
+"""A plain request's latency while structured-output requests run and build (issue 60), on
+`python -m engine serve` (its own process, the code of the current directory; benchmarks/serve.py).
+
+    python -m benchmarks.constraint_load            # one row: this checkout's server
+
+First a json_object request (max_tokens 256) warms the server (its automaton read from the store
+or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
+after another give the solo latency (median). Then, in flight at once: a client sending json_object
+requests (max_tokens 256) back to back, and eight clients each sending a regex slow to build
+(`(a|b)*a(a|b){9}` behind a literal of its own, so none is kept: a byte-level DFA of about 1,000
+states, within every bound); meanwhile `--repeats` plain requests one after another give the loaded
+latency (median), and the row its ratio to the solo one; the same with a plain max_tokens-256 loop
+and no builds is the control (what padding beside a longer row costs a plain request anyway). The
+loop's requests wait for the builds' clients to end. To compare code, run it from each checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+
+from .serve import server
+
+PLAIN = {"prompt": "Q: 14+5=? A:", "max_tokens": 64}
+JSON_OBJECT = {"prompt": "A city record:", "max_tokens": 256, "response_format": {"type": "json_object"}}
+SLOW = r"(a|b)*a(a|b){9}"
+BUILDS = 8
+
+
+def seconds(url: str, body: dict) -> float:
+    """One request's latency, from its send to its whole answer (a 200)."""
+    start = time.perf_counter()
+    reply = httpx.post(url + "/completions", json=body, timeout=900)
+    reply.raise_for_status()
+    return time.perf_counter() - start
+
+
+def under_load(url: str, loop_body: dict, builds: int, repeats: int) -> tuple[float, list[float], int]:
+    """The median plain latency while one client sends `loop_body` back to back and `builds`
+    clients each send a regex slow to build; with the loop's latencies and the builds still in
+    flight after the plain requests."""
+    stop, looped, built = threading.Event(), [], []
+
+    def loop_client() -> None:
+        while not stop.is_set():
+            looped.append(seconds(url, loop_body))
+
+    def build_client() -> None:
+        try:
+            httpx.post(url + "/completions", json={**PLAIN, "regex": f"n{secrets.token_hex(4)}:{SLOW}"}, timeout=900)
+        finally:
+            built.append(1)
+
+    clients = [threading.Thread(target=loop_client, daemon=True)] + [threading.Thread(target=build_client, daemon=True) for _ in range(builds)]
+    for c in clients:
+        c.start()
+    time.sleep(1.0)  # the loop's first request runs and the builds' requests are being checked
+    loaded = statistics.median(seconds(url, PLAIN) for _ in range(repeats))
+    in_flight = builds - len(built)
+    stop.set()
+    for c in clients:
+        c.join()
+    return loaded, looped, in_flight
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.constraint_load", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7, help="plain requests per median")
+    ap.add_argument("--label", default="this checkout", help="the rows' name")
+    args = ap.parse_args(argv)
+    rows = []
+    with server(8, 1, "cpu") as (url, _):
+        seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
+        solo = statistics.median(seconds(url, PLAIN) for _ in range(args.repeats))
+        # the control: the same load without constraints (a plain request padded beside a longer one)
+        for name, body, builds in (("a plain max_tokens-256 loop", {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}, 0),
+                                   ("a json_object max_tokens-256 loop + 8 builds", JSON_OBJECT, BUILDS)):
+            loaded, looped, in_flight = under_load(url, body, builds, args.repeats)
+            rows.append([args.label, name, f"{1000 * solo:.0f}", f"{1000 * loaded:.0f}", f"{loaded / solo:.2f}x",
+                         f"{len(looped)} ({1000 * statistics.median(looped):.0f})" if looped else "0", f"{in_flight} of {builds}" if builds else "-"])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    header = ["server", "in flight", "plain solo ms (median)", "plain meanwhile ms (median)", "meanwhile / solo", "loop requests (median ms)", "builds in flight after"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
