@@ -48,9 +48,21 @@ def single_answer(example: model_tasks.Example) -> bool:
 
 
 def expected_response(prompt: str) -> str:
-    """The right response when `prompt` is an arithmetic prompt (one right answer), else ''."""
+    """The right response when `prompt` is an arithmetic prompt (one right answer), else ''.
+
+    The only answer the page fills the expected box with (typing, an example, a Tune trial or a
+    sweep's wrong answer opened): one of many right answers would strike out valid ones."""
     example = model_tasks.parse_prompt(prompt)
     return example.response if example and single_answer(example) else ""
+
+
+def no_first_wrong(example: model_tasks.Example) -> str:
+    """Why a wrong answer of a family with many right answers has no first wrong commit: no token
+    is wrong against "the" answer, and the verifier judges only the finished text."""
+    return (
+        f"no first wrong commit: {example.task} has many right answers, so no commit is wrong against one of them "
+        "(the verifier judged the finished answer; left out)"
+    )
 
 
 def prompt_note(prompt: str) -> str:

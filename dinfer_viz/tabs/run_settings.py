@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from engine import EngineError
+from engine import EngineError, GenerationConfig
 from engine.constraints import ConstraintSpec, spec_of
 from engine.pipeline import check_request, encode_prompt
 
@@ -32,7 +32,11 @@ COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
 # last suggestion: an answer the user typed stays when the prompt changes. Decided in the browser
 # when the suggestion arrives, on the box's value at that moment, so that an answer typed while the
 # suggestion was on its way stays too (the server saw the box as it was when the prompt changed).
-KEEP_TYPED_JS = "(suggestion, current, last) => (current === '' || current === last) ? [suggestion, suggestion] : [current, last]"
+# A box that holds the new suggestion already (a tab that opened a run here filled it: opened_answer)
+# holds the page's value, and the next prompt change replaces it.
+KEEP_TYPED_JS = (
+    "(suggestion, current, last) => (current === '' || current === last || current === suggestion) ? [suggestion, suggestion] : [current, last]"
+)
 
 
 def held_words(spec: ConstraintSpec) -> str:
@@ -44,6 +48,21 @@ def held_words(spec: ConstraintSpec) -> str:
     if kind == "regex":
         text = "“" + re.sub(r"^ +| +$| {2,}", lambda m: "\u00a0" * len(m.group()), text) + "”"
     return f"{kind} {text}"
+
+
+def suggested_answer(prompt: str | None, mode: str | None, text: str | None) -> str:
+    """What the page fills the expected box with: the prompt's one right answer
+    (answers.expected_response), unless the constraint (`mode`, `text`: the Structured output
+    controls) cannot write it; else ''. Suggested on a prompt change, and given by the tabs that
+    open a run here (a Tune trial, a sweep's wrong answer), so the box holds the same either way."""
+    response = answers.expected_response(prompt or "")
+    return response if response and constraint_admits(mode, text, response) else ""
+
+
+def opened_answer(prompt: str, config: GenerationConfig) -> str:
+    """suggested_answer for a run opened with `config`'s settings (its constraint included)."""
+    controls = {c.field: control_value(c, config) for c in all_controls() if c.field in (CONSTRAINT, CONSTRAINT_TEXT)}
+    return suggested_answer(prompt, controls.get(CONSTRAINT), controls.get(CONSTRAINT_TEXT))
 
 
 def constraint_admits(mode: str | None, text: str | None, answer: str) -> bool:
@@ -141,10 +160,7 @@ class RunSettingsHandlers(TabHandlers):
         write it; the note on the prompt's family). Whether the expected box takes the response is
         the page's decision (KEEP_TYPED_JS): an emptied suggestion empties a box that held the last
         one, so a JSON answer is not struck out against `   7+ 58=  65`."""
-        response = answers.expected_response(prompt or "")
-        if response and not constraint_admits(constraint, constraint_text, response):
-            response = ""
-        return response, answers.prompt_note(prompt or "")
+        return suggested_answer(prompt, constraint, constraint_text), answers.prompt_note(prompt or "")
 
     def lesson_step(self, name: str | None, step: Any) -> tuple:
         """Step `step` (0-based; past the last: the last) of the lesson `name`: (the step menu, the

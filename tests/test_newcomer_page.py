@@ -1,0 +1,51 @@
+"""What a newcomer met on the page in issue #54's fourth pass (item 6): the kind menus can go
+back to the model's own kind, Compare says whether each answer is right, and the rest of the
+page's small untruths. Each is decided from the page's values or the engine's runs, never timing."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.studies.answers import verdict
+from dinfer_viz.settings import all_controls, control_value
+from dinfer_viz.tabs.compare import COMPARE_VIEW
+from dinfer_viz.ui import Handlers
+from engine import GenerationConfig
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+SMALL = {"gen_length": 16, "block_length": 16, "threshold": 0.9}
+
+
+@pytest.fixture(scope="module")
+def handlers() -> Handlers:
+    return Handlers(EngineHost(ModelSpec(str(ASSETS / "tiny-llada"))), fps=1000, plot_hz=1000)
+
+
+def test_the_kind_menu_offers_the_models_own_kind_as_a_choice(handlers):
+    """A kind once picked can be unpicked: "the model's own kind" is a choice of the menu (the Run
+    tab's and each Compare side's: one Control), and it runs as no kind chosen."""
+    kind = next(c for c in all_controls() if c.field == "kind")
+    values = [c[1] if isinstance(c, tuple) else c for c in kind.choices()]
+    own = control_value(kind, GenerationConfig())
+    assert own in values and values.index(own) == 0
+    assert handlers.parse({"config": {"kind": own}})[1].kind is None
+    assert handlers.parse({"config": {"kind": "masked"}})[1].kind == "masked"
+
+
+def test_compare_says_whether_each_answer_is_right(handlers):
+    seen: dict = {}
+    for frame in handlers.compare("Q: 7+58=? A:", {"config": SMALL}, {"config": {**SMALL, "threshold": 0.05}}, "", 1):
+        seen.update({k: v for k, v in zip(COMPARE_VIEW, frame) if not (isinstance(v, dict) and v == gr.skip())})
+    message = seen["message"]
+    assert message.startswith("done"), message
+    a, b = message.split(" · ")[:2]
+    for said, text in ((a, seen["text_a"]), (b, seen["text_b"])):  # each side its own verdict, the Run tab's
+        assert said.endswith(f", {verdict('Q: 7+58=? A:', text)}") and "add verifier:" in said
