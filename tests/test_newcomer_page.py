@@ -14,11 +14,18 @@ import gradio as gr
 import pytest
 
 from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.panes.analysis_figure import per_step_figure
+from dinfer_viz.panes.cost_figure import forward_times_figure
+from dinfer_viz.panes.figures import compare_figure, extras_figure, iteration_chart, raster
+from dinfer_viz.panes.readouts import readout
+from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.studies.answers import verdict
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.ui import Handlers
 from engine import GenerationConfig
+
+from .app_support import handmade_trace
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 SMALL = {"gen_length": 16, "block_length": 16, "threshold": 0.9}
@@ -49,3 +56,24 @@ def test_compare_says_whether_each_answer_is_right(handlers):
     a, b = message.split(" · ")[:2]
     for said, text in ((a, seen["text_a"]), (b, seen["text_b"])):  # each side its own verdict, the Run tab's
         assert said.endswith(f", {verdict('Q: 7+58=? A:', text)}") and "add verifier:" in said
+
+
+def test_a_short_runs_iteration_axes_tick_whole_iterations():
+    """A run of one or two iterations had ticks at 0.5, 1.5, 2.5: no record sits there."""
+    trace = handmade_trace()
+    trace.iterations = trace.iterations[:2]
+    tl = Timeline(trace)
+    axes = {
+        "raster": raster(tl).layout.yaxis, "iterations": iteration_chart(tl).layout.xaxis, "forward times": forward_times_figure(tl, 1, None, "", {}).layout.xaxis,
+        "extras": extras_figure(tl).layout.yaxis, "compare": compare_figure([tl, tl], ["A", "B"]).layout.xaxis2,
+        "analysis": per_step_figure(tl).layout.xaxis,
+    }
+    for name, axis in axes.items():
+        assert (axis.dtick, axis.tick0) == (1, 0), name
+
+
+def test_the_readout_names_its_seconds_for_what_they_measure():
+    """"wall s: since the click, UI included" was 0.13 s of a 5.5 s click-to-done: it is the
+    server's time for the run, and says so."""
+    shown = readout(Timeline(handmade_trace()), 0.13)
+    assert "since the click" not in shown and "server s" in shown and "not the page's request, queue or painting" in shown

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from engine.analysis import analyze, decided_steps
 
-from ..drawing.figure_base import _finish, message_figure, shown_iteration_shapes
+from ..drawing.figure_base import _finish, iteration_ticks, message_figure, shown_iteration_shapes
 from .grid import inert
 from ..reading.timeline import Timeline, iteration_number
 from ..views import view_for
@@ -55,7 +55,7 @@ def per_step_figure(timeline: Timeline, result: dict[str, Any] | None = None, hi
     kl = [v for v in result["kl_to_final"] if v is not None]
     fig.update_layout(
         shapes=shown_iteration_shapes(highlight, n - 1),
-        xaxis=dict(range=[0.5, n + 0.5], title=dict(text="iteration")),
+        xaxis=dict(range=[0.5, n + 0.5], title=dict(text="iteration"), **iteration_ticks(n)),
         yaxis=dict(range=[0, 1.05], title=dict(text="fraction / probability")),
         yaxis2=dict(overlaying="y", side="right", range=[0, max(kl + [1.0]) * 1.05], title=dict(text="KL (nats)"), showgrid=False),
         margin=dict(r=60, b=100),

@@ -63,7 +63,7 @@ class CompareState:
     a: Timeline
     b: Timeline
     labels: tuple[str, str] = ("A", "B")
-    wall_seconds: tuple[float, float] | None = None  # since each side's start, UI included (the readouts' wall s)
+    wall_seconds: tuple[float, float] | None = None  # each side's seconds on the server (the readouts' server s)
     stats: tuple[dict[str, Any], dict[str, Any]] | None = None  # each side's median_stats over its passes
     expected: tuple[list[int] | None, list[int] | None] = (None, None)  # each side's expected ids (its tokenizer's)
 
