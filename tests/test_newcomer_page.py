@@ -19,6 +19,7 @@ from dinfer_viz.panes.cost_figure import forward_times_figure
 from dinfer_viz.panes.figures import compare_figure, extras_figure, iteration_chart, raster
 from dinfer_viz.panes.readouts import readout
 from dinfer_viz.reading.timeline import Timeline
+from dinfer_viz.studies.tuning import TuneState, tune_figure
 from dinfer_viz.studies.answers import verdict
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_VIEW
@@ -77,3 +78,13 @@ def test_the_readout_names_its_seconds_for_what_they_measure():
     server's time for the run, and says so."""
     shown = readout(Timeline(handmade_trace()), 0.13)
     assert "since the click" not in shown and "server s" in shown and "not the page's request, queue or painting" in shown
+
+
+def test_the_tune_chart_says_the_first_trial_is_running_while_it_runs():
+    """The study's first frames come before any trial ends: the chart said "no trial yet"."""
+    def words(state):
+        return " ".join(a.text for a in tune_figure(state).layout.annotations)
+
+    assert "no trial yet" in words(None)
+    assert "the first trial is running" in words(TuneState(message="trial 1 running"))
+    assert "no trial completed" in words(TuneState(stopped=True))
