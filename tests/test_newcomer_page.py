@@ -24,7 +24,8 @@ from dinfer_viz.studies.answers import verdict
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_VIEW
 from dinfer_viz.ui import Handlers
-from engine import GenerationConfig
+from dinfer_viz.views.masked.masked_details import rule_text
+from engine import Engine, GenerationConfig, RunHooks
 
 from .app_support import handmade_trace
 
@@ -88,3 +89,18 @@ def test_the_tune_chart_says_the_first_trial_is_running_while_it_runs():
     assert "no trial yet" in words(None)
     assert "the first trial is running" in words(TuneState(message="trial 1 running"))
     assert "no trial completed" in words(TuneState(stopped=True))
+
+
+def test_the_eb_samplers_commits_state_its_rule():
+    """Each commit of the entropy-bound decoder, and each mask it left, gives the numbers its rule
+    compared (it said "no rule for it is written here")."""
+    config = GenerationConfig(decoder="entropy_bound", gen_length=16, block_length=16)
+    tl = Timeline(Engine(str(ASSETS / "tiny-llada")).generate("Q: 7+58=? A:", config, RunHooks(trace=True)).output.trace)
+    texts = [
+        rule_text(tl, i, p)
+        for i, rec in enumerate(tl.records)
+        for p in range(*rec.block_range)
+        if tl.token_before(p, i) == tl.mask_id
+    ]
+    assert texts and not any("no rule" in t for t in texts)
+    assert any(t.startswith("committed: entropy") for t in texts) and all("bound γ 0.1" in t for t in texts)
