@@ -20,9 +20,11 @@ from dinfer_viz.panes.figures import compare_figure, extras_figure, iteration_ch
 from dinfer_viz.panes.readouts import readout
 from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.studies.tuning import TuneState, tune_figure
-from dinfer_viz.studies.answers import verdict
+from dinfer_viz.studies.answers import prompt_note, verdict
+from dinfer_viz.studies.lessons import LESSONS, STRUCTURE_LESSON_PROMPT
 from dinfer_viz.settings import all_controls, control_value
 from dinfer_viz.tabs.compare import COMPARE_VIEW
+from dinfer_viz.tabs.server_trace import TRACE_ID, TRACE_ID_EXAMPLE, add_box
 from dinfer_viz.ui import Handlers
 from dinfer_viz.views.masked.masked_details import rule_text
 from engine import Engine, GenerationConfig, RunHooks
@@ -104,3 +106,17 @@ def test_the_eb_samplers_commits_state_its_rule():
     ]
     assert texts and not any("no rule" in t for t in texts)
     assert any(t.startswith("committed: entropy") for t in texts) and all("bound γ 0.1" in t for t in texts)
+
+
+def test_the_server_trace_box_shows_what_an_id_looks_like():
+    parts: dict = {}
+    with gr.Blocks():
+        add_box(parts)
+    assert parts["trace_id"].placeholder == TRACE_ID_EXAMPLE and TRACE_ID.fullmatch(TRACE_ID_EXAMPLE)
+
+
+def test_lesson_7s_own_prompt_is_not_warned_of_as_nonsense():
+    lesson = next(l for l in LESSONS if l.prompt == STRUCTURE_LESSON_PROMPT)
+    note = prompt_note(lesson.prompt)
+    assert "on purpose" in note and "lesson 7" in note and "⚠" not in note
+    assert "⚠ **outside every family**" in prompt_note("Hello, how are you?")  # any other prompt outside them still is

@@ -33,7 +33,7 @@ SERIES = {
 
 
 def _xs(n: int) -> np.ndarray:
-    return np.array([iterationfigure_text(i) for i in range(n)], dtype=np.float32)
+    return np.array([iteration_number(i) for i in range(n)], dtype=np.float32)
 
 
 def _ys(values: list[float | None]) -> np.ndarray:
@@ -74,7 +74,7 @@ def order_figure(timeline: Timeline, result: dict[str, Any] | None = None) -> go
     positions = sorted(steps)
     rho = result["order_correlation"]
     fig = go.Figure(go.Scatter(
-        x=np.array(positions, dtype=np.float32), y=np.array([iterationfigure_text(steps[p]) for p in positions], dtype=np.float32),
+        x=np.array(positions, dtype=np.float32), y=np.array([iteration_number(steps[p]) for p in positions], dtype=np.float32),
         mode="markers", marker=dict(size=7, color="#16a34a"), name="position finalised", uid="order",
         hovertemplate="position %{x}<br>final from iteration %{y}<extra></extra>",
     ))

@@ -40,6 +40,9 @@ FAMILY_EXAMPLES = {
     "grammar": ["the red fox", "the slow"],
 }
 OUT_OF_FAMILY_EXAMPLES = ["Hello, how are you?", "Q: 1234+5678=? A:"]
+# Pair-sum's shape with no sum: in no family, on purpose (lesson 7: the model is unsure of the
+# answer's shape, which a regex then holds); its note says so instead of warning of nonsense
+NO_SUM_PROMPT = "Q: ?+? A:"
 
 
 def single_answer(example: model_tasks.Example) -> bool:
@@ -70,6 +73,11 @@ def prompt_note(prompt: str) -> str:
     if not prompt.strip():
         return ""
     example = model_tasks.parse_prompt(prompt)
+    if prompt.strip() == NO_SUM_PROMPT:
+        return (
+            "outside every family **on purpose** (lesson 7): pair-sum's shape with no sum, so the model is unsure of the "
+            "answer's shape; no verifier judges it (a regex can hold it to ` a + b`)"
+        )
     if example is None:
         return (
             "⚠ **outside every family** the embedded model was trained on: expect low confidence and "
