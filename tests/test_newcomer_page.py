@@ -14,6 +14,7 @@ import gradio as gr
 import pytest
 
 from dinfer_viz.live.host import EngineHost, ModelSpec
+from dinfer_viz.live.system import offered_options
 from dinfer_viz.panes.analysis_figure import per_step_figure
 from dinfer_viz.panes.cost_figure import forward_times_figure
 from dinfer_viz.panes.figures import compare_figure, extras_figure, iteration_chart, raster
@@ -120,3 +121,18 @@ def test_lesson_7s_own_prompt_is_not_warned_of_as_nonsense():
     note = prompt_note(lesson.prompt)
     assert "on purpose" in note and "lesson 7" in note and "⚠" not in note
     assert "⚠ **outside every family**" in prompt_note("Hello, how are you?")  # any other prompt outside them still is
+
+
+def test_the_lesson_sentence_says_when_the_page_left_the_steps_settings(handlers):
+    """The step's sentence stayed over settings that were no longer the step's; it now says which
+    changed, and is the step's own again when they are back."""
+    lesson = LESSONS[0]
+    _, prompt, note, *controls, model = handlers.lesson_step(lesson.name, 1)
+    box = model if isinstance(model, str) else handlers.host.label_of(handlers.host.default.path)
+    values = [box, "cpu", "auto", *((1 if o.kind is int else False) for o in offered_options()), *controls]
+    assert handlers.lesson_left(lesson.name, 1, prompt, *values) == note and "⚠" not in note
+    field = [c.field for c in all_controls()].index("threshold")
+    moved = handlers.lesson_left(lesson.name, 1, prompt, *values[: len(values) - len(controls) + field], 0.42, *values[len(values) - len(controls) + field + 1 :])
+    assert moved.startswith("⚠ *no longer this step's settings (changed: threshold τ)") and moved.endswith(note)
+    assert "changed: prompt" in handlers.lesson_left(lesson.name, 1, "Q: 1+1=? A:", *values)
+    assert isinstance(handlers.lesson_left(None, None, prompt, *values), type(gr.skip()))  # no lesson: left as it is
