@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
+from benchmarks.screenshots import LESSON_SHOT, README_SHOT
 from dinfer_viz.live.host import EngineHost, ModelSpec
 from dinfer_viz.live.system import offered_options
 from dinfer_viz.panes.analysis_figure import per_step_figure
@@ -136,3 +137,12 @@ def test_the_lesson_sentence_says_when_the_page_left_the_steps_settings(handlers
     assert moved.startswith("⚠ *no longer this step's settings (changed: threshold τ)") and moved.endswith(note)
     assert "changed: prompt" in handlers.lesson_left(lesson.name, 1, "Q: 1+1=? A:", *values)
     assert isinstance(handlers.lesson_left(None, None, prompt, *values), type(gr.skip()))  # no lesson: left as it is
+
+
+def test_the_docs_pictures_are_the_ones_the_screenshot_script_renews():
+    """#54 item 5: `python -m benchmarks.screenshots` writes the README's and docs/app.md §4's pictures."""
+    root = Path(__file__).resolve().parents[1]
+    for doc, shot in ((root / "README.md", README_SHOT), (root / "docs" / "app.md", LESSON_SHOT)):
+        text = doc.read_text(encoding="utf-8")
+        assert f"]({shot.relative_to(doc.parent).as_posix()})" in text and "python -m benchmarks.screenshots" in text
+        assert shot.stat().st_size > 50_000
