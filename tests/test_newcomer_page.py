@@ -146,3 +146,11 @@ def test_the_docs_pictures_are_the_ones_the_screenshot_script_renews():
         text = doc.read_text(encoding="utf-8")
         assert f"]({shot.relative_to(doc.parent).as_posix()})" in text and "python -m benchmarks.screenshots" in text
         assert shot.stat().st_size > 50_000
+
+
+def test_constraints_md_says_why_a_bare_choice_list_can_pick_a_wrong_answer():
+    """docs/app.md told it; the constraints guide, where a script's author looks, did not."""
+    root = Path(__file__).resolve().parents[1]
+    guide = (root / "docs" / "constraints.md").read_text(encoding="utf-8")
+    assert "**Why a bare choice list can pick a wrong answer.**" in guide and "whole answer in the model's own format" in guide
+    assert "constraints.md#1-asking-for-it" in (root / "docs" / "app.md").read_text(encoding="utf-8")
