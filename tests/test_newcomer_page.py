@@ -154,3 +154,16 @@ def test_constraints_md_says_why_a_bare_choice_list_can_pick_a_wrong_answer():
     guide = (root / "docs" / "constraints.md").read_text(encoding="utf-8")
     assert "**Why a bare choice list can pick a wrong answer.**" in guide and "whole answer in the model's own format" in guide
     assert "constraints.md#1-asking-for-it" in (root / "docs" / "app.md").read_text(encoding="utf-8")
+
+
+def test_every_lesson_step_as_the_page_sets_it_reads_as_its_own(handlers):
+    """No step is flagged as changed by the page's own doing (the decoder fitted to the step's model)."""
+    fields = [c.field for c in all_controls()]
+    for lesson in LESSONS:
+        for index in range(len(lesson.steps)):
+            _, prompt, note, *controls, model = handlers.lesson_step(lesson.name, index)
+            values = [model if isinstance(model, str) else "tiny-llada", "cpu", "auto", *((1 if o.kind is int else False) for o in offered_options()), *controls]
+            fitted = handlers.fitted_decoder(*values)
+            if isinstance(fitted, dict) and "value" in fitted:
+                values[len(values) - len(controls) + fields.index("decoder")] = fitted["value"]
+            assert handlers.lesson_left(lesson.name, index, prompt, *values) == note, (lesson.name, index)
