@@ -68,13 +68,16 @@ def _o(decoder: type[Decoder], name: str, label: str, kind: str, **kw: Any) -> C
 
 
 KIND_SECTION = "Diffusion kind"
+# The kind control's choice for GenerationConfig.kind None: (what the menu shows, the value it sends)
+OWN_KIND = ("the model's own kind", "")
 SECTIONS: list[tuple[str, tuple[Control, ...]]] = [
     (
         KIND_SECTION,
         (
-            # empty: the model's own kind (engine/kinds/: the kinds discovered from their files, each
-            # with its summary); each kind's own options join this section (`sections`)
-            Control("kind", "kind (empty: the model's own)", "choice", f"{setting_help('kind')}. {kinds_described()}", choices=lambda: list(KINDS)),
+            # OWN_KIND first: the model's own kind, a choice of its own so that a kind once picked can
+            # be unpicked (engine/kinds/: the kinds discovered from their files, each with its
+            # summary); each kind's own options join this section (`sections`)
+            Control("kind", "kind", "choice", f"{setting_help('kind')}. {kinds_described()}", choices=lambda: [OWN_KIND, *KINDS]),
         ),
     ),
     (
@@ -306,6 +309,8 @@ def control_value(control: Control, config: GenerationConfig) -> Any:
         field, name = control.field.split(".", 1)
         return getattr(config, field).get(name, option.default)
     value = getattr(config, control.field)
+    if control.field == "kind":
+        return value or OWN_KIND[1]
     return 0 if value is None and control.none_as_zero else value
 
 
@@ -318,7 +323,8 @@ def coerce(field: str, value: Any, none_as_zero: bool = False) -> Any:
     hint = type(option.default) if option is not None else hints[field]
     base = _base_type(hint)
     optional = base is not hint
-    if value is None or (optional and none_as_zero and value == 0):
+    # the kind control's OWN_KIND sends "": no kind chosen, as a settings JSON without one
+    if value is None or (optional and none_as_zero and value == 0) or (field == "kind" and value == OWN_KIND[1]):
         if optional:
             return None
         raise EngineError(f"{field} needs a value")

@@ -205,7 +205,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from .analysis import analyze
+    from .analysis import CONVERGED_WORDS, analyze, figure_text
 
     trace = read_trace(args.trace)
     if not 0 <= args.row < len(trace.initial):
@@ -214,10 +214,12 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"steps {result['steps']}  order correlation {result['order_correlation']} (within blocks {result['order_correlation_within_blocks']})  converged {result['converged']}")
+    rho, within = (figure_text(result[k]) for k in ("order_correlation", "order_correlation_within_blocks"))
+    print(f"steps {result['steps']}  order correlation {rho} (within blocks {within})  converged {CONVERGED_WORDS[result['converged']]}")
     print("step  finalized  kl_to_final  gate  mean  commits")
     for i in range(result["steps"]):
-        print(f"{i:4d}  {result['finalized_fraction'][i]}  {result['kl_to_final'][i]}  {result['gate_confidence'][i]}  {result['mean_confidence'][i]}  {result['commits'][i]}")
+        figures = "  ".join(figure_text(result[k][i], 4) for k in ("finalized_fraction", "kl_to_final", "gate_confidence", "mean_confidence"))
+        print(f"{i:4d}  {figures}  {result['commits'][i]}")
     return 0
 
 

@@ -161,6 +161,17 @@ def converged(trace: Trace, row: int = 0) -> bool | None:
     return _rules(trace).converged(trace.iterations, list(last.values()), row, open_left)
 
 
+# How `engine analyze` and the app print a figure the trace cannot give (no open position left, no
+# order to correlate, an old trace without the stop rule's state): the same words, never Python's None
+NOT_KNOWN = "n/a"
+CONVERGED_WORDS = {True: "yes", False: "no", None: "unknown (the trace lacks the stop rule's state)"}
+
+
+def figure_text(value: float | None, digits: int = 3) -> str:
+    """One analysis figure as text: `digits` decimals, NOT_KNOWN where there is none."""
+    return NOT_KNOWN if value is None else f"{value:.{digits}f}"
+
+
 def analyze(trace: Trace, row: int = 0) -> dict[str, Any]:
     """Every analysis of row `row`: the per-step lists (one entry per record) and the per-run values."""
     final, cur = _final(trace, row), current_tokens(trace, row)

@@ -103,3 +103,22 @@ def test_positions_early_stop_filled_are_left_out_of_the_order():
     result, decided = analyze(trace), decided_steps(trace)
     assert set(decided) == {p for p in finalization_steps(trace) if p < recorded}
     assert result["order_left_out"] == trace.canvas_length - recorded == len(finalization_steps(trace)) - len(decided)
+
+
+def test_analyze_prints_what_the_trace_cannot_give_as_the_app_does(tmp_path, capsys, monkeypatch):
+    """#54: `engine analyze` printed Python's None (a step with no open position, an order not
+    known) where the app says n/a; both print through engine.analysis.figure_text."""
+    import engine.analysis
+    from engine.__main__ import main
+
+    from .app_support import handmade_trace
+
+    file = tmp_path / "trace.json"
+    file.write_text(handmade_trace().to_json())
+    result = analyze(handmade_trace())
+    # what a trace without the numbers gives (an old one, a run with no open position at a step)
+    unknown = {**result, "order_correlation": None, "converged": None, "gate_confidence": [None] * result["steps"], "kl_to_final": [None] * result["steps"]}
+    monkeypatch.setattr(engine.analysis, "analyze", lambda trace, row=0: unknown)
+    assert main(["analyze", str(file)]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "order correlation n/a" in out and "converged unknown" in out

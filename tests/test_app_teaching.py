@@ -81,14 +81,11 @@ def test_a_sweep_failure_copies_its_settings_so_run_reproduces_its_trace(handler
     state = view["state"]
     failed = [o for o in state.failures() if o.trace is not None]
     assert failed, "the low threshold should break at least one pair-sum"
-    with handlers.host.lock:
-        engine = handlers.host.get(handlers.host.default)
-        wanted = engine.encode(failed[0].example.response, use_chat_template=False)
-    # the expected answer came with the run: its header carries the ids, their strings in its tokens
-    assert failed[0].expected == failed[0].trace.expected[0] and failed[0].expected[: len(wanted)] == wanted
-    assert all(str(i) in failed[0].trace.tokens for i in failed[0].expected)
+    # pair-sum has many right answers: the run was given none, so no commit is judged against one (#54 item 4)
+    assert failed[0].expected is None and failed[0].trace.expected[0] == [] and failed[0].wrong is None
     result = handlers.open_failure(state, gr.SelectData(None, {"index": [0, 0], "value": ""}))
     prompt, response, _, model_box, *controls, _pinned = result[len(RUN_VIEW) :]
+    assert response == "" and "no first wrong commit: pairsum has many right answers" in dict(zip(RUN_VIEW, result))["message"]
     values = dict(zip([c.field for c in all_controls()], controls))
     assert values["threshold"] == 0.05 and (values["gen_length"], values["block_length"]) == (16, 8)  # the swept value, and the rest
     defaults = [False if o.kind is bool else 1 for o in offered_options()]

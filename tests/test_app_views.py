@@ -217,7 +217,7 @@ def test_readout_uses_engine_stats(timeline):
     partial = readout(Timeline(trace))  # no footer: sums of per-iteration engine seconds (0.1 s, 5 tokens)
     assert "| 50.0 | 1.25 | 4 | 40.0 | 0.100 | 5 |" in partial and "no footer" in partial
     # the live grid's line: the same figures over the iterations shown (0.03 s, 4 tokens in 2)
-    assert live_line(timeline, 2, 1.5) == "live · TPS 133.3 · TPF 2.00 · NFE 2 · fwd/s 66.7 · engine s 0.030 · tokens 4 · wall s 1.50"
+    assert live_line(timeline, 2, 1.5) == "live · TPS 133.3 · TPF 2.00 · NFE 2 · fwd/s 66.7 · engine s 0.030 · tokens 4 · server s 1.50"
 
 
 def test_trace_json_round_trip_keeps_the_view(timeline):

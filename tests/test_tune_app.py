@@ -54,7 +54,9 @@ def test_a_study_streams_each_trial_and_its_front_then_a_csv_and_a_trial_opens_o
     number = state.front[0]
     opened = handlers.open_trial(state, "Q: ?+?=38 A:", SimpleNamespace(index=number))
     message, prompt, expected = opened[:3]
-    assert message == f"trial {number} opened on the Run tab with its settings" and prompt == "Q: ?+?=38 A:" and expected
+    # pair-sum has many right answers: the page fills the expected box with none of them (#54 item 4)
+    assert message == f"trial {number} opened on the Run tab with its settings" and prompt == "Q: ?+?=38 A:" and expected == ""
+    assert handlers.open_trial(state, "Q: 7+58=? A:", SimpleNamespace(index=number))[2] == "   7+ 58=  65"  # arithmetic: its one answer
     controls = dict(zip([c.field for c in all_controls()], opened[5:]))
     config = state.point(number).config
     assert controls["gen_length"] == 32 and controls["decoder"] == config.get("decoder", "threshold")

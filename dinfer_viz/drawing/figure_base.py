@@ -63,6 +63,17 @@ def shown_iteration_shapes(highlight: int | None, upto: int) -> list[dict]:
     return [dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=SHOWN_LINE)]
 
 
+# Up to this many iterations an iteration axis ticks every whole iteration: Plotly's own step on a
+# range of one or two units is 0.5 or 0.2, ticks between iterations that no record has
+MAX_UNIT_TICKS = 10
+
+
+def iteration_ticks(last: int) -> dict[str, Any]:
+    """An iteration axis's tick settings, its iteration numbers up to `last`: one a whole iteration
+    on a short run, Plotly's own (whole numbers at that span) past MAX_UNIT_TICKS."""
+    return dict(tick0=0, dtick=1) if last <= MAX_UNIT_TICKS else {}
+
+
 def _finish(fig: go.Figure, height: int, key: str) -> Figure:
     fig.update_layout(template=_TEMPLATE, height=height, uirevision=key, hovermode="closest")
     # Every figure leaves through here: made a Figure in place (go.Figure(fig) would copy and
@@ -222,7 +233,7 @@ def iteration_panels(fig: go.Figure, upto: int, highlight: int | None, counts_ti
         barmode="stack",
         bargap=0.15,
         shapes=shown_iteration_shapes(highlight, upto),
-        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(upto) + 0.5], anchor="y3", title=dict(text="iteration")),
+        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(upto) + 0.5], anchor="y3", title=dict(text="iteration"), **iteration_ticks(iteration_number(upto))),
         yaxis=dict(domain=[0.45, 1.0], title=dict(text=counts_title)),
         yaxis2=right_axis,
         yaxis3=dict(domain=[0.0, 0.36], rangemode="tozero", title=dict(text="ms (engine)")),

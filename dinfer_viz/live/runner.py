@@ -178,7 +178,7 @@ def acknowledge(run: str, frame: int) -> None:
 @dataclass
 class Frame:
     stage: str  # "waiting" | "loading" | "running" | "busy" (no news for a while) | "done" | "error" | "stopped" (the last)
-    wall: float  # seconds since the run was asked for (includes the UI)
+    wall: float  # seconds since the server took the run (run_live's start): not the page's request or painting
     plots: bool = False  # redraw the plots with this frame
     timeline: Timeline | None = None  # live: keeps growing after the yield; read `shown`
     text: str = ""  # the engine's decoded text (done)

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.analysis import analyze, decided_steps
+from engine.analysis import CONVERGED_WORDS, analyze, decided_steps, figure_text
 
-from ..drawing.figure_base import _finish, message_figure, shown_iteration_shapes
+from ..drawing.figure_base import _finish, iteration_ticks, message_figure, shown_iteration_shapes
 from .grid import inert
 from ..reading.timeline import Timeline, iteration_number
 from ..views import view_for
@@ -55,7 +55,7 @@ def per_step_figure(timeline: Timeline, result: dict[str, Any] | None = None, hi
     kl = [v for v in result["kl_to_final"] if v is not None]
     fig.update_layout(
         shapes=shown_iteration_shapes(highlight, n - 1),
-        xaxis=dict(range=[0.5, n + 0.5], title=dict(text="iteration")),
+        xaxis=dict(range=[0.5, n + 0.5], title=dict(text="iteration"), **iteration_ticks(n)),
         yaxis=dict(range=[0, 1.05], title=dict(text="fraction / probability")),
         yaxis2=dict(overlaying="y", side="right", range=[0, max(kl + [1.0]) * 1.05], title=dict(text="KL (nats)"), showgrid=False),
         margin=dict(r=60, b=100),
@@ -81,16 +81,12 @@ def order_figure(timeline: Timeline, result: dict[str, Any] | None = None) -> go
     for s in sorted({rec.block_range[0] for rec in timeline.records}):  # block starts, as the raster draws them
         fig.add_shape(type="line", xref="x", yref="paper", x0=s - 0.5, x1=s - 0.5, y0=0, y1=1, line=dict(color="#2563eb", width=1))
     fig.update_layout(
-        title=dict(text=f"order correlation ρ = {_number(rho)} (1: left to right)" + (f"; {result['order_left_out']} early-stop positions left out" if result.get("order_left_out") else ""), font=dict(size=12)),
+        title=dict(text=f"order correlation ρ = {figure_text(rho)} (1: left to right)" + (f"; {result['order_left_out']} early-stop positions left out" if result.get("order_left_out") else ""), font=dict(size=12)),
         xaxis=dict(title=dict(text="canvas position")),
         yaxis=dict(range=[0.5, timeline.iterations + 0.5], title=dict(text="finalised at iteration")),
         margin=dict(t=50), showlegend=False,
     )
     return _finish(fig, 360, "analysis-order")
-
-
-def _number(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def approximations(timeline: Timeline) -> list[str]:
@@ -107,14 +103,14 @@ def analysis_text(timeline: Timeline, result: dict[str, Any] | None = None) -> s
     """The per-run numbers (order correlation overall and within blocks, converged, the last
     finalized fraction) and the approximations named, as Markdown; every trace string escaped."""
     result = result if result is not None else analyze(timeline.trace, timeline.row)
-    converged = {True: "yes", False: "no", None: "unknown (the trace lacks the stop rule's state)"}[result["converged"]]
+    converged = CONVERGED_WORDS[result["converged"]]
     last = next((v for v in reversed(result["finalized_fraction"]) if v is not None), None)
     lines = [
         f"**How autoregressive is this decoder?** `{inert(timeline.trace.model or 'an unnamed model')}`, {result['steps']} steps",
         "",
         "| order correlation ρ (overall) | ρ within blocks | converged | finalized at the end |",
         "|---|---|---|---|",
-        f"| {_number(result['order_correlation'])} | {_number(result['order_correlation_within_blocks'])} | {converged} | {_number(last)} |",
+        f"| {figure_text(result['order_correlation'])} | {figure_text(result['order_correlation_within_blocks'])} | {converged} | {figure_text(last)} |",
         "",
         "ρ is Spearman's rank correlation of position against the step from which it holds its final token: 1 is strictly left to right "
         "(an autoregressive order), 0 no order, −1 right to left. The finalized fraction counts the positions whose current token (written, "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from ..drawing.figure_base import _finish, _upto, legend_at_foot, shown_iteration_shapes
+from ..drawing.figure_base import _finish, _upto, iteration_ticks, legend_at_foot, shown_iteration_shapes
 from ..drawing.figure_base import message_figure
 from ..reading.timeline import Timeline, iteration_number
 from ..views import view_for
@@ -147,7 +147,7 @@ def cost_figure(timeline: Timeline, upto: int | None = None, highlight: int | No
         shapes=shapes,
         # below the gr.Plot label badge, which covers the figure's top left
         title=dict(text="<br>".join(t for t in (_shares(ms), view_for(timeline).cost_note(timeline)) if t), font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
-        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration")),
+        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration"), **iteration_ticks(len(records))),
         yaxis=layout_y,
         yaxis2=dict(
             overlaying="y", side="right", range=[0, max(1.0, float(np.nanmax(graphs, initial=0.0))) * 1.2], dtick=1, showgrid=False,
@@ -178,7 +178,7 @@ def forward_times_figure(timeline: Timeline, upto: int, highlight: int | None, t
         bargap=0.15,
         shapes=shown_iteration_shapes(highlight, upto),
         title=dict(text=title, font=dict(size=11), x=0.01, xanchor="left", yref="container", y=1 - 40 / HEIGHT, yanchor="top"),
-        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration")),
+        xaxis=dict(range=[iteration_number(0) - 0.5, iteration_number(len(records) - 1) + 0.5], title=dict(text="iteration"), **iteration_ticks(len(records))),
         yaxis=dict(rangemode="tozero", title=dict(text="ms (step wall time)")),
         margin=dict(t=70, r=60),
     )

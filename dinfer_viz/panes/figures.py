@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..drawing.figure_base import MESSAGE_LINE_CHARS, SHOWN_LINE, _block_matrix, _finish, _plain, _upto, heatmap_rows, heatmap_y, message_figure, rows_title
+from ..drawing.figure_base import MESSAGE_LINE_CHARS, SHOWN_LINE, _block_matrix, _finish, _plain, _upto, heatmap_rows, heatmap_y, iteration_ticks, message_figure, rows_title
 from ..reading.timeline import Timeline, iteration_number
 from ..views import view_for
 
@@ -113,7 +113,7 @@ def extras_figure(timeline: Timeline, upto: int | None = None, highlight: int | 
             row=row,
             col=1,
         )
-        fig.update_yaxes(title_text=rows_title(rows, 0, upto), range=[iteration_number(upto) + 0.5, iteration_number(0) - 0.5], row=row, col=1)
+        fig.update_yaxes(title_text=rows_title(rows, 0, upto), range=[iteration_number(upto) + 0.5, iteration_number(0) - 0.5], row=row, col=1, **iteration_ticks(iteration_number(upto)))
         if highlight is not None and 0 <= highlight <= upto:
             fig.add_hline(y=iteration_number(highlight), line=SHOWN_LINE, row=row, col=1)
     fig.update_xaxes(range=[x0 - 0.5, x1 - 0.5])
@@ -136,7 +136,7 @@ def compare_figure(timelines: Sequence[Timeline], labels: Sequence[str], highlig
         fig.add_trace(go.Scatter(x=seconds, y=counts, name=name, legendgroup=label, mode="lines+markers", marker=dict(size=4), line=dict(color=colour, shape="hv"), uid=f"t-{k}"), row=1, col=1)
         fig.add_trace(go.Scatter(x=its, y=counts, name=name, legendgroup=label, showlegend=False, mode="lines+markers", marker=dict(size=4), line=dict(color=colour, shape="hv"), uid=f"i-{k}"), row=1, col=2)
     fig.update_xaxes(title_text="engine seconds (sum of iterations)", rangemode="tozero", row=1, col=1)
-    fig.update_xaxes(title_text="iteration", rangemode="tozero", row=1, col=2)
+    fig.update_xaxes(title_text="iteration", rangemode="tozero", row=1, col=2, **iteration_ticks(max(t.iterations for t in timelines)))
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=1, col=1)
     if highlight is not None:
         fig.add_vline(x=iteration_number(highlight), line=SHOWN_LINE, row=1, col=2)

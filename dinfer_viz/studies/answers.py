@@ -40,6 +40,9 @@ FAMILY_EXAMPLES = {
     "grammar": ["the red fox", "the slow"],
 }
 OUT_OF_FAMILY_EXAMPLES = ["Hello, how are you?", "Q: 1234+5678=? A:"]
+# Pair-sum's shape with no sum: in no family, on purpose (lesson 7: the model is unsure of the
+# answer's shape, which a regex then holds); its note says so instead of warning of nonsense
+NO_SUM_PROMPT = "Q: ?+? A:"
 
 
 def single_answer(example: model_tasks.Example) -> bool:
@@ -48,9 +51,21 @@ def single_answer(example: model_tasks.Example) -> bool:
 
 
 def expected_response(prompt: str) -> str:
-    """The right response when `prompt` is an arithmetic prompt (one right answer), else ''."""
+    """The right response when `prompt` is an arithmetic prompt (one right answer), else ''.
+
+    The only answer the page fills the expected box with (typing, an example, a Tune trial or a
+    sweep's wrong answer opened): one of many right answers would strike out valid ones."""
     example = model_tasks.parse_prompt(prompt)
     return example.response if example and single_answer(example) else ""
+
+
+def no_first_wrong(example: model_tasks.Example) -> str:
+    """Why a wrong answer of a family with many right answers has no first wrong commit: no token
+    is wrong against "the" answer, and the verifier judges only the finished text."""
+    return (
+        f"no first wrong commit: {example.task} has many right answers, so no commit is wrong against one of them "
+        "(the verifier judged the finished answer; left out)"
+    )
 
 
 def prompt_note(prompt: str) -> str:
@@ -58,6 +73,11 @@ def prompt_note(prompt: str) -> str:
     if not prompt.strip():
         return ""
     example = model_tasks.parse_prompt(prompt)
+    if prompt.strip() == NO_SUM_PROMPT:
+        return (
+            "outside every family **on purpose** (lesson 7): pair-sum's shape with no sum, so the model is unsure of the "
+            "answer's shape; no verifier judges it (a regex can hold it to ` a + b`)"
+        )
     if example is None:
         return (
             "⚠ **outside every family** the embedded model was trained on: expect low confidence and "

@@ -20,6 +20,7 @@ from engine.trace import UNIFORM
 
 from ..panes.explain import decoder_kind
 from ..settings import build_config
+from .answers import NO_SUM_PROMPT
 
 
 MODEL = "model"  # a step may change the model (by its name under assets/) instead of a setting
@@ -84,7 +85,7 @@ LARGER_BOUND = 2.0  # the uniform sampler's entropy bound in lesson 6's last ste
 # (tests/test_constraint_app.py holds it to both). On the held-out pair-sum prompts the model's
 # answers are well-formed without the regex at every threshold (benchmarks/RESULTS.md), so the
 # regex would change nothing there.
-STRUCTURE_LESSON_PROMPT = "Q: ?+? A:"
+STRUCTURE_LESSON_PROMPT = NO_SUM_PROMPT
 PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/constraints.py's
 # Lesson 8: the embedded block-diffusion model (LLaDA2 layout, block-causal), whose blocks of one
 # token decode autoregressively. A held-out pair-sum the autoregressive decode answers right

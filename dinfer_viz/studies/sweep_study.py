@@ -35,7 +35,7 @@ from tinymodel.aup import aup_by_curve
 from tinymodel.eval import answer_prompts, check_answer
 from tinymodel.tasks import TASKS, Example, get_task, out_of_range_examples, parse_prompt, split_examples
 
-from .answers import WrongCommit, first_wrong
+from .answers import WrongCommit, first_wrong, single_answer
 from ..live.host import EngineHost, ModelSpec
 from ..settings import OPTION_PREFIX, coerce
 from ..panes.readouts import plural
@@ -263,8 +263,11 @@ def sweep_examples(sets: list[str], per_task: int, seed: int = 0, own_prompts: s
 
 def with_answers(engine: Engine, examples: list[Example], encoded: list[list[int]]) -> Callable[..., GenerationOutput]:
     """`engine.generate_ids` that gives each prompt's expected answer to the run, found by the
-    prompt's ids, so its trace header carries the answer's ids and their strings (`Trace.expected`)."""
-    answers = {tuple(ids): engine.answer_ids(ex.response) for ex, ids in zip(examples, encoded)}
+    prompt's ids, so its trace header carries the answer's ids and their strings (`Trace.expected`).
+    Only a prompt with one right answer has one: a family with many (pair-sum, rhyme, grammar) gets
+    none, so no valid commit is struck out against one of its answers and no first wrong commit is
+    claimed for it (answers.no_first_wrong)."""
+    answers = {tuple(ids): engine.answer_ids(ex.response) if single_answer(ex) else [] for ex, ids in zip(examples, encoded)}
 
     def generate_ids(prompts: list[list[int]], config: GenerationConfig, hooks: RunHooks) -> GenerationOutput:
         return engine.generate_ids(prompts, config, hooks.but(expected_ids=[answers[tuple(p)] for p in prompts]))
@@ -334,7 +337,7 @@ def run_sweep(
                         outcome.trace = answer.output.trace
                         timeline = Timeline(outcome.trace)
                         outcome.expected = timeline.expected
-                        outcome.wrong = first_wrong(timeline, outcome.expected)
+                        outcome.wrong = first_wrong(timeline, outcome.expected) if outcome.expected else None
                     post(outcome)
 
         return job

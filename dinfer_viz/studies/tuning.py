@@ -179,8 +179,11 @@ def tune_figure(state: TuneState | None) -> go.Figure:
     the front on the tuning prompts (blue, joined), each front point's held-out figures (orange).
     Each point's hover names its trial and settings; its customdata is the trial number (a click
     opens the trial on the Run tab)."""
-    if state is None or not state.trials:
+    if state is None:
         return message_figure("no trial yet: choose the families and the budget, then Tune", HEIGHT)
+    if not state.trials:  # a study under way says so: "no trial yet" read as a study that never started
+        ended = state.done or state.stopped or state.failed
+        return message_figure("no trial completed" if ended else "the first trial is running: its point shows here when it ends", HEIGHT)
     fig = go.Figure()
     on_front = state.front_points()
 

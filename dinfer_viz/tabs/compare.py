@@ -28,6 +28,7 @@ from ..panes.grid import EMPTY_GRID, grid_value
 from ..live.host import ModelSpec
 from ..panes.readouts import MAX_PASSES, median_stats, message_readout, passes_count, readout
 from ..live.runner import run_live, timed_passes
+from ..studies import answers
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, decoder_settings, parse_settings, sweep_setting
 from ..reading.timeline import Timeline, record_index
 from ..views import view_of_kind
@@ -62,7 +63,7 @@ class CompareState:
     a: Timeline
     b: Timeline
     labels: tuple[str, str] = ("A", "B")
-    wall_seconds: tuple[float, float] | None = None  # since each side's start, UI included (the readouts' wall s)
+    wall_seconds: tuple[float, float] | None = None  # each side's seconds on the server (the readouts' server s)
     stats: tuple[dict[str, Any], dict[str, Any]] | None = None  # each side's median_stats over its passes
     expected: tuple[list[int] | None, list[int] | None] = (None, None)  # each side's expected ids (its tokenizer's)
 
@@ -101,6 +102,12 @@ def _label(config: GenerationConfig) -> str:
     if spec_of(config) is not None:
         parts.append(spec_of(config).kind)
     return ", ".join(str(p) for p in parts)
+
+
+def _judged(prompt: str, text: str) -> str:
+    """A side's verdict for the done message: ', <family> verifier: valid', or '' outside the families."""
+    judged = answers.verdict(prompt, text)
+    return f", {judged}" if judged else ""
 
 
 @dataclass
@@ -201,7 +208,7 @@ class CompareHandlers(TabHandlers):
             if result.timeline is None or result.stats is None:  # the side failed: its message is out
                 return
             sides.append(result)
-        yield outputs(COMPARE_VIEW, {**self._finished(sides, labels, passes, shared), **titles})
+        yield outputs(COMPARE_VIEW, {**self._finished(sides, labels, passes, shared, prompt), **titles})
 
     def _labels(self, runs: list[tuple[ModelSpec, GenerationConfig]]) -> tuple[tuple[str, str], dict[str, str], str]:
         """Each side's label, its panel's title, and what the done message adds about settings
@@ -254,9 +261,11 @@ class CompareHandlers(TabHandlers):
         result.stats = median_stats(timings)
         yield {f"readout_{side}": result.readout()}
 
-    def _finished(self, sides: list["SideResult"], labels: tuple[str, str], passes: int, shared: str) -> dict[str, Any]:
+    def _finished(self, sides: list["SideResult"], labels: tuple[str, str], passes: int, shared: str, prompt: str) -> dict[str, Any]:
         """The comparison's last slots: the chart, the shared slider, the state and its CSV, and
-        both sides' output and readout again (an API client's result holds both)."""
+        both sides' output and readout again (an API client's result holds both). The message
+        gives each side's speed and, for a prompt of a task family, its verifier's verdict on the
+        side's answer (as the Run tab's message does)."""
         a, b = sides
         assert a.timeline is not None and b.timeline is not None and a.stats is not None and b.stats is not None
         counts = (a.timeline.iterations, b.timeline.iterations)
@@ -271,7 +280,7 @@ class CompareHandlers(TabHandlers):
             "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
             "state": state,
             "csv": self.write_file("compare", ".csv", state.csv()),
-            "message": "done: " + " · ".join(f"{inert_markdown(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}" for l, m in zip(labels, (a.stats, b.stats))) + timing + shared + held,
+            "message": "done: " + " · ".join(f"{inert_markdown(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}{_judged(prompt, side.text)}" for l, m, side in zip(labels, (a.stats, b.stats), sides)) + timing + shared + held,
             "text_a": a.text, "text_b": b.text, "readout_a": a.readout(), "readout_b": b.readout(),
         }
 

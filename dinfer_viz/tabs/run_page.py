@@ -5,6 +5,7 @@ docs/app.md §2-3 describe its views and controls.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +28,16 @@ from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, control_value,
 from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
+# The lesson menu sits low in the sidebar, so Gradio opened its list upwards, over Run, and cut
+# lesson 8 off at the window's top (at 1024x768 and at 1400x1000). Before the list opens (a capture
+# listener runs before the menu's own), the Lessons box is scrolled to the window's top: the list
+# then has the room below it and opens there, whole, over the lesson's own controls only.
+LESSON_LIST_JS = (
+    "() => { const lift = (e) => { const t = e.target;"
+    " if (t && t.tagName === 'INPUT' && t.closest('#lesson')) { const box = document.querySelector('#lessons-box'); if (box) box.scrollIntoView({block: 'start'}); } };"
+    " document.addEventListener('mousedown', lift, true); document.addEventListener('focusin', lift, true); }"
+)
+CLICKED = "starting a run…"  # the message from Run's click until the server's first frame
 OPEN_SECTIONS = ("Decoder", "Blocks and length", "KV cache", "Structured output")
 # Another tab that opens a run here (a sweep's wrong answer) brings the run's message to the top of
 # the screen, the grid and the details panel under it: the window kept the other tab's scroll, the
@@ -86,7 +97,7 @@ def build(h: RunHandlers, demo: gr.Blocks, model_section: Callable[[], list[gr.c
     view = [parts[name] for name in RUN_VIEW]
     run_event = _wire_run(h, demo, parts, settings_inputs, view, controls)
     _wire_replay(h, parts, view)
-    _wire_lessons(h, parts, controls, model_inputs[0])
+    _wire_lessons(h, demo, parts, controls, settings_inputs)
     _wire_presets(parts, controls)
     h.page_fields = list(controls)
     _wire_files(h, parts, [*view, parts["prompt"], model_inputs[0], *controls.values()])
@@ -237,6 +248,9 @@ def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[A
         None, [p["suggestion"], p["expected"], p["suggested"]], [p["expected"], p["suggested"]], js=KEEP_TYPED_JS, **PRIVATE
     )
     collect = p["run_btn"].click(None, settings_inputs, p["settings_json"], js=h.settings_js(), **PRIVATE)
+    # the previous run's message (its verdict) leaves at the click, in the browser: the server's own
+    # "starting" line comes a round trip later, seconds under load
+    p["run_btn"].click(None, None, p["message"], js=f"() => {json.dumps(CLICKED)}", **PRIVATE)
     # Progress (queue position, elapsed time) on the message only: the live grid says where the
     # run is, and a timer over each of the eleven outputs is noise. Runs do not queue on "engine":
     # up to a batch of them at once wait for the engine in the RunBatcher, which is where runs of
@@ -264,15 +278,19 @@ def _wire_replay(h: RunHandlers, p: Parts, view: list[Any]) -> None:
     timer.tick(h.step, [scrub, state, pinned], [scrub, p["grid"], p["text"], p["details"], timer], api_visibility="private")
 
 
-def _wire_lessons(h: RunHandlers, p: Parts, controls: dict[str, gr.components.Component], model_box: gr.components.Component) -> None:
+def _wire_lessons(h: RunHandlers, demo: gr.Blocks, p: Parts, controls: dict[str, gr.components.Component], settings_inputs: list[Any]) -> None:
     """A lesson's step sets the prompt, every control (their change events check the settings
     and show the step's controls) and, when it names one, the model; .input: only the user's
-    choices, never the handler's own updates."""
+    choices, never the handler's own updates. The lesson list opens below its box (LESSON_LIST_JS)."""
+    demo.load(None, js=LESSON_LIST_JS, **PRIVATE)
     menu, steps = p["lesson_menu"], p["lesson_steps"]
-    lesson_out = [steps, p["prompt"], p["lesson_note"], *(controls[c.field] for c in all_controls()), model_box]
+    lesson_out = [steps, p["prompt"], p["lesson_note"], *(controls[c.field] for c in all_controls()), settings_inputs[0]]
     menu.input(lambda name: h.lesson_step(name, 0), menu, lesson_out, **PRIVATE)
     steps.input(h.lesson_step, [menu, steps], lesson_out, **PRIVATE)
     p["next_btn"].click(lambda name, step: h.lesson_step(name, (step if isinstance(step, int) else -1) + 1), [menu, steps], lesson_out, **PRIVATE)
+    # the sentence follows the page: a step's settings changed by hand are no longer the step's
+    page = [p["prompt"], *settings_inputs]
+    gr.on([c.change for c in page], h.lesson_left, [menu, steps, *page], p["lesson_note"], **LATEST)
 
 
 def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> None:

@@ -7,12 +7,13 @@ filling the controls, and the forward-cost chart measured on the tab's model.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 import gradio as gr
 
-from engine import EngineError
+from engine import EngineError, GenerationConfig
 from engine.constraints import ConstraintSpec, spec_of
 from engine.pipeline import check_request, encode_prompt
 
@@ -21,10 +22,10 @@ from ..drawing.cache_figure import forward_cost_figure, measure_forward_costs
 from ..drawing.cells import inert_markdown
 from ..panes.explain import explain
 from ..panes.grid import inert
-from ..studies.lessons import lesson_named
+from ..studies.lessons import Lesson, lesson_named
 from ..panes.readouts import plural
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, constraint_setting, control_value, sections, sweep_setting, visible_fields
-from .common import TabHandlers, error_text
+from .common import TabHandlers, error_text, sent_value
 
 # Canvas lengths of the forward-cost chart (those above the model's limit are left out)
 COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
@@ -32,7 +33,24 @@ COST_LENGTHS = (32, 64, 128, 256, 512, 1024)
 # last suggestion: an answer the user typed stays when the prompt changes. Decided in the browser
 # when the suggestion arrives, on the box's value at that moment, so that an answer typed while the
 # suggestion was on its way stays too (the server saw the box as it was when the prompt changed).
-KEEP_TYPED_JS = "(suggestion, current, last) => (current === '' || current === last) ? [suggestion, suggestion] : [current, last]"
+# A box that holds the new suggestion already (a tab that opened a run here filled it: opened_answer)
+# holds the page's value, and the next prompt change replaces it.
+KEEP_TYPED_JS = (
+    "(suggestion, current, last) => (current === '' || current === last || current === suggestion) ? [suggestion, suggestion] : [current, last]"
+)
+
+
+def _step_note(lesson: Lesson, index: int) -> str:
+    """The sentence above the grid for step `index`: its title and what to look at after Run."""
+    last = " (the last step)" if index == len(lesson.steps) - 1 else ""
+    return f"**Step {index + 1} of {len(lesson.steps)}{last}: {inert(lesson.steps[index].title)}.** Press Run, then: {inert(lesson.steps[index].look)}"
+
+
+def _same(page: Any, step: Any) -> bool:
+    """A control's value on the page against the step's: numbers by value (a slider sends 0.9 as
+    0.9 or an int as 64.0), anything else as it is."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (page, step))
+    return math.isclose(page, step, rel_tol=1e-9, abs_tol=1e-12) if numbers else page == step
 
 
 def held_words(spec: ConstraintSpec) -> str:
@@ -44,6 +62,21 @@ def held_words(spec: ConstraintSpec) -> str:
     if kind == "regex":
         text = "“" + re.sub(r"^ +| +$| {2,}", lambda m: "\u00a0" * len(m.group()), text) + "”"
     return f"{kind} {text}"
+
+
+def suggested_answer(prompt: str | None, mode: str | None, text: str | None) -> str:
+    """What the page fills the expected box with: the prompt's one right answer
+    (answers.expected_response), unless the constraint (`mode`, `text`: the Structured output
+    controls) cannot write it; else ''. Suggested on a prompt change, and given by the tabs that
+    open a run here (a Tune trial, a sweep's wrong answer), so the box holds the same either way."""
+    response = answers.expected_response(prompt or "")
+    return response if response and constraint_admits(mode, text, response) else ""
+
+
+def opened_answer(prompt: str, config: GenerationConfig) -> str:
+    """suggested_answer for a run opened with `config`'s settings (its constraint included)."""
+    controls = {c.field: control_value(c, config) for c in all_controls() if c.field in (CONSTRAINT, CONSTRAINT_TEXT)}
+    return suggested_answer(prompt, controls.get(CONSTRAINT), controls.get(CONSTRAINT_TEXT))
 
 
 def constraint_admits(mode: str | None, text: str | None, answer: str) -> bool:
@@ -141,10 +174,7 @@ class RunSettingsHandlers(TabHandlers):
         write it; the note on the prompt's family). Whether the expected box takes the response is
         the page's decision (KEEP_TYPED_JS): an emptied suggestion empties a box that held the last
         one, so a JSON answer is not struck out against `   7+ 58=  65`."""
-        response = answers.expected_response(prompt or "")
-        if response and not constraint_admits(constraint, constraint_text, response):
-            response = ""
-        return response, answers.prompt_note(prompt or "")
+        return suggested_answer(prompt, constraint, constraint_text), answers.prompt_note(prompt or "")
 
     def lesson_step(self, name: str | None, step: Any) -> tuple:
         """Step `step` (0-based; past the last: the last) of the lesson `name`: (the step menu, the
@@ -158,9 +188,35 @@ class RunSettingsHandlers(TabHandlers):
         except (EngineError, TypeError, ValueError) as exc:
             return (gr.skip(), gr.skip(), error_text(inert_markdown(str(exc))), *(gr.skip() for _ in all_controls()), gr.skip())
         choices = [(f"{i + 1}. {s.title}", i) for i, s in enumerate(lesson.steps)]
-        last = " (the last step)" if index == len(lesson.steps) - 1 else ""
-        note = f"**Step {index + 1} of {len(lesson.steps)}{last}: {inert(lesson.steps[index].title)}.** Press Run, then: {inert(lesson.steps[index].look)}"
-        return (gr.update(choices=choices, value=index), lesson.prompt, note, *(control_value(c, config) for c in all_controls()), lesson.model(index) or gr.skip())
+        return (gr.update(choices=choices, value=index), lesson.prompt, _step_note(lesson, index), *(control_value(c, config) for c in all_controls()), lesson.model(index) or gr.skip())
+
+    def lesson_left(self, name: str | None, step: Any, prompt: str, *values: Any) -> Any:
+        """The lesson sentence as the page's prompt and settings (`values`: TabHandlers.settings'
+        order) now stand: the step's, or, once any of them is no longer what the step set, the
+        sentence under a line naming what changed (it read as describing the run about to start);
+        no lesson chosen: unchanged."""
+        try:
+            lesson = lesson_named(name)
+            index = min(max(int(step), 0), len(lesson.steps) - 1)
+            config = lesson.config(index)
+        except (EngineError, TypeError, ValueError):
+            return gr.skip()
+        page = self.settings(*values)
+        changed = [c.label for c in all_controls() if not _same(page["config"][c.field], sent_value(c, control_value(c, config)))]
+        if (prompt or "").strip() != lesson.prompt.strip():
+            changed.insert(0, "prompt")
+        wanted = lesson.model(index)
+        if wanted is not None and not self._same_model(page["model"]["path"], wanted):
+            changed.insert(0, "model")
+        if not changed:
+            return _step_note(lesson, index)
+        return f"⚠ *no longer this step's settings (changed: {inert(', '.join(changed))}); choose the step again to restore them.*\n\n{_step_note(lesson, index)}"
+
+    def _same_model(self, box: str, name: str) -> bool:
+        try:
+            return self.host.resolve(box or "")[0] == self.host.resolve(name)[0]
+        except EngineError:
+            return False
 
     def forward_costs(self, *values: Any) -> tuple[Any, str]:
         """Measure each forward kind's cost against canvas length on the Run tab's model (its

@@ -24,6 +24,7 @@ from .common import error_text, guarded, outputs
 from .run import RunHandlers
 
 TRACE_ID = re.compile(r"trace-[0-9a-f]{16}")  # engine/serving/traces.py: TraceStore.new
+TRACE_ID_EXAMPLE = "trace-0123456789abcdef"  # what the box shows empty and its refusal quotes
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 MAX_TRACE_BYTES = 64 << 20  # the server's default trace store holds at most this much in all
 TIMEOUT_SECONDS = 30
@@ -34,7 +35,7 @@ def trace_url(server: str, trace_id: str) -> str:
     anything but an http(s) address and an id of the server's form."""
     trace_id = trace_id.strip()
     if not TRACE_ID.fullmatch(trace_id):
-        raise EngineError(f"{trace_id[:40]!r} is not a trace id (the server's look like trace-0123456789abcdef)")
+        raise EngineError(f"{trace_id[:40]!r} is not a trace id (the server's look like {TRACE_ID_EXAMPLE})")
     parts = urllib.parse.urlsplit(server.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise EngineError(f"{server.strip()[:80]!r} is not a server address (like {DEFAULT_SERVER})")
@@ -79,7 +80,7 @@ def add_box(parts: dict[str, Any]) -> None:
     with gr.Accordion("Open a trace from python -m engine serve (by its id)", open=False, elem_id="server-trace-box"):
         with gr.Row():
             parts["trace_server"] = gr.Textbox(DEFAULT_SERVER, label="server", elem_id="trace-server", scale=2)
-            parts["trace_id"] = gr.Textbox("", label="trace id (a response's trace_id)", elem_id="trace-id", scale=2)
+            parts["trace_id"] = gr.Textbox("", label="trace id (a response's trace_id)", placeholder=TRACE_ID_EXAMPLE, elem_id="trace-id", scale=2)
             parts["trace_open"] = gr.Button("Open", elem_id="trace-open", scale=0, min_width=80)
 
 

@@ -15,6 +15,7 @@ import gradio as gr
 
 from engine import EngineError, GenerationConfig
 
+from ..studies.answers import no_first_wrong, single_answer
 from ..studies.sweep_chart import sweep_analysis_figure, sweep_figure, value_symbol
 from ..drawing.cells import inert_markdown
 from ..panes.readouts import MAX_PASSES, passes_count, percent
@@ -24,6 +25,7 @@ from ..reading.timeline import Timeline, iteration_number
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, SweepStop, TabHandlers, error_text, guarded, outputs
 from .run import RUN_VIEW, stored_view
 from .run_page import SHOW_RUN_JS, RunTab
+from .run_settings import opened_answer
 
 # new slots last: API clients reading the earlier outputs by place keep working
 SWEEP_VIEW = ("chart", "table", "failures", "message", "state", "csv", "failure_counts", "failures_at", "analysis_chart")
@@ -196,7 +198,7 @@ class SweepHandlers(TabHandlers):
         where = (
             f"first wrong commit at position {outcome.wrong.position}, iteration {iteration_number(outcome.wrong.iteration)}, confidence {outcome.wrong.confidence:.3f}"
             if outcome.wrong
-            else "no single wrong commit found"
+            else "no single wrong commit found" if single_answer(outcome.example) else no_first_wrong(outcome.example)
         )
         pinned = outcome.wrong.position if outcome.wrong else None  # the details panel opens on the wrong commit
         out = stored_view(
@@ -206,7 +208,7 @@ class SweepHandlers(TabHandlers):
         )
         config = GenerationConfig.from_dict(outcome.trace.config)  # what the engine ran: the swept value included
         controls = tuple(control_value(c, config) for c in all_controls())
-        return outputs(RUN_VIEW, out) + (outcome.example.prompt, outcome.example.response, gr.Tabs(selected="run"), outcome.model_box or gr.skip(), *controls, pinned)
+        return outputs(RUN_VIEW, out) + (outcome.example.prompt, opened_answer(outcome.example.prompt, config), gr.Tabs(selected="run"), outcome.model_box or gr.skip(), *controls, pinned)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from engine.kinds.base import KINDS, kind_decoders
 from engine.tuning.command import parse_pairs
 from engine.tuning.space import build_space
 from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, check_seed
-from tinymodel.tasks import TASKS, parse_prompt
+from tinymodel.tasks import TASKS
 
 from ..drawing.cells import inert_markdown
 from ..settings import all_controls, control_value
@@ -25,6 +25,7 @@ from ..studies.sweep_study import sweep_examples
 from ..studies.tuning import TuneState, front_rows, run_tune, settings_of, tune_figure
 from .common import ENGINE_QUEUE, PRIVATE, Stoppable, SweepStop, TabHandlers, error_text, guarded, outputs
 from .run_page import SHOW_RUN_JS, RunTab
+from .run_settings import opened_answer
 
 TUNE_VIEW = ("chart", "table", "message", "state", "csv")
 TABLE_HEADERS = ["trial", "accuracy", "TPF", "TPS", "held-out accuracy", "held-out TPF", "settings"]
@@ -130,9 +131,8 @@ class TuneHandlers(TabHandlers):
             self.check_request(prompt, config)
         except EngineError as exc:
             return (error_text(inert_markdown(str(exc))), *skip)
-        example = parse_prompt(prompt)
         controls = tuple(control_value(c, config) for c in all_controls())
-        return (f"trial {number} opened on the Run tab with its settings", prompt, example.response if example else "", gr.Tabs(selected="run"), state.model_box or gr.skip(), *controls)
+        return (f"trial {number} opened on the Run tab with its settings", prompt, opened_answer(prompt, config), gr.Tabs(selected="run"), state.model_box or gr.skip(), *controls)
 
 
 def _items(text: str) -> list[str]:

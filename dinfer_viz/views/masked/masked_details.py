@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from engine import IterationRecord
 from engine.decoders.filling import CreditDecoder, FixedStepDecoder, HierarchicalDecoder
+from engine.decoders.entropy_bound import EntropyBoundDecoder
 from engine.decoders.factor import FactorDecoder
 from engine.trace import CANDIDATES_MAX_BLOCK
 
@@ -160,6 +161,19 @@ def _wino_decision(d: _Decision) -> str | None:
     """WINO's wide-in half (engine/decoders/remasking.py), the most confident first up to the step's cap;
     its narrow-out half is a remask, stated by the revision."""
     return _strictly_above(d, "τ_in", "committed (wide-in)", "beyond this step's cap on wide-in commits (70% of the masks, 5 to 20)")
+
+
+@_explains("entropy_bound")
+def _entropy_bound_decision(d: _Decision) -> str | None:
+    """EB-Sampler (engine/decoders/entropy_bound.py): the block's masks by entropy, lowest first,
+    commit while the entropies summed before each stay within the bound; its extras carry both."""
+    entropy, before, bound = d.extras.get("entropy"), d.extras.get("entropy_sum"), run_option(d.timeline, EntropyBoundDecoder, "entropy_bound")
+    if not (_is_number(entropy) and _is_number(before) and _is_number(bound)):  # a trace file's extras are untrusted
+        return None
+    sums = f"entropy {float(entropy):.3f}; the lower-entropy masks' entropies sum to {float(before):.3f}"
+    if d.committed:
+        return f"committed: {sums} ≤ bound γ {float(bound):g}"
+    return f"not committed: {sums} > bound γ {float(bound):g}"
 
 
 @_explains("fixed")

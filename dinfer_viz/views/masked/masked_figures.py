@@ -15,7 +15,7 @@ from engine.trace import EDIT, REMASK
 
 from ...drawing.cells import CELL_COLOURS, expected_at
 from ...drawing.constraint import cut_markers
-from ...drawing.figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, legend_at_foot, raster_heatmap, rows_title
+from ...drawing.figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, iteration_ticks, legend_at_foot, raster_heatmap, rows_title
 from ...reading.timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
 MAX_SHAPES = 300  # shapes are one SVG element each; past this the raster draws none
@@ -149,7 +149,7 @@ def confidence_raster(
             fig.add_trace(_legend_only(kind))
     fig.update_layout(shapes=shapes if len(shapes) <= MAX_SHAPES else shapes[-MAX_SHAPES:])
     fig.update_xaxes(title_text="canvas position", range=[lo - 0.5, hi - 0.5])
-    fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
+    fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5], **iteration_ticks(iteration_number(upto)))
     return _finish(fig, legend_at_foot(fig, 400, 110), "raster")
 
 

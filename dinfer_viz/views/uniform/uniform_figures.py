@@ -20,7 +20,7 @@ from engine import IterationRecord
 
 from ...drawing.cells import CELL_COLOURS, expected_at
 from ...drawing.constraint import cut_markers
-from ...drawing.figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, legend_at_foot, raster_heatmap, rows_title
+from ...drawing.figure_base import RASTER_MARKS, _block_matrix, _finish, _legend_only, _plain, _upto, add_forward_times, block_and_shown_shapes, heatmap_rows, iteration_panels, iteration_ticks, legend_at_foot, raster_heatmap, rows_title
 from ...reading.timeline import Timeline, iteration_number
 from .uniform_grid import step_verdict
 
@@ -99,7 +99,7 @@ def uniform_raster(timeline: Timeline, upto: int | None, highlight: int | None, 
             fig.add_trace(_legend_only(kind))
     fig.update_layout(shapes=shapes)
     fig.update_xaxes(title_text="canvas position", range=[x0 - 0.5, x1 - 0.5])
-    fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5])
+    fig.update_yaxes(title_text=rows_title(rows, first, upto), range=[iteration_number(upto) + 0.5, iteration_number(first) - 0.5], **iteration_ticks(iteration_number(upto)))
     return _finish(fig, legend_at_foot(fig, 400, 110), "raster")
 
 
