@@ -90,9 +90,9 @@ def test_a_run_joined_as_its_stream_closes_still_shows(app_in_browser):
     try:
         assert page.evaluate(NUDGES) == 0  # the page's load, its settings checks and a run: no nudge
         _run_behind_a_closing_stream(page)
-        # the run behind the closed stream shows: its first message, then its end
+        # the run behind the closed stream shows: the server's first message, then its end
         page.wait_for_function(
-            "(done) => window.__messages.some(m => m.includes('starting a run'))"
+            "(done) => window.__messages.some(m => m.includes('starting a run on'))"
             " && new RegExp(done).test(document.querySelector('#message').innerText)", arg=DONE.pattern
         )
         assert page.evaluate(NUDGES) == 1
@@ -110,7 +110,8 @@ def test_without_the_keeper_that_run_never_reaches_the_page(app_in_browser):
         # the run finished on the server: its completion waits in the session's messages, unsent
         while not _completion_waits(queue, run):
             page.wait_for_timeout(50)
-        assert not any("starting a run" in m for m in page.evaluate("window.__messages"))
+        # the server's first message ("starting a run on <model>"), not the click's own "starting a run…"
+        assert not any("starting a run on" in m for m in page.evaluate("window.__messages"))
         assert page.evaluate(NUDGES) == "off"
     finally:
         page.close()
