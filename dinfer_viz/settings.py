@@ -159,6 +159,16 @@ SECTIONS.append(
         ),
     )
 )
+# Text pinned in the answer (engine/infill.py): the model fills the holes, both sides in view.
+SECTIONS.append(
+    (
+        "Fill in the middle",
+        (
+            _c("suffix", "suffix (pinned after the answer)", "text"),
+            _c("template", "template (holes marked {{hole:N}})", "lines"),
+        ),
+    )
+)
 PAGE_FIELDS = (CONSTRAINT, CONSTRAINT_TEXT)  # controls that stand for GenerationConfig fields of other names
 
 # A plug-in decoder's own setting is the control `decoder_options.<name>`; the run's config

@@ -206,6 +206,9 @@ def check_attention(model: DiffusionLM, config: GenerationConfig) -> None:
     400, not a failed run's 500). `model` may be a skeleton: only its family is read."""
     if model.block_causal:
         BlockCausalCache.check(config)
+        if config.pins_after_a_hole():
+            raise EngineError("this model's attention is block-causal: a block sees only the text before it, never text pinned after a hole "
+                              "(suffix, or a template's text after its first hole); fill holes with a full-attention model (tiny-llada), or put the text in the prompt")
     if decoder_class(config.decoder).shadow_block:
         check_shadow_support(model)
 

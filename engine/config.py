@@ -16,6 +16,7 @@ from .errors import EngineError
 from .cache_modes import cache_mode_names
 from .registry import TYPE_NAMES, decoder_class, decoder_names
 from .constraints.spec import check_config as check_constraint
+from .infill import HOLE_EXAMPLE, template_holes, template_pieces
 
 # Settings that were GenerationConfig fields until each became the declared option of the one
 # decoder that reads it (engine/decoders/: `options`): old name -> that decoder. `lift_moved` is
@@ -143,6 +144,8 @@ class GenerationConfig:
     regex: str | None = _setting(None, "constrain the answer (the text before the first end-of-text) to this regex, outlines-core's syntax (docs/constraints.md)")
     json_schema: dict[str, Any] | None = _setting(None, "constrain the answer to JSON that this JSON Schema (an object, or its JSON text) accepts")
     choice: list[str] | None = _setting(None, "constrain the answer to one of these texts")
+    suffix: str | None = _setting(None, "text pinned right after the generated span: the model fills the gen_length positions between the prompt and it (docs/algorithms.md §11)")
+    template: str | None = _setting(None, f"the answer as text with holes, each marked with its length ({HOLE_EXAMPLE}): the model fills the holes, the text between and after them stays; sets gen_length to the holes' total")
     decoder_options: dict[str, Any] = dataclasses.field(
         default_factory=dict, metadata={"help": "a plug-in decoder's own settings by name (the decoder declares them)"}
     )
@@ -158,12 +161,40 @@ class GenerationConfig:
             self.choice = None
         if isinstance(self.json_schema, str):
             self.json_schema = parse_schema(self.json_schema) if self.json_schema.strip() else None
+        if self.suffix == "":
+            self.suffix = None
+        if self.template == "":
+            self.template = None
+        if isinstance(self.template, str):  # the holes are the generated positions
+            self.gen_length = sum(template_holes(self.template))
+
+    def holes(self) -> list[int]:
+        """The lengths of the holes the model fills: a template's, else the one of gen_length."""
+        return template_holes(self.template) if self.template else [self.gen_length]
+
+    def pins(self) -> bool:
+        """Whether the request pins text in its answer (a suffix or a template)."""
+        return self.suffix is not None or self.template is not None
+
+    def pins_after_a_hole(self) -> bool:
+        """Whether text is pinned after a hole (what a block-causal model cannot see)."""
+        if self.template is None:
+            return self.suffix is not None
+        pieces = template_pieces(self.template)
+        first = next(i for i, piece in enumerate(pieces) if isinstance(piece, int))
+        return any(isinstance(piece, str) for piece in pieces[first:])
 
     def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
+        """Blocks over the generated positions: gen_length / block_length, or with pinned text each
+        hole's share, rounded up (a hole's last block may be shorter)."""
+        return sum(-(-hole // self.block_length) for hole in self.holes())
 
     def total_steps(self) -> int:
         return self.steps if self.steps is not None else self.gen_length
+
+    def steps_per_block(self) -> int:
+        """The fixed-step decoders' steps in each block: one per position (steps none), else steps / blocks."""
+        return self.block_length if self.steps is None else self.steps // self.num_blocks()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -193,9 +224,12 @@ class GenerationConfig:
         need(self.gen_length >= 1, f"gen_length must be positive, got {self.gen_length}")
         need(self.block_length >= 1, f"block_length must be positive, got {self.block_length}")
         need(
-            self.gen_length % self.block_length == 0,
+            self.gen_length % self.block_length == 0 or self.pins(),  # a hole is as long as it is: its last block may be shorter
             f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})",
         )
+        need(self.suffix is None or self.template is None, "give either suffix or template: a template's text after its last hole is its suffix")
+        need(not self.pins() or (self.regex is None and self.json_schema is None and self.choice is None),
+             "a constraint holds the answer to the canvas's end, so it cannot be combined with suffix or template yet: give one or the other")
         need(self.decoder in decoder_names(), f"unknown decoder '{self.decoder}'; choose from {', '.join(decoder_names())}")
         declared = decoder_class(self.decoder).options
         for name, value in self.decoder_options.items():
@@ -205,11 +239,11 @@ class GenerationConfig:
             declared[name].check(name, value)
         need(0.0 < self.threshold <= 1.0, f"threshold must be in (0, 1], got {self.threshold}")
         need(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
-        steps = self.total_steps()
-        need(
-            steps >= self.num_blocks() and steps % self.num_blocks() == 0,
-            f"steps ({steps}) must be a positive multiple of the number of blocks ({self.num_blocks()})",
-        )
+        if self.steps is not None:  # none: one step per position, whatever the blocks
+            need(
+                self.steps >= self.num_blocks() and self.steps % self.num_blocks() == 0,
+                f"steps ({self.steps}) must be a positive multiple of the number of blocks ({self.num_blocks()})",
+            )
         need(self.cache in cache_mode_names(), f"unknown cache mode '{self.cache}'; choose from {', '.join(cache_mode_names())}")
         for f in dataclasses.fields(self):  # the text settings with declared values
             allowed = f.metadata.get("choices")

@@ -39,10 +39,11 @@ class FillRun(DiffusionRun):
 
     def setup(self, prompts: list[list[int]]) -> None:
         mask = self.model.mask_token_id
-        self.begin([len(p) for p in prompts], masked_canvas(prompts, self.cfg.gen_length, mask), mask, {"revises": False, "shadow_block": False})
+        canvas = masked_canvas(prompts, self.cfg.gen_length, mask, self.hooks.layouts, self.stop_ids[0])
+        self.begin([len(p) for p in prompts], canvas, mask, {"revises": False, "shadow_block": False})
 
     def run_blocks(self) -> None:
-        length = self.x.shape[1]
+        length = self.decoded_end
         for index, (s, e) in enumerate(block_ranges(self.prompt_lengths, length, self.cfg.block_length, self.cfg.align_blocks)):
             while bool((self.x[:, s:e] == self.mask_id).any()):  # the host sync
                 self.host_syncs += 1

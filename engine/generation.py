@@ -14,28 +14,31 @@ from .constraints import CanvasConstraint, Compiler, spec_of
 from .constraints.canvas import checked_by
 from .errors import EngineError
 from .hooks import NO_HOOKS, CancelFlag, RunHooks
+from .infill import Layouts
 from .kinds import fit, run_kind
 from .models.base import DiffusionLM
 from .run import GenerationCancelled, GenerationOutput, cancel_between_layers, check_canvas
 
 
 def fit_request(
-    model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None, vocabulary: Compiler | None = None
+    model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None, vocabulary: Compiler | None = None,
+    layouts: Layouts | None = None,
 ) -> GenerationConfig:
     """The config as `model` runs it (engine/kinds/base.py: `fit`), after every check a request gets
     before any forward: the config's rules, the kind's settings, the prompt, the canvas's length,
     and, given the tokenizer's `vocabulary`, that the answer's constraint fits the canvas (the row
     with the longest prompt has the least room). Reads only the model's config, so a model
-    skeleton (no weights) can answer it."""
-    return check_fitted(model, prompts, fit(config, model), max_tokens, vocabulary)  # fit validates the fitted config
+    skeleton (no weights) can answer it. `layouts`: each row's pinned text (engine/infill.py), tokenised."""
+    return check_fitted(model, prompts, fit(config, model), max_tokens, vocabulary, layouts)  # fit validates the fitted config
 
 
 def check_fitted(
-    model: DiffusionLM, prompts: list[list[int]], fitted: GenerationConfig, max_tokens: int | None = None, vocabulary: Compiler | None = None
+    model: DiffusionLM, prompts: list[list[int]], fitted: GenerationConfig, max_tokens: int | None = None, vocabulary: Compiler | None = None,
+    layouts: Layouts | None = None,
 ) -> GenerationConfig:
     """`fit_request`'s checks of the prompt on a config `fit` already gave for `model` (the CLI
     fits on the model's skeleton before loading it): not validated again."""
-    check_canvas(model, prompts, fitted, max_tokens)
+    check_canvas(model, prompts, fitted, max_tokens, layouts)
     check_attention(model, fitted)
     if vocabulary is not None and spec_of(fitted) is not None:
         longest = max(len(p) for p in prompts)
@@ -57,7 +60,7 @@ def run_diffusion(
     `vocabulary`: the tokenizer's tokens (engine.constraints.TokenVocabulary), which a constraint
     (the config's `regex`, `json_schema` or `choice`, or the hooks' per row) is compiled over.
     """
-    config = fit_request(model, prompts, config, hooks.max_tokens)
+    config = fit_request(model, prompts, config, hooks.max_tokens, layouts=hooks.layouts)
     return run_fitted(model, prompts, config, stop_ids=stop_ids, hooks=hooks, vocabulary=vocabulary)
 
 
@@ -70,6 +73,8 @@ def run_fitted(
     a parallel engine's workers run the parent's fitted config, never fitting or validating it again."""
     if model.device.type == "meta":
         raise EngineError("this model has no weights in this process (a parallel Engine's live in its workers): generate through Engine.generate")
+    if fitted.pins() and hooks.layouts is None:
+        raise EngineError("suffix and template are text: generate through Engine.generate, which tokenises them, or give RunHooks.layouts")
     run = run_kind(fitted, model).run
     with cancel_between_layers(model, hooks.cancel), checked_by(partial(_cancelled, hooks.cancel)):
         return run(model, prompts, fitted, stop_ids or [model.eos_token_id], hooks, vocabulary).run()

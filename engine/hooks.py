@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from .arguments import is_int, need, shown
 from .constraints import ConstraintSpec
+from .infill import Layout
 from .trace import IterationRecord, TokenStrings, Trace, TraceRecorder
 
 if TYPE_CHECKING:
@@ -33,7 +34,10 @@ class RunHooks:
     the model in the header and `token_strings` fills its `tokens` as ids appear (Engine passes
     both). `expected_ids`: an expected answer's ids, carried in the header (with their strings) for a
     viewer that marks where the run departs from it. `constraints`: per row, its answer's constraint
-    when the rows of one call have their own (the server's batch of requests); None: the config's."""
+    when the rows of one call have their own (the server's batch of requests); None: the config's.
+    `layouts`: per row, the text its request pins in its answer (engine/infill.py: a suffix, a
+    template's holes), tokenised; None: plain masks (Engine.generate_ids makes them from the
+    config's `suffix` or `template`)."""
 
     trace: bool = False
     on_start: Callable[[Trace], None] | None = None
@@ -44,6 +48,7 @@ class RunHooks:
     token_strings: TokenStrings | None = None
     expected_ids: list[int] | None = None
     constraints: tuple[ConstraintSpec | None, ...] | None = None
+    layouts: tuple[Layout | None, ...] | None = None
 
     def __post_init__(self) -> None:
         """Each hook of its kind (engine/arguments.py: the API's edge): a wrong one is an
@@ -58,13 +63,17 @@ class RunHooks:
         if self.constraints is not None:
             need(isinstance(self.constraints, (tuple, list)) and all(c is None or isinstance(c, ConstraintSpec) for c in self.constraints),
                  f"RunHooks.constraints must be a tuple of ConstraintSpec or None (one per row), got {shown(self.constraints)}")
+        if self.layouts is not None:
+            need(isinstance(self.layouts, (tuple, list)) and all(x is None or isinstance(x, Layout) for x in self.layouts),
+                 f"RunHooks.layouts must be a tuple of Layout or None (one per row), got {shown(self.layouts)}")
 
     def records(self, measure_staleness: bool = False) -> bool:
         """Whether the run keeps a trace."""
         return self.trace or self.on_start is not None or self.on_iteration is not None or measure_staleness
 
     def begin_trace(self, model: object, config: "GenerationConfig", *, kind: str, capabilities: dict[str, bool], mask_id: int, stop_ids: list[int],
-                    prompt_lengths: list[int], canvas_length: int, block_length: int, initial: list[list[int]]) -> TraceRecorder | None:
+                    prompt_lengths: list[int], canvas_length: int, block_length: int, initial: list[list[int]],
+                    pinned: list[list[int]] | None = None) -> TraceRecorder | None:
         """The run's trace header, the one place a loop builds it (docs/trace.md §2), and its
         recorder; None when the run keeps no trace."""
         if not self.records(config.measure_staleness):
@@ -72,7 +81,7 @@ class RunHooks:
         trace = Trace(
             model=self.model_name or getattr(model, "name_or_path", type(model).__name__), kind=kind, capabilities=dict(capabilities),
             mask_id=mask_id, eos_ids=list(stop_ids), prompt_lengths=prompt_lengths, canvas_length=canvas_length,
-            block_length=block_length, config=config.to_dict(), initial=initial, expected=self.expected_ids,
+            block_length=block_length, config=config.to_dict(), initial=initial, expected=self.expected_ids, pinned=pinned,
         )
         return TraceRecorder(trace, self.token_strings)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -17,6 +18,7 @@ from .constraints import TokenAutomaton, TokenVocabulary, spec_of
 from .errors import EngineError
 from .generation import check_fitted, fit_request, run_fitted
 from .hooks import NO_HOOKS, RunHooks
+from .infill import Layout
 from .kinds import check_system_options, run_kind
 from .models import DiffusionLM, load_model, model_skeleton
 from .models.loader import resolve_model_path
@@ -89,8 +91,12 @@ def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:
 
 @dataclass
 class TextResult:
+    """`texts`: per row, what the model wrote (pinned text left out); `holes`: per row, each hole's
+    text in order (a request with a suffix or a template; a row of plain masks has one, its text)."""
+
     texts: list[str]
     output: GenerationOutput
+    holes: list[list[str]] = dataclasses.field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -257,7 +263,11 @@ class Engine:
             answers = check_expected(expected, len(batch))
             hooks = hooks.but(expected_ids=[self.answer_ids(a) if a else [] for a in answers])
         out = self.generate_ids(encoded, config, hooks, fitted=fitted)
-        return TextResult([self.decode(ids) for ids in out.token_ids], out)
+        texts = [self.decode(ids) for ids in out.token_ids]
+        layout = self.layout(config)
+        holes = [[self.decode(out.canvas[row, length + a : length + b].tolist()) for a, b in layout.holes] if layout is not None else [texts[row]]
+                 for row, length in enumerate(out.prompt_lengths)]
+        return TextResult(texts, out, holes)
 
     def generate_ids(self, prompts: list[list[int]], config: GenerationConfig | None = None, hooks: RunHooks = NO_HOOKS, *, fitted: bool = False) -> GenerationOutput:
         """engine.run_diffusion on token ids, with this engine's stop ids, limit, name and token
@@ -270,10 +280,11 @@ class Engine:
             raise EngineError("this engine was closed; load the model again")
         config = _checked_call(config, hooks)
         check_token_prompts(prompts, self.model.embedding_weight().shape[0])  # the rows an id may name
+        hooks = self._pinned(config, hooks, len(prompts))
         check_system_options(run_kind(config, self.model).name, self._system_options)  # a request's kind may run with fewer
         # a parallel engine checks the constraint's room here too (in one process the run does)
         room = self._workers is not None and (any(hooks.constraints or ()) or spec_of(config) is not None)
-        config = (check_fitted if fitted else fit_request)(self.model, prompts, config, self._limit(hooks), self.vocabulary if room else None)
+        config = (check_fitted if fitted else fit_request)(self.model, prompts, config, self._limit(hooks), self.vocabulary if room else None, hooks.layouts)
         if self._workers is not None:  # each rank's engine adds its limit, name and strings
             # the constraints the room check built here: the ranks adopt them, building none
             built = {s.regex(): self.vocabulary.automaton(s.regex()) for s in row_constraints(config, hooks, len(prompts)) if s is not None} if room else {}
@@ -281,6 +292,19 @@ class Engine:
         if self._job is not None:
             return self._job.run(prompts, config, hooks, self._run_fitted_here)
         return self._run_fitted_here(prompts, config, hooks)
+
+    def layout(self, config: GenerationConfig) -> Layout | None:
+        """The answer area `config`'s suffix or template asks for, its pinned text tokenised (None: neither)."""
+        for text in (config.suffix, config.template):
+            if text is not None:
+                check_text(text)
+        return Layout.of(config.suffix, config.template, config.gen_length, lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _pinned(self, config: GenerationConfig, hooks: RunHooks, rows: int) -> RunHooks:
+        """`hooks` with every row's layout from the config's suffix or template, unless the caller gave its own."""
+        if hooks.layouts is not None or not config.pins():
+            return hooks
+        return hooks.but(layouts=(self.layout(config),) * rows)
 
     def _limit(self, hooks: RunHooks) -> int | None:
         """A call's bound on the canvas: the engine's `max_tokens` or the call's

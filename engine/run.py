@@ -26,8 +26,9 @@ from .config import CANVAS_BOUNDED, GenerationConfig, relative_bound
 from .constraints import CanvasConstraint, Compiler, ConstraintSpec, spec_of
 from .errors import EngineError
 from .hooks import CancelFlag, RunHooks
+from .infill import Layouts, answer_length, decoded_end, last_hole_starts, pinned_mask, row_layouts
 from .models.base import DiffusionLM, ForwardCounters, ModelOutput
-from .stats import GenerationStats, count_tokens, generated_mask
+from .stats import GenerationStats, generated_mask
 from .trace import IterationRecord, Trace
 
 T = TypeVar("T")
@@ -123,17 +124,20 @@ def cancel_between_layers(model: DiffusionLM, cancel: CancelFlag | None) -> Iter
             handle.remove()
 
 
-def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None) -> None:
+def check_canvas(model: DiffusionLM, prompts: list[list[int]], config: GenerationConfig, max_tokens: int | None = None, layouts: Layouts | None = None) -> None:
     """Refuse, before any forward, an empty prompt or a canvas longer than the model's positions or
-    the caller's limit. Reads only the model's config, so a model skeleton (no weights) can answer it."""
+    the caller's limit (`layouts`: each row's pinned text counts too). Reads only the model's
+    config, so a model skeleton (no weights) can answer it."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise EngineError("empty prompt")
-    canvas = max(len(p) for p in prompts) + config.gen_length
+    answer = max(answer_length(layout, config.gen_length) for layout in row_layouts(layouts, len(prompts)))
+    canvas = max(len(p) for p in prompts) + answer
+    pinned = f" + pinned text {answer - config.gen_length}" if answer > config.gen_length else ""
     limits = [(limit, why) for limit, why in ((model.max_positions, "the model's max_sequence_length"), (max_tokens, "this server's --max-tokens")) if limit]
     for limit, why in limits:
         if canvas > limit:
             raise EngineError(
-                f"the canvas (prompt {max(len(p) for p in prompts)} + gen_length {config.gen_length} = {canvas} tokens) "
+                f"the canvas (prompt {max(len(p) for p in prompts)} + gen_length {config.gen_length}{pinned} = {canvas} tokens) "
                 f"exceeds {why} ({limit}); shorten the prompt or the generation length"
             )
     for name in CANVAS_BOUNDED:  # a window past the canvas can change nothing (engine/config.py: `_setting`)
@@ -156,11 +160,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def masked_canvas(prompts: list[list[int]], gen_length: int, mask_id: int) -> torch.Tensor:
-    """`[B, longest prompt + gen_length]`: each prompt at the start of its row, [MASK] after it."""
-    x = torch.full((len(prompts), max(len(p) for p in prompts) + gen_length), mask_id, dtype=torch.long)
-    for row, p in enumerate(prompts):
+def masked_canvas(prompts: list[list[int]], gen_length: int, mask_id: int, layouts: Layouts | None = None, pad_id: int = 0) -> torch.Tensor:
+    """`[B, longest prompt + answer]`: each prompt at the start of its row, [MASK] after it; a row
+    with a layout (engine/infill.py) gets its area (holes of [MASK], pinned ids), then `pad_id`
+    (end-of-text) to the canvas's width."""
+    layouts = row_layouts(layouts, len(prompts))
+    width = max(len(p) + answer_length(layout, gen_length) for p, layout in zip(prompts, layouts))
+    x = torch.full((len(prompts), width), mask_id, dtype=torch.long)
+    for row, (p, layout) in enumerate(zip(prompts, layouts)):
         x[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+        if layout is not None:
+            area = layout.area(mask_id)
+            x[row, len(p) : len(p) + len(area)] = torch.tensor(area, dtype=torch.long)
+            x[row, len(p) + len(area) :] = pad_id
     return x
 
 
@@ -239,12 +251,17 @@ class DiffusionRun:
 
     def begin(self, prompt_lengths: list[int], canvas: torch.Tensor, mask_id: int, capabilities: dict[str, bool]) -> None:
         """The run's canvas, its constraint and its trace header (a kind calls it once, from its
-        `setup`, before any forward); each row's answer starts at its `prompt_lengths` entry."""
+        `setup`, before any forward); each row's answer starts at its `prompt_lengths` entry, and
+        the positions its layout pins (`pinned`, engine/infill.py) are no decoder's to change."""
         self.prompt_lengths, self.x, self.mask_id = prompt_lengths, canvas.to(self.device), mask_id
+        self.pinned = pinned_mask(canvas, prompt_lengths, self.hooks.layouts).to(self.device)
+        self.decoded_end = decoded_end(prompt_lengths, self.hooks.layouts, canvas.shape[1])
+        self.last_hole = torch.tensor(last_hole_starts(prompt_lengths, self.hooks.layouts), device=self.device)
         self.constraint = CanvasConstraint.build(row_constraints(self.cfg, self.hooks, len(prompt_lengths)), self.compiler, prompt_lengths, canvas.shape[1])
         self.recorder = self.hooks.begin_trace(
             self.model, self.cfg, kind=self.kind, capabilities=capabilities, mask_id=mask_id, stop_ids=self.stop_ids,
             prompt_lengths=prompt_lengths, canvas_length=canvas.shape[1], block_length=self.cfg.block_length, initial=canvas.tolist(),
+            pinned=[row.nonzero().flatten().tolist() for row in self.pinned.cpu()] if self.hooks.layouts is not None else None,
         )
         self.trace: Trace | None = self.recorder.trace if self.recorder is not None else None
         self.finished = torch.zeros(canvas.shape[0], dtype=torch.bool, device=self.device)  # rows ended by early stop (`stop_rows`)
@@ -291,10 +308,12 @@ class DiffusionRun:
         right: rows whose final tokens `[s, e)` hold a generated end-of-text id get it everywhere
         from `e` on, and take part in no later step (`finished`). Returns whether every row has
         finished (one host sync). The kind calls it when `early_stop` is on and `[s, e)` became final."""
-        generated = self.positions[:, s:e] >= self.prompt_end
+        generated = (self.positions[:, s:e] >= self.prompt_end) & ~self.pinned[:, s:e]
         stop = torch.tensor(self.stop_ids, device=self.device)
-        self.finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1)
-        self.x[:, e:] = torch.where(self.finished.unsqueeze(1), torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
+        # a row with a hole after this block goes on (its later holes are not filled with end-of-text)
+        self.finished |= (torch.isin(self.x[:, s:e], stop) & generated).any(dim=1) & (self.last_hole < e)
+        fill = self.finished.unsqueeze(1) & ~self.pinned[:, e:]
+        self.x[:, e:] = torch.where(fill, torch.full_like(self.x[:, e:], self.stop_ids[0]), self.x[:, e:])
         self.host_syncs += 1
         return bool(self.finished.all())
 
@@ -320,7 +339,7 @@ class DiffusionRun:
     def output(self, start: float, meter: Meter) -> GenerationOutput:
         """Token ids, stats (timed from `start`, minus excluded time; counted from `meter`) and the
         trace's footer."""
-        keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)
+        keep = generated_mask(self.x, self.prompt_lengths, self.stop_ids, self.mask_id) & ~self.pinned
         token_ids = [row[k].tolist() for row, k in zip(self.x.cpu(), keep.cpu())]
         sync(self.device)
         seconds = time.perf_counter() - start - self.excluded_seconds
@@ -328,7 +347,7 @@ class DiffusionRun:
         done = end.counters.since(meter.counters)
         stats = GenerationStats(
             nfe=self.nfe,
-            tokens=sum(count_tokens(self.x, self.prompt_lengths, self.stop_ids, self.mask_id)),
+            tokens=int(keep.sum()),
             seconds=seconds,
             batch=self.x.shape[0],
             trace_seconds=self.excluded_seconds,

@@ -26,9 +26,9 @@ from .trace_upgrade import DRAFT_VERIFY, EDIT, MASKED, REFRESH_FORWARD, REMASK, 
 # version 1: no revisions, no uniform steps, no expected answer; version 2: no kind, capabilities,
 # `active` or `final_until`, and a uniform record's `top1` was its sampled proposal; version 3: no
 # constraint; version 4: a uniform step's state under `uniform`, not `state`; version 5: no
-# per-record `forwards`. All are upgraded on load (engine/trace_upgrade.py), so every reader sees
-# version 6.
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+# per-record `forwards`; version 6: no `pinned` (nothing was). All are upgraded on load
+# (engine/trace_upgrade.py), so every reader sees version 7.
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 # the largest trace file read (the largest the app writes, 1,024 positions of the fixed decoder in
 # one block, is 12.5 MB)
 MAX_TRACE_BYTES = 64 << 20
@@ -126,6 +126,9 @@ class Trace:
     # per row, the ids of an answer the caller expects (a viewer marks where the run departs from
     # it; their strings are in `tokens`); None when none was given, and in version-1 traces
     expected: list[list[int]] | None = None
+    # per row, the positions the request pinned (engine/infill.py: a suffix, a template's text),
+    # which no step writes; None when nothing was pinned, and before version 7
+    pinned: list[list[int]] | None = None
     iterations: list[IterationRecord] = field(default_factory=list)
     final: list[list[int]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -191,6 +194,8 @@ class Trace:
         _need(all(isinstance(k, str) and (v is None or _is_number(v)) for k, v in self.stats.items()), "stats must map names to numbers")
         _need(_is_number(self.trace_seconds), "trace_seconds must be a number")
         _need(self.expected is None or (isinstance(self.expected, list) and len(self.expected) == rows and all(map(_int_list, self.expected))), "expected must be one list of integers per row")
+        _need(self.pinned is None or (isinstance(self.pinned, list) and len(self.pinned) == rows and all(_int_list(r) and all(self.prompt_lengths[k] <= p < self.canvas_length for p in r) for k, r in enumerate(self.pinned))),
+              "pinned must be one list of positions per row, each after its prompt and inside the canvas")
         for i, rec in enumerate(self.iterations):
             where = f"iterations[{i}]"
             _need(_int_list(rec.block_range) and len(rec.block_range) == 2, f"{where}.block_range must be [start, end]")

@@ -18,7 +18,7 @@ from .config import lift_moved
 
 # The schema's names, here so that engine/trace.py (which upgrades through this module) and this
 # module never import each other.
-TRACE_VERSION = 6
+TRACE_VERSION = 7
 MASKED, UNIFORM = "masked", "uniform"  # the diffusion kinds a trace names (engine/kinds/)
 REFRESH_FORWARD = "refresh"  # a record's `forward` for a full forward whose K/V become the cache (engine/cache.py)
 DRAFT_VERIFY = "draft+verify"  # a speculative record's `forward` when its step drafted and verified (engine/kinds/speculative.py)
@@ -34,11 +34,13 @@ def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def upgrade(trace: Any) -> None:
-    """`trace` (a Trace of version 1 to 5, checked as such) in version 6's form, in place. A
-    uniform step's `uniform` became the record's `state` as the trace was read (Trace.from_dict)."""
-    if trace.version not in (3, 4, 5):  # version 4 added the records' optional `constraint` (absent: none), 5 renamed `uniform`
+    """`trace` (a Trace of version 1 to 6, checked as such) in version 7's form, in place. A
+    uniform step's `uniform` became the record's `state` as the trace was read (Trace.from_dict).
+    Version 7 added `pinned`, None (nothing pinned) in every older trace."""
+    if trace.version not in (3, 4, 5, 6):  # version 4 added the records' optional `constraint` (absent: none), 5 renamed `uniform`
         _kind_and_finality(trace)
-    _forwards(trace)
+    if trace.version != 6:  # version 6 recorded each record's forwards
+        _forwards(trace)
     trace.version = TRACE_VERSION
 
 

@@ -301,7 +301,7 @@ def test_traces_record_the_constraint_and_older_versions_load(embedded, tmp_path
     out = embedded.generate("Q: ?+?=38 A:", GenerationConfig(threshold=0.1, choice=[" 30 +  8"]), RunHooks(trace=True)).output  # not what the model answers
     assert out.trace.iterations and embedded.decode(out.token_ids[0]) == " 30 +  8"
     data = json.loads(out.trace.to_json())
-    assert data["version"] == TRACE_VERSION == 6
+    assert data["version"] == TRACE_VERSION == 7
     rec = Trace.from_dict(data).iterations[0]
     s, e = rec.block_range
     prompt = out.prompt_lengths[0]

@@ -79,7 +79,7 @@ def test_the_page_hides_the_decoder_for_a_kind_without_one_and_shows_each_kinds_
 
     monkeypatch.setitem(VIEWS, "fill", FillView())  # the page's explanation is its kind's view's
     handlers = Handlers(EngineHost(ModelSpec(str(tmp_path / "never-loaded"))))
-    for kind, hidden in (("fill", ["Decoder"]), ("speculative", []), ("", [])):
+    for kind, hidden in (("fill", ["Decoder", "Fill in the middle"]), ("speculative", ["Fill in the middle"]), ("", [])):
         updates = handlers.structure("wino", "none", False, False, kind)[len(all_controls()) + 2:]
         assert [title for (title, _), update in zip(sections(), updates, strict=True) if not update["visible"]] == hidden
 

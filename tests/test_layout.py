@@ -54,7 +54,7 @@ def test_no_two_engine_modules_import_each_other():
 # (floors 0-4) knows nothing of the runtime that wraps it, the text-level API or the server.
 FLOORS = (
     ("engine.errors", "engine.arguments"),
-    ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.constraints", "engine.config", "engine.stats", "engine.step_state", "engine.trace_upgrade", "engine.trace", "engine.hooks", "engine.trace_diff", "engine.analysis"),
+    ("engine.registry", "engine.cache_modes", "engine.system_options", "engine.constraints", "engine.infill", "engine.config", "engine.stats", "engine.step_state", "engine.trace_upgrade", "engine.trace", "engine.hooks", "engine.trace_diff", "engine.analysis"),
     ("engine.models",),
     ("engine.decoders", "engine.cache"),
     ("engine.run", "engine.kinds", "engine.fill", "engine.generation", "engine.settings_read"),

@@ -73,7 +73,7 @@ class FixedStepDecoder(Decoder):
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
         self.random = self.option("remasking") == "random"
-        self.steps_per_block = config.total_steps() // config.num_blocks()
+        self.steps_per_block = config.steps_per_block()
         self.steps_done = 0
         self.masks_at_start = torch.zeros(0, dtype=torch.long)
 

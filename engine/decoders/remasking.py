@@ -84,7 +84,7 @@ class RemdmDecoder(Decoder):
         super().__init__(config, mask_id, generator)
         self.schedule = str(self.option("remdm_schedule"))
         self.eta = float(self.option("remdm_eta"))
-        self.steps = config.total_steps() // config.num_blocks()
+        self.steps = config.steps_per_block()
         self.steps_done = 0
         self.masks_at_start = torch.zeros(0, dtype=torch.long)
         self.commit_confidence = torch.zeros(0)

@@ -205,6 +205,9 @@ def fit(config: GenerationConfig, model: Any, *, carry_over: bool = False) -> Ge
         shared = {k: v for k, v in config.decoder_options.items() if k in declared}
         config = dataclasses.replace(config, decoder=spec.default_decoder, decoder_options=shared)
     ignored = ignored_settings(config, kind)
+    if {"suffix", "template"} & set(ignored) and not carry_over:  # say why, and which kinds do
+        fillers = ", ".join(k for k in KINDS if "suffix" in kind_reads(k))
+        raise EngineError(f"{kind} diffusion fills no holes: text pinned in the answer (suffix, template) needs a kind that writes only masked positions and keeps the rest ({fillers})")
     if ignored and not carry_over:
         names = ", ".join(f"{name} ({getattr(config, name)!r}; default {getattr(_DEFAULTS, name)!r})" for name in ignored)
         raise EngineError(f"{kind} diffusion does not read {names}: leave {'it' if len(ignored) == 1 else 'them'} at the default")

@@ -58,7 +58,7 @@ class MaskedRun(DiffusionRun):
     def setup(self, prompts: list[list[int]]) -> None:
         model, config = self.model, self.cfg
         lengths = [len(p) for p in prompts]
-        x = masked_canvas(prompts, config.gen_length, model.mask_token_id)
+        x = masked_canvas(prompts, config.gen_length, model.mask_token_id, self.hooks.layouts, self.stop_ids[0])
         self.length = x.shape[1]
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin(lengths, x, model.mask_token_id, self.decoder.capabilities())
@@ -74,11 +74,11 @@ class MaskedRun(DiffusionRun):
     # ---- the loop -----------------------------------------------------------------------------
     def run_blocks(self) -> None:
         cfg = self.cfg
-        blocks = block_ranges(self.prompt_lengths, self.length, cfg.block_length, cfg.align_blocks)
+        blocks = block_ranges(self.prompt_lengths, self.decoded_end, cfg.block_length, cfg.align_blocks)
         self.nfe += self.cache.prefill(self.model, blocks[0][0], self._inputs)
         for block_index, (s, e) in enumerate(blocks):
             self.decode_block(block_index, s, e)
-            if e == self.length or (cfg.early_stop and self.stop_rows(s, e)):
+            if e == self.decoded_end or (cfg.early_stop and self.stop_rows(s, e)):
                 break
             forwards, syncs = self.cache.block_done(self.model, s, e, self._inputs)  # another block follows
             self.nfe, self.host_syncs = self.nfe + forwards, self.host_syncs + syncs
@@ -92,7 +92,7 @@ class MaskedRun(DiffusionRun):
         """
         cfg = self.cfg
         self.decoder.block_init(self.x[:, s:e] == self.mask_id, block_index)
-        guard = (e - s) + cfg.total_steps() // cfg.num_blocks() + self.cache.extra_forwards + self.decoder.extra_forwards + cfg.max_unroll + 2
+        guard = (e - s) + cfg.steps_per_block() + self.cache.extra_forwards + self.decoder.extra_forwards + cfg.max_unroll + 2
         forwards = 0
         while True:
             remaining = int((self.x[:, s:e] == self.mask_id).sum(dim=1).max())  # the host sync
@@ -138,7 +138,7 @@ class MaskedRun(DiffusionRun):
         probe_seconds = time.perf_counter() - probe_start
         self.excluded_seconds += probe_seconds
         current = self.x[:, s:e]
-        editable = ~masked & (self.positions[:, s:e] >= self.prompt_end) & ~self.finished.unsqueeze(1)
+        editable = ~masked & (self.positions[:, s:e] >= self.prompt_end) & ~self.pinned[:, s:e] & ~self.finished.unsqueeze(1)
         model_logits, restriction, dropped = logits, None, None
         if self.constraint is not None:  # the decoder sees only tokens that keep the canvas completable
             logits, restriction = self.constraint.restrict(logits, self.x, self.x == self.mask_id, s, masked | editable if self.decoder.revises else masked)
