@@ -21,6 +21,7 @@ from .hooks import NO_HOOKS, RunHooks
 from .infill import Layout
 from .kinds import check_system_options, run_kind
 from .models import DiffusionLM, load_model, model_skeleton
+from .models.card import answer_length
 from .models.loader import resolve_model_path
 from .runtime.compiled import check_options, static_shape_model
 from .runtime.launch import Job
@@ -190,6 +191,8 @@ class Engine:
         self._forward_model = static_shape_model(self.model, compile, cuda_graphs) if here and (compile or cuda_graphs) else self.model
         self.tokenizer = load_tokenizer(path)
         self.stop_ids = stop_ids_for(self.model, self.tokenizer)
+        # the length its card says it answers in (engine/models/card.py): the server's least canvas
+        self.answer_length = answer_length(resolve_model_path(path))
         self._vocabulary: TokenVocabulary | None = None
         self._workers = None if here else WorkerGroup(world, device, partial(_load_shard, self.path, dtype, max_tokens, tp_size, ep_size, compile))
 

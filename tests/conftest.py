@@ -57,6 +57,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_tune.py::test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trials",
         "test_tune.py::test_a_signal_ends_the_running_trial_and_says_what_the_study_kept",
         "test_hardening_constraints.py",  # constraint builds run to their deadline or memory bound
+        "test_constraint_scripts.py",  # plain scripts with a constraint, as processes
         "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigint-sweep]",
     ),
     "compile": (

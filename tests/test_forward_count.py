@@ -143,7 +143,8 @@ def check_server_usage(kind: str, batching: str, **fields: object) -> dict:
     app = create_app(engine, RequestLimits(), max_batch=4, max_pending=8, batching=batching)
     with running(app) as url:
         settings = settings_for(kind)
-        body = {"model": engine.name, "prompt": prompt, "max_tokens": settings["gen_length"], **{k: v for k, v in settings.items() if k != "gen_length"}, "kind": kind, **fields}
+        # the canvas as given: without gen_length it would be at least the model's answer length (docs/serving.md §1)
+        body = {"model": engine.name, "prompt": prompt, "max_tokens": settings["gen_length"], **settings, "kind": kind, **fields}
         answer = httpx.post(f"{url}/completions", json=body, timeout=600)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["forwards"] == nfe

@@ -142,19 +142,3 @@ def test_the_server_builds_json_objects_grammar_at_start_so_no_request_waits_for
         reply = http.post("/completions", json=body)
         assert reply.status_code == 200 and calls == [], (reply.text, calls)
 
-
-def test_a_script_read_from_standard_input_is_told_to_save_it_to_a_file(engine, monkeypatch):
-    """`python - <<EOF` with a constraint: the build's child imports the caller's script first
-    (multiprocessing does, for any process it starts), and '<stdin>' is no file: the one line says
-    so rather than blaming work at the script's top level."""
-    import sys
-    import types
-
-    script = types.ModuleType("__main__")
-    script.__file__, script.__spec__ = "<stdin>", None
-    monkeypatch.setitem(sys.modules, "__main__", script)
-    with pytest.raises(EngineError) as refused:
-        engine.generate("Q", GenerationConfig(gen_length=8, block_length=8, regex="[ab]{3} stdin"))
-    message = str(refused.value)
-    assert "not a file the process can import first: save it to a file" in message and "\n" not in message, message
-    assert "top level" not in message

@@ -5,22 +5,28 @@ the regex's length: `(a|b)*a(a|b){20}` passes every bound read off its structure
 to 2^21 states (minutes, gigabytes). So every build runs in a child process with a deadline and an
 address-space limit: past the deadline the child is killed; past the memory bound its allocation
 fails and it dies; either way the caller gets one EngineError line and the process it is in
-(the server, the app, the CLI) never held the build. Children are forked from multiprocessing's
-fork server (one clean process started at the first build, which has imported this module and
-its engine once), so a build starts in milliseconds, not the seconds an interpreter takes to
-import torch, and no child is forked from a process full of threads.
+(the server, the app, the CLI, a script) never held the build. Children are forked by this
+process's build server (builder.py: a fresh interpreter started at the first build, which imports
+the engine once and never the caller's main module), so a build starts in milliseconds, not the
+seconds an interpreter takes to import torch, no child is forked from a process full of threads,
+and a script may build at its top level.
+
+The wire, shared with builder.py: orders of ORDER_BYTES on the server's control socket, and frames
+(an 8-byte length, then a pickle) on each build's own socket pair, private to the two processes.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import os
-import resource
+import pickle
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from ..errors import EngineError
@@ -28,13 +34,15 @@ from ..errors import EngineError
 DEADLINE_S = 120.0  # one build, waiting for a free slot included: twice json_object's, the largest common one (15-60 s on a loaded 2-core machine)
 MEMORY_BYTES = 2 << 30  # address space a build may add to what its child starts with
 MAX_BUILDS = 2  # builds at once in this process: each may hold a CPU core and MEMORY_BYTES
+REAPED_S = 10.0  # how long a build's end is waited for once it answered or was killed (the server reaps it)
+
+BUILD, KILL = b"b", b"k"  # orders: a build (its socket attached), or the end of one (its pid)
+ORDER_BYTES = 9  # the order's byte, then a pid in 8 bytes
 
 T = TypeVar("T")
-_context = multiprocessing.get_context("forkserver")
-# the caller's main module too: a script's child would otherwise run it again at every build
-_context.set_forkserver_preload(["__main__", __name__])
+_ROOT = Path(__file__).resolve().parents[2]  # where this engine package is imported from
 _slots = threading.BoundedSemaphore(MAX_BUILDS)
-_live: dict[Any, str] = {}  # the children building now, and what each builds
+_live: dict[int, str] = {}  # the children building now (pid), and what each builds
 _live_lock = threading.Lock()
 
 
@@ -52,25 +60,7 @@ def run_bounded(what: str, function: Callable[..., T], *args: Any) -> T:
     if not _slots.acquire(timeout=DEADLINE_S):
         raise EngineError(f"{what}: {MAX_BUILDS} other constraints are compiling and none ended within {DEADLINE_S:.0f} s; retry later")
     try:
-        reader, writer = _context.Pipe(duplex=False)
-        child = _context.Process(target=_child, args=(writer, MEMORY_BYTES, function, args), daemon=True, name="constraint-build")
-        child.start()
-        writer.close()
-        with _live_lock:
-            _live[child] = what
-        try:
-            wait([reader, child.sentinel], timeout=max(0.0, deadline - time.monotonic()))
-            try:
-                kind, value = reader.recv() if reader.poll() else ("deadline", None)
-            except EOFError:  # the child died without an answer
-                child.join()
-                kind, value = ("memory", None) if child.exitcode in (-signal.SIGABRT, -signal.SIGKILL) else ("died", child.exitcode)
-        finally:
-            child.kill()
-            child.join()
-            reader.close()
-            with _live_lock:
-                _live.pop(child, None)
+        kind, value = _build(what, deadline, function, args)
     finally:
         _slots.release()
     if kind == "value":
@@ -79,58 +69,120 @@ def run_bounded(what: str, function: Callable[..., T], *args: Any) -> T:
         raise EngineError(value)
     if kind == "deadline":
         raise EngineError(f"{what}: compiling its automaton took longer than {DEADLINE_S:.0f} s and was stopped; simplify it")
-    if kind == "memory":  # the address-space limit: Rust aborts on a failed allocation, Python raises MemoryError
+    if kind == "memory" or value in (-signal.SIGABRT, -signal.SIGKILL):  # the address-space limit: Rust aborts on a failed allocation, Python raises MemoryError
         raise EngineError(f"{what}: compiling its automaton needed more than {MEMORY_BYTES / 2**30:.3g} GiB of memory and was stopped; simplify it")
-    raise EngineError(f"{what}: the process compiling its automaton ended without an answer (exit code {value}){_script_hint()}")
+    raise EngineError(f"{what}: the process compiling its automaton ended without an answer (exit code {value})")
 
 
-def _script_hint() -> str:
-    """Why a build's child may end at once: it imports the caller's script first (Python's
-    multiprocessing does, as for any process it starts), and a script whose work is not under
-    `if __name__ == "__main__":` then compiles again inside it, which Python refuses; a script
-    read from standard input (`python - <<EOF`) has no file to import, which it cannot start with."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if getattr(main, "__spec__", None) is not None or not path:
-        return ""
-    if not os.path.isfile(path):
-        return f"; the script ({path}) is not a file the process can import first: save it to a file and run that"
-    return f"; if {os.path.basename(path)} runs its work at the top level, put it under `if __name__ == \"__main__\":`"
+def _build(what: str, deadline: float, function: Callable[..., Any], args: tuple) -> tuple[str, Any]:
+    """(kind, value): the child's answer, ("deadline", None), or ("exit", its exit code; None when
+    the server ended) when it ended without one. Returns once the child has ended and been reaped,
+    killed first unless it answered."""
+    server = _Server.get()
+    mine, theirs = socket.socketpair()
+    pid, answer = None, None
+    with mine:
+        try:
+            try:
+                server.order(BUILD, 0, theirs)
+            finally:
+                theirs.close()
+            mine.settimeout(max(0.001, deadline - time.monotonic()))
+            _, pid = receive(mine)
+            with _live_lock:
+                _live[pid] = what
+            path = [os.path.abspath(entry) for entry in sys.path]  # '' (a script's directory, -c's cwd) is relative
+            send(mine, (path, MEMORY_BYTES))
+            send(mine, (function, args))
+            mine.settimeout(max(0.001, deadline - time.monotonic()))
+            answer = receive(mine)
+        except TimeoutError:
+            answer = ("deadline", None)
+        except (EOFError, OSError):  # the child ended without an answer, or the server did
+            answer = ("exit", _exit_code(mine))
+        finally:
+            if pid is not None and (answer is None or answer[0] != "exit"):
+                if answer is None or answer[0] == "deadline":  # no answer (the caller interrupted, too)
+                    with contextlib.suppress(OSError):  # the server ended, and its children with it
+                        server.order(KILL, pid)
+                _exit_code(mine)
+            with _live_lock:
+                _live.pop(pid, None)
+    return answer
 
 
-def _child(writer: Any, memory: int, function: Callable[..., Any], args: tuple) -> None:
-    _die_with_parent()
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = _address_space() + memory
-    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+def _exit_code(build: socket.socket) -> int | None:
+    """The build's child's exit code once the server has reaped it (REAPED_S at most); None when
+    the server ended first."""
+    build.settimeout(REAPED_S)
     try:
-        writer.send(("value", function(*args)))
-    except EngineError as exc:
-        writer.send(("error", str(exc)))
-    except MemoryError:
-        writer.send(("memory", ""))
-    finally:
-        writer.close()
+        while True:
+            kind, value = receive(build)
+            if kind == "exit":
+                return value
+    except (EOFError, OSError):
+        return None
 
 
-def _address_space() -> int:
-    """This process's virtual memory now (bytes): the child's own start, which the limit adds to."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+class _Server:
+    """This process's build server (builder.py): started at the first build, again if it ended;
+    a process forked from this one starts its own."""
+
+    _current: _Server | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.control, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(_ROOT), os.environ.get("PYTHONPATH"))))}
+        with theirs:  # in a session of its own: a terminal's Ctrl-C reaches the caller, which ends it
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "engine.constraints.builder", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), cwd=_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.sending = threading.Lock()
+
+    @classmethod
+    def get(cls) -> _Server:
+        with cls._lock:
+            if cls._current is None or cls._current.process.poll() is not None:
+                cls._current = cls()
+            return cls._current
+
+    def order(self, order: bytes, pid: int, build: socket.socket | None = None) -> None:
+        """Send an order; OSError when the server has ended (the next build starts another)."""
+        data = order + pid.to_bytes(ORDER_BYTES - 1, "big")
+        with self.sending:
+            sent = socket.send_fds(self.control, [data], [build.fileno()] if build else [])
+            self.control.sendall(data[sent:])
+
+    @classmethod
+    def forget(cls) -> None:
+        """In a forked child: the parent's server is the parent's (its control socket closed here,
+        so the server still ends with the parent)."""
+        if cls._current is not None:
+            cls._current.control.close()
+        cls._current, cls._lock = None, threading.Lock()
 
 
-def _die_with_parent() -> None:
-    """Killed when the fork server ends (it ends with the process it serves), so a build outlives
-    no server, even one killed outright."""
-    import ctypes
+os.register_at_fork(after_in_child=_Server.forget)
 
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the deadline still bounds the build
-        pass
-    if os.getppid() == 1:  # the fork server ended before prctl took effect
-        os._exit(1)
+
+def send(build: socket.socket, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    build.sendall(len(data).to_bytes(8, "big") + data)
+
+
+def receive(build: socket.socket) -> Any:
+    """The next frame's message; EOFError when the other end closed."""
+    return pickle.loads(exactly(build, int.from_bytes(exactly(build, 8), "big")))
+
+
+def exactly(stream: socket.socket, count: int) -> bytes:
+    """`count` bytes from `stream`; EOFError when it closes first."""
+    data = bytearray()
+    while len(data) < count:
+        chunk = stream.recv(min(count - len(data), 1 << 20))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return bytes(data)

@@ -272,7 +272,7 @@ class Server:
         """The request parsed, its config fitted to the model (once: its rows run it as it is,
         `BatchRequest.fitted`), each prompt encoded and every check a run makes before any forward
         (the canvas, the kind, the constraint's room): refused here, in one line."""
-        parsed = parse_request(body, chat, self.limits)
+        parsed = parse_request(body, chat, self.limits, self.engine.answer_length)
         if parsed.model is not None and parsed.model != self.engine.name:
             raise HTTPError(404, f"model '{parsed.model[:80]}' is not served here; this server serves '{self.engine.name}'", "model_not_found")
         for i in range(len(parsed.prompts)):

@@ -40,7 +40,8 @@ MAX_STOP_CHARS = 200
 @dataclass
 class ParsedRequest:
     """`prompts`: one per batch row (a chat has one: its messages). `max_tokens`: the completion's
-    bound in tokens (the canvas is `config.gen_length`, a whole number of blocks at least as long)."""
+    bound in tokens, where its text is cut (the canvas is `config.gen_length`, a whole number of
+    blocks at least as long, and at least the model's answer length: `canvas_length`)."""
 
     chat: bool
     prompts: list[str] | list[list[dict[str, str]]]
@@ -139,23 +140,38 @@ def constraint_of(body: Any) -> ConstraintSpec | None:
     return ConstraintSpec(kind, tuple(value) if isinstance(value, list) else value)
 
 
-def _config(body: dict[str, Any], chat: bool, max_tokens: int | None) -> GenerationConfig:
+def canvas_length(max_tokens: int | None, block: int, answer_length: int | None, limits: RequestLimits) -> int | None:
+    """The canvas of a request that gives no gen_length (docs/serving.md §1): whole blocks holding
+    `max_tokens` and at least the model's answer length (its card's: engine/models/card.py), so a
+    max_tokens below that length cuts the answer rather than changing it; None (the config's
+    default) when neither is known. The answer length yields to the server's --max-gen-length."""
+    least = max(max_tokens or 0, answer_length or 0)
+    if least == 0:
+        return None
+    canvas = -(-least // block) * block  # whole numbers: a huge max_tokens is no float overflow
+    if canvas > limits.max_gen_length:  # a max_tokens past the limit is refused as it was asked
+        canvas = max(-(-(max_tokens or 0) // block) * block, limits.max_gen_length // block * block)
+    return canvas
+
+
+def _config(body: dict[str, Any], chat: bool, max_tokens: int | None, answer_length: int | None, limits: RequestLimits) -> GenerationConfig:
     """The extra fields as a GenerationConfig. A completion's prompt is raw text unless the request
-    sets use_chat_template; a chat's goes through the template. `max_tokens` without `gen_length`:
-    the canvas is max_tokens rounded up to whole blocks. A setting given as null is the default,
-    as if left out (docs/serving.md): every optional setting's default is None, so `kind: null` and
-    `verify: null` mean alike."""
+    sets use_chat_template; a chat's goes through the template. Without `gen_length` the canvas is
+    `canvas_length`'s. A setting given as null is the default, as if left out (docs/serving.md):
+    every optional setting's default is None, so `kind: null` and `verify: null` mean alike."""
     settings = {name: body[name] for name in SETTING_FIELDS if body.get(name) is not None} | _constraint(body)
     settings.setdefault("use_chat_template", chat)
-    if max_tokens is not None and "gen_length" not in settings:
-        block = settings.get("block_length", GenerationConfig.block_length)
-        if isinstance(block, int) and not isinstance(block, bool) and block >= 1:
-            settings["gen_length"] = -(-max_tokens // block) * block  # whole numbers: a huge max_tokens is no float overflow
+    block = settings.get("block_length", GenerationConfig.block_length)
+    if "gen_length" not in settings and isinstance(block, int) and not isinstance(block, bool) and block >= 1:
+        canvas = canvas_length(max_tokens, block, answer_length, limits)
+        if canvas is not None:
+            settings["gen_length"] = canvas
     return GenerationConfig.from_dict(settings)
 
 
-def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest:
-    """Check a request body (parsed JSON) field by field; EngineError names the first problem."""
+def parse_request(body: Any, chat: bool, limits: RequestLimits, answer_length: int | None = None) -> ParsedRequest:
+    """Check a request body (parsed JSON) field by field; EngineError names the first problem.
+    `answer_length`: the served model's (its card's), the least canvas (`canvas_length`)."""
     _need(isinstance(body, dict), "the request body must be a JSON object")
     known = {*COMMON_FIELDS, *NEUTRAL_FIELDS, *IGNORED_FIELDS, *SETTING_FIELDS, "messages" if chat else "prompt"}
     unknown = sorted(set(body) - known)
@@ -178,7 +194,7 @@ def parse_request(body: Any, chat: bool, limits: RequestLimits) -> ParsedRequest
     else:
         _need("prompt" in body, "a completion needs a prompt")
         prompts = _prompts(body["prompt"], limits)
-    config = _config(body, chat, max_tokens)
+    config = _config(body, chat, max_tokens, answer_length, limits)
     return ParsedRequest(
         chat=chat, prompts=prompts, config=config, max_tokens=max_tokens or config.gen_length, stop=_stop(body.get("stop")),
         stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)), model=model,

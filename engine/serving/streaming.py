@@ -50,8 +50,9 @@ class RowText:
         self.held: list[int | None] = []  # per position, what the run held or predicted after its last record
 
     def _answer(self, ids: list[int]) -> tuple[list[int], bool]:
-        """The answer's ids up to the first end-of-text and at most max_tokens; whether it ended."""
-        for i, token in enumerate(ids[: self.max_tokens]):
+        """The answer's ids up to the first end-of-text and at most max_tokens; whether it ended
+        there (an end-of-text right after max_tokens tokens too: the whole answer fit)."""
+        for i, token in enumerate(ids[: self.max_tokens + 1]):
             if token in self.stop_ids:
                 return ids[:i], True
         return ids[: self.max_tokens], False
