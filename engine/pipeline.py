@@ -74,9 +74,18 @@ def encode_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> lis
 def check_request(model: DiffusionLM, tokenizer, prompt: str, config: GenerationConfig, max_tokens: int | None = None) -> GenerationConfig:
     """`config` fitted to `model` for `prompt`, after the checks generate makes before any forward
     (engine/generation.py: `fit_request`: the kind's settings, the canvas within the model's
-    max_sequence_length and `max_tokens`). A model skeleton (model_skeleton: no weights) answers
-    it, so a model not loaded yet is checked from its config.json and tokenizer."""
-    return fit_request(model, [encode_prompt(tokenizer, prompt, config.use_chat_template)], config, max_tokens)
+    max_sequence_length and `max_tokens`, pinned text counted). A model skeleton (model_skeleton: no
+    weights) answers it, so a model not loaded yet is checked from its config.json and tokenizer."""
+    return fit_request(model, [encode_prompt(tokenizer, prompt, config.use_chat_template)], config, max_tokens, layouts=(layout_for(tokenizer, config),))
+
+
+def layout_for(tokenizer, config: GenerationConfig) -> Layout | None:
+    """The answer area `config`'s suffix or template asks for, its pinned text tokenised without
+    special tokens (engine/infill.py; None: neither)."""
+    for text in (config.suffix, config.template):
+        if text is not None:
+            check_text(text)
+    return Layout.of(config.suffix, config.template, config.gen_length, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def stop_ids_for(model: DiffusionLM, tokenizer) -> list[int]:
@@ -297,11 +306,8 @@ class Engine:
         return self._run_fitted_here(prompts, config, hooks)
 
     def layout(self, config: GenerationConfig) -> Layout | None:
-        """The answer area `config`'s suffix or template asks for, its pinned text tokenised (None: neither)."""
-        for text in (config.suffix, config.template):
-            if text is not None:
-                check_text(text)
-        return Layout.of(config.suffix, config.template, config.gen_length, lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """`layout_for` this engine's tokenizer."""
+        return layout_for(self.tokenizer, config)
 
     def _pinned(self, config: GenerationConfig, hooks: RunHooks, rows: int) -> RunHooks:
         """`hooks` with every row's layout from the config's suffix or template, unless the caller gave its own."""

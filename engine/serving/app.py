@@ -282,7 +282,7 @@ class Server:
         encoded = []
         for prompt in parsed.prompts:
             ids = encode_prompt(self.engine, prompt, config.use_chat_template)
-            check_fitted(self.engine.model, [ids], config, self.engine.max_tokens, vocabulary)
+            check_fitted(self.engine.model, [ids], config, self.engine.max_tokens, vocabulary, (self.engine.layout(config),))
             encoded.append(ids)
         return replace(parsed, config=config), encoded
 

@@ -26,7 +26,7 @@ SETTING_FIELDS = (*CONFIG_FIELDS, *MOVED_SETTINGS, *MOVED_KIND_SETTINGS)
 # OpenAI fields accepted only at the value that asks for nothing (the engine has no such feature)
 NEUTRAL_FIELDS: dict[str, tuple[object, ...]] = {
     "n": (1,), "best_of": (1,), "top_p": (1, 1.0), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": ("",), "logit_bias": ({},),
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
 }
 IGNORED_FIELDS = ("user", "metadata", "store")  # bookkeeping a client may send; nothing to do
 COMMON_FIELDS = ("model", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options", "response_format", "structured_outputs", "provisional")
@@ -157,12 +157,15 @@ def canvas_length(max_tokens: int | None, block: int, answer_length: int | None,
 def _config(body: dict[str, Any], chat: bool, max_tokens: int | None, answer_length: int | None, limits: RequestLimits) -> GenerationConfig:
     """The extra fields as a GenerationConfig. A completion's prompt is raw text unless the request
     sets use_chat_template; a chat's goes through the template. Without `gen_length` the canvas is
-    `canvas_length`'s. A setting given as null is the default, as if left out (docs/serving.md):
+    `canvas_length`'s; with a `suffix` it is the hole, `max_tokens` exactly, and a `template`'s holes
+    are its own (docs/serving.md §1). A setting given as null is the default, as if left out (docs/serving.md):
     every optional setting's default is None, so `kind: null` and `verify: null` mean alike."""
     settings = {name: body[name] for name in SETTING_FIELDS if body.get(name) is not None} | _constraint(body)
     settings.setdefault("use_chat_template", chat)
     block = settings.get("block_length", GenerationConfig.block_length)
-    if "gen_length" not in settings and isinstance(block, int) and not isinstance(block, bool) and block >= 1:
+    if settings.get("suffix") and max_tokens is not None and "gen_length" not in settings:
+        settings["gen_length"] = max_tokens  # the hole between the prompt and the suffix: OpenAI's fill-in-the-middle
+    elif "gen_length" not in settings and "template" not in settings and isinstance(block, int) and not isinstance(block, bool) and block >= 1:
         canvas = canvas_length(max_tokens, block, answer_length, limits)
         if canvas is not None:
             settings["gen_length"] = canvas
