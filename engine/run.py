@@ -8,7 +8,7 @@ and the caller. What the stats count: docs/counting.md.
 
 A thread inside `forwards_routed(route)` runs solo runs whose every model call goes to `route`
 instead (the server's continuous batching, engine/serving/scheduler.py, which decodes several
-such runs' forwards as one padded batch): the run itself, its decisions and its records, are the
+such runs' forwards as one packed batch): the run itself, its decisions and its records, are the
 solo run's; only who calls the model changes.
 """
 

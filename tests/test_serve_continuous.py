@@ -1,4 +1,4 @@
-"""Continuous batching with first-done-first-out (engine/serving/scheduler.py, padded.py): rows of
+"""Continuous batching with first-done-first-out (engine/serving/scheduler.py, packed.py): rows of
 different prompt and generation lengths, decoders, cache modes and seeds share forwards, and each
 still gets its solo run's tokens, forwards and records; a short request sent after long ones
 finishes first. Nothing here reads a clock: the test holds the engine's lock (no model call runs)
@@ -21,7 +21,7 @@ from engine.cli import DEFAULT_MODEL
 from engine.hooks import RunHooks
 from engine.serving.app import create_app
 from engine.serving.batcher import BatchRequest
-from engine.serving.padded import padded_forward
+from engine.serving.packed import packed_forward
 from engine.serving.scheduler import ContinuousBatcher
 from engine.serving.traces import TraceStore
 
@@ -119,9 +119,9 @@ def test_rows_of_many_lengths_and_settings_get_their_solo_run(model, settings):
     assert max(sink.batch for sink in got) >= 2  # rows of different lengths and settings shared forwards
 
 
-def test_padding_changes_the_logits_by_summation_order_only():
-    """The measured difference (docs/serving.md §3): rows of 8 to 60 tokens stacked and padded, the
-    block-causal model with its mask, against each row's own forward."""
+def test_packing_changes_the_logits_and_kv_by_summation_order_only():
+    """The measured difference (docs/serving.md §3): rows of 8 to 60 tokens packed into one sequence,
+    the block-causal model with its mask, against each row's own forward (logits and K/V)."""
     torch.manual_seed(0)
     rng = random.Random(0)
     for model in (DEFAULT_MODEL, LLADA2):
@@ -132,12 +132,12 @@ def test_padding_changes_the_logits_by_summation_order_only():
                 calls = []
                 for length in (rng.randint(8, 60) for _ in range(rng.randint(2, 8))):
                     ids = torch.randint(0, net.mask_token_id, (1, length))
-                    calls.append({"input_ids": ids, **({"attention_mask": block_causal_mask(length, 8, ids.device)} if net.block_causal else {})})
-                for call, out in zip(calls, padded_forward(net, calls)):
-                    alone = net(**call).logits
-                    assert out.logits.shape == alone.shape
-                    assert torch.equal(out.logits.argmax(-1), alone.argmax(-1))
-                    worst = max(worst, (out.logits - alone).abs().max().item())
+                    calls.append({"input_ids": ids, "use_cache": True, **({"attention_mask": block_causal_mask(length, 8, ids.device)} if net.block_causal else {})})
+                for call, out in zip(calls, packed_forward(net, calls)):
+                    alone = net(**call)
+                    assert out.logits.shape == alone.logits.shape and out.kv.shape == alone.kv.shape
+                    assert torch.equal(out.logits.argmax(-1), alone.logits.argmax(-1))
+                    worst = max(worst, (out.logits - alone.logits).abs().max().item(), (out.kv - alone.kv).abs().max().item())
         assert worst < 1e-3, (model, worst)  # fp32: 3e-5 measured
 
 

@@ -6,8 +6,8 @@ step), cut to what a diffusion run needs. A request waits in `waiting` until `ru
 for its row (`max_rows`, the row budget of one forward), in arrival order; it then runs as it
 would alone (engine.run.forwards_routed: its run hands each model call to `Scheduler.forward`
 and waits). Once every running run waits on a forward, the scheduler takes them all: the
-shareable ones (engine/serving/padded.py: full forwards on the shared layer stack, any prompt or
-canvas length, any decoder, seed or setting) become one padded model call, the others are called
+shareable ones (engine/serving/packed.py: full forwards on the shared layer stack, any prompt or
+canvas length, any decoder, seed or setting) become one packed model call, the others are called
 one by one, and each run gets its own output and goes on. A run still busy on the host (a long
 constraint check, a slow decoder rule) holds no other: the scheduler waits for it at most one
 forward's time (the last one's, at least MIN_WAIT_SECONDS) after the first row asked, then runs
@@ -16,7 +16,7 @@ generation lengths share forwards, a row joins at the next forward after a slot 
 leaves the moment its own run ends (first done, first out): a short request never waits for a
 long one's last block. Each run's decisions, records, stop and counts are its solo run's by
 construction, sampling too (its own generator); its logits are its solo forward's up to
-floating-point summation order where it was padded (padded.py).
+floating-point summation order where it was packed (packed.py).
 
 A kind that does not share batches (`KindSettings.shares_batches`: its runs call the model
 through methods of their own) runs alone: it is admitted only when nothing runs, and nothing is
@@ -41,7 +41,7 @@ from ..pipeline import Engine, TextResult
 from ..run import GenerationCancelled, forwards_routed
 from .batcher import MAX_BATCH, POLL_SECONDS, BatchRequest, report_failure
 from .heap import release_freed_memory
-from .padded import padded_forward, shareable
+from .packed import packed_forward, shareable
 
 MIN_WAIT_SECONDS = 0.005  # the least the scheduler waits for a straggler (module docstring): a fast forward's rows still gather
 
@@ -178,7 +178,7 @@ class Scheduler:
                 self._taken = []
 
     def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, dict[str, Any]]]]) -> None:
-        """The shareable forwards of each model as one padded call, the others one by one (the
+        """The shareable forwards of each model as one packed call, the others one by one (the
         engine's lock held)."""
         groups: list[list[tuple[Slot, DiffusionLM, dict[str, Any]]]] = []
         shared: dict[int, list] = {}
@@ -194,7 +194,7 @@ class Scheduler:
             slots = [slot for slot, _, _ in group]
             try:
                 with torch.inference_mode():  # the engine's lock is held (`_loop`)
-                    outputs: list[Any] = padded_forward(group[0][1], [inputs for _, _, inputs in group])
+                    outputs: list[Any] = packed_forward(group[0][1], [inputs for _, _, inputs in group])
             except BaseException as exc:  # each run fails with it, as its solo run would
                 outputs = [exc] * len(group)
             if self.on_forward is not None:
