@@ -118,3 +118,28 @@ def test_a_skip_commits_the_confident_run_and_the_trace_keeps_every_decision(mod
     for rec in old["iterations"]:
         del rec["state"]["router"]
     assert len(Trace.from_dict(old).iterations) == len(trace.iterations)
+
+
+@pytest.mark.parametrize("verify", ["always", "router"])
+def test_an_adaptive_draft_window_follows_what_the_drafts_kept_and_keeps_the_tokens(model, verify):
+    """`draft_window=adaptive` (docs/algorithms.md §10.5): each step drafts a window starting at its
+    first open position, the block length first, doubled (up to `draft_most`) after a step that
+    kept its whole draft, else what the step kept plus one (at least 2); where it verifies, the
+    tokens stay the block-length-1 decode's (with τ_r 1 the router skips only exactly)."""
+    options = {"draft_window": "adaptive", "draft_most": 16, "verify": verify, "router_confidence": 1.0}
+    widths = set()
+    for prompt in prompts(10, seed=13):
+        ar = run_diffusion(model, [prompt], GenerationConfig(gen_length=32, block_length=1, early_stop=False), stop_ids=[EOS])
+        config = GenerationConfig(kind="speculative", gen_length=32, block_length=4, early_stop=False, kind_options=options)
+        out = run_diffusion(model, [prompt], config, stop_ids=[EOS], hooks=RunHooks(trace=True))
+        assert out.token_ids == ar.token_ids, prompt
+        records = Trace.from_json(out.trace.to_json()).iterations
+        length, end = 4, out.trace.canvas_length
+        for rec in records:
+            s, e = rec.block_range
+            assert s == rec.state["open_from"][0] and e == min(s + length, end)
+            kept = rec.state["accepted"][0] if rec.state["verified"][0] else len(rec.committed[0])
+            widths.add(e - s)
+            length = min(2 * length, 16) if kept >= e - s else max(2, kept + 1)
+        assert out.stats.nfe == sum(rec.forwards for rec in records)
+    assert max(widths) > 4  # some drafts grew past the block

@@ -19,6 +19,8 @@ Per step, in the current block `[s, e)`, whose open positions are always a suffi
      skip would commit, with hysteresis; a skip commits the run of confident drafted tokens from
      `c`. A draft of one open position is the verify's own query, so it is committed unverified,
      exactly.
+  5. **draft window** (`draft_window=adaptive`; §10.5, `DraftWindow`): each step drafts a window of
+     its own from `c`, its length following what the drafts before kept, instead of the block.
 
 K/V: one store of the committed text's keys and values computed as blocks of one (causally), the
 autoregressive model's cache, which the verifier's equality needs; the draft reads it too (a
@@ -67,6 +69,22 @@ class RouterDecision:
         return {"expected": round(self.expected, 4), "confident": self.confident, "score": round(self.score, 4), "verify": self.verify, "why": self.why}
 
 
+class DraftWindow:
+    """`draft_window=adaptive` (docs/algorithms.md §10.5): each step drafts `[c, c + length)`, the
+    length chosen from what the steps before kept: it doubles after a step that kept its whole
+    draft (every drafted token verified, or the router's skip committed them all), up to `most`,
+    and after one that did not becomes the tokens that step kept plus one (at least 2), so a draft
+    grows while the model's drafts hold and shrinks to what they held when they break. The window
+    starts at the block length and ignores the block grid (the verifier is autoregressive: where
+    the draft stops changes how many tokens a step commits, never which)."""
+
+    def __init__(self, first: int, most: int) -> None:
+        self.length, self.most = min(first, most), most
+
+    def update(self, drafted: int, kept: int) -> None:
+        self.length = min(2 * self.length, self.most) if kept >= drafted else max(2, min(kept + 1, self.most))
+
+
 class VerifyRouter:
     """S2D2's router (arXiv 2603.25702, its `score_hysteresis` policy with the dynamic score;
     docs/algorithms.md §10.4). Per step, from the draft's distribution at the open positions
@@ -111,8 +129,13 @@ class SpeculativeRun(DiffusionRun):
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin([len(prompts[0])], masked_canvas(prompts, config.gen_length, model.mask_token_id), model.mask_token_id, self.decoder.capabilities())
         self.length = self.x.shape[1]
-        self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + block_length, D]
+        adaptive = SpeculativeKind.option(config, "draft_window") == "adaptive"
+        self.window = DraftWindow(config.block_length, SpeculativeKind.option(config, "draft_most")) if adaptive else None
+        # the verify queries' spare slots past the canvas: one per drafted position at most
+        self.spare = max(config.block_length, self.window.most) if self.window is not None else config.block_length
+        self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + spare, D]
         self.stored = 0  # the committed text [0, stored) has its K/V in the store
+        self.kept = 0  # the drafted tokens the last step kept
         # the kind's own counters (GenerationStats.counts): steps verified, drafted tokens kept, verifies skipped
         self.stats_extra = {"verified_steps": 0, "accepted_draft_tokens": 0, "skipped_verifies": 0}
         self.ended = False  # early stop: an end-of-text was committed and the rest of the canvas filled
@@ -121,6 +144,9 @@ class SpeculativeRun(DiffusionRun):
         model.rope.table(self.length, self.device)  # positions given as tensors read the table as it is
 
     def run_blocks(self) -> None:
+        if self.window is not None:
+            self._run_windows()
+            return
         blocks = block_ranges(self.prompt_lengths, self.length, self.cfg.block_length, True)
         for index, (s, e) in enumerate(blocks):
             self.decoder.block_init(self.x[:, s:e] == self.mask_id, index)
@@ -131,6 +157,19 @@ class SpeculativeRun(DiffusionRun):
             self.decoder.block_done(index)
             if self.ended:
                 break
+
+    def _run_windows(self) -> None:
+        """draft_window=adaptive: each step's draft is a window of its own (`DraftWindow`), the
+        decoder's block."""
+        c, index = self.prompt_lengths[0], 0
+        while c < self.length and not self.ended:
+            self.check_cancel()
+            e = min(c + self.window.length, self.length)
+            self.decoder.block_init(self.x[:, c:e] == self.mask_id, index)
+            after = self.speculate(index, c, e, c)
+            self.decoder.block_done(index)
+            self.window.update(e - c, self.kept)
+            c, index = after, index + 1
 
     # ---- one step ------------------------------------------------------------------------------
     def speculate(self, index: int, s: int, e: int, c: int) -> int:
@@ -170,6 +209,7 @@ class SpeculativeRun(DiffusionRun):
             corrected = c + n if n < e - c else None
             self.stats_extra["verified_steps"] += 1
             self.stats_extra["accepted_draft_tokens"] += n
+        self.kept = n  # the drafted tokens this step kept (DraftWindow reads it)
         self.x[0, c : c + len(written)] = torch.tensor(written, device=self.device)
         self._stop_at_end_of_text(c, written)
         if self.records:
@@ -204,7 +244,7 @@ class SpeculativeRun(DiffusionRun):
         store's kind, kept) and the open positions `[c, e)` (one bidirectional block)."""
         a = self.stored
         queries = torch.arange(a, e, device=self.device)
-        keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
+        keys = torch.arange(self.length + self.spare, device=self.device)
         sees = (keys.unsqueeze(0) <= queries.unsqueeze(1)) | ((queries.unsqueeze(1) >= c) & (keys.unsqueeze(0) < e))
         out = self._forward(self.x[:, a:e], queries, queries, sees)
         if c > a:
@@ -218,7 +258,7 @@ class SpeculativeRun(DiffusionRun):
         text = torch.arange(c, e - 1, device=self.device)
         at = torch.arange(c, e, device=self.device)
         spare = self.length + torch.arange(k, device=self.device)  # the spare slots past the canvas
-        keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
+        keys = torch.arange(self.length + self.spare, device=self.device)
         text_sees = keys.unsqueeze(0) <= text.unsqueeze(1)
         query_sees = (keys.unsqueeze(0) < at.unsqueeze(1)) | (keys.unsqueeze(0) == spare.unsqueeze(1))
         ids = torch.cat([draft[:, c - s : e - 1 - s], torch.full((1, k), self.mask_id, device=self.device)], dim=1)
@@ -232,7 +272,7 @@ class SpeculativeRun(DiffusionRun):
 
     def _write(self, kv: torch.Tensor, a: int) -> None:
         if self.store is None:
-            self.store = kv.new_zeros(*kv.shape[:4], self.length + self.cfg.block_length, kv.shape[5])
+            self.store = kv.new_zeros(*kv.shape[:4], self.length + self.spare, kv.shape[5])
         self.store[..., a : a + kv.shape[4], :] = kv
         self.stored = max(self.stored, a + kv.shape[4])
 
@@ -340,10 +380,15 @@ class SpeculativeKind(DiffusionKind):
                 choices=("always", "auto", "router"),
             ),
             "verify_threshold": DecoderOption(0.9, "verify auto: skip the verify forward when every drafted token the decoder commits is at least this confident", least=0.0, most=1.0),
+            "draft_window": DecoderOption(
+                "block", "the draft: the current block's open positions (block), or a window whose length follows what the drafts before kept (adaptive)",
+                choices=("block", "adaptive"),
+            ),
+            "draft_most": DecoderOption(32, "draft window adaptive: the longest draft (the largest block size tiny-llada2 was trained at)", least=1, most=512),
             # the router's defaults: measured on training-side prompts (docs/algorithms.md §10.4)
             "router_temperature": DecoderOption(1.0, "verify router: T in a drafted token's acceptance exp(-T·normalised entropy)", least=0.0),
             "router_cost": DecoderOption(2.0, "verify router: c, the weight of each confident drafted token a skip would commit, in the score E[K] - c·N", least=0.0),
-            "router_confidence": DecoderOption(0.97, "verify router: τ_r, a drafted token above it is confident (a skip commits the run of them)", least=0.0, most=1.0),
+            "router_confidence": DecoderOption(0.99, "verify router: τ_r, a drafted token above it is confident (a skip commits the run of them)", least=0.0, most=1.0),
             "router_on": DecoderOption(-1.0, "verify router: τ_on, verify once the score passes it (S2D2's hysteresis: 1)", least=-100.0, most=100.0),
             "router_off": DecoderOption(-1.0, "verify router: τ_off, keep verifying while the score is at least it, at most τ_on (S2D2's hysteresis: -5)", least=-100.0, most=100.0),
         },
