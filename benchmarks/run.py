@@ -43,6 +43,7 @@ class Call:
     wall_seconds: float  # around the whole call, trace recording included
     text: str
     correct: bool | None
+    token_ids: list[int] | None = None  # the answer's ids (the `same ids` column compares them with the first configuration's)
 
 
 def total(stats: list[GenerationStats]) -> GenerationStats:
@@ -83,7 +84,7 @@ def run_pass(
 ) -> list[Call]:
     """One generate call per prompt (batch 1), scored."""
     answers = answer_prompts(engine.generate_ids, engine.decode, items, encoded, config, scorer, trace=trace, cancel=cancel)
-    return [Call(a.item.id, a.output.stats, a.wall_seconds, a.text, a.correct) for a in answers]
+    return [Call(a.item.id, a.output.stats, a.wall_seconds, a.text, a.correct, list(a.output.token_ids[a.row])) for a in answers]
 
 
 @dataclass
@@ -149,6 +150,12 @@ def _median_ratio(values: list[float], baseline: list[float]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
+def same_ids(run: ConfigRun, base: ConfigRun) -> int:
+    """How many prompts got the first configuration's token ids, prompt by prompt, in every pass."""
+    reference = {c.prompt_id: c.token_ids for c in base.passes[0]}
+    return sum(all(calls[i].token_ids == reference[calls[i].prompt_id] for calls in run.passes) for i in range(len(run.passes[0])))
+
+
 def summarize(runs: list[ConfigRun]) -> list[dict[str, Any]]:
     """One row per configuration: the table's figures and the ratios to the first."""
     base_stats = runs[0].pass_stats()
@@ -184,6 +191,7 @@ def summarize(runs: list[ConfigRun]) -> list[dict[str, Any]]:
                 "trace_overhead": run.trace_overhead(),
                 # the speculative kind: drafted tokens the verifier kept, per verify forward (engine/kinds/speculative.py)
                 "accepted_per_verify": overall.counts["accepted_draft_tokens"] / overall.counts["verified_steps"] if overall.counts.get("verified_steps") else None,
+                "same_ids": same_ids(run, runs[0]),
                 "config": run.named.config.to_dict(),
             }
         )
@@ -197,7 +205,7 @@ def _times(value: float | None) -> str:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table, one row per configuration; ratios are to the first row."""
     base = rows[0]["name"]
-    header = ["config", "prompts", "tokens", "NFE", "TPF", "TPS median", "TPS min-max", "accuracy", f"TPS / {base}", f"TPF / {base}", "trace on/off", "accepted / verify"]
+    header = ["config", "prompts", "tokens", "NFE", "TPF", "TPS median", "TPS min-max", "accuracy", f"TPS / {base}", f"TPF / {base}", "trace on/off", "accepted / verify", "seconds median", f"same ids as {base}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         accuracy = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.1f}% ({r['correct']}/{r['scored']})"
@@ -214,6 +222,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             _times(r["tpf_ratio"]),
             _times(r["trace_overhead"]),
             "-" if r["accepted_per_verify"] is None else f"{r['accepted_per_verify']:.2f}",
+            f"{r['seconds']:.2f}",
+            f"{r['same_ids']}/{r['prompts']}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -128,6 +128,17 @@ def check_every_path(kind: str, config: GenerationConfig) -> None:
         assert f"NFE {nfe}:" in view.forward_costs(timeline)[0]
 
 
+def test_a_router_step_that_skips_its_verify_counts_one_forward():
+    """`verify=router` (docs/algorithms.md §10.4): a step whose verify the router skipped ran one
+    forward, and every path counts it so; the run skips at least one."""
+    config = config_for("speculative").replace(kind_options={"verify": "router"})
+    check_every_path("speculative", config)
+    out = engine_of(model_for("speculative")).generate(PROMPTS["speculative"], config, RunHooks(trace=True)).output
+    assert any(rec.forward == "draft" and rec.forwards == 1 for rec in out.trace.iterations)
+    assert all(rec.forwards == 1 + rec.state["verified"][0] for rec in out.trace.iterations)
+    assert check_server_usage("speculative", "continuous", kind_options={"verify": "router"})["usage"]["forwards"] == out.stats.nfe
+
+
 @pytest.mark.parametrize("batching", ["continuous", "lockstep"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_servers_usage_counts_the_engines_forwards(kind, batching):

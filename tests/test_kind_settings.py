@@ -160,4 +160,4 @@ def test_the_cli_help_lists_the_discovered_kinds_with_their_summaries(decoderles
     assert "--kind {" + ",".join(KINDS) + "}" in text and "fill" in KINDS  # every discovered kind, the test's own too
     for name, kind in KINDS.items():
         assert kind.summary and f"{name}: {kind.summary}" in text
-    assert "--rounds ROUNDS forwards per run" in text and "--verify {always,auto}" in text
+    assert "--rounds ROUNDS forwards per run" in text and "--verify {always,auto,router}" in text

@@ -206,3 +206,27 @@ def test_explanation_and_settings_words():
     assert page.startswith(SPECULATION) and SPECULATIVE_SETTINGS in page and "smoothing**" not in page
     assert view.settings_words(GenerationConfig(kind="speculative", block_length=8)) == ["verify always", "block 8"]
     assert view.settings_words(GenerationConfig(kind="speculative", block_length=4, verify="auto", verify_threshold=0.8)) == ["verify auto τ_v=0.8", "block 4"]
+
+
+def test_the_router_lane_and_the_details_show_each_decision_with_its_estimate():
+    """verify=router (docs/algorithms.md §10.4): the per-iteration chart has a lane with one marker
+    per step, under its decision's name, its estimate on hover; the caption and the details panel
+    say the estimate of the step shown."""
+    from dinfer_viz.views.speculative.speculative_figures import ROUTER_MARKS, router_mark
+
+    trace = _trace(kind_options={"verify": "router", "router_confidence": 0.3})  # it verifies some steps, skips others, one exactly
+    tl = Timeline(trace)
+    decisions = [rec.state["router"][0] for rec in trace.iterations]
+    assert {router_mark(d) for d in decisions} == {"verify", "skip", "one open position"}
+    lane = [t for t in iteration_chart(tl).data if str(t.uid).startswith("router-")]
+    assert sum(len(t.x) for t in lane) == len(decisions)
+    for trace_ in lane:
+        assert trace_.yaxis == "y4" and trace_.name in {name for name, _, _ in ROUTER_MARKS.values()}
+        for x, text in zip(trace_.x, trace_.text):
+            d = decisions[int(x) - iteration_number(0)]
+            assert ROUTER_MARKS[router_mark(d)][0] == trace_.name and f"E[K] {d['expected']:.2f}" in text and f"score {d['score']:.2f}" in text
+    for i, d in enumerate(decisions):
+        assert f"E[K] {d['expected']:.2f} · confident run {d['confident']}" in caption(tl, i)
+        p = trace.iterations[i].committed[0][0]
+        assert f"E[K] {d['expected']:.2f}" in _rows(position_details(tl, p, i))["router this iteration"]
+    assert not [t for t in iteration_chart(Timeline(_trace())).data if str(t.uid).startswith("router-")]  # verify always: no lane

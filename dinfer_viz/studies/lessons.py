@@ -91,7 +91,8 @@ PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/
 # token decode autoregressively. A held-out pair-sum the autoregressive decode answers right
 # (` 49 + 61`, 9 forwards); threshold decoding in blocks of 8 answers another right sum (` 45 + 65`),
 # which nothing checks against step 1's; the speculative kind writes step 1's again in 4, one verify
-# correcting the draft (tests/test_speculative_browser.py holds step 3's tokens to step 1's)
+# correcting the draft (tests/test_speculative_browser.py holds step 3's tokens to step 1's), and
+# `verify=router` in 3, skipping the second block's verify (tests/test_speculative_router.py)
 SPECULATIVE_MODEL = "tiny-llada2"
 SPECULATIVE_LESSON_PROMPT = "Q: ?+?=110 A:"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
@@ -281,7 +282,7 @@ LESSONS: tuple[Lesson, ...] = (
         ),
     ),
     Lesson(
-        "8 · the model checks its own draft: block length 1 → blocks of 8 → speculative",
+        "8 · the model checks its own draft: block length 1 → blocks of 8 → speculative → router",
         SPECULATIVE_LESSON_PROMPT,
         {"gen_length": 32, "block_length": 1, "decoder": "threshold", "threshold": 0.9, "cache": "none", MODEL: SPECULATIVE_MODEL},
         (
@@ -303,6 +304,12 @@ LESSONS: tuple[Lesson, ...] = (
                 "Each step drafts the open positions in one forward and checks the draft in a second, keeping the agreeing prefix "
                 "(green) and taking the verifier's token at the first disagreement: the answer is step 1's, token for token, and the "
                 "chart counts the drafted tokens each verify kept.",
+            ),
+            Step(
+                "verify router: verify only when the router expects it to pay",
+                {"kind_options": {"verify": "router"}},
+                "The router estimates from the draft's entropies how many drafted tokens a verify would keep and skips the verify "
+                "when the draft's confident run is worth more (the lane under the chart marks each decision): step 3's answer in fewer forwards.",
             ),
         ),
     ),

@@ -5,15 +5,22 @@ that sees the clean text before it predicts the next token. So one checkpoint dr
 Per step, in the current block `[s, e)`, whose open positions are always a suffix `[c, e)`:
   1. **draft**: one forward of the open positions (they see the committed text and each other, as
      in block diffusion); the request's masked decoder (`--decoder`) proposes a token at each.
-  2. **verify** (`verify=always`, or `auto` when the router does not skip): one forward that feeds
+  2. **verify** (`verify=always`; `auto` and `router` when they do not skip): one forward that feeds
      the drafted tokens `[c, e-1)` as text (each seeing the text before it: blocks of one) and a
      [MASK] query per open position `[c, e)`, which sees the text before it and the drafted tokens
      before it. Keep the longest drafted prefix whose verifier argmax agrees; at the first
      disagreement commit the verifier's token. Every step commits at least one token, and every
      token is the one the model's own greedy block-length-1 decode would write.
-  3. **router** (`verify=auto`): skip the verify forward when the decoder commits the first open
+  3. **auto** (`verify=auto`): skip the verify forward when the decoder commits the first open
      position and every position of the run of its commits from there is at least
      `verify_threshold` confident; that run is committed as a plain diffusion step (no equality).
+  4. **router** (`verify=router`, S2D2's cost-aware rule; docs/algorithms.md §10.4, `VerifyRouter`):
+     verify when the draft's expected accepted tokens, estimated from its entropies, beat what a
+     skip would commit, with hysteresis; a skip commits the run of confident drafted tokens from
+     `c`. A draft of one open position is the verify's own query, so it is committed unverified,
+     exactly.
+  5. **draft window** (`draft_window=adaptive`; §10.5, `DraftWindow`): each step drafts a window of
+     its own from `c`, its length following what the drafts before kept, instead of the block.
 
 K/V: one store of the committed text's keys and values computed as blocks of one (causally), the
 autoregressive model's cache, which the verifier's equality needs; the draft reads it too (a
@@ -25,7 +32,9 @@ request alone. Records: docs/trace.md §3.4.
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,6 +51,70 @@ from .base import DiffusionKind, KindSettings, ModelTraits, register_kind
 
 SPECULATIVE = "speculative"
 DRAFT = "draft"  # a record's `forward` when its step skipped the verify (DRAFT_VERIFY: it ran both)
+# why the router decided as it did (a record's `state.router.why`)
+BY_SCORE, EXACT, NOTHING_CONFIDENT = "score", "one open position", "nothing confident"
+
+
+@dataclass(frozen=True)
+class RouterDecision:
+    """One step's call of the verify router, as its record keeps it (docs/trace.md §3.4)."""
+
+    expected: float  # E[K]: the drafted tokens a verify is expected to keep
+    confident: int  # N: the run of drafted tokens from the first open position above τ_r (what a skip commits)
+    score: float  # E[K] - c·N
+    verify: bool
+    why: str  # BY_SCORE, EXACT or NOTHING_CONFIDENT
+
+    def state(self) -> dict[str, Any]:
+        return {"expected": round(self.expected, 4), "confident": self.confident, "score": round(self.score, 4), "verify": self.verify, "why": self.why}
+
+
+class DraftWindow:
+    """`draft_window=adaptive` (docs/algorithms.md §10.5): each step drafts `[c, c + length)`, the
+    length chosen from what the steps before kept: it doubles after a step that kept its whole
+    draft (every drafted token verified, or the router's skip committed them all), up to `most`,
+    and after one that did not becomes the tokens that step kept plus one (at least 2), so a draft
+    grows while the model's drafts hold and shrinks to what they held when they break. The window
+    starts at the block length and ignores the block grid (the verifier is autoregressive: where
+    the draft stops changes how many tokens a step commits, never which)."""
+
+    def __init__(self, first: int, most: int) -> None:
+        self.length, self.most = min(first, most), most
+
+    def update(self, drafted: int, kept: int) -> None:
+        self.length = min(2 * self.length, self.most) if kept >= drafted else max(2, min(kept + 1, self.most))
+
+
+class VerifyRouter:
+    """S2D2's router (arXiv 2603.25702, its `score_hysteresis` policy with the dynamic score;
+    docs/algorithms.md §10.4). Per step, from the draft's distribution at the open positions
+    `[c, e)`: each drafted token's acceptance `α_i = exp(-T·H_i)` (`H_i` its entropy over log of
+    the vocabulary), the expected accepted tokens `E[K] = Σ_k Π_{i≤k} α_i`, and the score
+    `E[K] - c·N`, `N` the run of drafted tokens from `c` more than `τ_r` confident: what a skip
+    commits in one forward, where S2D2 counts every confident mask (our open positions stay a
+    suffix). Verify when the score passes τ_on (off) or stays at least τ_off (on); the state
+    starts off. A skip with nothing confident to commit verifies."""
+
+    def __init__(self, config: GenerationConfig) -> None:
+        option = lambda name: SpeculativeKind.option(config, name)  # noqa: E731
+        self.temperature, self.cost, self.confidence = option("router_temperature"), option("router_cost"), option("router_confidence")
+        self.turn_on, self.turn_off = option("router_on"), option("router_off")
+        self.on = False
+
+    def decide(self, probs: torch.Tensor, confidence: torch.Tensor, exact: bool) -> RouterDecision:
+        """`probs` `[W, V]` and `confidence` `[W]`: the draft's distribution and top-1 probability
+        at the open positions, first open first; `exact`: the draft is the verify's own query."""
+        entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1) / math.log(probs.shape[-1])
+        alpha = torch.exp(-self.temperature * entropy)
+        run = (confidence > self.confidence).long().cumprod(0).sum()
+        expected, confident = torch.stack([alpha.cumprod(0).sum(), run.to(alpha.dtype)]).tolist()  # one host sync
+        score = expected - self.cost * confident
+        if exact:  # no verify can say more than the draft did: the state is left as it was
+            return RouterDecision(expected, 1, score, False, EXACT)
+        self.on = score >= self.turn_off if self.on else score > self.turn_on
+        if not self.on and confident == 0:
+            return RouterDecision(expected, 0, score, True, NOTHING_CONFIDENT)
+        return RouterDecision(expected, int(confident), score, self.on, BY_SCORE)
 
 
 class SpeculativeRun(DiffusionRun):
@@ -56,14 +129,24 @@ class SpeculativeRun(DiffusionRun):
         self.decoder = make_decoder(config, model.mask_token_id, self.generator)
         self.begin([len(prompts[0])], masked_canvas(prompts, config.gen_length, model.mask_token_id), model.mask_token_id, self.decoder.capabilities())
         self.length = self.x.shape[1]
-        self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + block_length, D]
+        adaptive = SpeculativeKind.option(config, "draft_window") == "adaptive"
+        self.window = DraftWindow(config.block_length, SpeculativeKind.option(config, "draft_most")) if adaptive else None
+        # the verify queries' spare slots past the canvas: one per drafted position at most
+        self.spare = max(config.block_length, self.window.most) if self.window is not None else config.block_length
+        self.store: torch.Tensor | None = None  # [layers, 2, 1, H_kv, length + spare, D]
         self.stored = 0  # the committed text [0, stored) has its K/V in the store
+        self.kept = 0  # the drafted tokens the last step kept
         # the kind's own counters (GenerationStats.counts): steps verified, drafted tokens kept, verifies skipped
         self.stats_extra = {"verified_steps": 0, "accepted_draft_tokens": 0, "skipped_verifies": 0}
         self.ended = False  # early stop: an end-of-text was committed and the rest of the canvas filled
+        self.verify_mode = SpeculativeKind.option(config, "verify")
+        self.router = VerifyRouter(config) if self.verify_mode == "router" else None
         model.rope.table(self.length, self.device)  # positions given as tensors read the table as it is
 
     def run_blocks(self) -> None:
+        if self.window is not None:
+            self._run_windows()
+            return
         blocks = block_ranges(self.prompt_lengths, self.length, self.cfg.block_length, True)
         for index, (s, e) in enumerate(blocks):
             self.decoder.block_init(self.x[:, s:e] == self.mask_id, index)
@@ -74,6 +157,19 @@ class SpeculativeRun(DiffusionRun):
             self.decoder.block_done(index)
             if self.ended:
                 break
+
+    def _run_windows(self) -> None:
+        """draft_window=adaptive: each step's draft is a window of its own (`DraftWindow`), the
+        decoder's block."""
+        c, index = self.prompt_lengths[0], 0
+        while c < self.length and not self.ended:
+            self.check_cancel()
+            e = min(c + self.window.length, self.length)
+            self.decoder.block_init(self.x[:, c:e] == self.mask_id, index)
+            after = self.speculate(index, c, e, c)
+            self.decoder.block_done(index)
+            self.window.update(e - c, self.kept)
+            c, index = after, index + 1
 
     # ---- one step ------------------------------------------------------------------------------
     def speculate(self, index: int, s: int, e: int, c: int) -> int:
@@ -95,10 +191,10 @@ class SpeculativeRun(DiffusionRun):
         else:  # left to right, the order the verifier reads it in
             order = -torch.arange(e - s, device=self.device).expand_as(masked)
             draft = torch.where(masked, self.constraint.draft(logits, self.x, self.x == self.mask_id, s, order), self.x[:, s:e])
-        skip = self._router_run(result, c - s) if SpeculativeKind.option(self.cfg, "verify") == "auto" else 0
+        skip, decision = self._skip(logits[0, c - s :], result, draft[0, c - s :], c - s, e - c)
         verifier = verify_probability = None
         if skip:
-            n, written, corrected = skip, draft[0, c - s : c - s + skip].tolist(), None
+            n, written, corrected = len(skip), skip, None
             self.stats_extra["skipped_verifies"] += 1
         else:
             verify_out = self.metered(lambda: self._verify_forward(draft, s, c, e))
@@ -113,21 +209,34 @@ class SpeculativeRun(DiffusionRun):
             corrected = c + n if n < e - c else None
             self.stats_extra["verified_steps"] += 1
             self.stats_extra["accepted_draft_tokens"] += n
+        self.kept = n  # the drafted tokens this step kept (DraftWindow reads it)
         self.x[0, c : c + len(written)] = torch.tensor(written, device=self.device)
         self._stop_at_end_of_text(c, written)
         if self.records:
             record = self._record(index, s, e, c, logits, result, draft, written, corrected, verifier, verify_probability, t0)
+            record.state["router"] = [decision.state() if decision is not None else None]
             record.constraint = restriction.record(model_logits, self.mask_id, None, s) if restriction is not None else None
             self.emit(record, time.perf_counter())
         self.iteration += 1
         return c + len(written)
 
-    def _router_run(self, result: DecodeResult, first: int) -> int:
-        """verify=auto: the length of the decoder's run of commits from the first open position
-        when each of them is at least `verify_threshold` confident (the step then skips its verify
-        forward), else 0."""
-        confident = result.commit[0, first:] & (result.confidence[0, first:] >= SpeculativeKind.option(self.cfg, "verify_threshold"))
-        return int(confident.long().cumprod(0).sum())
+    def _skip(self, logits: torch.Tensor, result: DecodeResult, draft: torch.Tensor, first: int, width: int) -> tuple[list[int], RouterDecision | None]:
+        """The tokens a step commits without its verify (none: it verifies), and the router's
+        decision. `logits` `[W, V]` and `draft` `[W]` at the open positions. verify=auto: the
+        decoder's run of commits from the first open position when each is at least
+        `verify_threshold` confident. verify=router: `VerifyRouter`; a draft of one open position
+        (no constraint: the verifier would read its logits unrestricted by the draft) is the
+        verify's own query, so its argmax is written."""
+        if self.verify_mode == "auto":
+            confident = result.commit[0, first:] & (result.confidence[0, first:] >= SpeculativeKind.option(self.cfg, "verify_threshold"))
+            return draft[: int(confident.long().cumprod(0).sum())].tolist(), None
+        if self.router is None:
+            return [], None
+        tokens, confidence, probs = top1(logits, self.mask_id)
+        decision = self.router.decide(probs, confidence, width == 1 and self.constraint is None)
+        if decision.why == EXACT:
+            return tokens[:1].tolist(), decision
+        return ([] if decision.verify else draft[: decision.confident].tolist()), decision
 
     # ---- the two forwards --------------------------------------------------------------------
     def _draft_forward(self, c: int, e: int) -> ModelOutput:
@@ -135,7 +244,7 @@ class SpeculativeRun(DiffusionRun):
         store's kind, kept) and the open positions `[c, e)` (one bidirectional block)."""
         a = self.stored
         queries = torch.arange(a, e, device=self.device)
-        keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
+        keys = torch.arange(self.length + self.spare, device=self.device)
         sees = (keys.unsqueeze(0) <= queries.unsqueeze(1)) | ((queries.unsqueeze(1) >= c) & (keys.unsqueeze(0) < e))
         out = self._forward(self.x[:, a:e], queries, queries, sees)
         if c > a:
@@ -149,7 +258,7 @@ class SpeculativeRun(DiffusionRun):
         text = torch.arange(c, e - 1, device=self.device)
         at = torch.arange(c, e, device=self.device)
         spare = self.length + torch.arange(k, device=self.device)  # the spare slots past the canvas
-        keys = torch.arange(self.length + self.cfg.block_length, device=self.device)
+        keys = torch.arange(self.length + self.spare, device=self.device)
         text_sees = keys.unsqueeze(0) <= text.unsqueeze(1)
         query_sees = (keys.unsqueeze(0) < at.unsqueeze(1)) | (keys.unsqueeze(0) == spare.unsqueeze(1))
         ids = torch.cat([draft[:, c - s : e - 1 - s], torch.full((1, k), self.mask_id, device=self.device)], dim=1)
@@ -163,7 +272,7 @@ class SpeculativeRun(DiffusionRun):
 
     def _write(self, kv: torch.Tensor, a: int) -> None:
         if self.store is None:
-            self.store = kv.new_zeros(*kv.shape[:4], self.length + self.cfg.block_length, kv.shape[5])
+            self.store = kv.new_zeros(*kv.shape[:4], self.length + self.spare, kv.shape[5])
         self.store[..., a : a + kv.shape[4], :] = kv
         self.stored = max(self.stored, a + kv.shape[4])
 
@@ -236,6 +345,13 @@ class SpeculativeStepState(StepState):
             need(isinstance(state["verified"][row], bool) and is_id(state["accepted"][row]) and state["accepted"][row] >= 0, "state: verified must be true/false and accepted a count")
             corrected = state["corrected"][row]
             need(corrected is None or (is_id(corrected) and s <= corrected < e), "state.corrected must be null or a position in the block")
+        routed = state.get("router", [None] * rows)  # absent from traces written before the router
+        need(isinstance(routed, list) and len(routed) == rows, "state.router needs one entry per row")
+        for decision in routed:
+            need(decision is None or (
+                isinstance(decision, dict) and all(is_p(decision.get(k)) for k in ("expected", "score")) and is_id(decision.get("confident"))
+                and isinstance(decision.get("verify"), bool) and decision.get("why") in (BY_SCORE, EXACT, NOTHING_CONFIDENT)
+            ), "state.router must be null or a decision: expected, confident, score, verify, why")
 
     def ids(self, state: dict[str, Any]) -> set[int]:
         return id_lists(state, "draft", "verify")
@@ -259,8 +375,22 @@ class SpeculativeKind(DiffusionKind):
         shares_batches=False,
         decoders="masked",
         options={
-            "verify": DecoderOption("always", "verify every draft (always: the tokens of the model's own block-1 decode) or only unconfident ones (auto)", choices=("always", "auto")),
+            "verify": DecoderOption(
+                "always", "verify every draft (always: the tokens of the model's own block-1 decode), only unconfident ones (auto), or when S2D2's router expects it to pay (router)",
+                choices=("always", "auto", "router"),
+            ),
             "verify_threshold": DecoderOption(0.9, "verify auto: skip the verify forward when every drafted token the decoder commits is at least this confident", least=0.0, most=1.0),
+            "draft_window": DecoderOption(
+                "block", "the draft: the current block's open positions (block), or a window whose length follows what the drafts before kept (adaptive)",
+                choices=("block", "adaptive"),
+            ),
+            "draft_most": DecoderOption(32, "draft window adaptive: the longest draft (the largest block size tiny-llada2 was trained at)", least=1, most=512),
+            # the router's defaults: measured on training-side prompts (docs/algorithms.md §10.4)
+            "router_temperature": DecoderOption(1.0, "verify router: T in a drafted token's acceptance exp(-T·normalised entropy)", least=0.0),
+            "router_cost": DecoderOption(2.0, "verify router: c, the weight of each confident drafted token a skip would commit, in the score E[K] - c·N", least=0.0),
+            "router_confidence": DecoderOption(0.99, "verify router: τ_r, a drafted token above it is confident (a skip commits the run of them)", least=0.0, most=1.0),
+            "router_on": DecoderOption(-1.0, "verify router: τ_on, verify once the score passes it (S2D2's hysteresis: 1)", least=-100.0, most=100.0),
+            "router_off": DecoderOption(-1.0, "verify router: τ_off, keep verifying while the score is at least it, at most τ_on (S2D2's hysteresis: -5)", least=-100.0, most=100.0),
         },
     )
 
@@ -273,5 +403,7 @@ class SpeculativeKind(DiffusionKind):
     @classmethod
     def check(cls, config: GenerationConfig) -> None:
         decoder = decoder_class(config.decoder)
+        if cls.option(config, "router_off") > cls.option(config, "router_on"):
+            raise EngineError(f"speculative kind setting router_off ({cls.option(config, 'router_off')}) must be at most router_on ({cls.option(config, 'router_on')})")
         if decoder.revises or decoder.shadow_block:
             raise EngineError(f"decoder '{config.decoder}' revises or needs a shadow block: speculative decoding drafts with a decoder that only fills masks")

@@ -46,7 +46,10 @@ SPECULATION = (
     "model's own block-length-1 greedy decode (autoregressive), in fewer forwards when drafts are right. With **verify auto** "
     "a step skips its verify forward when the decoder commits the first open position and every position of its run "
     "of commits from there is at least τ_v confident; that run is committed as a plain diffusion step (one forward, "
-    "no equality guarantee)."
+    "no equality guarantee). With **verify router** (S2D2's cost rule) a step verifies when the draft's expected accepted "
+    "tokens, estimated from its entropies, beat what a skip would commit (the draft's run of tokens above τ_r); its "
+    "decisions are the lane under the per-iteration chart. With an **adaptive draft window** each step drafts a window "
+    "that grows while drafts are kept and shrinks to what they kept when they break."
 )
 SPECULATIVE_SETTINGS = (
     "The speculative loop keeps its own K/V store of the committed text (computed as blocks of one, as the verifier "
@@ -114,8 +117,14 @@ class SpeculativeView(MaskedView):
 
     def settings_words(self, config: Any) -> list[str]:
         option = kind_named(SPECULATIVE).option
-        verify = "verify always" if option(config, "verify") == "always" else f"verify auto τ_v={option(config, 'verify_threshold'):g}"
-        return [verify, f"block {config.block_length}"]
+        mode = option(config, "verify")
+        verify = {
+            "always": "verify always",
+            "auto": f"verify auto τ_v={option(config, 'verify_threshold'):g}",
+            "router": f"verify router T={option(config, 'router_temperature'):g} c={option(config, 'router_cost'):g} τ_r={option(config, 'router_confidence'):g}",
+        }[mode]
+        window = [f"adaptive draft ≤ {option(config, 'draft_most')}"] if option(config, "draft_window") == "adaptive" else []
+        return [verify, f"block {config.block_length}", *window]
 
     def frame_title(self, timeline: Timeline, index: int) -> str:
         return steps.caption(timeline, index, timeline.iterations)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ...drawing.panel import PanelRows, history_table, panel, token_name
 from ...reading.timeline import Timeline, iteration_number
+from .speculative_figures import router_words
 from .steps import REJECTED, Step, draft_and_verifier, step, token_words
 
 
@@ -49,6 +50,8 @@ def speculative_details(timeline: Timeline, position: int, iteration: int, expec
         when = " (this iteration)" if commit.iteration == iteration else " (later than the iteration shown)" if commit.iteration > iteration else ""
         rows.add("committed", f"at iteration {iteration_number(commit.iteration)}{when} as {token_name(timeline, commit.token)}")
         rows.add("why", _verdict(timeline, step(timeline, commit.iteration), position))
+        if step(timeline, commit.iteration).router is not None:
+            rows.add("router at its commit", router_words(step(timeline, commit.iteration).router))
     elif not in_prompt and token == timeline.mask_id:
         rows.add("committed", "not by the end of the run" if timeline.finished else "not yet")
     rows.add_expected(timeline, expected, position, token, "not committed yet" if token == timeline.mask_id else None)
@@ -58,6 +61,8 @@ def speculative_details(timeline: Timeline, position: int, iteration: int, expec
     )
     if rec is not None:
         st = step(timeline, iteration)
+        if st.router is not None:
+            rows.add("router this iteration", router_words(st.router))
         if st.outcome(position) is None:
             rows.add("this iteration", f"committed before this step's open positions [{st.c}, {st.e}): nothing drafted here")
         elif commit is None or commit.iteration != iteration:  # a commit this iteration has its verdict above

@@ -11,12 +11,14 @@ from typing import Any
 from ...drawing.cells import cell_text, expected_at, first_shown, summary_tip
 from ...reading.timeline import Timeline, iteration_number
 from ..masked.masked_grid import COMMITTED_STATES, STATE_TIPS, cell_state as masked_state
+from .speculative_figures import router_words
 
 # the fate of a drafted position at its step (`Step.outcome`), in the words the views share
 KEPT = "kept: verifier agrees"
 REPLACED = "replaced: verifier's argmax differs"
 AFTER = "not verified: after the first disagreement"
 SKIP_KEPT = "kept without a verify: the draft's run from the first open position was all at least τ_v confident"
+ROUTER_KEPT = "kept without a verify: the router skipped it (in the draft's confident run, or the one open position)"
 SKIP_OPEN = "not committed: after the draft's confident run (the verify was skipped)"
 # a still-open position whose draft the verifier also contradicts, after the correction
 REJECTED = "rejected draft"
@@ -40,6 +42,7 @@ class Step:
     corrected: int | None
     committed: tuple[int, ...]
     verify_threshold: float | None
+    router: dict | None  # the router's decision (verify=router), else None
 
     @property
     def drafted(self) -> int:
@@ -53,7 +56,7 @@ class Step:
         if not self.c <= p < self.e:
             return None
         if not self.verified:
-            return SKIP_KEPT if p in self.committed else SKIP_OPEN
+            return (ROUTER_KEPT if self.router is not None else SKIP_KEPT) if p in self.committed else SKIP_OPEN
         if p == self.corrected:
             return REPLACED
         if p in self.committed:
@@ -72,6 +75,7 @@ def step(timeline: Timeline, index: int) -> Step:
     return Step(
         s, e, st["open_from"][row], st["draft"][row], st["draft_probability"][row], st["verify"][row], st["verify_probability"][row],
         st["verified"][row], st["accepted"][row], st["corrected"][row], tuple(rec.committed[row]), st.get("verify_threshold"),
+        st.get("router", [None])[row],
     )
 
 
@@ -145,7 +149,11 @@ def caption(timeline: Timeline, iteration: int, total: int) -> str:
     rec = timeline.records[iteration]
     st = step(timeline, iteration)
     head = f"iteration {iteration_number(iteration)}/{total} · block {rec.block} [{st.s}, {st.e}) · drafted {st.drafted}"
+    if st.router is not None:
+        head += f" · router {router_words(st.router)}"
     if not st.verified:
+        if st.router is not None:
+            return f"{head}, committed {len(st.committed)} without a verify"
         tau = "" if st.verify_threshold is None else f" {st.verify_threshold:g}"
         return f"{head}, committed {len(st.committed)}: skipped the verify (all committed drafts ≥ τ_v{tau})"
     if st.corrected is None:
