@@ -120,7 +120,7 @@ class AttentionCache:
     past: torch.Tensor | None
     slots: QuerySlots
     persist: bool
-    mask: torch.Tensor | None
+    mask: "torch.Tensor | Segments | None"
     positions: torch.Tensor | None = None
 
 
@@ -156,12 +156,33 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: A
     return attend(q, keys, values, cache.mask), k, v
 
 
+@dataclass(frozen=True)
+class Segments:
+    """An attention mask for rows packed into one sequence (engine/serving/packed.py): the rows'
+    lengths, in order, and each row's own boolean mask (None: all of its keys). A row's queries
+    attend to its own keys only, computed row by row, so the attention costs the sum of the rows'
+    squared lengths, not the packed length squared, and each row's is its solo forward's."""
+
+    lengths: tuple[int, ...]
+    masks: tuple[torch.Tensor | None, ...]
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: "torch.Tensor | Segments | None"
 ) -> torch.Tensor:
     """Bidirectional SDPA with grouped-query heads (SDPA's own `enable_gqa`: the same result as
-    repeating each K/V head, without the two copies); `attention_mask` is boolean (True = may attend)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False, enable_gqa=k.shape[1] != q.shape[1])
+    repeating each K/V head, without the two copies); `attention_mask` is boolean (True = may
+    attend), or the `Segments` of packed rows (keys and queries the same packed positions)."""
+    gqa = k.shape[1] != q.shape[1]
+    if isinstance(attention_mask, Segments):
+        if k.shape[2] != q.shape[2]:
+            raise EngineError("packed rows attend without a past: their keys are their own queries' positions")
+        starts = [sum(attention_mask.lengths[:r]) for r in range(len(attention_mask.lengths))]
+        return torch.cat([
+            F.scaled_dot_product_attention(q[:, :, a : a + n], k[:, :, a : a + n], v[:, :, a : a + n], attn_mask=own, is_causal=False, enable_gqa=gqa)
+            for a, n, own in zip(starts, attention_mask.lengths, attention_mask.masks)
+        ], dim=2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False, enable_gqa=gqa)
 
 
 def split_heads(t: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:

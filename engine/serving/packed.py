@@ -8,8 +8,9 @@ forward of its own, or a static-shape runtime, is called alone). Such forwards a
 sequence of their real tokens, row after row, with no padding (vLLM's and SGLang's flattened
 batch; flex_attention's document masking): each token's rotary position is its position in its
 own row (an index-tensor `replace` without a past: the layers' "position of each query token"),
-and a block-diagonal attention mask lets a row's queries see only its own keys (its mask, or all
-of them). A forward of rows of 106, 106, 26, 26, 26 and 26 tokens then processes 316 tokens, not
+and the attention runs row by row (`Segments`: a row's queries see only its own keys, its mask or
+all of them), so the projections and MLPs run once over every row's real tokens while the
+attention costs what the rows' own do. A forward of rows of 106, 106, 26, 26, 26 and 26 tokens then processes 316 tokens, not
 the 636 a padded batch would (benchmarks/RESULTS.md, issue 58). Each row's logits and K/V are its
 solo forward's up to floating-point summation order (SDPA over a longer, masked key axis, matrix
 products over more rows); the difference is measured in tests/test_serve_continuous.py and
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from ..models.base import DiffusionLM, ModelOutput
+from ..models.layers import Segments
 
 # what a shareable forward may pass (anything else, set, makes it a forward of its own)
 SHARED_ARGUMENTS = frozenset({"input_ids", "inputs_embeds", "use_cache", "attention_mask"})
@@ -48,12 +50,8 @@ def packed_forward(model: DiffusionLM, calls: list[dict[str, Any]]) -> list[Mode
     embeds = [c["inputs_embeds"] if c.get("inputs_embeds") is not None else model.embed(c["input_ids"]) for c in calls]
     lengths = [e.shape[1] for e in embeds]
     starts = [sum(lengths[:r]) for r in range(len(calls))]
-    total = sum(lengths)
     device = embeds[0].device
-    mask = torch.zeros(1, 1, total, total, dtype=torch.bool, device=device)
-    for a, n, c in zip(starts, lengths, calls):
-        own = c.get("attention_mask")
-        mask[0, 0, a : a + n, a : a + n] = True if own is None else own
+    mask = Segments(tuple(lengths), tuple(c.get("attention_mask") for c in calls))
     positions = torch.cat([torch.arange(n, device=device) for n in lengths])
     model.rope.table(max(lengths), device)  # positions given as a tensor are read from the table: it must cover them
     cache = any(c.get("use_cache") for c in calls)
