@@ -55,7 +55,7 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop starting trials after this long")
     tune.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL", help=f"an Optuna storage: a database URL or journal:PATH (default {DEFAULT_STORAGE})")
     tune.add_argument("--study", default=None, metavar="NAME", help="the study to create, resume or join (default: a new one, named in the output)")
-    tune.add_argument("--seed", type=int, default=0, help="seeds the sampler and the prompts drawn (give each worker of a study its own)")
+    tune.add_argument("--seed", type=int, default=0, help="the study's seed: the prompts drawn, and with each worker's index its sampler's seed (workers of one study share it; docs/tuning.md §4)")
     tune.add_argument("--sampler", choices=["tpe", "nsga2"], default="tpe", help="Optuna's sampler (default tpe)")
     tune.add_argument("--tps", action="store_true", help="maximise tokens per second too (a third objective; noisy)")
     tune.add_argument("--decoders", metavar="A,B", help="search only these decoders")
