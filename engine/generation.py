@@ -5,6 +5,7 @@ model's own), check it, then run that kind's loop (engine/kinds/) under the call
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -30,6 +31,16 @@ def fit_request(
     with the longest prompt has the least room). Reads only the model's config, so a model
     skeleton (no weights) can answer it. `layouts`: each row's pinned text (engine/infill.py), tokenised."""
     return check_fitted(model, prompts, fit(config, model), max_tokens, vocabulary, layouts)  # fit validates the fitted config
+
+
+def check_settings(config: GenerationConfig, model: Any) -> GenerationConfig:
+    """The checks of a config that need no prompt: `fit`'s (the kind, its settings, the decoder's
+    rules) and the model's attention's (`check_attention`), the config as the model runs it;
+    `model` a model, a skeleton or its `ModelTraits`. The tuner's space offers no choice that this
+    refuses (engine/tuning/space.py)."""
+    fitted = fit(config, model)
+    check_attention(model, fitted)
+    return fitted
 
 
 def check_fitted(

@@ -90,7 +90,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_serve.py::test_lm_eval_scores_the_embedded_model_through_the_server",
         "test_speculative.py::test_on_the_shipped_block_diffusion_model_speculation_writes_the_autoregressive_tokens_in_fewer_forwards",
     ),
-    "fuzz": ("test_fuzz.py",),  # generated bad inputs against every interface's one-line contract (#33)
+    "fuzz": ("test_fuzz.py", "test_fuzz_surfaces.py"),  # generated bad inputs against every interface's one-line contract (#33)
 }
 SLOW = "slow"
 

@@ -38,8 +38,8 @@ from .app_support import handmade_trace, random_char_model
 SEED = 33
 CASES = 40  # per interface
 CONSTRAINT_CASES, API_CASES, MARKUP_CASES, SANDBOX_CASES = 24, 40, 16, 12  # #43's surfaces: each case costs more
-STORE_CASES = 16  # #55's automata store: each case builds two or three automata
-DRAWN = 4 * CASES + CONSTRAINT_CASES + API_CASES + MARKUP_CASES + SANDBOX_CASES + STORE_CASES  # 268
+STORE_CASES = 24  # #55's automata store: each case builds two or three automata
+DRAWN = 4 * CASES + CONSTRAINT_CASES + API_CASES + MARKUP_CASES + SANDBOX_CASES + STORE_CASES  # 276 (and tests/test_fuzz_surfaces.py's)
 
 # what a hostile client sends: past every integer type, not finite, negative, empty, not text
 HOSTILE_NUMBERS: list[Any] = [-1, 0, 10**9, 2**63, 2**70, 10**400, -(10**30), 1e308, -1e-308, 0.5, True]
@@ -343,6 +343,44 @@ def test_a_drawn_hostile_program_stays_in_the_sandbox(case, tmp_path, monkeypatc
 
 # ---- the surfaces of #55 -------------------------------------------------------------------------
 STORE_DAMAGES = ["flipped bytes", "truncated", "another constraint's file", "a drawn automaton under its header", "a drawn automaton, no header"]
+# entries put in the store's own folder that are not its files: each must be left as it was
+PLANTED = ["a link under its name to a drawn automaton the store wrote", "a FIFO under its name", "a folder under its name", "files of its names that it did not write"]
+
+
+def plant(rng: random.Random, how: str, path: Path, outside: Path) -> list[Path]:
+    """`how` (PLANTED) done to the store's file at `path` (moved to `outside` for a link to it);
+    the entries planted, whose state must survive the run."""
+    import os
+
+    if how.startswith("a link"):
+        path.rename(outside)
+        path.symlink_to(outside)
+        return [path, outside]
+    path.unlink()
+    if how.startswith("a FIFO"):
+        os.mkfifo(path)
+        return [path]
+    if how.startswith("a folder"):
+        path.mkdir()
+        (path / "inside").write_bytes(b"theirs")
+        return [path, path / "inside"]
+    strangers = [path.with_name(f"{rng.randrange(16**64):064x}.safetensors") for _ in range(rng.randint(1, 4))]
+    for stranger in strangers:  # bytes of any kind, a safetensors header without the store's writer among them
+        stranger.write_bytes(rng.choice([b"", b"x" * rng.randint(1, 5000), (8).to_bytes(8, "little") + b'{"a": 1}', path.name.encode() * 100]))
+    return strangers
+
+
+def entry_state(path: Path) -> tuple[str, bytes | str]:
+    """What a planted entry is (its kind, and a file's bytes or a link's target), never following a link."""
+    import os
+    import stat as stat_module
+
+    mode = os.lstat(path).st_mode
+    if stat_module.S_ISLNK(mode):
+        return "link", os.readlink(path)
+    if stat_module.S_ISFIFO(mode):
+        return "fifo", ""
+    return ("folder", "") if stat_module.S_ISDIR(mode) else ("file", path.read_bytes())
 
 
 def drawn_automaton(rng: random.Random, vocab_size: int) -> Any:
@@ -363,7 +401,9 @@ def drawn_automaton(rng: random.Random, vocab_size: int) -> Any:
 @pytest.mark.parametrize("case", range(STORE_CASES))
 def test_a_tampered_or_planted_automata_store_never_changes_an_answer_nor_loses_a_file(case, engine, tmp_path, monkeypatch):
     """#55 items 1-2: the store's file for the constraint damaged, swapped or replaced by a drawn
-    automaton, or a perfect one planted in a folder that is not the store's own (drawn how), with
+    automaton, or a perfect one planted in a folder that is not the store's own (drawn how), or
+    entries it did not write planted in its own folder (a link under its name to a perfect drawn
+    automaton, a FIFO or a folder under its name, files of its names: each left as planted), with
     a model's weights beside it and, drawn, a bound that evicts at every write: the run uses the
     automaton it builds itself, its answer keeps the constraint, the file is left as planted or
     written anew (never kept damaged by the store), and the weights survive."""
@@ -382,9 +422,13 @@ def test_a_tampered_or_planted_automata_store_never_changes_an_answer_nor_loses_
     root = tmp_path / "cache" / "automata"
     path = kept_for(engine, LETTERS, root, monkeypatch)
     genuine, written, size = engine_vocabulary().automaton(LETTERS), contents(path), engine_vocabulary().vocab_size
-    damage = rng.choice(STORE_DAMAGES + [how for how in FOREIGN if how != "another user's"])
-    good = path.read_bytes()
-    if damage == "flipped bytes":
+    damages = STORE_DAMAGES + PLANTED + [how for how in FOREIGN if how != "another user's"]
+    damage = damages[case] if case < len(damages) else rng.choice(damages)  # each at least once, then drawn
+    good, planted = path.read_bytes(), []
+    if damage in PLANTED:  # the link's target: an allow-all automaton the store wrote (key, digest), moved out
+        stored.save(engine_vocabulary().digest, LETTERS, drawn_automaton(rng, size))
+        planted = plant(rng, damage, path, tmp_path / "outside.safetensors")
+    elif damage == "flipped bytes":
         data = bytearray(good)
         for _ in range(rng.randint(1, 4)):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
@@ -402,12 +446,14 @@ def test_a_tampered_or_planted_automata_store_never_changes_an_answer_nor_loses_
         path = make_foreign(root, damage) / path.name
     weights = path.parent / WEIGHTS
     weights.write_bytes(b"weights" * rng.randint(1, 2000))
-    kept, bad = weights.read_bytes(), path.read_bytes()
+    kept, bad = weights.read_bytes(), None if planted else path.read_bytes()
+    before = {entry: entry_state(entry) for entry in planted}
     if rng.random() < 0.5:
         monkeypatch.setattr(stored, "MAX_BYTES", 1)
     assert re.fullmatch(LETTERS, answer(engine, LETTERS, monkeypatch)), damage
     assert same(engine_vocabulary().automaton(LETTERS), genuine), damage
     assert re.fullmatch(OTHERS, answer(engine, OTHERS, monkeypatch)), damage  # a write: an eviction where the bound is drawn
     assert weights.read_bytes() == kept, damage
-    assert not path.exists() or path.read_bytes() == bad or contents(path) == written, damage
+    assert {entry: entry_state(entry) for entry in planted} == before, damage  # every planted entry as it was
+    assert planted or not path.exists() or path.read_bytes() == bad or contents(path) == written, damage
     spec._byte_states.cache_clear()

@@ -22,7 +22,7 @@ from engine.kinds.base import KINDS, ModelTraits, fit, kind_decoders
 from engine.models import model_skeleton
 from engine.registry import builtin_decoder_names, decoder_class
 from engine.tuning.space import STEPS_PER_BLOCK, build_space
-from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, front, open_study, report, run_trials, trial_config
+from engine.tuning.study import HELD_OUT_SPLIT, TUNING_SPLIT, WORKERS_SUFFIX, front, open_study, report, run_trials, trial_config, worker_seed
 from tinymodel.tasks import get_task
 from tinymodel.tune_prompts import evaluator, file_examples, tune_examples
 
@@ -124,16 +124,26 @@ def test_a_plug_in_decoder_is_searched_when_named_and_its_unbounded_option_says_
     assert all(config.decoder_options == {"max_per_step": 2} for _, config in _ask(space, 12) if config.decoder == "entropy")
 
 
-def test_a_refused_setting_is_a_failed_trial_not_an_accuracy_of_zero(tmp_path, evaluate):
+def test_fixed_settings_the_model_refuses_are_refused_before_the_study_in_one_line():
+    from engine.errors import EngineError
+
     skeleton = model_skeleton("tiny-llada")
-    # fit refuses the speculative kind on a bidirectional model; WINO refuses a cache mode as its run starts
-    for fix in ({"kind": "speculative", **SMALL}, {"decoder": "wino", "cache": "dual", **SMALL}):
-        space = build_space(skeleton, fix=fix)
-        study = open_study(f"sqlite:///{tmp_path}/refused.db", f"refused-{fix['cache'] if 'cache' in fix else 'kind'}", space, ("accuracy", "tpf"))
-        run_trials(study, space, skeleton, evaluate, 2)
-        assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
-        assert all(t.values is None and "refused" in t.user_attrs for t in study.trials)
-        assert "speculative" in study.trials[0].user_attrs["refused"] or "wino" in study.trials[0].user_attrs["refused"]
+    # fit refuses the speculative kind on a bidirectional model; WINO refuses a cache mode
+    for fix, words in (({"kind": "speculative"}, "kind 'speculative' cannot run on this model"), ({"decoder": "wino", "cache": "dual"}, "cache 'dual' is not supported")):
+        with pytest.raises(EngineError, match=f"^the fixed settings leave this model nothing to run: .*{words}"):
+            build_space(skeleton, fix={**fix, **SMALL})
+
+
+def test_a_setting_refused_as_its_run_starts_is_a_failed_trial_not_an_accuracy_of_zero(tmp_path, evaluate):
+    """The space offers nothing the settings' checks refuse; what only a prompt decides (the
+    canvas, prompt + gen_length, past the model's positions) is refused as the run starts: a FAIL
+    trial with its message, and the study goes on."""
+    skeleton = model_skeleton("tiny-llada")
+    space = build_space(skeleton, decoders=["threshold"], fix={"gen_length": str(skeleton.max_positions - 2)})
+    study = open_study(f"sqlite:///{tmp_path}/refused.db", "refused", space, ("accuracy", "tpf"))
+    run_trials(study, space, skeleton, evaluate, 2)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert all(t.values is None and "exceeds the model's max_sequence_length" in t.user_attrs["refused"] for t in study.trials)
 
 
 def test_the_front_is_non_dominated_reproducible_and_carries_held_out_and_default_figures(tmp_path, evaluate):
@@ -275,25 +285,49 @@ def test_workers_that_create_one_new_database_at_once_all_open_it(tmp_path):
     for w in workers:
         w.join()
     assert errors == []
-    assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url))] == ["race"]
+    assert [s.study_name for s in optuna.get_all_study_summaries(open_storage(url))] == ["race", "race" + WORKERS_SUFFIX]
+    register = optuna.load_study(study_name="race" + WORKERS_SUFFIX, storage=url)
+    assert sorted(t.number for t in register.trials) == list(range(8))  # each worker its own index
 
 
 def test_two_tune_processes_on_one_storage_complete_one_study_of_all_their_trials(tmp_path):
+    """#58 item 3: two processes started with the same command split the work: each claims its
+    own worker index and samples from its own seed, so their trials try (nearly) as many settings
+    as there are trials, and the space offers no setting the engine refuses (no FAIL trial), over
+    every kind and decoder the model runs."""
     storage = f"sqlite:///{tmp_path}/shared.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "engine", "tune", "--storage", storage, "--study", "shared", "--trials", "3", "--prompts", "2", "--json",
-               "--decoders", "threshold,fixed", "--fix", "gen_length=32"]
-    workers = [subprocess.Popen([*command, "--seed", str(seed)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (0, 1)]
+    command = [sys.executable, "-m", "engine", "tune", "--storage", storage, "--study", "shared", "--trials", "4", "--prompts", "2", "--json", "--fix", "gen_length=32"]
+    workers = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [w.communicate(timeout=600) for w in workers]
     assert [w.returncode for w in workers] == [0, 0], [err[-500:] for _, err in outputs]
     study = optuna.load_study(study_name="shared", storage=storage)
-    assert len(study.trials) == 6 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in study.trials)
-    numbers = {t.number for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    assert len(study.trials) == 8 and all(t.state == TrialState.COMPLETE for t in study.trials), [(t.state, t.user_attrs.get("refused")) for t in study.trials]
+    assert len({json.dumps(t.user_attrs["config"], sort_keys=True) for t in study.trials}) >= 7
+    register = optuna.load_study(study_name="shared" + WORKERS_SUFFIX, storage=storage)
+    assert sorted(t.number for t in register.trials) == [0, 1] and len({t.user_attrs["process"] for t in register.trials}) == 2
+    numbers = {t.number for t in study.trials}
     for out, _ in outputs:
         result = json.loads(out)
         assert {t["number"] for t in result["trials"]} <= numbers and result["front"]
     last = json.loads(outputs[0][0] if len(json.loads(outputs[0][0])["trials"]) >= len(json.loads(outputs[1][0])["trials"]) else outputs[1][0])
     assert {t["number"] for t in last["trials"]} == numbers  # the one that finished last saw every trial
+
+
+def test_each_worker_samples_from_its_own_seed_drawn_from_the_studys_and_its_index(tmp_path):
+    space = build_space(model_skeleton("tiny-llada"), fix=SMALL)
+    url = f"sqlite:///{tmp_path}/seeds.db"
+    seeds = [worker_seed(7, worker) for worker in range(4)]
+    assert seeds[0] == 7 and len(set(seeds)) == 4 and seeds == [worker_seed(7, worker) for worker in range(4)]
+    first, second = (open_study(url, "seeded", space, ("accuracy", "tpf"), seed=7) for _ in range(2))
+    asked = [[space.suggest(study.ask()) for _ in range(3)] for study in (first, second)]
+    assert asked[0] != asked[1]  # worker 1 draws its own settings
+    alone = open_study(None, None, space, ("accuracy", "tpf"), seed=7)  # worker 0 samples as a study of one always did
+    assert [space.suggest(alone.ask()) for _ in range(3)] == asked[0]
+    from engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="was started with other seed"):  # every worker draws the study's prompts
+        open_study(url, "seeded", space, ("accuracy", "tpf"), seed=8)
 
 
 def _running_trial(storage: str, study: str) -> bool:

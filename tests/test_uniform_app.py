@@ -26,7 +26,7 @@ def test_model_kind_is_read_from_the_folder_then_from_the_engine(tmp_path_factor
     gemma = ModelSpec(str(tiny_gemma_folder))
     assert host.model_kind(gemma) == ModelTraits("uniform", canvas_length=CANVAS)  # config.json only: nothing loaded
     assert not host.is_loaded(gemma)
-    assert host.model_kind(host.default) == ModelTraits("masked")
+    assert host.model_kind(host.default) == ModelTraits("masked", takes_shadow_block=True)  # LLaDA: WINO runs on it
     assert host.model_kind(ModelSpec("some/hub-id")) == ModelTraits("masked")  # unknown until loaded
     with host.lock:
         host.get(gemma)

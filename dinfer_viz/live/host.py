@@ -165,7 +165,7 @@ class EngineHost:
         except EngineError:
             return ModelTraits("masked")  # loading will say what is wrong with the folder
         canvas = config.get("canvas_length")
-        return ModelTraits(cls.diffusion_kind, bool(cls.block_causal), canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None)
+        return ModelTraits(cls.diffusion_kind, bool(cls.block_causal), canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None, cls.takes_shadow_block, cls.__name__)
 
     def reader(self, spec: ModelSpec) -> tuple[DiffusionLM, Any] | None:
         """(model, tokenizer) that answer the engine's checks of a request before Run

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..config import GenerationConfig
+from ..errors import EngineError
 from ..registry import DecoderOption, decoder_class
 
 
@@ -190,6 +191,10 @@ class Decoder:
     references: ClassVar[tuple[str, ...]] = ()
     # Forwards a block may take beyond one per position (the loop's guard against no progress).
     extra_forwards: int = 0
+    # Pairs (a, b) of its own options that a run needs strictly increasing, a < b (a rule between
+    # two settings, which each option's own range cannot state): `refuses` checks them and the
+    # tuner searches b above a (engine/tuning/space.py).
+    increasing: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -207,6 +212,9 @@ class Decoder:
             )
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
+        why = type(self).refuses(config)
+        if why is not None:  # `fit` refuses it first; a decoder built without `fit` still never runs it
+            raise EngineError(why)
         self.config = config
         self.mask_id = mask_id
         self.generator = generator
@@ -235,6 +243,18 @@ class Decoder:
         """Before each iteration of a block (`masks_left`: any row still has a mask there): whether
         to run it. A non-revising decoder's block ends when its masks do."""
         return masks_left
+
+    @classmethod
+    def refuses(cls, config: GenerationConfig) -> str | None:
+        """Why this decoder cannot run `config` beyond each setting's own range, in one line (None:
+        it can): two of its `increasing` options out of order; a decoder adds its own rules (a
+        cache mode it cannot run with). `fit` (engine/kinds/base.py) asks it before any forward, so
+        the server answers it as the request's error and the tuner never suggests it."""
+        for low, high in cls.increasing:
+            a, b = cls.option_in(config, low), cls.option_in(config, high)
+            if not a < b:
+                return f"decoder '{cls.name}' needs {low} < {high}, got {low} {a}, {high} {b}"
+        return None
 
     @classmethod
     def row_wise_for(cls, config: GenerationConfig) -> bool:

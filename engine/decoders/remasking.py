@@ -195,10 +195,14 @@ class WinoDecoder(Decoder):
         "so the block still fills. A low τ commits boldly and lets the check take the doubtful tokens back."
     )
 
+    @classmethod
+    def refuses(cls, config: GenerationConfig) -> str | None:
+        if config.cache not in WINO_CACHE_MODES:
+            return f"decoder 'wino' runs its shadow block over the whole canvas: cache '{config.cache}' is not supported; use cache {' or '.join(WINO_CACHE_MODES)}"
+        return super().refuses(config)
+
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
-        if config.cache not in WINO_CACHE_MODES:
-            raise EngineError(f"decoder 'wino' runs its shadow block over the whole canvas: cache '{config.cache}' is not supported; use cache {' or '.join(WINO_CACHE_MODES)}")
         self.threshold_out = float(self.option("wino_threshold_out"))
 
     def step(self, logits: torch.Tensor, block: Block) -> DecodeResult:

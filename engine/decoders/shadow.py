@@ -7,6 +7,8 @@ of its own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..errors import EngineError
@@ -30,13 +32,14 @@ def shadow_positions(canvas: int, s: int, e: int, device: torch.device) -> torch
     return torch.cat([torch.arange(canvas, device=device), torch.arange(s, e, device=device)])
 
 
-def check_shadow_support(model: DiffusionLM) -> None:
+def check_shadow_support(model: DiffusionLM | Any) -> None:
     """Refuse, before any forward, a model whose family does not declare that its forward takes the
     shadow block (`DiffusionLM.takes_shadow_block`: the bidirectional families on the engine's own
     layer stack, LLaDA and LLaDA-MoE; not a block-causal one, a uniform-state one or a wrapper)."""
     if not model.takes_shadow_block:
+        family = getattr(model, "family", type(model).__name__) or "model's"  # a model's class, or its ModelTraits' record of it
         raise EngineError(
-            f"decoder 'wino' does not support the {type(model).__name__} family: its forward does not take the shadow block "
+            f"decoder 'wino' does not support the {family} family: its forward does not take the shadow block "
             "(block-causal, uniform-state or a forward of its own); it runs on LLaDA and LLaDA-MoE"
         )
 

@@ -60,19 +60,26 @@ class KindSettings:
 @dataclass(frozen=True)
 class ModelTraits:
     """What `fit` reads of a model: its own kind, whether its attention is block-causal, and the
-    canvas a uniform-state checkpoint was trained on. A loaded model, a skeleton or a model class
-    read from a folder's config.json all give them (`of`)."""
+    canvas a uniform-state checkpoint was trained on; and what the attention's checks read
+    (engine/cache.py `check_attention`): whether its forward takes WINO's shadow block, and its
+    family's name. A loaded model, a skeleton or a model class read from a folder's config.json all
+    give them (`of`)."""
 
     diffusion_kind: str
     block_causal: bool = False
     canvas_length: int | None = None
+    takes_shadow_block: bool = False
+    family: str = dataclasses.field(default="", compare=False)  # for messages only
 
     @classmethod
     def of(cls, model: Any) -> "ModelTraits":
         if isinstance(model, ModelTraits):
             return model
         canvas = getattr(model, "canvas_length", None)
-        return cls(model.diffusion_kind, bool(model.block_causal), canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None)
+        return cls(
+            model.diffusion_kind, bool(model.block_causal), canvas if isinstance(canvas, int) and not isinstance(canvas, bool) else None,
+            bool(getattr(model, "takes_shadow_block", False)), type(model).__name__,
+        )
 
 
 class DiffusionKind:
@@ -215,7 +222,11 @@ def fit(config: GenerationConfig, model: Any, *, carry_over: bool = False) -> Ge
     if spec.fit_canvas is not None and traits.canvas_length:
         config = spec.fit_canvas(config, traits.canvas_length, carry_over)
     kind_cls.check(config)
-    return config.validate()
+    config = config.validate()
+    why = decoder_class(config.decoder).refuses(config)  # a rule between settings (wino's cache, uniform's temperatures)
+    if why is not None:
+        raise EngineError(why)
+    return config
 
 
 def _fit_kind_options(config: GenerationConfig, kind_cls: type[DiffusionKind], carry_over: bool) -> GenerationConfig:

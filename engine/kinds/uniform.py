@@ -87,14 +87,13 @@ class UniformSampler(Decoder):
         "stability_threshold": DecoderOption(1, "uniform: stop a canvas once its argmax draft has not changed for this many steps (and it is confident)", least=0, most=MAX_STEPS),
         "confidence_threshold": DecoderOption(0.005, "uniform: a canvas stops early only when its mean entropy is also below this", least=0.0, above=True),
     }
+    increasing = (("t_min", "t_max"),)  # the schedule cools from t_max towards t_min
 
     def __init__(self, config: GenerationConfig, mask_id: int, generator: torch.Generator | None = None) -> None:
         super().__init__(config, mask_id, generator)
         self.bound = float(self.option("entropy_bound"))
         self.t_min, self.t_max = float(self.option("t_min")), float(self.option("t_max"))
         self.steps = int(self.option("max_denoising_steps"))
-        if not self.t_min < self.t_max:
-            raise EngineError(f"the temperatures need t_min < t_max, got t_min {self.t_min}, t_max {self.t_max}")
 
     def temperature(self, steps_left: int, device: torch.device) -> torch.Tensor:
         """`t_min + (t_max - t_min) * n / N` for `n` steps left, in float32 as transformers computes it

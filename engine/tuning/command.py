@@ -55,7 +55,7 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop starting trials after this long")
     tune.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL", help=f"an Optuna storage: a database URL or journal:PATH (default {DEFAULT_STORAGE})")
     tune.add_argument("--study", default=None, metavar="NAME", help="the study to create, resume or join (default: a new one, named in the output)")
-    tune.add_argument("--seed", type=int, default=0, help="seeds the sampler and the prompts drawn (give each worker of a study its own)")
+    tune.add_argument("--seed", type=int, default=0, help="the study's seed: the prompts drawn, and with each worker's index its sampler's seed (workers of one study share it; docs/tuning.md §4)")
     tune.add_argument("--sampler", choices=["tpe", "nsga2"], default="tpe", help="Optuna's sampler (default tpe)")
     tune.add_argument("--tps", action="store_true", help="maximise tokens per second too (a third objective; noisy)")
     tune.add_argument("--decoders", metavar="A,B", help="search only these decoders")
@@ -130,7 +130,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from ..pipeline import Engine
     from ..run import GenerationCancelled
     from .space import build_space
-    from .study import OBJECTIVES, format_report, open_study, report, run_trials
+    from .study import OBJECTIVES, check_storage, format_report, open_study, report, run_trials
 
     if not 1 <= args.trials <= MAX_TRIALS:
         raise EngineError(f"--trials must be from 1 to {MAX_TRIALS}, got {args.trials}")
@@ -149,11 +149,13 @@ def tune_command(args: argparse.Namespace) -> int:
     scorer = load_scorer()
     objectives = OBJECTIVES if args.tps else OBJECTIVES[:2]
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the table and the JSON are the output; refusals get one line each
-    study = open_study(args.storage, args.study, space, objectives, args.sampler, args.seed)
+    check_storage(args.storage)
     set_cpu_threads(skeleton, args.threads)
     cancel = threading.Event()
     with stopped_by_signals(cancel) as received, Engine(args.model, **apply_runtime(args)) as engine:
+        # the prompts first: a family the scorer does not know is refused before any study is opened
         evaluate = scorer.make_evaluator(engine, args.families, args.prompts, args.seed, args.prompts_file, cancel)
+        study = open_study(args.storage, args.study, space, objectives, args.sampler, args.seed)
         run_trials(study, space, skeleton, evaluate, args.trials, args.timeout, cancel=cancel, on_trial=_say_refused)
         if not received and not study.best_trials:
             raise EngineError(f"study {study.study_name!r} has no completed trial (every setting tried was refused: narrow the space)")

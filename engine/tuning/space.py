@@ -31,6 +31,7 @@ from typing import Any
 from ..cache_modes import cache_modes
 from ..config import GenerationConfig, relative_bound
 from ..errors import EngineError
+from ..generation import check_settings
 from ..kinds.base import KINDS, ModelTraits, kind_decoders, kind_options, kind_reads
 from ..registry import KIND_OPTION_PREFIX, OPTION_SETTING_PREFIX, DecoderOption, decoder_class, is_builtin
 from ..settings_read import decoder_declared, settings_read, switch_settings
@@ -237,23 +238,29 @@ def default_names() -> list[str]:
 class SearchSpace:
     """What a study searches: the `base` config (the defaults with the fixed settings), the
     dimensions of the settings (in suggestion order) and whether each decoder's own options are
-    searched (`options`: all of the chosen decoder's, unless fixed). `suggest` builds one trial's
-    config; `fit` (engine/kinds/base.py) decides whether it runs."""
+    searched (`options`: all of the chosen decoder's, unless fixed), on a model of `traits`.
+    `suggest` builds one trial's config, which the engine runs: a choice the engine refuses with
+    the settings chosen before it is never offered (`_choose`)."""
 
     base: GenerationConfig
     dimensions: tuple[Dimension, ...]
     fixed_options: frozenset[str] = frozenset()
-    own_kind: str = "masked"  # the model's own kind: a trial that picks it leaves `kind` unset
+    traits: ModelTraits = ModelTraits("masked")  # the model's own kind: a trial that picks it leaves `kind` unset
     takes_decoder: bool = True  # whether any kind the model runs takes a decoder (and its options)
+    _refusals: dict[str, str | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def read(self, config: GenerationConfig) -> frozenset[str]:
         """What a run of `config` reads on this model (kind None: the model's own, not the kind
         its decoder decodes for)."""
-        return settings_read(dataclasses.replace(config, kind=config.kind or self.own_kind))
+        return settings_read(dataclasses.replace(config, kind=config.kind or self.traits.diffusion_kind))
 
     def suggest(self, trial: Any) -> GenerationConfig:
         """One trial's config: each dimension the run being built reads, suggested by `trial`."""
         config = self.base
+        one_block = dataclasses.replace(config, block_length=config.gen_length)
+        searched = any(d.name == "block_length" for d in self.dimensions)
+        if searched and self.refusal(config) is not None and self.refusal(one_block) is None:
+            config = one_block  # a searched block length (a divisor of the generation's): one block until it is chosen
         for dim in self.dimensions:
             read = self.read(config)
             if dim.name == STEPS_PER_BLOCK:
@@ -262,28 +269,62 @@ class SearchSpace:
                     config = dataclasses.replace(config, steps=per_block * config.num_blocks())
             elif dim.name.startswith(OPTION_SETTING_PREFIX):
                 continue  # with the decoder's other options, below
-            elif dim.name == "kind":
-                kind = dim.suggest(trial, dim.name)
-                config = dataclasses.replace(config, kind=None if kind == self.own_kind else kind)
-            elif dim.name == "block_length" or dim.name in read:  # a kind's option by its bare name
-                config = _with(config, dim.name, dim.suggest(trial, dim.name.removeprefix(KIND_OPTION_PREFIX)))
+            elif dim.name in ("kind", "block_length") or dim.name in read:  # a kind's option by its bare name
+                config = self._choose(trial, config, dim, dim.name.removeprefix(KIND_OPTION_PREFIX))
         return self._options(trial, config) if "decoder_options" in self.read(config) else config
+
+    def refusal(self, config: GenerationConfig) -> str | None:
+        """Why the engine refuses `config` on this model (`check_settings`), None if it runs it;
+        remembered (a study asks the same prefixes of a config again and again)."""
+        key = repr(config)
+        if key not in self._refusals:
+            try:
+                check_settings(config, self.traits)
+                self._refusals[key] = None
+            except EngineError as exc:
+                self._refusals[key] = str(exc)
+        return self._refusals[key]
+
+    def _set(self, config: GenerationConfig, name: str, value: Any) -> GenerationConfig:
+        if name == "kind":  # the model's own kind is kind None
+            return dataclasses.replace(config, kind=None if value == self.traits.diffusion_kind else value)
+        return _with(config, name, value)
+
+    def _choose(self, trial: Any, config: GenerationConfig, dim: Dimension, param: str) -> GenerationConfig:
+        """`config` with `dim`'s value suggested by `trial` as `param`. A choice is offered only
+        among the values the engine runs with the settings chosen before it (`check_settings`, the
+        rest at their base values: the dimensions come in the order that decides what else is
+        read, so a rule between two settings, such as WINO's cache modes, narrows the later one);
+        a choice so narrowed is its own parameter, named by its values (Optuna keeps one set of
+        values per name), and one value left is no suggestion at all."""
+        if not dim.choices:
+            return self._set(config, dim.name, dim.suggest(trial, param))
+        refusals = {value: self.refusal(_own_options(self._set(config, dim.name, value))) for value in dim.choices}
+        runs = [value for value, why in refusals.items() if why is None]
+        why = next((why for why in refusals.values() if why is not None), "")
+        if not runs:  # none: the base value, where that runs (a uniform-state model's block length is its canvas's)
+            if self.refusal(config) is None:
+                return config
+            raise EngineError(f"{why} (whatever {param})")
+        if len(runs) < len(dim.choices):
+            dim, param = dataclasses.replace(dim, choices=tuple(runs)), f"{param} in {{{', '.join(map(str, runs))}}}"
+        return self._set(config, dim.name, runs[0] if len(runs) == 1 else dim.suggest(trial, param))
 
     def _options(self, trial: Any, config: GenerationConfig) -> GenerationConfig:
         """The chosen decoder's options: narrowed ones by their `--space`, the rest as declared
         (each named `<decoder>.<option>` in the study: two decoders' same-named options keep
-        their own ranges)."""
+        their own ranges), two `increasing` ones searched in their order."""
         given = {d.name: d for d in self.dimensions if d.name.startswith(OPTION_SETTING_PREFIX)}
-        declared = decoder_class(config.decoder).options
-        # a fixed option applies to the decoders that declare it
-        options = {k: v for k, v in config.decoder_options.items() if k in declared}
-        for option in declared:
-            key = OPTION_SETTING_PREFIX + option
-            if option in self.fixed_options:
-                continue
-            dim = given.get(key) or declared_dimension(key, dataclasses.replace(config, decoder_options={}))
-            options[option] = dim.suggest(trial, f"{config.decoder}.{option}")
-        return dataclasses.replace(config, decoder_options=options)
+        decoder = decoder_class(config.decoder)
+        config = _own_options(config)  # a fixed option applies to the decoders that declare it
+        searched = {
+            option: given.get(OPTION_SETTING_PREFIX + option) or declared_dimension(OPTION_SETTING_PREFIX + option, dataclasses.replace(config, decoder_options={}))
+            for option in decoder.options if option not in self.fixed_options
+        }
+        for option, dim in searched.items():
+            dim = _in_order(dim, option, decoder, config, searched)
+            config = self._choose(trial, config, dim, f"{config.decoder}.{option}")
+        return config
 
     def describe(self) -> list[str]:
         """One line per dimension (the table's header and the study's record of its space)."""
@@ -361,7 +402,12 @@ def build_space(
                 base = _with(base, dim.name, dim.choices[0])
             continue
         dims[dim.name] = dim
-    return SearchSpace(base, tuple(dims.values()), frozenset(options), traits.diffusion_kind, "decoder_options" in readable)
+    searched = SearchSpace(base, tuple(dims.values()), frozenset(options), traits, "decoder_options" in readable)
+    try:  # one config the space can suggest: fixed settings the model refuses whatever the rest are end here, before any trial
+        check_settings(searched.suggest(_FirstChoices()), traits)
+    except EngineError as exc:
+        raise EngineError(f"the fixed settings leave this model nothing to run: {exc}") from None
+    return searched
 
 
 def _check_fixed(base: GenerationConfig, changes: dict[str, Any], model: Any) -> None:
@@ -375,6 +421,50 @@ def _check_fixed(base: GenerationConfig, changes: dict[str, Any], model: Any) ->
         raise EngineError(f"gen_length must be below the model's max_sequence_length ({limit}), got {base.gen_length}")
     probe = base if "block_length" in changes else dataclasses.replace(base, block_length=base.gen_length)
     dataclasses.replace(probe, decoder_options={}).validate()
+
+
+class _FirstChoices:
+    """A trial that takes each dimension's first value (a choice's first, a number's least)."""
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        return choices[0]
+
+    def suggest_int(self, name: str, low: int, high: int, log: bool = False) -> int:
+        return low
+
+    def suggest_float(self, name: str, low: float, high: float, log: bool = False) -> float:
+        return low
+
+
+def _own_options(config: GenerationConfig) -> GenerationConfig:
+    """`config` with only the decoder options its decoder declares (a fixed option applies to the
+    decoders that declare it)."""
+    declared = decoder_class(config.decoder).options
+    return dataclasses.replace(config, decoder_options={k: v for k, v in config.decoder_options.items() if k in declared})
+
+
+def _in_order(dim: Dimension, option: str, decoder: type, config: GenerationConfig, searched: dict[str, Dimension]) -> Dimension:
+    """`dim` (of the decoder's option `option`) within what its `increasing` pairs leave it: above
+    the lesser option's value, below the greater's (a value chosen or fixed; a bound still to be
+    searched: the other's range), so the pair is never suggested out of order."""
+    if dim.choices:
+        return dim
+    low, high = dim.low, dim.high
+    for lesser, greater in decoder.increasing:
+        if option not in (lesser, greater):
+            continue
+        other = greater if option == lesser else lesser
+        if other in config.decoder_options or other not in searched:  # chosen, fixed, or at its default
+            bound = decoder.option_in(config, other)
+        else:  # searched after this one: leave it room within its range
+            bound = searched[other].high if option == lesser else searched[other].low
+        if option == lesser:
+            high = min(high, bound - 1 if dim.integer else math.nextafter(bound, -math.inf))
+        else:
+            low = max(low, bound + 1 if dim.integer else math.nextafter(bound, math.inf))
+    if low > high:
+        raise EngineError(f"{decoder.name}.{option}: its range [{dim.low:g}, {dim.high:g}] leaves no value in order with {', '.join(f'{a} < {b}' for a, b in decoder.increasing)}")
+    return dataclasses.replace(dim, low=low, high=high) if (low, high) != (dim.low, dim.high) else dim
 
 
 def _divisors(n: int) -> tuple[int, ...]:

@@ -18,11 +18,13 @@ embedded tasks: tinymodel/tune_prompts.py), the engine only searches.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -41,6 +43,7 @@ SQLITE_LOCK_SECONDS = 120
 MAX_STORAGE_URL = 4096
 MAX_SEED = 2**32 - 1  # NumPy's seeds (the samplers')
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql")  # SQLAlchemy's, each with its optional +driver
+WORKERS_SUFFIX = ":workers"  # the register of a study's workers, beside it (`claim_worker`)
 
 
 @dataclass
@@ -141,16 +144,38 @@ def check_seed(seed: int) -> None:
         raise EngineError(f"the seed must be from 0 to {MAX_SEED}, got {str(seed)[:40]}")
 
 
+def worker_seed(seed: int, worker: int) -> int:
+    """The sampler's seed of a study's worker `worker` (0, 1, ...): the study's own seed for the
+    first, so a study of one worker samples as it always did; for the others a seed NumPy's
+    SeedSequence draws from the pair, so each worker explores on its own, reproducibly."""
+    return seed if worker == 0 else int(np.random.SeedSequence(seed, spawn_key=(worker,)).generate_state(1)[0])
+
+
+def claim_worker(storage: Any, name: str) -> int:
+    """This process's index among the workers of study `name` (0 for the first to join, then 1,
+    2, ...): the number of its trial in the study's register of workers (`<name>:workers`, beside
+    it in the storage), which the storage numbers atomically as it numbers any study's trials, so
+    workers that join at the same moment never share one. The trial keeps the process and host."""
+    register = optuna.create_study(storage=storage, study_name=name + WORKERS_SUFFIX, load_if_exists=True)
+    trial = register.ask()
+    trial.set_user_attr("process", f"{socket.gethostname()[:200]}:{os.getpid()}")
+    register.tell(trial, float(trial.number))
+    return trial.number
+
+
 def open_study(storage: str | None, name: str | None, space: SearchSpace, objectives: tuple[str, ...], sampler: str = "tpe", seed: int = 0) -> optuna.Study:
     """Create the study, or join it (another worker's, or a stopped one resumed); a study that
-    searches another space or other objectives is refused in one line. `storage` None: in memory
-    (the app's, for one page's session)."""
+    searches another space or other objectives, or was seeded otherwise, is refused in one line.
+    The study's seed (its first worker's) draws the prompts of every worker; each worker's sampler
+    draws from its own seed (`worker_seed` of the study's seed and the worker's index,
+    `claim_worker`), so N workers explore N times as much. `storage` None: in memory (the app's,
+    for one page's session; its one worker is 0)."""
     if sampler not in SAMPLERS:
         raise EngineError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     check_seed(seed)
-    chosen = optuna.samplers.TPESampler(seed=seed) if sampler == "tpe" else optuna.samplers.NSGAIISampler(seed=seed)
+    opened = open_storage(storage) if storage else None
     try:
-        study = optuna.create_study(storage=open_storage(storage) if storage else None, study_name=name, directions=["maximize"] * len(objectives), sampler=chosen, load_if_exists=True)
+        study = optuna.create_study(storage=opened, study_name=name, directions=["maximize"] * len(objectives), load_if_exists=True)
     except (ValueError, RuntimeError) as exc:  # Optuna's word on a study it cannot open as asked
         raise EngineError(f"cannot open study {name!r} in {(storage or 'memory')[:80]}: {exc}") from None
     except Exception as exc:  # the database driver's errors (SQLAlchemy's), in one line
@@ -158,17 +183,20 @@ def open_study(storage: str | None, name: str | None, space: SearchSpace, object
     directions = [d.name.lower() for d in study.directions]
     if directions != ["maximize"] * len(objectives):
         raise EngineError(f"study {study.study_name!r} is not this tuner's: its objectives' directions are {', '.join(directions)}; this tuner maximises {', '.join(objectives)}; give another --study")
-    recorded = {"space": space.fingerprint(), "objectives": list(objectives)}
+    recorded = {"space": space.fingerprint(), "objectives": list(objectives), "seed": seed}
     missing = [key for key in recorded if key not in study.user_attrs]
     # a study with trials but without the tuner's records was made by another program: its trials
-    # hold no config to report (an empty one is adopted: another worker may be creating it now)
-    if missing and study.get_trials(deepcopy=False):
+    # hold no config to report (an empty one is adopted: another worker may be creating it now; a
+    # study that predates the recorded seed adopts this one's)
+    if [key for key in missing if key != "seed"] and study.get_trials(deepcopy=False):
         raise EngineError(f"study {study.study_name!r} is not this tuner's: it has trials but no recorded {' or '.join(missing)}; give another --study")
     for key, value in recorded.items():
         if key in missing:
             study.set_user_attr(key, value)
         elif study.user_attrs[key] != value:
             raise EngineError(f"study {study.study_name!r} was started with other {key} ({str(study.user_attrs[key])[:120]}): use the same flags, or another --study")
+    own = worker_seed(seed, 0 if opened is None else claim_worker(opened, study.study_name))
+    study.sampler = optuna.samplers.TPESampler(seed=own) if sampler == "tpe" else optuna.samplers.NSGAIISampler(seed=own)
     return study
 
 
