@@ -45,7 +45,7 @@ def test_the_estimate_is_s2d2s_and_the_hysteresis_holds_its_state():
     probs, top = peaked([0.0, 0.5, 0.2])
     alpha = [1.0, math.exp(-2 * 0.5), math.exp(-2 * 0.2)]
     assert top.tolist()[0] > 0.9 > top.tolist()[1]
-    r = router(router_temperature=2.0, router_cost=1.0, router_confidence=0.9, router_on=1.0, router_off=-5.0)
+    r = router(router_temperature=2.0, router_cost=1.0, router_confidence=0.9, router_on=1.0, router_gap=6.0)
     d = r.decide(probs, top, exact=False)
     expected = alpha[0] + alpha[0] * alpha[1] + alpha[0] * alpha[1] * alpha[2]
     assert d.expected == pytest.approx(expected, abs=1e-6) and d.confident == 1  # the run above 0.9 ends at the second
@@ -54,7 +54,7 @@ def test_the_estimate_is_s2d2s_and_the_hysteresis_holds_its_state():
     r.on = True  # on: it stays on while the score is at least τ_off
     assert r.decide(probs, top, exact=False).verify and r.on
     sure, sure_top = peaked([0.0] * 8)
-    d = router(router_cost=2.0, router_off=-5.0).decide(sure, sure_top, exact=False)
+    d = router(router_cost=2.0, router_gap=4.0).decide(sure, sure_top, exact=False)
     assert (d.expected, d.confident, d.score, d.verify) == (pytest.approx(8.0), 8, pytest.approx(-8.0), False)
     unsure, unsure_top = peaked([0.9, 0.9])  # a skip would commit nothing: it verifies whatever the score
     d = router(router_cost=0.0, router_on=50.0).decide(unsure, unsure_top, exact=False)
@@ -66,7 +66,7 @@ def test_the_estimate_is_s2d2s_and_the_hysteresis_holds_its_state():
 
 def test_its_settings_are_checked_in_one_line(model):
     for message, options in {
-        "router_off .* must be at most router_on": {"router_on": -1.0, "router_off": 0.0},
+        r"router_gap must be in \[0, 200\]": {"router_gap": -1.0},
         r"router_confidence must be in \[0, 1\]": {"router_confidence": 1.5},
         "verify: 'sometimes' is not one of always, auto, router": {"verify": "sometimes"},
     }.items():

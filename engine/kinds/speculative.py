@@ -98,7 +98,8 @@ class VerifyRouter:
     def __init__(self, config: GenerationConfig) -> None:
         option = lambda name: SpeculativeKind.option(config, name)  # noqa: E731
         self.temperature, self.cost, self.confidence = option("router_temperature"), option("router_cost"), option("router_confidence")
-        self.turn_on, self.turn_off = option("router_on"), option("router_off")
+        self.turn_on = option("router_on")
+        self.turn_off = self.turn_on - option("router_gap")
         self.on = False
 
     def decide(self, probs: torch.Tensor, confidence: torch.Tensor, exact: bool) -> RouterDecision:
@@ -390,7 +391,8 @@ class SpeculativeKind(DiffusionKind):
             "router_cost": DecoderOption(2.0, "verify router: c, the weight of each confident drafted token a skip would commit, in the score E[K] - c·N", least=0.0),
             "router_confidence": DecoderOption(0.99, "verify router: τ_r, a drafted token above it is confident (a skip commits the run of them)", least=0.0, most=1.0),
             "router_on": DecoderOption(-1.0, "verify router: τ_on, verify once the score passes it (S2D2's hysteresis: 1)", least=-100.0, most=100.0),
-            "router_off": DecoderOption(-1.0, "verify router: τ_off, keep verifying while the score is at least it, at most τ_on (S2D2's hysteresis: -5)", least=-100.0, most=100.0),
+            # τ_off as its distance below τ_on: any two values are a valid pair, so the tuner searches them freely
+            "router_gap": DecoderOption(0.0, "verify router: τ_on - τ_off; once verifying, keep verifying while the score is at least τ_off (S2D2's hysteresis: 6, τ_off -5)", least=0.0, most=200.0),
         },
     )
 
@@ -403,7 +405,5 @@ class SpeculativeKind(DiffusionKind):
     @classmethod
     def check(cls, config: GenerationConfig) -> None:
         decoder = decoder_class(config.decoder)
-        if cls.option(config, "router_off") > cls.option(config, "router_on"):
-            raise EngineError(f"speculative kind setting router_off ({cls.option(config, 'router_off')}) must be at most router_on ({cls.option(config, 'router_on')})")
         if decoder.revises or decoder.shadow_block:
             raise EngineError(f"decoder '{config.decoder}' revises or needs a shadow block: speculative decoding drafts with a decoder that only fills masks")
