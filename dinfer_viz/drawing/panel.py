@@ -67,7 +67,7 @@ class PanelRows(list):
         ("block", "canvas") it first stood, or `never` when the run reached none."""
         first = next((rec for rec in timeline.records if rec.block_range[0] <= position < rec.block_range[1]), None)
         in_prompt = position < timeline.prompt_length
-        where = "prompt" if in_prompt else f"generated token {position - timeline.prompt_length + 1} of the answer"
+        where = "prompt" if in_prompt else "pinned by the request" if position in timeline.pinned else f"generated token {position - timeline.prompt_length + 1} of the answer"
         if first is not None:
             where += f", {span} {first.block} [{first.block_range[0]}, {first.block_range[1]})"
         elif not in_prompt:
