@@ -61,3 +61,33 @@ def test_a_block_causal_model_refuses_pinned_text_in_one_line_and_the_session_go
     assert "block-causal" in refused["message"] and "\n" not in refused["message"].strip() and refused["state"] is None
     after = final(handlers.run(PROMPT, {"model": {"path": str(BLOCK_CAUSAL)}, "config": {"gen_length": 8, "block_length": 8}}))
     assert "done" in after["message"] and after["state"] is not None and not after["state"].timeline.pinned
+
+
+@pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="lesson 9 runs the shipped model")
+def test_lesson_9_pins_the_end_after_a_hole_and_the_order_analysis_counts_the_hole_only(handlers):
+    """Step 1 writes the whole answer, nothing pinned; step 2 changes only the template: the hole of
+    3 before ` + 34`, whose pinned cells the grid shows and the order analysis leaves out. What the
+    model writes into the hole is its training's (the lesson's sentence asks the class to look)."""
+    from dinfer_viz.panes.analysis_figure import analysis_text, order_figure
+    from dinfer_viz.studies.lessons import INFILL_LESSON_PROMPT, INFILL_TEMPLATE, LESSONS
+    from engine.analysis import decided_steps
+
+    lesson = next(l for l in LESSONS if l.name.startswith("9 "))
+    assert lesson.prompt == INFILL_LESSON_PROMPT and [lesson.settings(i)["template"] for i in range(2)] == [None, INFILL_TEMPLATE]
+    assert [lesson.config(i).gen_length for i in range(2)] == [8, 3] and lesson.model(1) == "tiny-llada"
+    runs = []
+    for i in range(2):
+        _, prompt, note, *_ = handlers.lesson_step(lesson.name, i)
+        assert prompt == INFILL_LESSON_PROMPT and f"Step {i + 1} of 2" in note
+        view = final(handlers.run(prompt, {"config": lesson.settings(i)}))
+        assert "done" in view["message"], view["message"]
+        runs.append(view)
+    free, filled = (v["state"].timeline for v in runs)
+    assert not free.pinned and pinned_cells(runs[0]["grid"]) == []
+    start = filled.prompt_length
+    assert sorted(filled.pinned) == list(range(start + 3, start + 8)) == pinned_cells(runs[1]["grid"])
+    assert "".join(filled.text_of(filled.initial[p]) for p in sorted(filled.pinned)) == " + 34"
+    assert set(decided_steps(filled.trace)) == {start, start + 1, start + 2}  # the hole, in the model's order
+    assert filled.iterations == 3  # the fixed decoder: one position a forward
+    for tl in (free, filled):
+        assert "order correlation ρ" in analysis_text(tl) and "order correlation" in order_figure(tl).layout.title.text
