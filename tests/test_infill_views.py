@@ -1,7 +1,7 @@
 """Every view shows the text a request pinned (issue 57 item 3, docs/algorithms.md §11) as its own
 state, "pinned by the request": the grid (replayed and live), its legend, the details panel, the
-raster, the exported frames and the order analysis; a trace from before pinned text existed
-(version 6) draws as it always did.
+raster, the exported frames and the order analysis; Compare's two grids; a trace from before
+pinned text existed (version 6) draws as it always did.
 
 A hand-made trace pins the cases (text between two holes and after the last, hostile token
 strings); a real template run on the embedded model checks the views against the engine's own
@@ -127,6 +127,19 @@ def test_export_frames_draw_and_name_the_pinned_state(timeline):
     frames = render_frames(timeline)
     legend_top = frames[0].height - 2 * 20 - 12  # the legend's rows sit at the bottom
     assert all(_has_colour(f.crop((0, 0, f.width, legend_top)), CELL_COLOURS[PINNED][0]) for f in frames)
+
+
+def test_compare_draws_a_pinning_run_beside_an_older_one(tmp_path, timeline):
+    from dinfer_viz.live.host import EngineHost, ModelSpec
+    from dinfer_viz.tabs.compare import COMPARE_VIEW, CompareState
+    from dinfer_viz.ui import Handlers
+
+    h = Handlers(EngineHost(ModelSpec(str(tmp_path / "never-loaded"))), no_model=True)
+    for number in (0, 2):
+        view = dict(zip(COMPARE_VIEW, h.compare_replay(number, CompareState(timeline, Timeline(older_trace())))))
+        assert [c["p"] for c in view["grid_a"]["cells"] if c["k"].split()[0] == PINNED] == PINNED_AT
+        assert not [c for c in view["grid_b"]["cells"] if c["k"].split()[0] == PINNED]
+        assert "pinned by the request" in view["grid_a"]["legend"] and "pinned by the request" not in view["grid_b"]["legend"]
 
 
 def test_the_order_analysis_leaves_the_pinned_text_out(timeline):
