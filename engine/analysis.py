@@ -36,9 +36,12 @@ def current_tokens(trace: Trace, row: int = 0) -> list[list[int | None]]:
     return out
 
 
-def _generated(trace: Trace, row: int) -> range:
+def _generated(trace: Trace, row: int) -> list[int]:
+    """The row's positions after its prompt the run wrote: not the text its request pinned
+    (docs/algorithms.md §11), which is final from the start and in no decoder's order."""
     width = len(trace.final[row]) if trace.final else trace.canvas_length
-    return range(trace.prompt_lengths[row], width)
+    pinned = set(trace.pinned[row]) if trace.pinned else set()
+    return [p for p in range(trace.prompt_lengths[row], width) if p not in pinned]
 
 
 def _final(trace: Trace, row: int) -> list[int]:

@@ -69,6 +69,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_app_browser.py",
         "test_constraint_browser.py",
         "test_diff_browser.py",
+        "test_infill_browser.py",
         "test_page_limits_browser.py",
         "test_panels_browser.py",
         "test_projector_browser.py",

@@ -12,7 +12,7 @@ import pytest
 from dinfer_viz.panes.explain import explain
 from dinfer_viz.panes.figures import MESSAGE_LINE_CHARS, compare_figure, confidence_raster, extras_figure, iteration_chart, plottable_extras
 from dinfer_viz.studies.sweep_chart import sweep_figure
-from dinfer_viz.drawing.cells import REVISION_STATES
+from dinfer_viz.drawing.cells import PINNED, REVISION_STATES
 from dinfer_viz.views import view_for
 from dinfer_viz.views.speculative import SPECULATIVE_STATES
 from dinfer_viz.views.uniform import UNIFORM_STATES
@@ -97,13 +97,16 @@ def test_grid_collapses_early_stop_fill():
 
 def test_grid_template_has_an_explicit_colour_for_every_state():
     """Every state has its colour, and the legend of the kind of run that has it names it: the
-    revision states only for a revising decoder, the uniform-state ones only for a uniform run."""
+    revision states only for a revising decoder, the uniform-state ones only for a uniform run, the
+    pinned state only for a run whose request pinned text."""
     header = SimpleNamespace(config={})  # no constraint: the legend names no constraint mark
+    none = frozenset()
     kinds = {
-        "masked": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False, trace=header),
-        "revising": SimpleNamespace(kind="masked", capabilities={"revises": True}, revises=False, trace=header),  # the header says, before any revision
-        "uniform": SimpleNamespace(kind="uniform", capabilities={"revises": False}, revises=False, trace=header),
-        "speculative": SimpleNamespace(kind="speculative", capabilities={"revises": False}, revises=False, trace=header),
+        "masked": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False, trace=header, pinned=none),
+        "revising": SimpleNamespace(kind="masked", capabilities={"revises": True}, revises=False, trace=header, pinned=none),  # the header says, before any revision
+        "uniform": SimpleNamespace(kind="uniform", capabilities={"revises": False}, revises=False, trace=header, pinned=none),
+        "speculative": SimpleNamespace(kind="speculative", capabilities={"revises": False}, revises=False, trace=header, pinned=none),
+        "pinning": SimpleNamespace(kind="masked", capabilities={"revises": False}, revises=False, trace=header, pinned=frozenset({5})),
     }
     legends = {name: legend_html(kind) for name, kind in kinds.items()}
     assert legend_html(None) == legends["masked"]
@@ -112,8 +115,9 @@ def test_grid_template_has_an_explicit_colour_for_every_state():
         shown = [name for name, legend in legends.items() if f'class="cell {kind}"' in legend]
         expected = (
             ["uniform"] if kind in UNIFORM_STATES else ["revising"] if kind in REVISION_STATES else ["speculative"] if kind in SPECULATIVE_STATES
-            else ["masked", "revising", "uniform", "speculative"] if kind in ("prompt", "masked", "fill")
-            else ["masked", "revising", "speculative"] if kind in ("old", "new") else ["masked", "revising"]
+            else ["pinning"] if kind == PINNED
+            else ["masked", "revising", "uniform", "speculative", "pinning"] if kind in ("prompt", "masked", "fill")
+            else ["masked", "revising", "speculative", "pinning"] if kind in ("old", "new") else ["masked", "revising", "pinning"]
         )
         assert shown == expected, kind
         if "uniform" not in shown or kind in UNIFORM_STATES:

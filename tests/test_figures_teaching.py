@@ -17,6 +17,7 @@ import pytest
 from PIL import Image, ImageColor
 
 from dinfer_viz.panes.export import MAX_CELLS, MAX_FRAMES, MP4_MISSING, WIDTH, ExportUnavailable, compare_csv, frame_plan, frame_title, mp4_unavailable, render_frames, run_gif, run_mp4
+from dinfer_viz.drawing.cells import PINNED
 from dinfer_viz.drawing.figure_base import RASTER_MARKS
 from dinfer_viz.panes.figures import confidence_raster, extras_figure, iteration_chart
 from dinfer_viz.panes.grid import CELL_COLOURS, caption, grid_value
@@ -85,7 +86,8 @@ def test_token_text_in_a_hover_is_not_markup():
 def test_raster_legend_names_each_mark_drawn(timeline):
     fig = confidence_raster(timeline, highlight=1)
     legend = [t.name for t in fig.data if t.uid.startswith("mark-")]
-    assert legend == [name for name, _ in RASTER_MARKS.values()]  # grey band, dashed range, block line, shown iteration
+    # grey band, dashed range, block line, shown iteration (no pinned band: nothing pinned here, tests/test_infill_views.py)
+    assert legend == [name for kind, (name, _) in RASTER_MARKS.items() if kind != PINNED]
     assert all(list(t.x) == [None] and t.hoverinfo == "skip" for t in fig.data if t.uid.startswith("mark-"))
     plain = sample("threshold-none")  # no cache: every forward recomputes everything, nothing dashed
     names = {t.uid for t in confidence_raster(plain).data}

@@ -21,6 +21,9 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
     "new": ("#4ade80", "committed now, above threshold"),
     "forced": ("#fb923c", "committed now, forced top-1"),
     "fill": ("#f3f4f6", "filled by early stop"),
+    # text the request pinned in the answer (a suffix, a template's text between holes): the model
+    # reads it and never writes it (docs/algorithms.md §11); every view and the frames use this state
+    "pinned": ("#e6d3a3", "pinned by the request"),
     # a revising decoder's changes to committed positions (engine/decoders/revising.py)
     "edited": ("#e879f9", "edited now (old token struck through)"),
     "remasked": ("#9f1239", "remasked now (back to [MASK])"),
@@ -28,6 +31,8 @@ CELL_COLOURS: dict[str, tuple[str, str]] = {
 }
 # the states a revising decoder adds: the legend shows them for its runs only
 REVISION_STATES = ("edited", "remasked")
+PINNED = "pinned"  # the state of a position the request pinned; legends name it for such runs only
+PINNED_WORDS = "pinned by the request: the model reads it, no step writes it"  # its hover and details line
 # A position where the answer's constraint removed the model's top-1 (dinfer_viz/drawing/constraint.py):
 # the grid's corner mark and the raster's markers share this colour
 CONSTRAINT_COLOUR = "#0891b2"

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from engine import IterationRecord
 
 from ..reading.timeline import Timeline, iteration_number
+from .cells import CELL_COLOURS, PINNED
 
 _TEMPLATE = go.layout.Template(
     layout=dict(
@@ -163,6 +164,7 @@ RASTER_MARKS = {
     "partial": ("recomputed only this range (dashed)", dict(mode="lines", line=dict(color="#db2777", width=1.5, dash="dash"))),
     "block": ("block start (blue line)", dict(mode="lines", line=dict(color="#2563eb", width=1.5))),
     "shown": ("iteration shown (red line)", dict(mode="lines", line=SHOWN_LINE)),
+    PINNED: (f"{CELL_COLOURS[PINNED][1]} (band)", dict(mode="markers", marker=dict(symbol="square", size=11, color=CELL_COLOURS[PINNED][0]))),
 }
 
 
@@ -188,11 +190,27 @@ def _legend_only(kind: str) -> go.Scatter:
     return go.Scatter(x=[None], y=[None], name=name, hoverinfo="skip", uid=f"mark-{kind}", **style)
 
 
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Sorted `positions` as [start, end) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
+
+
 def block_and_shown_shapes(timeline: Timeline, first: int, upto: int, highlight: int | None) -> tuple[list[dict], set[str]]:
-    """A raster's block starts (vertical lines) and the iteration shown (a horizontal line at
-    record `highlight`, when drawn), with the RASTER_MARKS kinds they draw."""
+    """A raster's block starts (vertical lines), the iteration shown (a horizontal line at record
+    `highlight`, when drawn) and the text the request pinned (a band under each run of pinned
+    positions: no step writes them, so the heatmap leaves them blank), with the RASTER_MARKS kinds
+    they draw."""
     shapes: list[dict[str, Any]] = []
     drawn: set[str] = set()
+    for a, b in _runs(sorted(p for p in timeline.pinned if p < timeline.view_end())):
+        drawn.add(PINNED)
+        shapes.append(dict(type="rect", xref="x", yref="paper", x0=a - 0.5, x1=b - 0.5, y0=0, y1=1, fillcolor=CELL_COLOURS[PINNED][0], line=dict(width=0), layer="below"))
     for s in sorted({rec.block_range[0] for rec in timeline.records[first : upto + 1]}):
         drawn.add("block")
         shapes.append(dict(type="line", xref="x", yref="paper", x0=s - 0.5, x1=s - 0.5, y0=0, y1=1, line=dict(color="#2563eb", width=1)))

@@ -67,9 +67,12 @@ class PanelRows(list):
         ("block", "canvas") it first stood, or `never` when the run reached none."""
         first = next((rec for rec in timeline.records if rec.block_range[0] <= position < rec.block_range[1]), None)
         in_prompt = position < timeline.prompt_length
-        where = "prompt" if in_prompt else f"generated token {position - timeline.prompt_length + 1} of the answer"
+        pinned = position in timeline.pinned
+        where = "prompt" if in_prompt else "pinned by the request" if pinned else f"generated token {position - timeline.prompt_length + 1} of the answer"
         if first is not None:
             where += f", {span} {first.block} [{first.block_range[0]}, {first.block_range[1]})"
+        elif pinned:  # blocks end at the last hole: text pinned after it is context (docs/algorithms.md §11)
+            where += f", after the last hole: in no {span}, the model reads it as context"
         elif not in_prompt:
             where += f", {never}"
         self.add("position", f"{position} ({where})")

@@ -20,7 +20,7 @@ shared by the CSS, the legend and the figures (never hex strings used as labels)
 
 from __future__ import annotations
 
-from ..drawing.cells import CELL_COLOURS, CELL_MARKS, CONSTRAINT_COLOUR, cell_text, expected_at, first_shown, inert, revision_line, summary_tip
+from ..drawing.cells import CELL_COLOURS, CELL_MARKS, CONSTRAINT_COLOUR, PINNED, PINNED_WORDS, cell_text, expected_at, first_shown, inert, revision_line, summary_tip
 from .readouts import plural
 from ..reading.timeline import Timeline, iteration_number
 from ..views import view_for
@@ -69,7 +69,7 @@ class LiveGrid:
       painted the frame (runner.acknowledge: the server's pacing);
     - `canvas` (for a page that holds nothing of the run yet, and every frame of a kind whose step
       may change every position): the cells, `[position, text, kind, tip]` (position -1: the
-      summary cell of a long prompt's head);
+      summary cell of a long prompt's head; kind `pinned` for text the request pinned);
     - `commits`: the commits since the records the page holds, `[position, text, iteration,
       forced, confidence, wrong, cut]` (all of them for a page that holds nothing; `cut`: the
       answer's constraint had removed the model's top-1 there, dinfer_viz/drawing/constraint.py);
@@ -93,6 +93,8 @@ class LiveGrid:
             token = timeline.initial[p]
             if token == timeline.mask_id:
                 self.canvas.append([p, cell_text(timeline, token), "masked", f"pos {p} · masked"])
+            elif p in timeline.pinned:
+                self.canvas.append([p, cell_text(timeline, token), PINNED, f"pos {p} · {PINNED_WORDS}\ntoken {timeline.text_of(token)!r} (id {token})"])
             else:
                 self.canvas.append([p, cell_text(timeline, token), "prompt", f"pos {p} · prompt\ntoken {timeline.text_of(token)!r} (id {token})"])
 

@@ -82,6 +82,9 @@ class Timeline:
         self.row = row
         self.initial = list(trace.initial[row])
         self.prompt_length = trace.prompt_lengths[row]
+        # the positions the request pinned (a suffix, a template's text: docs/algorithms.md §11), which
+        # no step writes; none in a trace without them (before version 7, or nothing was pinned)
+        self.pinned: frozenset[int] = frozenset(trace.pinned[row]) if trace.pinned else frozenset()
         self.records: list[IterationRecord] = []
         self.commits: dict[int, Commit] = {}  # each position's latest commit
         # every commit of a position, in order: a remasked position may be committed again
@@ -150,10 +153,10 @@ class Timeline:
     def view_end(self) -> int:
         """Last canvas position the figures show, plus one: the canvas end while a run can still
         reach it (a live view keeps its axes), else the end of the last block decoded (early stop
-        leaves the rest undecoded)."""
+        leaves the rest undecoded) or of the text the request pinned, which the model read."""
         if not self.finished:
             return self.canvas_length
-        return max([rec.block_range[1] for rec in self.records] + [self.prompt_length])
+        return max([rec.block_range[1] for rec in self.records] + [self.prompt_length] + [p + 1 for p in self.pinned])
 
     def clamp(self, iteration: int) -> int:
         """An iteration index within this timeline (-1: before the first forward)."""

@@ -95,6 +95,12 @@ PAIR_SUM_REGEX = r"(  [0-9]| [1-9][0-9]) \+(  [0-9]| [1-9][0-9])"  # benchmarks/
 # `verify=router` in 3, skipping the second block's verify (tests/test_speculative_router.py)
 SPECULATIVE_MODEL = "tiny-llada2"
 SPECULATIVE_LESSON_PROMPT = "Q: ?+?=110 A:"
+# Lesson 9: the same pair-sum answered freely, then with its end pinned after a hole (docs/algorithms.md
+# §11). The model's answers put each operand right-aligned in 3 characters (` 23 + 34`), so ` + 34`
+# pinned after a hole of 3 leaves the hole one right answer, ` 23`. The fixed decoder commits one
+# position a forward, so the order the cells are written in is the order the page shows.
+INFILL_LESSON_PROMPT = "Q: ?+?=57 A:"
+INFILL_TEMPLATE = "{{hole:3}} + 34"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -310,6 +316,26 @@ LESSONS: tuple[Lesson, ...] = (
                 {"kind_options": {"verify": "router"}},
                 "The router estimates from the draft's entropies how many drafted tokens a verify would keep and skips the verify "
                 "when the draft's confident run is worth more (the lane under the chart marks each decision): step 3's answer in fewer forwards.",
+            ),
+        ),
+    ),
+    Lesson(
+        "9 · fill in the middle: the answer free → a hole before a pinned “ + 34”",
+        INFILL_LESSON_PROMPT,
+        {"gen_length": 8, "block_length": 8, "decoder": "fixed", "cache": "none", MODEL: BASE_MODEL},
+        (
+            Step(
+                "nothing pinned: the model writes the whole answer",
+                {"template": None},
+                "One position a forward, so the order of the commits is the model's own: scrub the iterations and note which cells it "
+                "writes first (the spaces and the plus that frame the numbers, or the digits), and which split of 57 it picks.",
+            ),
+            Step(
+                "a hole of 3 before the pinned “ + 34” (a template)",
+                {"template": INFILL_TEMPLATE},
+                "The tan cells are pinned by the request: the model reads them and never writes them, so the hole must hold 23. "
+                "Scrub the hole's three commits against step 1's first number, then open Diff & analysis: its order ρ counts the hole "
+                "only (1: left to right, −1: the last digit first).",
             ),
         ),
     ),

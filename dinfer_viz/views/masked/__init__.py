@@ -10,7 +10,7 @@ from engine.cache_modes import cache_mode
 from engine.trace import MASKED
 
 from ...drawing.cache_figure import cache_rule_markdown
-from ...drawing.cells import CELL_COLOURS, CELL_MARKS, inert_markdown, legend_block
+from ...drawing.cells import CELL_COLOURS, CELL_MARKS, PINNED, inert_markdown, legend_block
 from ...drawing.constraint import constraint_marks
 from ...reading.timeline import Timeline, iteration_number
 from ..base import KindView, register
@@ -20,8 +20,8 @@ from . import masked_details, masked_figures, masked_grid
 REVISION_STATES = ("edited", "remasked")
 MARKS = ("blk", "win", "anchor", "wrong")
 # the masked kind's own states, in the legend's order (cells.CELL_COLOURS holds them first)
-STATES = ("prompt", "masked", "old", "new", "forced", "fill", *REVISION_STATES)
-FRAME_STATES = ("prompt", "masked", "old", "new", "forced")
+STATES = ("prompt", PINNED, "masked", "old", "new", "forced", "fill", *REVISION_STATES)
+FRAME_STATES = ("prompt", PINNED, "masked", "old", "new", "forced")
 
 SMOOTHING = (
     "**Iteration smoothing** feeds still-masked positions the [MASK] embedding plus a weighted "
@@ -50,6 +50,13 @@ def revises(timeline: Timeline | None) -> bool:
     return bool(declared) if declared is not None else timeline.revises
 
 
+def _states_of(timeline: Timeline | None, states: tuple[str, ...], revising: bool) -> tuple[str, ...]:
+    """The `states` a legend names for `timeline`'s run: the revision states for a decoder that
+    revises, the pinned state for a request that pinned text (a live run knows both from its header)."""
+    pins = timeline is not None and bool(timeline.pinned)
+    return tuple(k for k in states if (revising or k not in REVISION_STATES) and (pins or k != PINNED))
+
+
 @register
 class MaskedView(KindView):
     kind = MASKED
@@ -74,8 +81,7 @@ class MaskedView(KindView):
         return masked_grid.live_fields(timeline, shown, since, expected, canvas)
 
     def legend_states(self, timeline: Timeline | None) -> list[tuple[str, str]]:
-        shown = revises(timeline)
-        return [(k, CELL_COLOURS[k][1]) for k in STATES if shown or k not in REVISION_STATES]
+        return [(k, CELL_COLOURS[k][1]) for k in _states_of(timeline, STATES, revises(timeline))]
 
     def legend_html(self, timeline: Timeline | None) -> str:
         return legend_block(self.legend_states(timeline), constraint_marks(timeline, MARKS), "confidence now")
@@ -120,7 +126,7 @@ class MaskedView(KindView):
         )
 
     def frame_legend_states(self, timeline: Timeline) -> tuple[str, ...]:
-        return FRAME_STATES + (REVISION_STATES if timeline.revises else ())
+        return _states_of(timeline, FRAME_STATES + REVISION_STATES, timeline.revises)
 
 
 assert all(k in CELL_COLOURS for k in STATES) and all(k in CELL_MARKS for k in MARKS)

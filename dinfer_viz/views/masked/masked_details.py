@@ -20,7 +20,7 @@ from engine.decoders.factor import FactorDecoder
 from engine.trace import CANDIDATES_MAX_BLOCK
 
 from ...drawing.cache_figure import STATES, cache_states, state_explanation
-from ...drawing.cells import inert, revision_line
+from ...drawing.cells import PINNED_WORDS, inert, revision_line
 from ...drawing.constraint import dropped_at, history_cell, restricted_at, restriction_words, run_constraint, run_line
 from ...drawing.panel import PanelRows, history_table, number, panel, run_option, token_name
 from ...reading.timeline import Timeline, iteration_number
@@ -306,7 +306,7 @@ def _history(timeline: Timeline, position: int, shown: int) -> str:
             continue
         token = rec.top1[timeline.row][position - s]
         conf = float(rec.confidence[timeline.row][position - s])
-        state = "masked" if _masked_before(timeline, position, i) else "already committed"
+        state = "pinned by the request" if position in timeline.pinned else "masked" if _masked_before(timeline, position, i) else "already committed"
         if position in rec.committed[timeline.row]:
             state = "committed here" + (" (forced)" if position in rec.forced[timeline.row] else "")
         revision = timeline.revision_at(position, i)
@@ -335,6 +335,8 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
         add("constraint", constraint)
     if token == timeline.mask_id:
         add("token", "masked: [MASK], not yet committed")
+    elif position in timeline.pinned:
+        add("token", f"{token_name(timeline, token)}, {PINNED_WORDS}")
     elif commit is None and not in_prompt:
         add("token", f"{token_name(timeline, token)}, filled with end-of-text by early stop (no decoder chose it)")
     else:
@@ -378,6 +380,8 @@ def position_details(timeline: Timeline, position: int, iteration: int, expected
             pass  # the decision is the commit or the revision above, with its rule
         elif _masked_before(timeline, position, iteration):
             add("decision now", rule_text(timeline, iteration, position))
+        elif position in timeline.pinned:
+            add("decision now", "pinned by the request: no decoder may write it; the model only reports what it would predict here")
         else:
             add("decision now", (
                 "already committed before this iteration: the decoder could have edited or remasked it here, and its rule did not"

@@ -1,4 +1,4 @@
-"""The grid of a masked-diffusion run: each cell is prompt, masked, committed (new above the
+"""The grid of a masked-diffusion run: each cell is prompt, pinned by the request, masked, committed (new above the
 threshold, forced by the at-least-one rule, or earlier), filled by early stop, or, for a revising
 decoder, edited or remasked by the record shown; marks for the current block, what a partial
 forward recomputed, anchors and wrong tokens. A live frame brings the commits and revisions since
@@ -10,11 +10,14 @@ from typing import Any
 
 from engine.trace import EDIT, REMASK
 
-from ...drawing.cells import cell_text, collapse_fill, expected_at, first_shown, inert, revision_line, summary_tip
+from ...drawing.cells import PINNED, PINNED_WORDS, cell_text, collapse_fill, expected_at, first_shown, inert, revision_line, summary_tip
 from ...drawing.constraint import CUT, cut_positions, dropped_at, hover_line, restricted_at, summary
 from ...reading.timeline import EXACT_FORWARDS, Commit, Timeline, iteration_number
 
-STATE_TIPS = {"prompt": "prompt", "masked": "masked", "fill": "filled with end-of-text by early stop"}
+STATE_TIPS = {
+    "prompt": "prompt", "masked": "masked", "fill": "filled with end-of-text by early stop",
+    PINNED: PINNED_WORDS,
+}
 # states whose token a decoder chose (compared with the expected answer)
 COMMITTED_STATES = ("old", "new", "forced", "edited")
 
@@ -38,7 +41,7 @@ def masked_cells(timeline: Timeline, iteration: int, expected: list[int] | None)
         commit = timeline.commit_at(p, iteration)
         in_block = p in block
         kind = cell_state(timeline, canvas, p, iteration)
-        if kind in ("prompt", "masked", "fill"):
+        if kind in STATE_TIPS:
             tip = [f"pos {p} · {STATE_TIPS[kind]}"]
         elif kind == "remasked":
             tip = [f"pos {p} · back to [MASK] at iteration {iteration_number(iteration)}"]
@@ -113,8 +116,11 @@ def revised_summary(timeline: Timeline, iteration: int) -> str:
 
 def cell_state(timeline: Timeline, canvas: list[int], p: int, iteration: int) -> str:
     """Position `p`'s state after record `iteration` (-1: before the first forward), as the grid
-    colours it: prompt, masked, fill (early stop's end-of-text), committed new / forced (by this
-    record) / old (earlier), or edited / remasked (by this record, a revising decoder)."""
+    colours it: prompt, pinned (by the request, docs/algorithms.md §11), masked, fill (early stop's
+    end-of-text), committed new / forced (by this record) / old (earlier), or edited / remasked (by
+    this record, a revising decoder)."""
+    if p in timeline.pinned:  # no decoder writes a pinned position, nor early stop
+        return PINNED
     revision = timeline.revision_at(p, iteration) if iteration >= 0 else None
     if revision is not None:
         return "edited" if revision.kind == EDIT else "remasked"
