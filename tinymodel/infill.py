@@ -10,7 +10,7 @@ held-out sum; grammar: a held-out prompt's sampled sentence). Each case is answe
 same hole: with the suffix pinned, and without it (the same `gen_length`, nothing after the hole),
 where the hole is then checked against the suffix the model never saw: what seeing the pinned end
 is worth. benchmarks/infill.py prints the table; tinymodel.span logs the pair-sum rate at each
-checkpoint; tests/test_infill_quality.py holds the served model to it.
+checkpoint; tests/test_infill_eval.py tests the cases and the scoring.
 """
 
 from __future__ import annotations
