@@ -57,6 +57,10 @@ class DecoderOption:
         kind = type(self.default)
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
         ok = ok or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        # an integer past 2**53 is no float a run can hold exactly (and past 2**1024 none at all:
+        # math.isfinite overflows), nor a tensor element past 2**63: a bound on size, as JSON's
+        if ok and kind in (int, float) and not isinstance(value, bool) and isinstance(value, int) and abs(value) > 2**53:
+            raise EngineError(f"{owner} setting {name} must be {self.range_text() if self.least is not None or self.most is not None else 'a number'} and at most 2**53 in size, got {str(value)[:40]}")
         if not ok or (kind is float and not math.isfinite(value)):
             raise EngineError(f"{owner} setting {name} must be {TYPE_NAMES[kind]}, got {str(value)[:40]!r}")
         if self.choices and value not in self.choices:

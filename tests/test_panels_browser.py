@@ -105,7 +105,7 @@ def test_a_threshold_runs_details_and_the_explanation_fit(page, tmp_path):
 
 
 def test_a_speculative_runs_details_fit(session, tmp_path):
-    """Lesson 8's last step: tiny-llada2, the speculative kind; its drafts table in the panel."""
+    """Lesson 8's third step: tiny-llada2, the speculative kind; its drafts table in the panel."""
     from playwright.sync_api import expect
 
     from dinfer_viz.studies.lessons import LESSONS
@@ -115,11 +115,12 @@ def test_a_speculative_runs_details_fit(session, tmp_path):
     page.locator("#lessons-box").get_by_text("Lessons").click()
     page.locator("#lesson input").fill(lesson.name)
     page.keyboard.press("Enter")
-    expect(page.locator("#lesson-note")).to_contain_text("Step 1 of 3")
+    steps = len(lesson.steps)
+    expect(page.locator("#lesson-note")).to_contain_text(f"Step 1 of {steps}")
     page.click("#lesson-next")
-    expect(page.locator("#lesson-note")).to_contain_text("Step 2 of 3")
+    expect(page.locator("#lesson-note")).to_contain_text(f"Step 2 of {steps}")
     page.click("#lesson-next")
-    expect(page.locator("#lesson-note")).to_contain_text("Step 3 of 3")
+    expect(page.locator("#lesson-note")).to_contain_text(f"Step 3 of {steps}")
     page.click("#run-btn")
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     expect(page.locator("#model-status")).to_contain_text("tiny-llada2")

@@ -454,7 +454,11 @@ def test_lm_eval_scores_the_embedded_model_through_the_server(served, monkeypatc
     samples = results["samples"]["tiny_families"]
     docs = [json.loads(line) for line in Path("benchmarks/lm_eval_tasks/tiny_families.jsonl").read_text().splitlines()]
     assert len(samples) == len(docs) > 50
-    config = GenerationConfig(gen_length=32, block_length=8, seed=1234, use_chat_template=False)  # what lm-eval sent
+    from engine.serving.limits import RequestLimits
+    from engine.serving.schema import canvas_length
+
+    # what lm-eval sent: max_tokens 32, so the canvas is the server's rule's (the card's answer length)
+    config = GenerationConfig(gen_length=canvas_length(32, 8, served.engine.answer_length, RequestLimits()), block_length=8, seed=1234, use_chat_template=False)
     valid = []
     for sample in samples:
         doc = sample["doc"]
