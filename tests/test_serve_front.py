@@ -52,8 +52,15 @@ def test_back_toward_accuracy_only_a_margin_below_the_target_and_with_nothing_wa
     follow = LoadFollower(2, TARGET, window=3, least=2, margin=0.2, point=1)
     assert follow.observe(0.9, waiting=0) == 1
     assert follow.observe(0.1, waiting=0) == 1  # p95 of (0.9, 0.1) is 0.9: within the margin
-    assert follow.observe(0.1, waiting=0) == 1
-    assert follow.observe(0.1, waiting=0) == 0  # the 0.9 has left the window
+    assert follow.observe(0.1, waiting=0) == 0  # the latest two are fast
+
+
+def test_after_a_burst_the_latest_answers_bring_it_back_not_the_whole_window():
+    """A window counts answers, not seconds: the burst's slow answers still fill most of it when the
+    load has gone, and the step back is judged on the latest `least` answers."""
+    follow = LoadFollower(3, TARGET, window=20, least=5, point=2)
+    assert [follow.observe(5.0, waiting=4) for _ in range(15)] == [2] * 15  # the fastest point: no further
+    assert [follow.observe(0.1, waiting=0) for _ in range(5)] == [2, 2, 2, 2, 1]
 
 
 @pytest.mark.parametrize("bad", [dict(points=0), dict(target_s=0.0), dict(least=5, window=4), dict(margin=1.0)])

@@ -5,7 +5,8 @@ fastest (most tokens per forward) last (docs/tuning.md §1). `serve --front FILE
 reads it (`read_front`: every point's settings checked against the served model, so no request is
 refused for the front's sake) and gives each new request the settings of the point `LoadFollower`
 holds: one step toward the fastest point when the p95 latency of the requests answered since the
-last step exceeds the target, one step back when it is a margin below the target and no row waits.
+last step exceeds the target, one step back when the latest answers' is a margin below the target
+and no row waits.
 The controller is pure (latencies and a queue length in, a point index out), so its rule is
 tested on synthetic latencies and never on a clock.
 """
@@ -40,9 +41,10 @@ def p95(latencies: list[float]) -> float:
 class LoadFollower:
     """Which point of a front of `points` points (0: the most accurate) new requests get, from the
     latencies of answered requests: `observe` each one's latency (seconds) with the number of rows
-    waiting when it ended. Past the target, a step toward the fastest point; a margin below it with
-    nothing waiting, a step back. Each step starts a new window, so the next is decided on the new
-    point's own latencies (`least` of them at least)."""
+    waiting when it ended. The window's p95 past the target: a step toward the fastest point; the
+    p95 of the latest `least` answers a margin below it with nothing waiting: a step back. Each
+    step starts a new window, so the next is decided on the new point's own latencies (`least` of
+    them at least)."""
 
     points: int
     target_s: float
@@ -60,10 +62,11 @@ class LoadFollower:
         """One answered request's latency; the point new requests get from now on."""
         self.latencies = [*self.latencies, latency_s][-self.window:]
         if len(self.latencies) >= self.least:
-            late = p95(self.latencies)
-            if late > self.target_s and self.point < self.points - 1:
+            if p95(self.latencies) > self.target_s and self.point < self.points - 1:
                 self._step(+1)
-            elif late < self.target_s * (1 - self.margin) and waiting == 0 and self.point > 0:
+            # back on the latest answers alone: the window counts answers, not seconds, so after a
+            # burst it would hold the burst's latencies until as many answers at the lighter load came
+            elif p95(self.latencies[-self.least:]) < self.target_s * (1 - self.margin) and waiting == 0 and self.point > 0:
                 self._step(-1)
         return self.point
 
