@@ -38,7 +38,8 @@ from .scheduler import ContinuousBatcher, shares_forwards
 from .limits import RequestLimits, TooLarge
 from .metrics import ServerMetrics
 from .fair import FairPool
-from .schema import ParsedRequest, constraint_of, parse_request
+from .front import FrontFollower
+from .schema import ParsedRequest, constraint_of, encode_prompt, parse_request
 from .streaming import RowText, sse
 from .traces import CANCELLED, DONE, FAILED, RUNNING, TraceStore
 
@@ -69,19 +70,6 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     """`error_body` as a response; a 503 says when to retry."""
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
     return JSONResponse(error_body(message, kind), status_code=status, headers=headers)
-
-
-def encode_prompt(engine: Engine, prompt: str | list[dict[str, str]], use_chat_template: bool) -> list[int]:
-    """A completion's text, or a chat's messages: one user message through `Engine.encode`, several
-    through the tokenizer's chat template (a model without one takes a single user message)."""
-    if isinstance(prompt, str):
-        return engine.encode(prompt, use_chat_template)
-    if len(prompt) == 1:
-        return engine.encode(prompt[0]["content"], use_chat_template)
-    if not (use_chat_template and getattr(engine.tokenizer, "chat_template", None)):
-        raise EngineError("this model has no chat template (or use_chat_template is false): send one user message")
-    ids = engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 class RowSinkToLoop:
@@ -144,14 +132,14 @@ class Server:
 
     def __init__(
         self, engine: Engine, limits: RequestLimits, max_batch: int, max_pending: int, traces: TraceStore, batching: str = BATCHING[0],
-        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES, front: FrontFollower | None = None,
     ) -> None:
         if batching not in BATCHING:
             raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
-        self.engine, self.limits, self.traces, self.max_pending = engine, limits, traces, max_pending
+        self.engine, self.limits, self.traces, self.max_pending, self.front = engine, limits, traces, max_pending, front
         kind = ContinuousBatcher if batching == "continuous" and shares_forwards(engine) else Batcher
         self.batcher: Batcher | ContinuousBatcher = kind(threading.Lock(), lambda members: engine, max_batch, on_forward=lambda rows: self.metrics.forward(rows))
-        self.metrics = ServerMetrics(lambda: self.batcher.waiting, lambda: self.batcher.running)
+        self.metrics = ServerMetrics(lambda: self.batcher.waiting, lambda: self.batcher.running, len(front.front.settings) if front else 0)
         if engine.model.block_causal and prefix_cache_bytes > 0 and shares_forwards(engine):  # the weights are here
             engine.model.prefix_store = PrefixStore(prefix_cache_bytes, on_hit=self.metrics.prefix_hit)
         self._pending = 0
@@ -230,7 +218,9 @@ class Server:
     async def complete(self, request: Request, chat: bool) -> Response:
         arrived = time.monotonic()
         try:
-            body = await self.read_body(request)
+            body, point = await self.read_body(request), None
+            if self.front is not None:  # a new request: the point the load has moved to (engine/serving/front.py)
+                body, point = self.front.assign(body)
             # off the event loop (a constraint's build takes seconds to minutes); one that builds on the
             # builds' own threads, in its client's turn (fair.py), holding no quick check's thread
             if await asyncio.to_thread(self._builds, constraint_of(body)):  # the vocabulary's first use reads the tokenizer
@@ -255,7 +245,7 @@ class Server:
             self.batcher.submit(BatchRequest(ids, parsed.config, cancel, sink, key, fitted=True))
         self.watch_disconnect(request, cancel, [r.trace_id for r in rows])
         headers = {"X-Trace-Ids": ",".join(r.trace_id for r in rows)}
-        reply = Reply(self, parsed, request_id, rows, events, arrived, cancel, done=lambda: self._cancels.discard(cancel))
+        reply = Reply(self, parsed, request_id, rows, events, arrived, cancel, done=lambda: self._cancels.discard(cancel), point=point)
         if parsed.stream:
             return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         body = await reply.whole()
@@ -292,11 +282,12 @@ class Reply:
 
     def __init__(
         self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, arrived: float,
-        cancel: threading.Event, done: Callable[[], None],
+        cancel: threading.Event, done: Callable[[], None], point: int | None = None,
     ) -> None:
         self.server, self.parsed, self.id, self.rows, self.events = server, parsed, request_id, rows, events
         self.cancel = cancel  # the request's: set when its client left, or the server stops
         self.done = done  # called once every row has ended
+        self.point = point  # the front's point it runs (None: its own settings, or no front)
         self.open_rows = len(rows)  # rows not yet ended: what `_events` still waits for
         self.created = int(time.time())
         self.arrived = arrived  # time.monotonic() when the request came: its latency's start
@@ -341,6 +332,9 @@ class Reply:
         self.metrics.latency.observe(now - self.arrived)
         if status == "ok":
             self.metrics.first_token.observe((self.first_text or now) - self.arrived)
+        if status == "ok" and self.server.front is not None:  # what the controller follows: answered requests' latencies
+            self.server.front.follower.observe(now - self.arrived, self.server.batcher.waiting)
+            self.metrics.front_answers.labels("own" if self.point is None else str(self.point)).inc()
 
     def usage(self) -> dict[str, int]:
         completion = sum(r.completion_tokens for r in self.rows)
@@ -364,6 +358,10 @@ class Reply:
             choice["message"] = {"role": "assistant", "content": text}
         return choice
 
+    def _used(self, row: Row) -> dict[str, Any]:
+        """What a finished row's choice says of how it ran: rows sharing its forwards, and its front point."""
+        return {"batch": row.batch, **(self.server.front.reported(self.point) if self.server.front else {})}
+
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion" if self.parsed.chat else "text_completion") + (".chunk" if chunk and self.parsed.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.server.engine.name, "choices": choices}
@@ -379,7 +377,7 @@ class Reply:
         choices = []
         for row in self.rows:
             rest, reason = self._finish(row)
-            choices.append({**self._choice(row, rest, reason, delta=False), "batch": row.batch})
+            choices.append({**self._choice(row, rest, reason, delta=False), **self._used(row)})
         return {**self._envelope(choices, chunk=False), "usage": self.usage()}
 
     async def stream(self) -> AsyncIterator[str]:
@@ -421,7 +419,7 @@ class Reply:
                     yield sse(self._envelope([self._choice(row, delta, None, delta=True)], True))
             elif kind == "finished":
                 rest, reason = self._finish(row)
-                last = {**self._choice(row, rest, reason, delta=True), "batch": row.batch}
+                last = {**self._choice(row, rest, reason, delta=True), **self._used(row)}
                 if self.parsed.provisional:
                     last["provisional"] = ""  # everything is final
                 yield sse(self._envelope([last], True))
@@ -441,12 +439,14 @@ def create_app(
     on_shutdown: Callable[[], None] | None = None,
     batching: str = BATCHING[0],
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    front: FrontFollower | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (module docstring). `on_shutdown`: called when the server
     stops (uvicorn re-raises a SIGTERM once it has shut down, so code after its run never runs);
-    `batching`: "continuous" or "lockstep", `prefix_cache_bytes` (`Server`)."""
+    `batching`: "continuous" or "lockstep", `prefix_cache_bytes` (`Server`); `front`: the tuned
+    front its requests follow under load (engine/serving/front.py)."""
     # `is None`, not `or`: an empty store is falsy (its __len__), and it is the caller's bounds
-    server = Server(engine, limits, max_batch, max_pending, TraceStore() if traces is None else traces, batching, prefix_cache_bytes)
+    server = Server(engine, limits, max_batch, max_pending, TraceStore() if traces is None else traces, batching, prefix_cache_bytes, front)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     import uvicorn
 
+    from .front import FrontFollower
+
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
@@ -46,6 +48,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-gen-length", type=int, default=DEFAULT_MAX_GEN_LENGTH, help="largest generation length a request may ask for")
     serve.add_argument("--max-traces", type=int, default=256, help="traces kept for GET /v1/traces/{id}, the oldest pruned first")
     serve.add_argument("--max-trace-mb", type=int, default=64, help="megabytes of trace JSON kept, the oldest pruned first")
+    serve.add_argument("--front", metavar="FILE", help="a tuned front (engine tune --front-out FILE): under load, new requests move along it toward fewer forwards (docs/serving.md §7)")
+    serve.add_argument("--target-p95-ms", type=float, metavar="MS", help="with --front: the p95 latency the server holds by moving along the front")
     serve.set_defaults(run=serve_command)
 
 
@@ -138,6 +142,22 @@ def listen(host: str, port: int) -> socket.socket:
         raise EngineError(f"cannot listen on {host}{f':{port}' if port else ''}: {exc.strerror or exc}") from None
 
 
+def following(args: argparse.Namespace) -> "FrontFollower | None":
+    """`--front` and `--target-p95-ms` (both or neither), the front checked against the served
+    model's skeleton before the model loads; EngineError in one line."""
+    from ..models import model_skeleton
+    from .front import FrontFollower, LoadFollower, read_front
+
+    if (args.front is None) != (args.target_p95_ms is None):
+        raise EngineError("--front and --target-p95-ms go together: the front to follow and the latency that moves along it")
+    if args.front is None:
+        return None
+    if not 0 < args.target_p95_ms < float("inf"):
+        raise EngineError(f"--target-p95-ms must be a positive number of milliseconds, got {args.target_p95_ms:g}")
+    front = read_front(args.front, model_skeleton(args.model))
+    return FrontFollower(front, LoadFollower(len(front.settings), args.target_p95_ms / 1000))
+
+
 def serve_command(args: argparse.Namespace) -> int:
     from ..models import model_skeleton
     from ..pipeline import Engine
@@ -154,6 +174,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if not 0 < args.header_timeout < float("inf"):
         raise EngineError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout:g}")
     check_threads(args.threads)
+    front = following(args)
     system = system_kwargs(args)
     listener = listen(args.host, args.port)
     limits = RequestLimits(max_prompt_chars=args.max_prompt_chars, max_gen_length=args.max_gen_length)
@@ -163,7 +184,7 @@ def serve_command(args: argparse.Namespace) -> int:
     with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
         # a parallel engine's workers end with the server, also when a signal stops it
         app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close, batching=args.batching,
-                         prefix_cache_bytes=args.prefix_cache_mb << 20)
+                         prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
         server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
         try:

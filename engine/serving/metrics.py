@@ -20,11 +20,12 @@ FORWARDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ServerMetrics:
-    """The metrics of one server; `queued` and `running`: read at each scrape."""
+    """The metrics of one server; `queued` and `running`: read at each scrape; `front_points`: the
+    points of the front it follows (0: none)."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queued: Callable[[], int], running: Callable[[], int]) -> None:
+    def __init__(self, queued: Callable[[], int], running: Callable[[], int], front_points: int = 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("dinfer_requests", "HTTP completion requests by how they ended", ["status"], registry=r)
@@ -42,6 +43,10 @@ class ServerMetrics:
         self.tokens = Counter("dinfer_generated_tokens", "answer tokens of finished rows (usage.completion_tokens)", registry=r)
         self.forwards = Counter("dinfer_forwards", "model forwards the engine ran (a shared forward counts once)", registry=r)
         self.prefix_hits = Counter("dinfer_prefix_cache_hits", "rows whose prompt's first blocks' K/V came from the prefix cache", registry=r)
+        # a server following a tuned front (engine/serving/front.py): its answers by the point they ran, "own" for a request's own settings
+        self.front_answers = Counter("dinfer_front_point_answers", "answered requests by the tuned front's point they ran", ["point"], registry=r) if front_points else None
+        for point in [*map(str, range(front_points)), "own"] if front_points else []:
+            self.front_answers.labels(point)  # type: ignore[union-attr]
         self.prefix_tokens = Counter("dinfer_prefix_cache_saved_tokens", "prompt tokens whose K/V the prefix cache supplied, not computed", registry=r)
 
     def forward(self, rows: int) -> None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import MOVED_KIND_SETTINGS, MOVED_SETTINGS, GenerationConfig
 from ..constraints import CONSTRAINT_FIELDS, ConstraintSpec
 from ..errors import EngineError
 from .limits import RequestLimits
+
+if TYPE_CHECKING:
+    from ..pipeline import Engine
 
 CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationConfig))
 # settings taken by name: the config's fields and the old names of those that became decoder or
@@ -203,3 +206,16 @@ def parse_request(body: Any, chat: bool, limits: RequestLimits, answer_length: i
         stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)), model=model,
         provisional=bool(body.get("provisional", False)),
     )
+
+
+def encode_prompt(engine: "Engine", prompt: str | list[dict[str, str]], use_chat_template: bool) -> list[int]:
+    """A completion's text, or a chat's messages: one user message through `Engine.encode`, several
+    through the tokenizer's chat template (a model without one takes a single user message)."""
+    if isinstance(prompt, str):
+        return engine.encode(prompt, use_chat_template)
+    if len(prompt) == 1:
+        return engine.encode(prompt[0]["content"], use_chat_template)
+    if not (use_chat_template and getattr(engine.tokenizer, "chat_template", None)):
+        raise EngineError("this model has no chat template (or use_chat_template is false): send one user message")
+    ids = engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

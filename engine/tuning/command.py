@@ -62,6 +62,7 @@ def add_tune_command(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("--fix", action="append", metavar="NAME=VALUE", help="hold a setting at a value (repeat the flag)")
     tune.add_argument("--space", action="append", metavar="NAME[=LOW:HIGH|=A,B]", help="add a setting to the search with its declared range, or narrow one (repeat the flag)")
     tune.add_argument("--json", action="store_true", help="print one JSON object: trials, front, default")
+    tune.add_argument("--front-out", metavar="FILE", help="also write the front (each point's settings and figures, most accurate first) for serve --front (docs/tuning.md §1)")
     add_runtime_args(tune)
     tune.set_defaults(run=tune_command)
 
@@ -91,6 +92,24 @@ def check_prompts_file(path: str) -> None:
         raise EngineError(f"--prompts-file {path[:200]} is not a regular file")
     if info.st_size > MAX_PROMPTS_FILE_BYTES:
         raise EngineError(f"--prompts-file {path[:200]} holds {info.st_size:,} bytes, more than {MAX_PROMPTS_FILE_BYTES:,}")
+
+
+def check_front_out(path: str) -> None:
+    """`--front-out` names a file that can be written once the study ends (checked before it starts:
+    no study's hours lost to a typo in a folder's name)."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise EngineError(f"--front-out {path[:200]}: not a file in a writable folder")
+
+
+def write_front(path: str, model: str, result: dict[str, Any]) -> None:
+    """The report's front as `serve --front` reads it (engine/serving/front.py): its points in the
+    report's order, fewest tokens per forward (the most accurate) first."""
+    try:
+        with open(path, "w") as f:
+            json.dump({"model": model, "study": result["study"], "front": result["front"]}, f, indent=1)
+    except OSError as exc:
+        raise EngineError(f"cannot write --front-out {path[:200]}: {exc.strerror or exc}") from None
 
 
 @contextmanager
@@ -142,6 +161,8 @@ def tune_command(args: argparse.Namespace) -> int:
         raise EngineError(f"--study must be 1 to {MAX_STUDY_NAME} printable characters, got {args.study[:40]!r}")
     if args.prompts_file:
         check_prompts_file(args.prompts_file)
+    if args.front_out is not None:
+        check_front_out(args.front_out)
     check_threads(args.threads)
     skeleton = model_skeleton(args.model)
     decoders = [d.strip() for d in args.decoders.split(",") if d.strip()] if args.decoders else None
@@ -166,6 +187,8 @@ def tune_command(args: argparse.Namespace) -> int:
     if result is None:  # stopped by a signal: the study keeps what it has (its running trial PRUNED)
         print(kept_line(study, args.storage, received[0]), file=sys.stderr)
         return 128 + received[0]
+    if args.front_out is not None:
+        write_front(args.front_out, args.model, result)
     print(json.dumps(result) if args.json else format_report(result))
     if not args.json:
         print(f"[storage {args.storage}  study {study.study_name}]", file=sys.stderr)
