@@ -44,15 +44,15 @@ def test_the_pathological_regex_gets_past_the_structural_bound():
     assert structural_bound(PATHOLOGICAL) < 100  # so only the build's own bounds can stop it
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def own_slots(monkeypatch):
-    """Build slots of the test's own: a build another test of this process left running (a
-    server's, on its thread, to its 120 s deadline) takes none of them, so the bound the test sets
-    is what ends its build, not a wait for a slot (seen once in a fresh-clone CI run)."""
+    """Build slots of each test's own: a build another test of this process left running (a
+    server's or the page's, on its thread, to its 120 s deadline) takes none of them, so the bound
+    a test sets is what ends its build, not a wait for a slot (seen in two fresh-clone CI runs)."""
     monkeypatch.setattr(bounded, "_slots", threading.BoundedSemaphore(bounded.MAX_BUILDS))
 
 
-def test_a_build_past_its_memory_bound_is_stopped_in_one_line(monkeypatch, own_slots):
+def test_a_build_past_its_memory_bound_is_stopped_in_one_line(monkeypatch):
     monkeypatch.setattr(bounded, "MEMORY_BYTES", 256 << 20)
     monkeypatch.setattr(bounded, "DEADLINE_S", 600.0)  # far beyond what 256 MiB lasts: memory ends it
     with pytest.raises(EngineError, match=r"needed more than 0.25 GiB of memory and was stopped") as caught:
@@ -60,7 +60,7 @@ def test_a_build_past_its_memory_bound_is_stopped_in_one_line(monkeypatch, own_s
     assert "\n" not in str(caught.value) and not builds()
 
 
-def test_a_build_past_its_deadline_is_killed_in_one_line(monkeypatch, own_slots):
+def test_a_build_past_its_deadline_is_killed_in_one_line(monkeypatch):
     monkeypatch.setattr(bounded, "DEADLINE_S", 1.0)  # the 2 GiB the build may use last far longer
     with pytest.raises(EngineError, match=r"took longer than 1 s and was stopped") as caught:
         GenerationConfig(regex=PATHOLOGICAL + "c").validate()
