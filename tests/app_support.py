@@ -62,6 +62,21 @@ def open_app(page, url: str) -> None:
     page.wait_for_selector("#cfg-steps", state="hidden", timeout=BROWSER_WAIT_MS)
 
 
+def choose_lesson(page, number: int):
+    """Open lesson `number` from the page's lesson list (the page already open); returns the lesson,
+    its first step's note shown."""
+    from playwright.sync_api import expect
+
+    from dinfer_viz.studies.lessons import LESSONS
+
+    lesson = next(l for l in LESSONS if l.name.startswith(f"{number} "))
+    page.locator("#lessons-box").get_by_text("Lessons").click()
+    page.locator("#lesson input").fill(lesson.name)
+    page.keyboard.press("Enter")
+    expect(page.locator("#lesson-note")).to_contain_text(f"Step 1 of {len(lesson.steps)}")
+    return lesson
+
+
 def choose_option(page, selector: str, value: str) -> None:
     """Pick `value` from the dropdown at `selector` by its exact name ("edit" also filters in
     "credit"). The option gets the mousedown the dropdown listens to, not a click at a point: the

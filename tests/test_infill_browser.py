@@ -12,7 +12,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import open_app
+from .app_support import choose_lesson, open_app
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 from .test_speculative_browser import WAIT, _run_step
 
@@ -36,16 +36,10 @@ def _scrub(page, number: int, trace: dict) -> None:
 def test_lesson_9_fills_a_hole_before_pinned_text_and_shows_the_pinned_cells(session, tmp_path):
     from playwright.sync_api import expect
 
-    from dinfer_viz.studies.lessons import LESSONS
-
-    lesson = next(l for l in LESSONS if l.name.startswith("9 "))
     page = session.page
     page.set_viewport_size({"width": 1024, "height": 768})
     open_app(page, session.url)
-    page.locator("#lessons-box").get_by_text("Lessons").click()
-    page.locator("#lesson input").fill(lesson.name)
-    page.keyboard.press("Enter")
-    expect(page.locator("#lesson-note")).to_contain_text("Step 1 of 2")
+    choose_lesson(page, 9)
     free = _run_step(page)
     assert free["pinned"] is None and page.locator("#grid .cells .cell.pinned").count() == 0
     expect(page.locator("#grid .legend").first).not_to_contain_text("pinned by the request")

@@ -18,6 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest
 
 # the launched app: the run-on-display tests' fixture
+from .app_support import choose_lesson
 from .test_run_on_display_browser import SIZES, open_page, session  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -108,15 +109,8 @@ def test_a_speculative_runs_details_fit(session, tmp_path):
     """Lesson 8's third step: tiny-llada2, the speculative kind; its drafts table in the panel."""
     from playwright.sync_api import expect
 
-    from dinfer_viz.studies.lessons import LESSONS
-
     page = open_page(session, *SIZES[0])
-    lesson = next(l for l in LESSONS if l.name.startswith("8 "))
-    page.locator("#lessons-box").get_by_text("Lessons").click()
-    page.locator("#lesson input").fill(lesson.name)
-    page.keyboard.press("Enter")
-    steps = len(lesson.steps)
-    expect(page.locator("#lesson-note")).to_contain_text(f"Step 1 of {steps}")
+    steps = len(choose_lesson(page, 8).steps)
     page.click("#lesson-next")
     expect(page.locator("#lesson-note")).to_contain_text(f"Step 2 of {steps}")
     page.click("#lesson-next")

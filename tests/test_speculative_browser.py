@@ -13,7 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import open_app
+from .app_support import choose_lesson, open_app
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -42,17 +42,10 @@ def _run_step(page) -> dict:
 def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_path):
     from playwright.sync_api import expect
 
-    from dinfer_viz.studies.lessons import LESSONS
-
-    lesson = next(l for l in LESSONS if l.name.startswith("8 "))
     page = session.page
     page.set_viewport_size({"width": 1024, "height": 768})
     open_app(page, session.url)
-    page.locator("#lessons-box").get_by_text("Lessons").click()
-    page.locator("#lesson input").fill(lesson.name)
-    page.keyboard.press("Enter")
-    steps = len(lesson.steps)
-    expect(page.locator("#lesson-note")).to_contain_text(f"Step 1 of {steps}")
+    steps = len(choose_lesson(page, 8).steps)
     autoregressive = _run_step(page)
     for step in (2, 3):  # a click while the last one's step is on its way is dropped (Gradio's trigger_mode "once")
         page.click("#lesson-next")
