@@ -77,3 +77,40 @@ def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_pa
         page.screenshot(path=path, full_page=full)
         assert os.path.getsize(path) > 20_000
 
+
+
+def test_lesson_8_on_a_model_that_cannot_verify_says_so_and_the_page_stays_usable(session):
+    """Issue 55: lesson 8's speculative step with the model box switched to tiny-llada (full
+    attention: it cannot verify) once left the page without a usable model box. The page says why
+    Run is off in one line, the model box still takes text, and either way back (the lesson's model,
+    or the masked kind on the new one) turns Run on again and runs."""
+    from playwright.sync_api import expect
+
+    from .app_support import choose_option
+
+    page = session.page
+    page.set_viewport_size({"width": 1024, "height": 768})
+    open_app(page, session.url)
+    steps = len(choose_lesson(page, 8).steps)
+    for step in (2, 3):
+        page.click("#lesson-next")
+        expect(page.locator("#lesson-note")).to_contain_text(f"Step {step} of {steps}")
+    page.get_by_text("Model and system", exact=True).click()  # closed by default
+    model = page.locator("#model-path textarea")
+    expect(model).to_have_value("tiny-llada2")
+    run, said = page.locator("#run-btn"), page.locator("#settings-msg [data-testid=markdown]")  # its text, not the pending timer
+    for name, usable in (("tiny-llada", False), ("tiny-llada2", True), ("tiny-llada", False)):
+        model.fill(name)
+        model.press("Tab")  # the settings check runs on the box's change
+        if usable:
+            expect(said).to_contain_text("settings ok")
+            expect(run).to_be_enabled()
+        else:
+            expect(said).to_contain_text("kind 'speculative' cannot run on this model")
+            expect(run).to_be_disabled()
+            assert len(said.inner_text().strip().splitlines()) == 1
+    page.get_by_text("Diffusion kind", exact=True).click()
+    choose_option(page, "#cfg-kind", "masked")
+    expect(said).to_contain_text("settings ok")
+    _run_step(page)
+    expect(page.locator("#stats")).to_contain_text("tiny-llada")
