@@ -35,6 +35,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "workers": (
         "test_parallel_engine.py",
         "test_worker_orphans.py",
+        "test_worker_scripts.py",  # a plain script's tensor-parallel Engine, as a process
         "test_parallel.py::test_two_processes_give_the_logits_and_tokens_of_one",
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[tp2]",
         "test_compiled.py::test_compile_with_tensor_parallelism_keeps_the_tokens_and_times_each_ranks_all_reduces",

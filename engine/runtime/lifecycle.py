@@ -41,9 +41,11 @@ import signal
 import sys
 import threading
 import time
+import types
 import weakref
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 try:
     from ..errors import EngineError
@@ -255,7 +257,8 @@ class ProcessGroup:
                     target=runpy.run_path, args=(__file__,), kwargs=dict(init_globals={"WORKER_ARGUMENTS": arguments}, run_name=WORKER),
                     name=f"dinfer-viz {self.name} {rank}", daemon=True,
                 )
-                process.start()
+                with _callers_script_hidden():
+                    process.start()
                 self._processes.append(process)
                 theirs.close()  # the worker's end lives in the worker only: its death reads as EOF here
         except BaseException:
@@ -358,6 +361,21 @@ class ProcessGroup:
         if process.exitcode is None:
             return EngineError(f"worker rank {rank} closed its pipe")
         return EngineError(f"worker rank {rank} died (exit code {process.exitcode})")
+
+
+@contextmanager
+def _callers_script_hidden() -> Iterator[None]:
+    """While a worker is spawned, `__main__` is a bare module with no file. Spawn prepares each child
+    by running the caller's main script again ("safe importing of the main module"): a plain script
+    that starts an Engine at its top level would start one in each of its own workers, which fail
+    (and the app's workers would import gradio for nothing). A worker needs nothing from it: its
+    target is this file and its `load` was pickled above, from the engine's own modules."""
+    script = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = script
 
 
 if __name__ == WORKER:  # a spawned worker running this file (ProcessGroup.start)
