@@ -8,7 +8,6 @@ canvas through the Engine."""
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 
 import httpx
@@ -135,13 +134,6 @@ def test_a_plain_request_is_answered_while_eight_constraints_build(engine, monke
             t.join()
         until(lambda: app.state.server.pending == 0)
         assert sorted(set(mine())) == sorted(regexes)  # each checked (its count not kept by this stand-in: more than once)
-
-
-def test_a_build_runs_at_the_lowest_cpu_priority():
-    """A build yields the cores to the forwards every client waits on: its child runs at niceness
-    19 (asked of the child itself, through the build server), whatever the caller's own."""
-    assert os.getpriority(os.PRIO_PROCESS, 0) < 19
-    assert bounded.run_bounded("niceness", os.getpriority, os.PRIO_PROCESS, 0) == 19
 
 
 @pytest.mark.parametrize("how", ["disconnect", "stop"])

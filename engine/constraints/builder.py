@@ -32,8 +32,6 @@ import traceback
 from ..errors import EngineError
 from .bounded import BUILD, KILL, ORDER_BYTES, exactly, receive, send
 
-BUILD_NICENESS = 19
-
 
 def serve(control: socket.socket) -> None:
     """Fork a child per BUILD order, kill one per KILL order, report each child's end; return when
@@ -89,9 +87,6 @@ def _child(build: socket.socket, server: int) -> None:
     code = 1
     try:
         _die_with(server)
-        # the lowest CPU priority: a build is one request's work and must not take the cores from
-        # the forwards every client waits on (docs/constraints.md §1)
-        os.setpriority(os.PRIO_PROCESS, 0, BUILD_NICENESS)
         send(build, ("pid", os.getpid()))
         path, memory = receive(build)
         sys.path[:] = path  # the caller's: the function may live in a module only it can import
