@@ -71,3 +71,44 @@ def test_a_span_batch_masks_a_run_inside_each_answer_and_pads_to_the_longest_row
     assert ids.shape[1] == max(lengths)  # the longest row ends at its answer, as a suffix request does
     starts = {span[row].nonzero()[0].item() - len(tokenizer.encode(e.prompt, add_special_tokens=False).ids) for row, e in enumerate(examples)}
     assert 0 in starts and len(starts) > 3  # prefixes and middles both drawn
+
+
+HELD_OUT_DRAW = 2026  # the check's own draw: neither the benchmark's (seed 0) nor the training's evaluation
+
+
+@pytest.mark.xfail(strict=True, reason="issue 57's bar is not met: the shipped weights fill 2 of these 10 holes; span-masked weights lost arithmetic and were not shipped (assets/tiny-llada/README.md, Span masking)")
+def test_the_shipped_model_fills_held_out_pair_sum_holes_through_the_server_and_the_cli(capsys):
+    """Issue 57's bar, on the shipped tiny-llada: 10 held-out pair sums this check draws, the
+    second operand pinned after a hole of 3 (`suffix`), at least 6 filled right through
+    `/v1/completions` and through `generate --suffix` alike (threshold 0.9)."""
+    import json
+
+    import openai
+
+    from engine.__main__ import main
+    from engine.serving.app import create_app
+    from engine.serving.limits import RequestLimits
+    from engine.serving.traces import TraceStore
+
+    from .test_serve import running
+
+    cases = pairsum_cases(10, seed=HELD_OUT_DRAW)
+    app = create_app(Engine(DEFAULT_MODEL), RequestLimits(), max_batch=2, max_pending=4, traces=TraceStore(max_traces=2))
+    with running(app) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        served = [
+            client.completions.create(
+                model="tiny-llada", prompt=case.example.prompt, suffix=case.suffix, max_tokens=case.hole,
+                extra_body={"block_length": case.hole, "decoder": "threshold", "threshold": 0.9},
+            ).choices[0].text
+            for case in cases
+        ]
+    typed = []
+    for case in cases:
+        argv = ["generate", "--model", DEFAULT_MODEL, "--prompt", case.example.prompt, "--no-use-chat-template", "--suffix", case.suffix,
+                "--gen-length", str(case.hole), "--block-length", str(case.hole), "--decoder", "threshold", "--threshold", "0.9", "--json"]
+        assert main(argv) == 0
+        typed.append(json.loads(capsys.readouterr().out)["text"])
+    assert served == typed  # one engine, one answer, whichever door
+    right = sum(case.valid(text) for case, text in zip(cases, served))
+    assert right >= 6, list(zip([c.example.prompt for c in cases], [c.suffix for c in cases], served))
