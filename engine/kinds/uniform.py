@@ -413,6 +413,9 @@ class UniformKind(DiffusionKind):
     summary = "every position holds a token from the start; each step resamples the canvas and keeps its lowest-entropy proposals"
     settings = KindSettings(
         reads=frozenset(), default_decoder=UNIFORM, system_options=frozenset({"compile"}),
-        shares_batches=False,  # its rows draw proposals and noise from one generator, in batch order
+        # a run's rows draw proposals and noise from one generator in batch order (transformers'),
+        # so requests are never rows of one run; each is its own run, its denoising forwards packed
+        # with other runs' (DiffusionGemmaLM.run_packed)
+        shares_batches=False,
         fit_canvas=fit_canvas,
     )
