@@ -17,7 +17,9 @@ The canvas's output is its last draft; a row whose canvas holds an end-of-text i
 
 Random draws come from the request's generator in transformers' order (initial canvas; then per
 step the proposals, then the noise), so with the same seed this loop replays
-`DiffusionGemmaForBlockDiffusion.generate` token for token (tests/test_diffusion_gemma.py).
+`DiffusionGemmaForBlockDiffusion.generate` token for token (tests/test_diffusion_gemma.py). The
+server runs each request as its own run (its own generator) and packs the runs' denoising
+forwards into one (DiffusionGemmaLM.run_packed; docs/serving.md §3).
 
 The sampler is the kind's decoder (`uniform`), whose options carry the settings; the kind reads
 no other generation setting and refuses them (engine/kinds/base.py: fit). Records: docs/trace.md §3.2.
