@@ -201,3 +201,15 @@ def test_packed_calls_change_the_logits_by_summation_order_only():
                 assert torch.equal(out.logits.argmax(-1), alone.logits.argmax(-1))
                 worst["stored"] = max(worst["stored"], (out.logits - alone.logits).abs().max().item(), (out.kv - alone.kv).abs().max().item())
     assert max(worst.values()) < 1e-3, worst  # fp32: 2e-5 measured (docs/serving.md §3)
+
+
+def test_a_compiled_uniform_state_engine_serves_its_rows_beside_each_other_each_call_alone(tiny_gemma_folder):
+    """A compiled denoiser's calls reach the scheduler by name and run alone (a packed call would run
+    the eager network): each row gets the compiled engine's solo answer, and no call was shared."""
+    torch.set_num_threads(1)
+    engine = Engine(str(tiny_gemma_folder), compile=True)
+    config = GenerationConfig(gen_length=16, seed=2, use_chat_template=False, decoder_options={"max_denoising_steps": 4})
+    rows = [(p, config) for p in prompts(3, seed=8)]
+    got = continuous(engine, rows)
+    check_solo(engine, rows, got, uniform_view)
+    assert [sink.batch for sink in got] == [1, 1, 1]

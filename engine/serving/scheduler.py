@@ -180,7 +180,10 @@ class Scheduler:
         groups: dict[Hashable, list[tuple[Slot, dict[str, Any]]]] = {}
         calls: dict[Hashable, tuple[DiffusionLM, str]] = {}
         for index, (slot, (model, method, inputs)) in enumerate(taken):
-            key = pack_key(model, method, inputs)
+            try:
+                key = pack_key(model, method, inputs)
+            except Exception:  # a call its family cannot judge runs alone, and fails there if it must
+                key = None
             group = (id(model), method, key) if key is not None else index  # a call of its own
             groups.setdefault(group, []).append((slot, inputs))
             calls[group] = (model, method)
