@@ -15,6 +15,14 @@ wall time), and the model forwards the server ran and their mean rows (its /metr
 gives each figure's median over the rounds and the ratio of the medians against lockstep. Every
 answer is checked against the engine's solo answer in this process.
 
+`--kind uniform|speculative` (issue 58 item 2): requests of a kind that ran alone before, all of
+one shape (tiny-gemma's uniform-state runs, two canvases of 16 each request with its own seed; or
+tiny-llada2's speculative runs, 32 tokens), continuous batching against lockstep, which still
+runs each such request alone (docs/serving.md §3: as continuous batching did before): the p50/p95
+latency, the round's wall time, throughput, forwards and their mean rows.
+
+    python -m benchmarks.fdfo --kind uniform --clients 8 --requests 32 --repeats 3
+
 `--prefix`: the prefix cache across requests instead (docs/serving.md §3), on the block-causal
 tiny-llada2: every request a question behind one shared system prompt, `cache: prefix`, against a
 server with `--prefix-cache-mb 0`; the cache's hits and the prompt tokens whose K/V it supplied
@@ -47,6 +55,12 @@ from .serve import server
 LONG = {"gen_length": 96, "max_tokens": 96, "block_length": 32, "decoder": "fixed", "steps": 96, "early_stop": False}
 SHORT = {"gen_length": 16, "max_tokens": 16, "block_length": 8, "threshold": 0.9}
 LLADA2 = "assets/tiny-llada2"
+GEMMA = "assets/tiny-gemma"
+# a request of each kind that ran alone before issue 58 item 2: its model and its settings
+ALONE_KINDS = {
+    "uniform": (GEMMA, {"gen_length": 32, "max_tokens": 32}),
+    "speculative": (LLADA2, {"kind": "speculative", "gen_length": 32, "max_tokens": 32, "block_length": 8, "threshold": 0.9}),
+}
 SYSTEM = "You are a careful assistant. You answer sums and rhymes. Think, then answer briefly and exactly. " * 2
 PREFIX_CACHE_MB = 256  # the cached server's --prefix-cache-mb (its default)
 
@@ -62,6 +76,12 @@ def workload(count: int, seed: int = 0) -> list[dict[str, Any]]:
         prompt = rng.choice([f"Q: {a}+{b}=? A:", f"Q: ?+?={a % 200} A:", f"Q: {a}-{b}=? A:", f"Q: rhymes with {rng.choice(['cat', 'dog', 'sun', 'moon'])}? A:"])
         bodies.append({"prompt": prompt, **(LONG if i % 4 == 0 else SHORT)})
     return bodies
+
+
+def kind_workload(kind: str, count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`count` requests of `kind` (ALONE_KINDS), prompts of many lengths, each with its own seed."""
+    settings = ALONE_KINDS[kind][1]
+    return [{"prompt": body["prompt"], **settings, **({"seed": i} if kind == "uniform" else {})} for i, body in enumerate(workload(count, seed))]
 
 
 def shared_prefix_workload(count: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -128,6 +148,16 @@ def load_figures(bodies: list[dict[str, Any]]) -> Callable[[Round], dict[str, fl
     return figures
 
 
+def kind_figures(round_: Round) -> dict[str, float]:
+    """A round's figures on `kind_workload`'s bodies."""
+    answers, wall, grew = round_
+    seconds = [a.seconds for a in answers]
+    return {
+        "p50 (s)": statistics.median(seconds), "p95 (s)": percentile(seconds, 95), "wall (s)": wall, "tokens/s": grew["dinfer_generated_tokens_total"] / wall,
+        "forwards": grew["dinfer_forwards_total"], "rows per forward": grew["dinfer_rows_per_forward_sum"] / grew["dinfer_forwards_total"],
+    }
+
+
 def prefix_figures(prompt_tokens: int) -> Callable[[Round], dict[str, float]]:
     """A round's figures on `shared_prefix_workload`'s bodies, of `prompt_tokens` in all."""
     def figures(round_: Round) -> dict[str, float]:
@@ -176,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", type=checked_device, default="cpu", help="where the servers run the model (cpu, cuda, ...)")
     parser.add_argument("--prefix", action="store_true", help="measure the prefix cache across requests instead (module docstring)")
+    parser.add_argument("--kind", choices=tuple(ALONE_KINDS), help="measure requests of a kind that ran alone before instead (module docstring)")
     args = parser.parse_args(argv)
     if min(args.clients, args.requests, args.repeats, args.max_batch, args.threads) < 1:
         parser.error("--clients, --requests, --repeats, --max-batch and --threads must be >= 1")
+    if args.prefix and args.kind:
+        parser.error("--prefix and --kind measure different things: give one")
     torch.set_num_threads(args.threads)
     pending = ("--max-pending", str(max(64, args.clients)))
     machine = one_line(describe(args.device))
@@ -191,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tiny-llada2, {len(bodies)} requests a round ({prompt_tokens} prompt tokens) behind one {len(SYSTEM)}-character system prompt, cache prefix, "
               f"{args.clients} clients, --max-batch {args.max_batch}, {args.repeats} rounds; {machine}")
         first, baseline, figures = "prefix cache", "off", prefix_figures(prompt_tokens)
+    elif args.kind:
+        model = ALONE_KINDS[args.kind][0]
+        bodies, engine = kind_workload(args.kind, args.requests), Engine(model, device=args.device)
+        servers = {batching: ("--model", model, "--batching", batching, *pending) for batching in ("continuous", "lockstep")}
+        warmup = kind_workload(args.kind, args.clients, seed=args.requests + 1)
+        lengths = len({len(engine.encode(b["prompt"], False)) for b in bodies})
+        print(f"{model}, {len(bodies)} {args.kind} requests a round ({', '.join(f'{k} {v}' for k, v in ALONE_KINDS[args.kind][1].items())}), {lengths} prompt lengths, "
+              f"{args.clients} clients, --max-batch {args.max_batch}, {args.repeats} rounds; {machine}")
+        first, baseline, figures = f"{args.kind} requests", "lockstep", kind_figures
     else:
         bodies = workload(args.requests)
         engine = Engine(DEFAULT_MODEL, device=args.device)

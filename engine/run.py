@@ -6,15 +6,17 @@ output and stats. A kind (engine/kinds/) subclasses `DiffusionRun` and implement
 loop over its blocks; each of its steps ends in `emit`, which hands the step's record to the trace
 and the caller. What the stats count: docs/counting.md.
 
-A thread inside `forwards_routed(route)` runs solo runs whose every model call goes to `route`
-instead (the server's continuous batching, engine/serving/scheduler.py, which decodes several
-such runs' forwards as one packed batch): the run itself, its decisions and its records, are the
-solo run's; only who calls the model changes.
+A thread inside `forwards_routed(route)` runs solo runs whose every model call (the model's own
+call, and the methods its family names in `DiffusionLM.routed_calls`) goes to `route` instead (the
+server's continuous batching, engine/serving/scheduler.py, which runs several such runs' calls as
+one packed call): the run itself, its decisions and its records, are the solo run's; only who
+calls the model changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from dataclasses import dataclass
@@ -54,8 +56,11 @@ class GenerationOutput:
 # layers on every run would cost every forward, and change what a compiled forward traces.
 _STOPPING = threading.Event()
 
-# A model call handed elsewhere: route(model, the call's keyword arguments) -> its ModelOutput.
-Route = Callable[[DiffusionLM, dict[str, Any]], ModelOutput]
+# A model call handed elsewhere: route(model, the method called, its keyword arguments) -> its
+# result. FORWARD: the model's own call (`model(**inputs)`); any other: one of the family's
+# `DiffusionLM.routed_calls` (DiffusionGemma's encoder and denoising forwards).
+FORWARD = "forward"
+Route = Callable[[DiffusionLM, str, dict[str, Any]], Any]
 _ROUTED = threading.local()  # `.route`: this thread's Route while inside forwards_routed
 
 
@@ -73,17 +78,24 @@ def forwards_routed(route: Route) -> Iterator[None]:
 
 
 class RoutedModel:
-    """`model` as a run inside `forwards_routed` sees it: calls go to the route, everything else is
-    the model's."""
+    """`model` as a run inside `forwards_routed` sees it: its forwards (its call, and the methods
+    it names in `routed_calls`) go to the route, everything else is the model's."""
 
     def __init__(self, model: DiffusionLM, route: Route) -> None:
         self._model, self._route = model, route
 
     def __call__(self, **inputs: Any) -> ModelOutput:
-        return self._route(self._model, inputs)
+        return self._route(self._model, FORWARD, inputs)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
+        found = getattr(self._model, name)
+        if name not in self._model.routed_calls:
+            return found
+
+        def routed_call(*args: Any, **kwargs: Any) -> Any:
+            return self._route(self._model, name, dict(inspect.signature(found).bind(*args, **kwargs).arguments))
+
+        return routed_call
 
 
 def routed(model: DiffusionLM) -> DiffusionLM:

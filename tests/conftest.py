@@ -65,6 +65,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_compiled.py",
         "test_app_signals.py::test_a_signal_to_the_app_mid_run_exits_0_and_leaves_no_process[sigterm-compile]",
         "test_app_cost.py::test_a_run_with_a_system_option_says_so_first_and_draws_its_cost[compile]",
+        "test_serve_kinds_batched.py::test_a_compiled_uniform_state_engine_serves_its_rows_beside_each_other_each_call_alone",
     ),
     "browser": (  # require_browser() fails a test that drives chromium outside this lane
         "test_app_browser.py",

@@ -42,7 +42,8 @@ class KindSettings:
     decoder a model of this kind runs when the request names the engine's default decoder;
     `system_options`: the Engine options (engine/system_options.py) it runs with; `shares_batches`:
     whether the server may decode requests of equal prompt length as rows of one batch (each row's
-    records are then its solo run's: engine/serving/batcher.py); `fit_canvas`: the config for a
+    records are then its solo run's: engine/serving/batcher.py; continuous batching runs each
+    request as its own run, whatever its kind: engine/serving/scheduler.py); `fit_canvas`: the config for a
     checkpoint trained on canvases of one length (None: any block length); `decoders`: the kind
     whose decoders it runs ("": its own; the speculative kind drafts with masked decoders; None: it
     takes no decoder, so `decoder` and `decoder_options` are refused away from their defaults and

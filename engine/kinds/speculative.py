@@ -26,8 +26,9 @@ K/V: one store of the committed text's keys and values computed as blocks of one
 autoregressive model's cache, which the verifier's equality needs; the draft reads it too (a
 bidirectional draft over the causal cache, as LinearSpec). A verify query sits at its position in
 a spare slot past the canvas (`positions`), since its position also holds a drafted token.
-One prompt per run (per-row cursors would break the verify forward's shape); the server runs each
-request alone. Records: docs/trace.md §3.4.
+One prompt per run (per-row cursors would break the verify forward's shape); the server's
+continuous batching packs several runs' draft and verify forwards into one model call, each row
+reading its own store (engine/serving/packed.py). Records: docs/trace.md §3.4.
 """
 
 from __future__ import annotations

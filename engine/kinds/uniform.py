@@ -17,7 +17,9 @@ The canvas's output is its last draft; a row whose canvas holds an end-of-text i
 
 Random draws come from the request's generator in transformers' order (initial canvas; then per
 step the proposals, then the noise), so with the same seed this loop replays
-`DiffusionGemmaForBlockDiffusion.generate` token for token (tests/test_diffusion_gemma.py).
+`DiffusionGemmaForBlockDiffusion.generate` token for token (tests/test_diffusion_gemma.py). The
+server runs each request as its own run (its own generator) and packs the runs' denoising
+forwards into one (DiffusionGemmaLM.run_packed; docs/serving.md §3).
 
 The sampler is the kind's decoder (`uniform`), whose options carry the settings; the kind reads
 no other generation setting and refuses them (engine/kinds/base.py: fit). Records: docs/trace.md §3.2.
@@ -413,6 +415,9 @@ class UniformKind(DiffusionKind):
     summary = "every position holds a token from the start; each step resamples the canvas and keeps its lowest-entropy proposals"
     settings = KindSettings(
         reads=frozenset(), default_decoder=UNIFORM, system_options=frozenset({"compile"}),
-        shares_batches=False,  # its rows draw proposals and noise from one generator, in batch order
+        # a run's rows draw proposals and noise from one generator in batch order (transformers'),
+        # so requests are never rows of one run; each is its own run, its denoising forwards packed
+        # with other runs' (DiffusionGemmaLM.run_packed)
+        shares_batches=False,
         fit_canvas=fit_canvas,
     )

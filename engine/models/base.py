@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Protocol
+from typing import Any, Callable, Collection, Hashable, Protocol
 
 import torch
 from torch import nn
 
 from ..errors import EngineError
-from .layers import AttentionCache, QuerySlots, query_range
+from .layers import AttentionCache, QuerySlots, Segments, query_range
 
 
 @dataclass
@@ -83,6 +83,20 @@ class DiffusionLM(nn.Module):
         if "forward" in vars(cls) and "takes_shadow_block" not in vars(cls):
             cls.takes_shadow_block = False
 
+    # Methods besides `forward` that run the network (a family with calls of its own: DiffusionGemma's
+    # `encode` and `denoise`): a run inside engine.run.forwards_routed hands each call of them to its
+    # route, as it does its forwards, so a server may run them with other runs' (`pack_key`).
+    routed_calls: tuple[str, ...] = ()
+
+    def pack_key(self, method: str, inputs: dict[str, Any]) -> Hashable | None:
+        """Calls of `method` (one of `routed_calls`, its keyword arguments `inputs`) whose keys are
+        equal may run as one (`run_packed`); None: this call runs alone."""
+        return None
+
+    def run_packed(self, method: str, calls: list[dict[str, Any]]) -> list[Any]:
+        """Each call's result, from one call over them all (their `pack_key`s are equal)."""
+        raise NotImplementedError(f"{type(self).__name__} packs no calls of {method}")
+
     # the clock of this process's all-reduces, set on a sharded model (engine/runtime/parallel.py)
     comm_clock: "CommClock | None" = None
     # the K/V of prompt blocks shared across requests (engine.cache.PrefixStore), which a server
@@ -116,7 +130,7 @@ class DiffusionLM(nn.Module):
         past_kv: torch.Tensor | None = None,
         replace: QuerySlots | None = None,
         use_cache: bool = False,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | Segments | None = None,
         persist: bool = False,
         positions: torch.Tensor | None = None,
     ) -> ModelOutput:
@@ -124,18 +138,27 @@ class DiffusionLM(nn.Module):
         layers module's docstring says, handed to each layer as its `AttentionCache`. `positions`
         (a `[q]` tensor, with an index-tensor `replace` and a past): each query token's position
         where it differs from its slot (a spare slot past the canvas holding a second token at a
-        position: the speculative kind's verify queries, engine/kinds/speculative.py)."""
+        position: the speculative kind's verify queries, engine/kinds/speculative.py). Rows packed
+        into one sequence (engine/serving/packed.py) pass their own cache arguments in a
+        `Segments` mask, and none of their own here."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        slots = query_range(replace, x.shape[1], persist, past_kv)
-        if positions is not None and (self.kv_rope != "post" or not isinstance(slots, torch.Tensor)):
-            raise EngineError("positions apart from slots need keys cached after RoPE (kv_rope 'post') and an index-tensor replace")
+        slots = self.query_slots(x.shape[1], past_kv, replace, persist, positions)
         kvs = []
         for i, layer in enumerate(self.layer_modules()):
-            cache = AttentionCache(self.rope, self.kv_rope, None if past_kv is None else past_kv[i], slots, persist, attention_mask, positions)
+            mask = attention_mask.layer(i) if isinstance(attention_mask, Segments) else attention_mask
+            cache = AttentionCache(self.rope, self.kv_rope, None if past_kv is None else past_kv[i], slots, persist, mask, positions)
             x, k, v = layer(x, cache)
             if use_cache:
                 kvs.append(torch.stack([k, v]))
         return ModelOutput(logits=self.head(x), kv=torch.stack(kvs) if use_cache else None)
+
+    def query_slots(self, q_len: int, past_kv: torch.Tensor | None, replace: QuerySlots | None, persist: bool, positions: torch.Tensor | None) -> QuerySlots:
+        """The query tokens' slots (`query_range`), EngineError in one line for cache arguments
+        this family's forward cannot take."""
+        slots = query_range(replace, q_len, persist, past_kv)
+        if positions is not None and (self.kv_rope != "post" or not isinstance(slots, torch.Tensor)):
+            raise EngineError("positions apart from slots need keys cached after RoPE (kv_rope 'post') and an index-tensor replace")
+        return slots
 
     @property
     def max_positions(self) -> int | None:

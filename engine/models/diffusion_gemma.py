@@ -213,6 +213,56 @@ class DiffusionGemmaLM(DiffusionLM):
         """Logits `[B, L, V]` (fp32, soft-capped) for every canvas position; the cache is only read."""
         return self.hf(decoder_input_ids=canvas, self_conditioning_logits=self_conditioning, decoder_attention_mask=masks, cache=cache, decoder_position_ids=position_ids).logits
 
+    # ---- several runs' calls as one (engine/serving/packed.py) ---------------------------------
+    routed_calls = ("encode", "denoise")
+
+    def pack_key(self, method: str, inputs: dict[str, Any]) -> Any:
+        """Denoising forwards of one unpadded row each (a run of one prompt: its masks are none)
+        over a cache of transformers' dynamic kind pack together, whatever their prompt lengths,
+        canvases and steps; an encoder forward writes its run's cache, so it runs alone."""
+        if method != "denoise" or inputs["canvas"].shape[0] != 1 or inputs["cache"].is_compileable:
+            return None
+        return None if any(mask is not None for mask in inputs["masks"].values()) else inputs["canvas"].shape[1]
+
+    def run_packed(self, method: str, calls: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """Each denoising call's logits, from one decoder forward over their canvases (`pack_key`).
+
+        Each row keeps its own positions and self-conditioning (a row on its first step has none:
+        zeroed by transformers' per-row `self_conditioning_mask`, as none is). The rows' caches, of
+        different lengths, are stacked left-padded per layer, and the pad is masked out (an
+        additive mask of the dtype's least value, which the softmax turns into exact zeros), so a
+        row attends to its own keys only: its logits are its solo call's up to floating-point
+        summation order (a longer key axis, matrix products over more rows)."""
+        if method != "denoise":
+            return super().run_packed(method, calls)
+        from transformers import DynamicCache
+
+        rows, width = len(calls), calls[0]["canvas"].shape[1]
+        device, least = calls[0]["canvas"].device, torch.finfo(self.dtype).min
+        stacked, masks = [], {}
+        for index, kind in enumerate(self.text_config.layer_types):
+            keys = [call["cache"].layers[index].keys for call in calls]
+            longest = max(k.shape[2] for k in keys)
+            pads = [longest - k.shape[2] for k in keys]
+            stacked.append(tuple(
+                torch.cat([nn.functional.pad(getattr(call["cache"].layers[index], part), (0, 0, pad, 0)) for call, pad in zip(calls, pads)])
+                for part in ("keys", "values")
+            ))
+            if kind not in masks:  # every layer of a kind holds as many keys (transformers' masks are per kind too)
+                blocked = torch.arange(longest + width, device=device).unsqueeze(0) < torch.tensor(pads, device=device).unsqueeze(1)
+                masks[kind] = torch.zeros(rows, 1, width, longest + width, dtype=self.dtype, device=device).masked_fill(blocked[:, None, None, :], least)
+        conditioned = [call["self_conditioning"] is not None for call in calls]
+        conditioning, conditioning_mask = None, None
+        if any(conditioned):
+            present = calls[conditioned.index(True)]["self_conditioning"]
+            conditioning = torch.cat([c["self_conditioning"] if c["self_conditioning"] is not None else torch.zeros_like(present) for c in calls])
+            conditioning_mask = None if all(conditioned) else torch.tensor(conditioned, device=device)
+        logits = self.hf(
+            decoder_input_ids=torch.cat([c["canvas"] for c in calls]), self_conditioning_logits=conditioning, self_conditioning_mask=conditioning_mask,
+            decoder_attention_mask=masks, cache=DynamicCache(ddp_cache_data=stacked, config=self.hf.config), decoder_position_ids=torch.cat([c["position_ids"] for c in calls]),
+        ).logits
+        return list(logits.split(1))
+
 
 def is_diffusion_gemma(config: Mapping[str, Any]) -> bool:
     return config.get("model_type") == MODEL_TYPE or "DiffusionGemmaForBlockDiffusion" in (config.get("architectures") or [])

@@ -19,6 +19,7 @@ every family runs its attention through `cached_attention`, so the ordering live
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -112,7 +113,7 @@ class AttentionCache:
     """One layer's share of a forward's cache arguments (the module docstring): the rotary table
     and where the cache holds keys relative to it (`kv_rope`), this layer's store `past`
     `[2, B, H_kv, T, D]` or None, the query tokens' `slots`, `persist`, the boolean
-    attention `mask` (True = may attend) or None, and the query tokens' `positions` where they
+    attention `mask` (True = may attend) or None (or the `Segments` of packed rows), and the query tokens' `positions` where they
     differ from their slots (None: a token sits at its slot)."""
 
     rope: "RotaryEmbedding"
@@ -133,8 +134,11 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: A
     `kv_rope="pre"` (dense LLaDA): the cache holds keys before RoPE, which is applied after the
     merge to all `T` keys at `[0, T)`, as LLaDA's own code does. `"post"` (the MoE families):
     each key is rotated once, at its absolute position, before it is cached (docs/algorithms.md §4.1).
-    Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form.
+    Returns the attention output `[B, H, q, D]` and the fresh (k, v) in the cache's form. Packed
+    rows (`cache.mask` a `Segments`): `packed_attention`.
     """
+    if isinstance(cache.mask, Segments):
+        return packed_attention(q, k, v, cache)
     rope, past, slots = cache.rope, cache.past, cache.slots
     where = cache.positions if cache.positions is not None else slots if isinstance(slots, torch.Tensor) else slots[0]
     q = rope(q, where)
@@ -157,31 +161,53 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: A
 
 
 @dataclass(frozen=True)
+class PackedRow:
+    """One row of a packed forward (engine/serving/packed.py) with the cache arguments of its own
+    forward: its `length` (query tokens), its store `past` (`[n_layers, 2, 1, H_kv, T, D]`, or one
+    layer's `[2, 1, H_kv, T, D]` inside a layer) or None, its `slots`, `persist`, boolean `mask` and
+    `positions`, as the module docstring says of a forward's."""
+
+    length: int
+    past: torch.Tensor | None
+    slots: QuerySlots
+    persist: bool
+    mask: torch.Tensor | None
+    positions: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class Segments:
-    """An attention mask for rows packed into one sequence (engine/serving/packed.py): the rows'
-    lengths, in order, and each row's own boolean mask (None: all of its keys). A row's queries
-    attend to its own keys only, computed row by row, so the attention costs the sum of the rows'
-    squared lengths, not the packed length squared, and each row's is its solo forward's."""
+    """The attention "mask" of rows packed into one sequence: each row's own cache arguments
+    (`PackedRow`). A row's queries attend to its own keys only, through `cached_attention` with
+    exactly the arguments of its solo forward, so the attention costs the rows' own (not the
+    packed length squared) and each row's is its solo forward's; the projections and MLPs run once
+    over every row's tokens."""
 
-    lengths: tuple[int, ...]
-    masks: tuple[torch.Tensor | None, ...]
+    rows: tuple[PackedRow, ...]
+
+    def layer(self, index: int) -> "Segments":
+        """The rows as layer `index` sees them: each row's store cut to that layer's."""
+        return Segments(tuple(row if row.past is None else dataclasses.replace(row, past=row.past[index]) for row in self.rows))
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: "torch.Tensor | Segments | None"
-) -> torch.Tensor:
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: AttentionCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`cached_attention` of packed rows (`cache.mask` a `Segments`): each row's slice of `q`, `k`,
+    `v` with its own cache arguments; the outputs and fresh K/V packed again."""
+    outputs, keys, values, a = [], [], [], 0
+    for row in cache.mask.rows:
+        own = AttentionCache(cache.rope, cache.kv_rope, row.past, row.slots, row.persist, row.mask, row.positions)
+        out, key, value = cached_attention(q[:, :, a : a + row.length], k[:, :, a : a + row.length], v[:, :, a : a + row.length], own)
+        outputs.append(out)
+        keys.append(key)
+        values.append(value)
+        a += row.length
+    return torch.cat(outputs, dim=2), torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Bidirectional SDPA with grouped-query heads (SDPA's own `enable_gqa`: the same result as
-    repeating each K/V head, without the two copies); `attention_mask` is boolean (True = may
-    attend), or the `Segments` of packed rows (keys and queries the same packed positions)."""
+    repeating each K/V head, without the two copies); `attention_mask` is boolean (True = may attend)."""
     gqa = k.shape[1] != q.shape[1]
-    if isinstance(attention_mask, Segments):
-        if k.shape[2] != q.shape[2]:
-            raise EngineError("packed rows attend without a past: their keys are their own queries' positions")
-        starts = [sum(attention_mask.lengths[:r]) for r in range(len(attention_mask.lengths))]
-        return torch.cat([
-            F.scaled_dot_product_attention(q[:, :, a : a + n], k[:, :, a : a + n], v[:, :, a : a + n], attn_mask=own, is_causal=False, enable_gqa=gqa)
-            for a, n, own in zip(starts, attention_mask.lengths, attention_mask.masks)
-        ], dim=2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, is_causal=False, enable_gqa=gqa)
 
 

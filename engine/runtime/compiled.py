@@ -252,10 +252,16 @@ class CompiledDenoiser(nn.Module):
         """No layers to hook (a compiled forward cannot stop between layers): a cancel is seen between steps."""
         return nn.ModuleList()
 
-    def denoise(self, *args: Any) -> torch.Tensor:
+    def pack_key(self, method: str, inputs: dict[str, Any]) -> None:
+        """Its calls run alone on a server (engine/serving/packed.py), as a static-shape masked
+        forward does: a packed call would run the eager network, not this compiled one."""
+        return None
+
+    def denoise(self, canvas: torch.Tensor, cache: Any, masks: dict, position_ids: torch.Tensor, self_conditioning: torch.Tensor | None) -> torch.Tensor:
+        """The wrapped model's `denoise` (the same arguments, which a server's route passes by name), compiled."""
         before = self.counters.compiles
         start = time.perf_counter()
-        logits = self._denoise(*args)
+        logits = self._denoise(canvas, cache, masks, position_ids, self_conditioning)
         if self.counters.compiles > before:
             self.counters.compile_seconds += time.perf_counter() - start
         return logits

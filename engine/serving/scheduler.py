@@ -5,10 +5,11 @@ The scheduler has nano-vllm's shape (its `Scheduler`: waiting and running queues
 step), cut to what a diffusion run needs. A request waits in `waiting` until `running` has room
 for its row (`max_rows`, the row budget of one forward), in arrival order; it then runs as it
 would alone (engine.run.forwards_routed: its run hands each model call to `Scheduler.forward`
-and waits). Once every running run waits on a forward, the scheduler takes them all: the
-shareable ones (engine/serving/packed.py: full forwards on the shared layer stack, any prompt or
-canvas length, any decoder, seed or setting) become one packed model call, the others are called
-one by one, and each run gets its own output and goes on. A run still busy on the host (a long
+and waits). Once every running run waits on a forward, the scheduler takes them all: the calls
+that pack together (engine/serving/packed.py: one row's forwards on the shared layer stack, with
+or without a store of its own, any prompt or canvas length, any decoder, seed, setting or kind;
+DiffusionGemma's denoising forwards) become one model call per kind of call, the others are
+called one by one, and each run gets its own output and goes on. A run still busy on the host (a long
 constraint check, a slow decoder rule) holds no other: the scheduler waits for it at most one
 forward's time (the last one's, at least MIN_WAIT_SECONDS) after the first row asked, then runs
 the rows that wait without it; it joins the next forward. So rows of different prompt and
@@ -18,9 +19,10 @@ long one's last block. Each run's decisions, records, stop and counts are its so
 construction, sampling too (its own generator); its logits are its solo forward's up to
 floating-point summation order where it was packed (packed.py).
 
-A kind that does not share batches (`KindSettings.shares_batches`: its runs call the model
-through methods of their own) runs alone: it is admitted only when nothing runs, and nothing is
-admitted beside it.
+Every kind runs so (a kind's run calls the network only through the model's call and its family's
+`routed_calls`): the uniform-state kind's rows, of any prompt length and step count, share their
+denoising forwards (their encoder forwards, which write each run's own cache, run one by one),
+and the speculative kind's rows their draft and verify forwards, each reading its own store.
 """
 
 from __future__ import annotations
@@ -30,18 +32,17 @@ from collections import deque
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 
 from ..hooks import RunHooks
-from ..kinds import run_kind
-from ..models.base import DiffusionLM, ModelOutput
+from ..models.base import DiffusionLM
 from ..pipeline import Engine, TextResult
 from ..run import GenerationCancelled, forwards_routed
 from .batcher import MAX_BATCH, POLL_SECONDS, BatchRequest, report_failure
 from .heap import release_freed_memory
-from .packed import packed_forward, shareable
+from .packed import pack_key, run_calls
 
 MIN_WAIT_SECONDS = 0.005  # the least the scheduler waits for a straggler (module docstring): a fast forward's rows still gather
 
@@ -57,10 +58,9 @@ class Slot:
     """One request's row in the scheduler: its pending forward and its answer."""
 
     request: BatchRequest
-    alone: bool  # its kind does not share batches
-    call: tuple[DiffusionLM, dict[str, Any]] | None = None  # the forward it waits on, until the scheduler takes it
+    call: tuple[DiffusionLM, str, dict[str, Any]] | None = None  # the model call it waits on (model, method, inputs), until the scheduler takes it
     asked: float = 0.0  # time.monotonic() when it asked for that forward
-    result: ModelOutput | BaseException | None = None
+    result: Any = None  # the call's result, or the exception it raised
     done: threading.Event = field(default_factory=threading.Event)
     shared: int = 1  # the most rows one of its forwards decoded
 
@@ -82,9 +82,7 @@ class Scheduler:
         self.thread: threading.Thread | None = None
 
     def _admissible(self, slot: Slot) -> bool:
-        if self.waiting[0] is not slot or len(self.running) >= self.max_rows:
-            return False
-        return not self.running or not (slot.alone or any(r.alone for r in self.running))
+        return self.waiting[0] is slot and len(self.running) < self.max_rows
 
     def admit(self, slot: Slot, on_wait: Callable[[], None]) -> bool:
         """Queue `slot` and block until it runs (True), or until its request is cancelled while
@@ -122,13 +120,13 @@ class Scheduler:
             self.running.remove(slot)
             self._cond.notify_all()
 
-    def forward(self, slot: Slot, model: DiffusionLM, inputs: dict[str, Any]) -> ModelOutput:
+    def forward(self, slot: Slot, model: DiffusionLM, method: str, inputs: dict[str, Any]) -> Any:
         """A routed run's model call (engine.run.forwards_routed): wait for the scheduler to run it.
         A run cancelled while its forward is still queued leaves at once; one already taken waits
         for its forward (shared with others, it cannot stop for this run alone)."""
         with self._cond:
             slot.done.clear()
-            slot.call, slot.asked = (model, inputs), time.monotonic()
+            slot.call, slot.asked = (model, method, inputs), time.monotonic()
             self._cond.notify_all()
         while not slot.done.wait(POLL_SECONDS):
             if slot.request.cancel.is_set():
@@ -140,7 +138,6 @@ class Scheduler:
         result, slot.result = slot.result, None
         if isinstance(result, BaseException):
             raise result
-        assert result is not None
         return result
 
     def _loop(self) -> None:
@@ -177,33 +174,33 @@ class Scheduler:
             with self._cond:
                 self._taken = []
 
-    def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, dict[str, Any]]]]) -> None:
-        """The shareable forwards of each model as one packed call, the others one by one (the
-        engine's lock held)."""
-        groups: list[list[tuple[Slot, DiffusionLM, dict[str, Any]]]] = []
-        shared: dict[int, list] = {}
-        for slot, (model, inputs) in taken:
-            if shareable(model, inputs):
-                if id(model) not in shared:
-                    shared[id(model)] = []
-                    groups.append(shared[id(model)])
-                shared[id(model)].append((slot, model, inputs))
-            else:
-                groups.append([(slot, model, inputs)])
-        for group in groups:
-            slots = [slot for slot, _, _ in group]
+    def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]]) -> None:
+        """The calls that pack together (equal `pack_key`s: engine/serving/packed.py) as one model
+        call each, the others one by one (the engine's lock held)."""
+        groups: dict[Hashable, list[tuple[Slot, dict[str, Any]]]] = {}
+        calls: dict[Hashable, tuple[DiffusionLM, str]] = {}
+        for index, (slot, (model, method, inputs)) in enumerate(taken):
+            try:
+                key = pack_key(model, method, inputs)
+            except Exception:  # a call its family cannot judge runs alone, and fails there if it must
+                key = None
+            group = (id(model), method, key) if key is not None else index  # a call of its own
+            groups.setdefault(group, []).append((slot, inputs))
+            calls[group] = (model, method)
+        for group, members in groups.items():
+            model, method = calls[group]
             try:
                 with torch.inference_mode():  # the engine's lock is held (`_loop`)
-                    outputs: list[Any] = packed_forward(group[0][1], [inputs for _, _, inputs in group])
+                    outputs: list[Any] = run_calls(model, method, [inputs for _, inputs in members])
             except BaseException as exc:  # each run fails with it, as its solo run would
-                outputs = [exc] * len(group)
+                outputs = [exc] * len(members)
             if self.on_forward is not None:
-                self.on_forward(len(group))
-            for slot, output in zip(slots, outputs):
+                self.on_forward(len(members))
+            for (slot, _), output in zip(members, outputs):
                 slot.result = output
-                if len(group) > slot.shared:
-                    slot.shared = len(group)
-                    slot.request.sink.batched(len(group))
+                if len(members) > slot.shared:
+                    slot.shared = len(members)
+                    slot.request.sink.batched(len(members))
                 slot.done.set()
 
 
@@ -236,7 +233,7 @@ class ContinuousBatcher:
     def _serve(self, request: BatchRequest) -> None:
         try:
             engine = self.engine_for([request])
-            slot = Slot(request, alone=not run_kind(request.config, engine.model).settings.shares_batches)
+            slot = Slot(request)
         except Exception as exc:
             report_failure([request], exc)
             return
