@@ -130,8 +130,10 @@ def test_the_tuner_ends_on_a_drawn_signal_mid_trial_with_one_line_and_its_study_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, (drawn, err[-2000:])
     states = [t.state for t in optuna.load_study(study_name="s", storage=open_storage(storage)).trials]
-    assert TrialState.RUNNING not in states and TrialState.PRUNED in states, (drawn, states)  # the running trial was marked
     completed, pruned, failed = (states.count(s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+    # the running trial was marked; or the drawn trial ended between the look and the signal (these
+    # trials are short) and the signal landed between two trials: then none was cut, every one completed
+    assert TrialState.RUNNING not in states and (pruned == 1 or completed == len(states) > number), (drawn, states)
     assert lines[0].startswith(f"stopped by {drawn[0]}: study 's' in {storage} keeps {completed} completed, {pruned} pruned and {failed} failed trials"), (drawn, lines[0])
 
 

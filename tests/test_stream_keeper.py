@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -19,7 +20,7 @@ import pytest
 
 from dinfer_viz.live.stream_keeper import KEEPER_ID
 
-from .app_support import choose_option, open_app
+from .app_support import BROWSER_WAIT_MS, choose_option, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -108,7 +109,11 @@ def test_without_the_keeper_that_run_never_reaches_the_page(app_in_browser):
         run = _run_behind_a_closing_stream(page)
         queue = app_in_browser.demo._queue
         # the run finished on the server: its completion waits in the session's messages, unsent
+        # (a bound on a hang, not a pace: a completion that never waits there, sent or lost, fails
+        # here with what the page saw instead of holding the worker to its timeout)
+        deadline = time.monotonic() + BROWSER_WAIT_MS / 1000
         while not _completion_waits(queue, run):
+            assert time.monotonic() < deadline, ("the run's completion never waited on the server", page.evaluate("window.__messages"))
             page.wait_for_timeout(50)
         # the server's first message ("starting a run on <model>"), not the click's own "starting a run…"
         assert not any("starting a run on" in m for m in page.evaluate("window.__messages"))
