@@ -170,8 +170,26 @@ def handmade_trace() -> Trace:
     )
 
 
+class SharedCache:
+    """A chromium whose pages open in one browser context, so they share its HTTP cache: the
+    page's 107 scripts and stylesheets are fetched and compiled once per module, not once per
+    page (a page opened in 4.9 s, 4.0 s from the shared cache, on the 2-core machine). Each page
+    still loads the app afresh and gets a Gradio session of its own (the app keeps no cookies or
+    storage); downloads are accepted, as the app's exports need."""
+
+    def __init__(self, browser) -> None:
+        self.context = browser.new_context(accept_downloads=True)
+
+    def new_page(self, viewport: dict[str, int] | None = None):
+        """A page in the shared context, at `viewport` (Playwright's default size without one)."""
+        page = self.context.new_page()
+        if viewport:
+            page.set_viewport_size(viewport)
+        return page
+
+
 @contextmanager
-def chromium() -> Iterator:
+def chromium() -> Iterator[SharedCache]:
     """Debian's chromium under Playwright, closed after. Playwright's sync API holds an event loop
     on this thread while it runs, so a browser lives no longer than its module: the asyncio tests a
     worker runs next must find no loop of its own."""
@@ -181,7 +199,7 @@ def chromium() -> Iterator:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
-            yield browser
+            yield SharedCache(browser)
         finally:
             browser.close()
 

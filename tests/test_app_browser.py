@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
 @pytest.fixture(scope="module")
 def session(app_in_browser):
     """(page, host, url, browser): a page of this module's own on the shared app."""
-    page = app_in_browser.browser.new_page(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+    page = app_in_browser.browser.new_page(viewport={"width": 1500, "height": 1000})
     open_app(page, app_in_browser.url)
     yield SimpleNamespace(page=page, host=app_in_browser.host, url=app_in_browser.url, browser=app_in_browser.browser)
     page.close()

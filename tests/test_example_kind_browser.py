@@ -41,7 +41,7 @@ def app_with_the_example(tmp_path_factory):
 def test_the_run_tab_runs_the_example_kind_and_reads_its_forwards(app_with_the_example, tmp_path):
     from playwright.sync_api import expect
 
-    page = app_with_the_example.browser.new_page(viewport={"width": 1024, "height": 768}, accept_downloads=True)
+    page = app_with_the_example.browser.new_page(viewport={"width": 1024, "height": 768})
     open_app(page, app_with_the_example.url)
     page.fill("#prompt textarea", "Q: ?+?=38 A:")
     page.get_by_text("Diffusion kind", exact=True).click()  # the settings section, closed by default

@@ -33,7 +33,7 @@ def session(app_in_browser):
 
 
 def open_page(session, width: int, height: int):
-    page = session.browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
+    page = session.browser.new_page(viewport={"width": width, "height": height})
     open_app(page, session.url)
     page.size = f"{width}x{height}"
     return page
