@@ -26,6 +26,7 @@ from .conftest import assert_in_lane
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
 CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser downloaded by playwright
 BROWSER_WAIT_MS = 120_000
+SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
@@ -48,6 +49,16 @@ def require_browser() -> None:
     # Every expect waits for a condition the page reaches; on a loaded 2-core CI machine an answer
     # can take longer than Playwright's 5 s default, so the default bounds a hang, never paces a test
     expect.set_options(timeout=BROWSER_WAIT_MS)
+
+
+def screenshot(page, tmp_path: Path, name: str, full: bool = False) -> str:
+    """`page` saved as `name` in $DINFER_VIZ_SHOTS when set (to look at it), else in the test's
+    temp folder (the viewport, or the whole page with `full`); its path. A drawn page is more than
+    20 kB of PNG: a blank one is not."""
+    path = os.path.join(SHOTS, name) if SHOTS else str(tmp_path / name)
+    page.screenshot(path=path, full_page=full)
+    assert os.path.getsize(path) > 20_000
+    return path
 
 
 def open_app(page, url: str) -> None:

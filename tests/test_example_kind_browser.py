@@ -13,11 +13,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import app_in_chromium, choose_option, open_app
+from .app_support import app_in_chromium, choose_option, open_app, screenshot
 from .test_example_kind import load_example
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 WAIT = 300_000  # ms: a bound on a condition on a loaded machine, never a pace
 
 
@@ -67,7 +66,5 @@ def test_the_run_tab_runs_the_example_kind_and_reads_its_forwards(app_with_the_e
     expect(page.locator("#explain")).to_contain_text("The margin kind (no decoder)", timeout=WAIT)  # not the page's decoder's paragraph
     expect(page.locator("#grid .cells .cell").first).to_be_visible()
     assert page.locator("#grid .cells .cell.masked").count() == 0
-    path = os.path.join(SHOTS, "example-kind-1024.png") if SHOTS else str(tmp_path / "example-kind-1024.png")
-    page.screenshot(path=path, full_page=True)
-    assert os.path.getsize(path) > 20_000
+    screenshot(page, tmp_path, "example-kind-1024.png", full=True)
     page.close()

@@ -12,12 +12,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import choose_lesson, open_app
+from .app_support import choose_lesson, open_app, screenshot
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 from .test_speculative_browser import WAIT, _run_step
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 
 
 def _pinned_positions(page) -> list[int]:
@@ -60,6 +59,4 @@ def test_lesson_9_fills_a_hole_before_pinned_text_and_shows_the_pinned_cells(ses
     expect(page.locator("#details")).to_contain_text("pinned by the request", timeout=WAIT)
     page.locator("#lesson-note").scroll_into_view_if_needed()
     for name, full in (("infill-1024.png", False), ("infill-1024-page.png", True)):
-        path = os.path.join(SHOTS, name) if SHOTS else str(tmp_path / name)
-        page.screenshot(path=path, full_page=full)
-        assert os.path.getsize(path) > 20_000
+        screenshot(page, tmp_path, name, full)

@@ -13,11 +13,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import choose_lesson, open_app
+from .app_support import choose_lesson, open_app, screenshot
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 WAIT = 300_000  # ms: a bound on a condition on a loaded machine, never a pace
 
 
@@ -73,9 +72,7 @@ def test_lesson_8_runs_the_speculative_kind_and_shows_its_drafts(session, tmp_pa
     expect(page.locator("#details")).to_contain_text("verifier", timeout=WAIT)
     page.locator("#grid").scroll_into_view_if_needed()
     for name, full in (("speculative-1024.png", False), ("speculative-1024-page.png", True)):
-        path = os.path.join(SHOTS, name) if SHOTS else str(tmp_path / name)
-        page.screenshot(path=path, full_page=full)
-        assert os.path.getsize(path) > 20_000
+        screenshot(page, tmp_path, name, full)
 
 
 

@@ -15,18 +15,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import open_app
+from .app_support import open_app, screenshot
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
-SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 PROMPT = "Q: 7+5=? A:"
-
-
-def _shot(page, tmp_path, name: str) -> None:
-    path = os.path.join(SHOTS, name) if SHOTS else str(tmp_path / name)
-    page.screenshot(path=path)
-    assert os.path.getsize(path) > 20_000
 
 
 def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder, tmp_path):
@@ -73,11 +66,11 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
     for width, height in ((1400, 1000), (1024, 768)):
         page.set_viewport_size({"width": width, "height": height})
         cell.scroll_into_view_if_needed()
-        _shot(page, tmp_path, f"uniform-{width}.png")
+        screenshot(page, tmp_path, f"uniform-{width}.png")
         box, panel = cell.bounding_box(), details.bounding_box()
         assert box and panel and box["width"] > 0 and panel["width"] > 0
     page.locator("#raster").scroll_into_view_if_needed()
-    _shot(page, tmp_path, "uniform-raster-1024.png")
+    screenshot(page, tmp_path, "uniform-raster-1024.png")
     page.set_viewport_size({"width": 1400, "height": 1000})
 
 
@@ -106,5 +99,5 @@ def test_compare_sets_a_masked_model_against_a_uniform_one_on_one_slider(session
     expect(page.locator("#grid-b .caption")).to_contain_text("iteration 1/")
     expect(page.locator("#grid-a .caption")).to_contain_text("iteration 1/")
     page.locator("#grid-a").scroll_into_view_if_needed()
-    _shot(page, tmp_path, "uniform-compare-1024.png")
+    screenshot(page, tmp_path, "uniform-compare-1024.png")
     page.set_viewport_size({"width": 1400, "height": 1000})
