@@ -52,6 +52,18 @@ def own_slots(monkeypatch):
     monkeypatch.setattr(bounded, "_slots", threading.BoundedSemaphore(bounded.MAX_BUILDS))
 
 
+@pytest.fixture(autouse=True)
+def no_start_up_build_outlives_its_test():
+    """A server's start-up build of json_object's grammar (its thread, "constraint-warm") ends with
+    the test that started the server: it runs under that test's bounds (20 s in one), and a later
+    test's start-up build of the same grammar waits for it rather than build twice, so its failure
+    there became the later test's "the start-up build failed" (a fresh-clone CI run under load)."""
+    yield
+    for warm in [t for t in threading.enumerate() if t.name == "constraint-warm"]:
+        warm.join(timeout=540)  # a bound on a hang, not a pace: the build's own deadline ends it first
+        assert not warm.is_alive(), "a server's start-up build never ended"
+
+
 def test_a_build_past_its_memory_bound_is_stopped_in_one_line(monkeypatch):
     monkeypatch.setattr(bounded, "MEMORY_BYTES", 256 << 20)
     monkeypatch.setattr(bounded, "DEADLINE_S", 600.0)  # far beyond what 256 MiB lasts: memory ends it
