@@ -25,6 +25,7 @@ from .app_support import BROWSER_WAIT_MS, choose_option, open_app
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SHORT_RUN = {"gen_length": "32", "block_length": "16"}
+ATTEMPTS = 4  # tries of the sequence that loses the client its stream (it races the client: see the control)
 DONE = re.compile(r"done: (1[7-9]|2[0-9]|3[0-2]) iterations")  # the fixed decoder's run of SHORT_RUN
 NUDGES = "() => window.__dinferStreamKeeper && window.__dinferStreamKeeper.nudges"
 # every text the message shows from now on (a MutationObserver sees each one, however brief)
@@ -89,37 +90,61 @@ def _run_behind_a_closing_stream(page) -> str:
 def test_a_run_joined_as_its_stream_closes_still_shows(app_in_browser):
     page = _page_after_a_run(app_in_browser)
     try:
-        assert page.evaluate(NUDGES) == 0  # the page's load, its settings checks and a run: no nudge
-        _run_behind_a_closing_stream(page)
-        # the run behind the closed stream shows: the server's first message, then its end
-        page.wait_for_function(
-            "(done) => window.__messages.some(m => m.includes('starting a run on'))"
-            " && new RegExp(done).test(document.querySelector('#message').innerText)", arg=DONE.pattern
-        )
-        assert page.evaluate(NUDGES) == 1
+        for _ in range(ATTEMPTS):
+            # the page's load, its settings checks and a run nudge only where the client lost a stream
+            # of theirs (under load it does, now and then): the count before this try
+            before = page.evaluate(NUDGES)
+            _run_behind_a_closing_stream(page)
+            # the run behind the closed stream shows: the server's first message, then its end
+            page.wait_for_function(
+                "(done) => window.__messages.some(m => m.includes('starting a run on'))"
+                " && new RegExp(done).test(document.querySelector('#message').innerText)", arg=DONE.pattern
+            )
+            if page.evaluate(NUDGES) > before:  # the client had lost its stream, and the keeper opened one
+                break
+            page.unroute("**/queue/data*")  # the client opened a stream of its own: a try that set up nothing
+        else:
+            pytest.fail(f"in {ATTEMPTS} tries the client never lost its stream: the sequence no longer sets up the state")
     finally:
         page.close()
 
 
 def test_without_the_keeper_that_run_never_reaches_the_page(app_in_browser):
     """The control: the same sequence leaves Gradio's client with no stream, so the finished
-    run's messages stay on the server (the test above is not passing by luck)."""
+    run's messages stay on the server (the test above is not passing by luck).
+
+    The sequence races Gradio's client, which now and then (2 of 28 runs under load) opens a stream
+    of its own before the held one's close is read, and then shows the run: that try set up nothing
+    and is made again, as in the test above (where the keeper's nudge says a try set the state up)."""
+    from playwright.sync_api import expect
+
     page = _page_after_a_run(app_in_browser, disable_keeper=True)
+    queue = app_in_browser.demo._queue
     try:
-        run = _run_behind_a_closing_stream(page)
-        queue = app_in_browser.demo._queue
-        # the run finished on the server: its completion waits in the session's messages, unsent
-        # (a bound on a hang, not a pace: a completion that never waits there, sent or lost, fails
-        # here with what the page saw instead of holding the worker to its timeout)
-        deadline = time.monotonic() + BROWSER_WAIT_MS / 1000
-        while not _completion_waits(queue, run):
-            assert time.monotonic() < deadline, ("the run's completion never waited on the server", page.evaluate("window.__messages"))
-            page.wait_for_timeout(50)
+        for _ in range(ATTEMPTS):
+            run = _run_behind_a_closing_stream(page)
+            # the run finished on the server: its completion waits in the session's messages, unsent,
+            # or the client read it (a bound on a hang, not a pace)
+            deadline = time.monotonic() + BROWSER_WAIT_MS / 1000
+            while not (waits := _completion_waits(queue, run)) and not _shown(page):
+                assert time.monotonic() < deadline, ("the run neither waited on the server nor showed", page.evaluate("window.__messages"))
+                page.wait_for_timeout(50)
+            if waits:
+                break
+            expect(page.locator("#message")).to_contain_text(DONE)  # the try's run ends before the next
+            page.unroute("**/queue/data*")
+        else:
+            pytest.fail(f"in {ATTEMPTS} tries the client never lost its stream: the sequence no longer sets up the state")
         # the server's first message ("starting a run on <model>"), not the click's own "starting a run…"
         assert not any("starting a run on" in m for m in page.evaluate("window.__messages"))
         assert page.evaluate(NUDGES) == "off"
     finally:
         page.close()
+
+
+def _shown(page) -> bool:
+    """The run behind the closed stream reached the page (its server-side first message showed)."""
+    return any("starting a run on" in m for m in page.evaluate("window.__messages"))
 
 
 def _completion_waits(queue, event: str) -> bool:
