@@ -2,7 +2,7 @@
 pinned (`suffix`) against the same hole without it (docs/algorithms.md §11).
 
     python -m benchmarks.infill                                  # tiny-llada, threshold 0.9
-    python -m benchmarks.infill --model runs/tiny-llada-span/model --limit 24
+    python -m benchmarks.infill --model tiny-llada-infill --limit 24   # the model trained to fill holes
 
 Per family (tinymodel/infill.py: pair-sum with the second operand pinned, the hole holding the
 first; addition and subtraction with the answer pinned after the first operand's hole; grammar with

@@ -162,7 +162,8 @@ SECTIONS.append(
 # Text pinned in the answer (engine/infill.py): the model fills the holes, both sides in view. Which
 # models can is the engine's rule (docs/algorithms.md §11); the boxes say it before anyone tries.
 WHO_FILLS = (
-    "Masked-diffusion models with full attention fill holes (tiny-llada, tiny-llada-edit, tiny-llada-td); "
+    "Masked-diffusion models with full attention fill holes (tiny-llada, tiny-llada-edit, tiny-llada-td; tiny-llada-infill "
+    "was trained to, and fills most); "
     "a block-causal model (tiny-llada2, LLaDA2) sees no text after its block and refuses text pinned after a hole, "
     "as do the uniform-state and speculative kinds: the reason shows under Run. The grid draws pinned cells in their own colour."
 )

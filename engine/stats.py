@@ -67,7 +67,3 @@ def generated_mask(canvas: torch.Tensor, prompt_lengths: list[int], stop_ids: li
     after_prompt = positions.unsqueeze(0) >= torch.tensor(prompt_lengths, device=canvas.device).unsqueeze(1)
     stop = torch.isin(canvas, torch.tensor(stop_ids + [mask_id], device=canvas.device))
     return after_prompt & ~stop
-
-
-def count_tokens(canvas: torch.Tensor, prompt_lengths: list[int], stop_ids: list[int], mask_id: int) -> list[int]:
-    return generated_mask(canvas, prompt_lengths, stop_ids, mask_id).sum(dim=1).tolist()

@@ -92,7 +92,7 @@ LANES: dict[str, tuple[str, ...]] = {
         "test_embedded_model.py::test_the_apps_default_sweep_draws_the_curve",
         "test_serve.py::test_lm_eval_scores_the_embedded_model_through_the_server",
         "test_speculative.py::test_on_the_shipped_block_diffusion_model_speculation_writes_the_autoregressive_tokens_in_fewer_forwards",
-        "test_infill_eval.py::test_the_shipped_model_fills_held_out_pair_sum_holes_through_the_server_and_the_cli",
+        "test_infill_eval.py::test_the_infill_model_fills_held_out_pair_sum_holes_through_the_server_and_the_cli",
     ),
     "fuzz": ("test_fuzz.py", "test_fuzz_surfaces.py"),  # generated bad inputs against every interface's one-line contract (#33)
 }

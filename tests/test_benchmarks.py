@@ -13,7 +13,7 @@ from benchmarks.run import Call, ConfigRun, main, summarize, total
 from benchmarks.sweep import SweepRow, mark_pareto, sweep, sweep_points
 from engine import Engine, GenerationConfig, GenerationStats, save_model
 from engine.errors import EngineError
-from engine.stats import count_tokens
+from engine.stats import generated_mask
 from tinymodel.tasks import get_task
 from tinymodel.tokenizer import save_tokenizer, special_ids
 
@@ -91,7 +91,7 @@ def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
 def test_tokens_are_the_engines_count_of_a_hand_made_canvas():
     # prompt 2 | generated: 5 7 EOS 9 (after EOS, same block: counts) EOT MASK
     canvas = torch.tensor([[1, 2, 5, 7, 48, 9, 47, 49]])
-    assert count_tokens(canvas, [2], stop_ids=[48, 47], mask_id=49) == [3]
+    assert generated_mask(canvas, [2], stop_ids=[48, 47], mask_id=49).sum(dim=1).tolist() == [3]
 
 
 def _call(tokens, nfe, seconds, correct=None, wall=None):

@@ -1,6 +1,6 @@
 """Fill in the middle in a real browser (Debian's chromium through Playwright, at a projector's
 1024x768): lesson 9 on the embedded model answers the pair-sum freely, then fills a hole of 3
-before a pinned ` + 34`; the pinned cells show in their own state (by class, at the positions the
+before a pinned ` + 34`, then the same hole on the model trained to fill; the pinned cells show in their own state (by class, at the positions the
 run's trace pins) before the first forward and after the last, the legend names them, and a click
 on one says it was pinned by the request. What each step did is read from the run's own trace."""
 
@@ -43,7 +43,7 @@ def test_lesson_9_fills_a_hole_before_pinned_text_and_shows_the_pinned_cells(ses
     assert free["pinned"] is None and page.locator("#grid .cells .cell.pinned").count() == 0
     expect(page.locator("#grid .legend").first).not_to_contain_text("pinned by the request")
     page.click("#lesson-next")
-    expect(page.locator("#lesson-note")).to_contain_text("Step 2 of 2")
+    expect(page.locator("#lesson-note")).to_contain_text("Step 2 of 3")
     filled = _run_step(page)
     pinned = filled["pinned"][0]
     start = filled["prompt_lengths"][0]
@@ -60,3 +60,12 @@ def test_lesson_9_fills_a_hole_before_pinned_text_and_shows_the_pinned_cells(ses
     page.locator("#lesson-note").scroll_into_view_if_needed()
     for name, full in (("infill-1024.png", False), ("infill-1024-page.png", True)):
         screenshot(page, tmp_path, name, full)
+    # step 3: the same hole on the model trained to fill, whose answer the verifier accepts
+    page.click("#lesson-next")
+    expect(page.locator("#lesson-note")).to_contain_text("Step 3 of 3")
+    trained = _run_step(page)
+    assert trained["model"] == "tiny-llada-infill" and trained["pinned"][0] == pinned
+    expect(page.locator("#message")).to_contain_text("pairsum verifier: valid")
+    assert _pinned_positions(page) == pinned
+    page.locator("#message").scroll_into_view_if_needed()  # the verdict above the grid, not the download row
+    screenshot(page, tmp_path, "infill-1024-trained.png")

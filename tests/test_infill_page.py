@@ -66,23 +66,25 @@ def test_a_block_causal_model_refuses_pinned_text_in_one_line_and_the_session_go
 @pytest.mark.skipif(not (EMBEDDED_MODEL / "config.json").is_file(), reason="lesson 9 runs the shipped model")
 def test_lesson_9_pins_the_end_after_a_hole_and_the_order_analysis_counts_the_hole_only(handlers):
     """Step 1 writes the whole answer, nothing pinned; step 2 changes only the template: the hole of
-    3 before ` + 34`, whose pinned cells the grid shows and the order analysis leaves out. What the
-    model writes into the hole is its training's (the lesson's sentence asks the class to look)."""
+    3 before ` + 34`, whose pinned cells the grid shows and the order analysis leaves out (what the
+    base writes into the hole is its training's: ` 3`); step 3 changes only the model, to the one
+    trained to fill, which writes ` 23` with every hole cell's first prediction its final token."""
     from dinfer_viz.panes.analysis_figure import analysis_text, order_figure
-    from dinfer_viz.studies.lessons import INFILL_LESSON_PROMPT, INFILL_TEMPLATE, LESSONS
+    from dinfer_viz.studies.lessons import INFILL_LESSON_PROMPT, INFILL_MODEL, INFILL_TEMPLATE, LESSONS
     from engine.analysis import decided_steps
 
     lesson = next(l for l in LESSONS if l.name.startswith("9 "))
     assert lesson.prompt == INFILL_LESSON_PROMPT and [lesson.settings(i)["template"] for i in range(2)] == [None, INFILL_TEMPLATE]
-    assert [lesson.config(i).gen_length for i in range(2)] == [8, 3] and lesson.model(1) == "tiny-llada"
+    assert [lesson.config(i).gen_length for i in range(3)] == [8, 3, 3] and [lesson.model(i) for i in range(3)] == ["tiny-llada", "tiny-llada", INFILL_MODEL]
+    assert lesson.settings(2) == lesson.settings(1)  # step 3 changes the model only
     runs = []
-    for i in range(2):
+    for i in range(3):
         _, prompt, note, *_ = handlers.lesson_step(lesson.name, i)
-        assert prompt == INFILL_LESSON_PROMPT and f"Step {i + 1} of 2" in note
-        view = final(handlers.run(prompt, {"config": lesson.settings(i)}))
+        assert prompt == INFILL_LESSON_PROMPT and f"Step {i + 1} of 3" in note
+        view = final(handlers.run(prompt, {"model": {"path": lesson.model(i)}, "config": lesson.settings(i)}))
         assert "done" in view["message"], view["message"]
         runs.append(view)
-    free, filled = (v["state"].timeline for v in runs)
+    free, filled, trained = (v["state"].timeline for v in runs)
     assert not free.pinned and pinned_cells(runs[0]["grid"]) == []
     start = filled.prompt_length
     assert sorted(filled.pinned) == list(range(start + 3, start + 8)) == pinned_cells(runs[1]["grid"])
@@ -91,3 +93,9 @@ def test_lesson_9_pins_the_end_after_a_hole_and_the_order_analysis_counts_the_ho
     assert filled.iterations == 3  # the fixed decoder: one position a forward
     for tl in (free, filled):
         assert "order correlation ρ" in analysis_text(tl) and "order correlation" in order_figure(tl).layout.title.text
+    # step 3: the model trained to fill writes the hole's one right answer, each cell's first guess
+    assert sorted(trained.pinned) == sorted(filled.pinned) and trained.iterations == 3
+    assert "pairsum verifier: valid" in runs[2]["message"] and "pairsum verifier: NOT valid" in runs[1]["message"]
+    assert set(decided_steps(trained.trace).values()) == {0}
+    # the readout's tokens are the model's, not the pinned text's (the app's batcher counted ` + 34` too)
+    assert trained.trace.stats["tokens"] == 3 and filled.trace.stats["tokens"] <= 3

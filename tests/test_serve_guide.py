@@ -136,7 +136,7 @@ def test_the_canvas_holds_max_tokens_and_the_models_answer_length(fields, answer
 
 def test_every_embedded_models_card_gives_its_answer_length():
     assert {name: answer_length(folder) for name, folder in embedded_models().items()} == {
-        "tiny-gemma": 16, "tiny-llada": 48, "tiny-llada-edit": 48, "tiny-llada-td": 64, "tiny-llada2": 40,
+        "tiny-gemma": 16, "tiny-llada": 48, "tiny-llada-edit": 48, "tiny-llada-infill": 48, "tiny-llada-td": 64, "tiny-llada2": 40,
     }
 
 

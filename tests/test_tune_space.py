@@ -66,7 +66,7 @@ def refused(config: GenerationConfig, model: Any) -> str | None:
     return None
 
 
-# one model of each family the assets hold (tiny-llada-edit and tiny-llada-td are tiny-llada's)
+# one model of each family the assets hold (tiny-llada-edit, tiny-llada-infill and tiny-llada-td are tiny-llada's)
 @pytest.mark.parametrize("model, added", [
     ("tiny-llada", {}),
     ("tiny-llada2", {"align_blocks": ""}),  # a switch its attention refuses off: offered on only

@@ -3,8 +3,8 @@ concurrency rule: docs/app.md §10). Every run, compare, sweep and model load ho
 `EngineHost.lock` for its whole duration; each session names its own model, so one session loading
 another model never changes what another session's next run uses.
 
-Embedded models: every folder under assets/ with a config.json (tiny-llada, and its
-trajectory-distilled copy tiny-llada-td when shipped) can be named by its folder name, in public
+Embedded models: every folder under assets/ with a config.json (tiny-llada, and its continuations
+tiny-llada-td, tiny-llada-edit and tiny-llada-infill) can be named by its folder name, in public
 mode too; Compare and the threshold sweep set one against another (`second_model`).
 """
 
@@ -34,8 +34,11 @@ DISTILLED = "tiny-llada-td"
 MAX_MODEL_NAME = 1_024  # characters in a model box: a folder path, a hub id or an embedded model's name
 EDITING = "tiny-llada-edit"  # trained with LLaDA2.1's mixed objective for the edit decoder (tinymodel/edit.py)
 UNIFORM_STATE = "tiny-gemma"  # a DiffusionGemma: uniform-state diffusion (tinymodel/uniform.py)
+INFILLING = "tiny-llada-infill"  # tiny-llada continued with span masking: fills holes before pinned text (tinymodel/span.py)
 # What a shipped model's folder name does not say, shown beside it wherever a visitor picks a model
-EMBEDDED_NOTES = {DISTILLED: "trajectory-distilled", EDITING: "trained to edit", UNIFORM_STATE: "uniform-state, DiffusionGemma"}
+EMBEDDED_NOTES = {
+    DISTILLED: "trajectory-distilled", EDITING: "trained to edit", INFILLING: "trained to fill holes", UNIFORM_STATE: "uniform-state, DiffusionGemma",
+}
 
 
 def model_title(name: str) -> str:

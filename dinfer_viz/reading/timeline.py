@@ -253,6 +253,16 @@ class Timeline:
     def is_end(self, token: int) -> bool:
         return token in self.trace.eos_ids
 
+    def judged_answer(self, text: str) -> str:
+        """What a family's verifier judges for a run whose engine text was `text` (its holes' text):
+        the holes with the text the request pinned in place, end-of-text inside a hole dropped
+        (a hole filled by ` 23` before ` + 34` answers ` 23 + 34`, as benchmarks/infill.py scores
+        it); `text` itself when nothing was pinned."""
+        if not self.pinned:
+            return text
+        canvas = self.canvas_at(self.iterations - 1)[self.prompt_length : self.view_end()]
+        return "".join(self.text_of(t) for t in canvas if not self.is_end(t) and t != self.mask_id and not is_special(self.piece(t)))
+
     def text_at(self, iteration: int, mask_glyph: str = "░") -> str:
         """The generated part of the canvas as text, masks as `mask_glyph`, stopping at the first
         end-of-text token (what the user would read)."""

@@ -101,6 +101,9 @@ SPECULATIVE_LESSON_PROMPT = "Q: ?+?=110 A:"
 # position a forward, so the order the cells are written in is the order the page shows.
 INFILL_LESSON_PROMPT = "Q: ?+?=57 A:"
 INFILL_TEMPLATE = "{{hole:3}} + 34"
+# tiny-llada continued with span masking (its card): on the same hole it writes ` 23`, every hole
+# cell's first prediction already its final token; the base writes ` 3` (tests/test_infill_page.py)
+INFILL_MODEL = "tiny-llada-infill"
 # Two blocks of 32: the second block's refresh (and its extra forward) shows in the cache lesson,
 # and the fixed decoder's 64 iterations stay short enough to watch.
 _SHORT = {"gen_length": 64, "block_length": 32}
@@ -336,6 +339,13 @@ LESSONS: tuple[Lesson, ...] = (
                 "The tan cells are pinned by the request: the model reads them and never writes them, so the hole must hold 23. "
                 "Scrub the hole's three commits against step 1's first number, then open Diff & analysis: its order ρ counts the hole "
                 "only (1: left to right, −1: the last digit first).",
+            ),
+            Step(
+                "the same hole on tiny-llada-infill, trained to fill",
+                {MODEL: INFILL_MODEL},
+                "The model continued with span masking (a span of each answer masked, the text after it in view): compare its "
+                "hole with step 2's; in the first iteration every hole cell already predicts its final token, so Diff & analysis "
+                "finds no order to correlate (ρ n/a).",
             ),
         ),
     ),

@@ -280,7 +280,7 @@ class CompareHandlers(TabHandlers):
             "scrub": gr.update(minimum=0, maximum=max(longest, 1), value=longest, interactive=True),
             "state": state,
             "csv": self.write_file("compare", ".csv", state.csv()),
-            "message": "done: " + " · ".join(f"{inert_markdown(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}{_judged(prompt, side.text)}" for l, m, side in zip(labels, (a.stats, b.stats), sides)) + timing + shared + held,
+            "message": "done: " + " · ".join(f"{inert_markdown(l)} → TPF {m['tpf']:.2f}, TPS {m['tps']:.1f}{_judged(prompt, side.timeline.judged_answer(side.text))}" for l, m, side in zip(labels, (a.stats, b.stats), sides)) + timing + shared + held,
             "text_a": a.text, "text_b": b.text, "readout_a": a.readout(), "readout_b": b.readout(),
         }
 

@@ -128,7 +128,7 @@ class RunHandlers(RunSettingsHandlers, ReplayHandlers, RunFileHandlers):
                 out.update(raster=confidence_raster(tl, upto=last, last_rows=LIVE_RASTER_ROWS), iterations=iteration_chart(tl, upto=last), cost=cost_figure(tl, upto=last))
             return out
         done = RunState(tl, expected, FINISHED, model, prompt, frame.text)
-        judged = answers.verdict(prompt, frame.text or "")
+        judged = answers.verdict(prompt, tl.judged_answer(frame.text or ""))
         message = f"{frame.message}: {plural(tl.iterations, 'iteration')}" + (f"; {judged}" if judged else "")
         out = shown_view(done, tl.iterations - 1, message, pinned, note=described, wall=frame.wall)
         out["download"] = self._write_trace(tl.trace)

@@ -39,7 +39,6 @@ from ..hooks import RunHooks
 from ..run import GenerationOutput
 from ..pipeline import Engine, TextResult
 from ..registry import decoder_class
-from ..stats import count_tokens
 from ..kinds import run_kind
 from ..trace import IterationRecord, Trace
 from .heap import release_freed_memory
@@ -72,8 +71,6 @@ class RowView:
         """`config`: the row's own (its constraint), when the batch ran with another's."""
         self.row = row
         self.prompt_length = header.prompt_lengths[row]
-        self.stop_ids = set(header.eos_ids)
-        self.mask_id = header.mask_id
         self.kept = 0  # records of this row so far: its solo run's iteration index
         self.forwards = 0  # the forwards of those records: its solo run's NFE
         self.trace = replace(header, prompt_lengths=[self.prompt_length], initial=[list(header.initial[row])], iterations=[])
@@ -111,7 +108,7 @@ class RowView:
         stats = replace(
             out.stats,
             nfe=self.forwards,
-            tokens=count_tokens(canvas, [self.prompt_length], sorted(self.stop_ids), self.mask_id)[0],
+            tokens=len(out.token_ids[r]),  # the engine's own count: text the request pinned is not the model's
             batch=1,
         )
         trace = None
