@@ -2,10 +2,11 @@
 
 outlines-core's build holds the GIL and cannot be interrupted, and its cost is not a function of
 the regex's length: `(a|b)*a(a|b){20}` passes every bound read off its structure and determinizes
-to 2^21 states (minutes, gigabytes). So every build runs in a child process with a deadline and an
-address-space limit: past the deadline the child is killed; past the memory bound its allocation
-fails and it dies; either way the caller gets one EngineError line and the process it is in
-(the server, the app, the CLI, a script) never held the build. Children are forked by this
+to 2^21 states (minutes, gigabytes). So every build runs in a child process with a CPU-time limit,
+an address-space limit and a wall-time bound on a hang: past its CPU time the kernel ends the
+child (SIGXCPU), past the memory bound its allocation fails and it dies, past the wall bound it is
+killed; either way the caller gets one EngineError line and the process it is in (the server, the
+app, the CLI, a script) never held the build. Children are forked by this
 process's build server (builder.py: a fresh interpreter started at the first build, which imports
 the engine once and never the caller's main module), so a build starts in milliseconds, not the
 seconds an interpreter takes to import torch, no child is forked from a process full of threads,
@@ -18,6 +19,7 @@ The wire, shared with builder.py: orders of ORDER_BYTES on the server's control 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import signal
@@ -31,7 +33,12 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import EngineError
 
-DEADLINE_S = 120.0  # one build, waiting for a free slot included: twice json_object's, the largest common one (15-60 s on a loaded 2-core machine)
+# A build's work is bounded in its own CPU time, which no load on the machine stretches: a deadline
+# in wall time (what it was) failed json_object's build under a CI run's load, and a request's
+# answer then depended on how busy the machine was. The wall bound is only a bound on a hang (a
+# build stopped or starved of the CPU), far beyond what the work bound allows on a loaded machine.
+DEADLINE_S = 120.0  # CPU seconds of one build: eight times json_object's (6-15 s of CPU), the largest common one
+WALL_BOUND_S = 600.0  # wall seconds of one build, and of its wait for a free slot
 MEMORY_BYTES = 2 << 30  # address space a build may add to what its child starts with
 MAX_BUILDS = 2  # builds at once in this process: each may hold a CPU core and MEMORY_BYTES
 REAPED_S = 10.0  # how long a build's end is waited for once it answered or was killed (the server reaps it)
@@ -54,14 +61,13 @@ def building() -> list[str]:
 
 def run_bounded(what: str, function: Callable[..., T], *args: Any) -> T:
     """`function(*args)` (a module-level function, its arguments and result picklable) in a child
-    process within DEADLINE_S (waiting for a free slot included) and MEMORY_BYTES; its EngineError
-    re-raised as is. `what` names the build in the messages of the bounds."""
-    deadline = time.monotonic() + DEADLINE_S
+    process within DEADLINE_S of CPU time, MEMORY_BYTES and WALL_BOUND_S (waiting for a free slot,
+    then building); its EngineError re-raised as is. `what` names the build in the messages of the bounds."""
     slots = _slots  # released where acquired, whatever the module's slots are by then (a test's own)
-    if not slots.acquire(timeout=DEADLINE_S):
-        raise EngineError(f"{what}: {MAX_BUILDS} other constraints are compiling and none ended within {DEADLINE_S:.0f} s; retry later")
+    if not slots.acquire(timeout=WALL_BOUND_S):
+        raise EngineError(f"{what}: {MAX_BUILDS} other constraints are compiling and none ended within {WALL_BOUND_S:.0f} s; retry later")
     try:
-        kind, value = _build(what, deadline, function, args)
+        kind, value = _build(what, time.monotonic() + WALL_BOUND_S, function, args)
     finally:
         slots.release()
     if kind == "value":
@@ -69,7 +75,9 @@ def run_bounded(what: str, function: Callable[..., T], *args: Any) -> T:
     if kind == "error":
         raise EngineError(value)
     if kind == "deadline":
-        raise EngineError(f"{what}: compiling its automaton took longer than {DEADLINE_S:.0f} s and was stopped; simplify it")
+        raise EngineError(f"{what}: compiling its automaton took longer than {WALL_BOUND_S:.0f} s and was stopped; the machine is busy: retry later")
+    if value == -signal.SIGXCPU:  # RLIMIT_CPU's soft limit: the work bound
+        raise EngineError(f"{what}: compiling its automaton took longer than {cpu_seconds(DEADLINE_S)} s of CPU time and was stopped; simplify it")
     if kind == "memory" or value in (-signal.SIGABRT, -signal.SIGKILL):  # the address-space limit: Rust aborts on a failed allocation, Python raises MemoryError
         raise EngineError(f"{what}: compiling its automaton needed more than {MEMORY_BYTES / 2**30:.3g} GiB of memory and was stopped; simplify it")
     raise EngineError(f"{what}: the process compiling its automaton ended without an answer (exit code {value})")
@@ -93,7 +101,7 @@ def _build(what: str, deadline: float, function: Callable[..., Any], args: tuple
             with _live_lock:
                 _live[pid] = what
             path = [os.path.abspath(entry) for entry in sys.path]  # '' (a script's directory, -c's cwd) is relative
-            send(mine, (path, MEMORY_BYTES))
+            send(mine, (path, MEMORY_BYTES, cpu_seconds(DEADLINE_S)))
             send(mine, (function, args))
             mine.settimeout(max(0.001, deadline - time.monotonic()))
             answer = receive(mine)
@@ -110,6 +118,11 @@ def _build(what: str, deadline: float, function: Callable[..., Any], args: tuple
             with _live_lock:
                 _live.pop(pid, None)
     return answer
+
+
+def cpu_seconds(seconds: float) -> int:
+    """RLIMIT_CPU counts whole seconds: `seconds` rounded up, at least 1."""
+    return max(1, math.ceil(seconds))
 
 
 def _exit_code(build: socket.socket) -> int | None:

@@ -10,7 +10,7 @@ milliseconds rather than the seconds an interpreter takes to import torch.
 
 Orders arrive on the control socket FD (inherited), each ORDER_BYTES long: BUILD with the build's
 own socket attached (SCM_RIGHTS), or KILL and the pid of a build to end. On its socket a build's
-child sends its pid, reads the caller's sys.path and memory bound, then the function and its
+child sends its pid, reads the caller's sys.path, memory bound and CPU seconds, then the function and its
 arguments, and answers ("value", result), ("error", one line) or ("memory", None); once the child
 has ended and been reaped, the server sends ("exit", its exit code: -N for signal N). The server
 ends when the control socket closes (the caller ended, however), and its children die with it
@@ -88,12 +88,14 @@ def _child(build: socket.socket, server: int) -> None:
     try:
         _die_with(server)
         send(build, ("pid", os.getpid()))
-        path, memory = receive(build)
+        path, memory, cpu = receive(build)
         sys.path[:] = path  # the caller's: the function may live in a module only it can import
         function, args = receive(build)
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = _address_space() + memory
-        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        _lower(resource.RLIMIT_AS, _address_space() + memory)
+        # SIGXCPU at the soft limit ends the child (its default action), SIGKILL past the hard one;
+        # no core file where the build ran (SIGXCPU's default also dumps core)
+        _lower(resource.RLIMIT_CORE, 0)
+        _lower(resource.RLIMIT_CPU, cpu, cpu + 2)
         try:
             answer = ("value", function(*args))
         except EngineError as exc:
@@ -109,6 +111,14 @@ def _child(build: socket.socket, server: int) -> None:
     finally:
         sys.stderr.flush()
         os._exit(code)
+
+
+def _lower(limit: int, soft: int, hard: int | None = None) -> None:
+    """Set resource `limit` to `soft` (and `hard`, else `soft`), never above the hard limit it has."""
+    _, ceiling = resource.getrlimit(limit)
+    cap = (lambda value: value) if ceiling == resource.RLIM_INFINITY else (lambda value: min(value, ceiling))
+    soft_hard = hard if hard is not None else soft
+    resource.setrlimit(limit, (cap(soft), cap(soft_hard)))
 
 
 def _address_space() -> int:
