@@ -1,7 +1,8 @@
 """A plain request's latency while structured-output requests run and build (issue 60), on
 `python -m engine serve` (its own process, the code of the current directory; benchmarks/serve.py).
 
-    python -m benchmarks.constraint_load            # one row: this checkout's server
+    python -m benchmarks.constraint_load                           # one row: this checkout's server
+    python -m benchmarks.constraint_load --batching short-first    # short rows' forwards first
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
 or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
@@ -73,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.constraint_load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7, help="plain requests per median")
     ap.add_argument("--label", default="this checkout", help="the rows' name")
+    ap.add_argument("--batching", default="continuous", help="the server's --batching")
     args = ap.parse_args(argv)
     rows = []
-    with server(8, 1, "cpu") as (url, _):
+    with server(8, 1, "cpu", "--batching", args.batching) as (url, _):
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
         solo = statistics.median(seconds(url, PLAIN) for _ in range(args.repeats))
         # the control: the same load without constraints (a plain request padded beside a longer one)

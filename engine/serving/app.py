@@ -34,7 +34,7 @@ from ..kinds import fit
 from ..pipeline import Engine, TextResult
 from ..trace import IterationRecord, Trace
 from .batcher import MAX_BATCH, BatchRequest, Batcher, batch_key
-from .scheduler import ContinuousBatcher, shares_forwards
+from .scheduler import BATCHING, ContinuousBatcher, batcher_for, shares_forwards
 from .limits import RequestLimits, TooLarge
 from .metrics import ServerMetrics
 from .fair import FairPool
@@ -49,7 +49,6 @@ RETRY_AFTER_SECONDS = 1  # what a 503 (busy, or shutting down) tells a client to
 # 5000 digits, nesting 100000 deep, a lone surrogate): the client's input, so a 400, never a 500
 BAD_INPUT_ERRORS = (ValueError, UnicodeError, OverflowError, RecursionError)
 SHUTTING_DOWN = "the server is shutting down"
-BATCHING = ("continuous", "lockstep")  # the batchers a server may run (docs/serving.md §3)
 PREFIX_CACHE_BYTES = 256 << 20  # the prompt blocks' K/V a block-causal model's server keeps across requests
 
 
@@ -126,19 +125,15 @@ class Row:
 
 class Server:
     """One engine, its batcher, its trace store and the bounds of a request. `batching`: one of
-    BATCHING; continuous needs an engine that generates in this process (`shares_forwards`), and
-    another runs the lockstep batcher. `prefix_cache_bytes`: the bound of the prompt blocks' K/V a
+    BATCHING (`batcher_for`). `prefix_cache_bytes`: the bound of the prompt blocks' K/V a
     block-causal model in this process shares across requests (0: none; docs/serving.md §3)."""
 
     def __init__(
         self, engine: Engine, limits: RequestLimits, max_batch: int, max_pending: int, traces: TraceStore, batching: str = BATCHING[0],
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES, front: FrontFollower | None = None,
     ) -> None:
-        if batching not in BATCHING:
-            raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.engine, self.limits, self.traces, self.max_pending, self.front = engine, limits, traces, max_pending, front
-        kind = ContinuousBatcher if batching == "continuous" and shares_forwards(engine) else Batcher
-        self.batcher: Batcher | ContinuousBatcher = kind(threading.Lock(), lambda members: engine, max_batch, on_forward=lambda rows: self.metrics.forward(rows))
+        self.batcher: Batcher | ContinuousBatcher = batcher_for(batching, engine, max_batch, lambda rows: self.metrics.forward(rows))
         self.metrics = ServerMetrics(lambda: self.batcher.waiting, lambda: self.batcher.running, len(front.front.settings) if front else 0)
         if engine.model.block_causal and prefix_cache_bytes > 0 and shares_forwards(engine):  # the weights are here
             engine.model.prefix_store = PrefixStore(prefix_cache_bytes, on_hit=self.metrics.prefix_hit)

@@ -23,6 +23,11 @@ Every kind runs so (a kind's run calls the network only through the model's call
 `routed_calls`): the uniform-state kind's rows, of any prompt length and step count, share their
 denoising forwards (their encoder forwards, which write each run's own cache, run one by one),
 and the speculative kind's rows their draft and verify forwards, each reading its own store.
+
+Short first (`short_first`, `--batching short-first`) changes only which of the waiting rows a
+round takes (`_shortest`): those within SHORT_SHARE of the shortest canvas asking, and any row left
+out MAX_SKIPPED rounds in a row, so a short request's forwards leave a long row's positions out
+without starving it.
 """
 
 from __future__ import annotations
@@ -40,11 +45,28 @@ from ..hooks import RunHooks
 from ..models.base import DiffusionLM
 from ..pipeline import Engine, TextResult
 from ..run import GenerationCancelled, forwards_routed
-from .batcher import MAX_BATCH, POLL_SECONDS, BatchRequest, report_failure
+from ..errors import EngineError
+from .batcher import MAX_BATCH, POLL_SECONDS, Batcher, BatchRequest, report_failure
 from .heap import release_freed_memory
 from .packed import pack_key, run_calls
 
+BATCHING = ("continuous", "lockstep", "short-first")  # the batchers a server may run (docs/serving.md §3)
 MIN_WAIT_SECONDS = 0.005  # the least the scheduler waits for a straggler (module docstring): a fast forward's rows still gather
+# Short first (`--batching short-first`): a round runs the rows whose canvas is at most SHORT_SHARE
+# times the shortest asking, and a longer row left out MAX_SKIPPED rounds in a row joins anyway
+SHORT_SHARE = 2.0
+MAX_SKIPPED = 3
+
+
+def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Callable[[int], None]) -> "Batcher | ContinuousBatcher":
+    """The batcher `batching` names (BATCHING) for `engine`, on a lock of its own: continuous and
+    short-first need an engine that generates in this process (`shares_forwards`); another runs the
+    lockstep batcher. EngineError (one line) for any other name."""
+    if batching not in BATCHING:
+        raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
+    if batching == "lockstep" or not shares_forwards(engine):
+        return Batcher(threading.Lock(), lambda members: engine, max_batch, on_forward=on_forward)
+    return ContinuousBatcher(threading.Lock(), lambda members: engine, max_batch, on_forward, short_first=batching == "short-first")
 
 
 def shares_forwards(engine: Engine) -> bool:
@@ -63,6 +85,8 @@ class Slot:
     result: Any = None  # the call's result, or the exception it raised
     done: threading.Event = field(default_factory=threading.Event)
     shared: int = 1  # the most rows one of its forwards decoded
+    positions: int = 0  # its canvas, prompt and answer: what short first compares
+    skipped: int = 0  # rounds in a row short first left it out
 
 
 class Scheduler:
@@ -70,8 +94,8 @@ class Scheduler:
     docstring). `lock`: held for each model call (a host that holds it pauses the engine);
     `on_forward(rows)`: told of each model call and its rows."""
 
-    def __init__(self, lock: threading.Lock, max_rows: int, on_forward: Callable[[int], None] | None = None) -> None:
-        self.lock, self.max_rows, self.on_forward = lock, max_rows, on_forward
+    def __init__(self, lock: threading.Lock, max_rows: int, on_forward: Callable[[int], None] | None = None, short_first: bool = False) -> None:
+        self.lock, self.max_rows, self.on_forward, self.short_first = lock, max_rows, on_forward, short_first
         self._cond = threading.Condition()  # guards the queues and every slot's `call`
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
@@ -162,6 +186,8 @@ class Scheduler:
                         if left <= 0:
                             break
                         self._cond.wait(left)
+                    if self.short_first and asking:
+                        asking = self._shortest(asking)
                     self._taken = asking
                     taken = [(s, s.call) for s in asking]
                     for s in asking:
@@ -173,6 +199,22 @@ class Scheduler:
                 self._forward_seconds = time.monotonic() - start
             with self._cond:
                 self._taken = []
+                for s in self.running:  # a row short first left out asks again from now (`_shortest`)
+                    if s.call is not None and s.skipped:
+                        s.asked = time.monotonic()
+
+    def _shortest(self, asking: list[Slot]) -> list[Slot]:
+        """Short first's round (under `_cond`): the rows within SHORT_SHARE of the shortest canvas
+        asking, and any left out MAX_SKIPPED rounds in a row. One left out asks again once the round
+        has run (`_loop`), so the next round waits a forward's time for the short rows' next calls
+        instead of running it alone at once: a short request's forwards run without the long rows' positions, which wait
+        a few of its rounds (on a CPU a forward's cost grows with its positions; a GPU's hardly,
+        where sharing costs a short row little)."""
+        shortest = min(s.positions for s in asking)
+        chosen = [s for s in asking if s.positions <= SHORT_SHARE * shortest or s.skipped >= MAX_SKIPPED]
+        for s in asking:
+            s.skipped = 0 if s in chosen else s.skipped + 1
+        return chosen
 
     def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]]) -> None:
         """The calls that pack together (equal `pack_key`s: engine/serving/packed.py) as one model
@@ -209,9 +251,9 @@ class ContinuousBatcher:
     interface (submit, waiting, running, lock, max_batch)."""
 
     def __init__(self, lock: threading.Lock, engine_for: Callable[[list[BatchRequest]], Engine], max_batch: int = MAX_BATCH,
-                 on_forward: Callable[[int], None] | None = None) -> None:
+                 on_forward: Callable[[int], None] | None = None, short_first: bool = False) -> None:
         self.engine_for, self.max_batch = engine_for, max_batch
-        self.scheduler = Scheduler(lock, max_batch, on_forward)
+        self.scheduler = Scheduler(lock, max_batch, on_forward, short_first)
 
     @property
     def lock(self) -> threading.Lock:
@@ -251,6 +293,7 @@ class ContinuousBatcher:
     def _generate(self, engine: Engine, slot: Slot) -> None:
         r = slot.request
         ids = r.prompt if isinstance(r.prompt, list) else engine.encode(r.prompt, r.config.use_chat_template)
+        slot.positions = len(ids) + r.config.gen_length
 
         def on_iteration(rec: Any) -> None:
             if not r.cancel.is_set():
