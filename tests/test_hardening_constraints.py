@@ -95,7 +95,8 @@ def test_the_deadline_counts_the_builds_cpu_time_and_the_wall_bound_only_a_hang(
     monkeypatch.setattr(bounded, "WALL_BOUND_S", 1.0)
     with pytest.raises(EngineError, match=r"^a hung build: compiling its automaton took longer than 1 s and was stopped; the machine is busy") as caught:
         bounded.run_bounded("a hung build", idle_for, 60.0)
-    assert "\n" not in str(caught.value) and not bounded.building()
+    # its child killed and reaped (another module's server may still be building json_object's grammar)
+    assert "\n" not in str(caught.value) and "a hung build" not in bounded.building()
 
 
 def test_the_builds_answers_are_the_ones_outlines_core_gives(engine):
