@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -332,3 +333,34 @@ def test_eviction_removes_only_files_the_store_wrote(cache, embedded, monkeypatc
     assert {path: path.read_bytes() for path in strangers} == strangers
     if how != "the store's own folder":
         assert sorted(user.iterdir()) == sorted(strangers)  # nothing written there either
+
+
+def test_a_caller_waits_for_the_build_another_has_under_way_and_reads_it(cache, monkeypatch):
+    """While another caller builds an automaton (it holds `stored.building` for its key), a caller
+    with a vocabulary of its own (another process, as far as the store can tell) that found no file
+    waits, then reads the one the builder kept: nothing is built twice. Ordered by events: the
+    waiter has looked in the store and found nothing before the builder keeps its file."""
+    built = fresh_vocabulary().automaton(PAIR)  # what the "other process" will keep
+    digest = fresh_vocabulary().digest
+    for kept in cache.glob("*.safetensors"):
+        kept.unlink()
+    spec._byte_states.cache_clear()
+    seen = builds(monkeypatch)
+    looked = threading.Event()
+    real_load = stored.load
+
+    def load(*args):
+        found = real_load(*args)
+        looked.set()
+        return found
+
+    monkeypatch.setattr(stored, "load", load)
+    answer: dict = {}
+    with stored.building(digest, PAIR):
+        waiter = threading.Thread(target=lambda: answer.update(automaton=fresh_vocabulary().automaton(PAIR)))
+        waiter.start()
+        assert looked.wait(60)  # a bound on a hang: the waiter found no file, and now waits here
+        stored.save(digest, PAIR, built)
+    waiter.join(60)
+    assert not waiter.is_alive() and same(answer["automaton"], built)
+    assert seen == []  # neither the size check nor the automaton built: read from the builder's file

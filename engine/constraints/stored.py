@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -32,6 +33,8 @@ import os
 import re
 import secrets
 import stat
+import struct
+import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -39,6 +42,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from .automaton import TokenAutomaton
+from .bounded import WALL_BOUND_S
 from .limits import MAX_REGEX_CHARS, MAX_REPEAT, MAX_STATES, MAX_TABLE_ENTRIES
 
 CACHE_ENV = "DINFER_VIZ_CACHE"
@@ -122,6 +126,44 @@ def save(vocabulary: str, regex: str, automaton: TokenAutomaton) -> None:
     arrays = {"class_of": automaton.class_of, "table": automaton.table, "initial": np.array([automaton.initial], dtype=np.int64),
               "accepting": automaton.accepting, "succ": automaton.succ}
     _write(vocabulary, regex, arrays)
+
+
+LOCK_POLL_S = 0.05  # how often a process waiting for another's build looks again
+
+
+@contextlib.contextmanager
+def building(vocabulary: str, regex: str) -> Iterator[None]:
+    """Held while this caller builds what the store will keep for `regex` over `vocabulary`: a
+    caller in another process (or on another thread with its own vocabulary) asking for the same
+    key meanwhile waits here, then reads the file rather than build it again (servers, the app and
+    scripts started together each built json_object's grammar, 10-30 s of CPU apiece). The lock is
+    one byte of the folder's MARKER file at an offset named by the key (an open-file-description
+    lock: per opening, so threads wait on each other too, and gone when its holder ends, however);
+    a wait longer than a build's own wall bound gives up and builds. Where nothing is kept or such
+    locks are missing (not Linux), it holds nothing."""
+    offset = int(file_name(vocabulary, regex)[:15], 16)
+    with _folder() as descriptor:
+        lock = None
+        if descriptor is not None and hasattr(fcntl, "F_OFD_SETLK"):
+            with contextlib.suppress(OSError):
+                lock = os.open(MARKER, os.O_RDWR | os.O_NOFOLLOW, dir_fd=descriptor)
+    if lock is None:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + WALL_BOUND_S
+        record = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)  # struct flock; l_pid 0
+        while True:
+            try:
+                fcntl.fcntl(lock, fcntl.F_OFD_SETLK, record)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    break
+                time.sleep(LOCK_POLL_S)
+        yield
+    finally:
+        os.close(lock)  # releases the byte
 
 
 # check_regex's size check builds the regex's byte-level DFA (half of a JSON object's build): its

@@ -140,9 +140,12 @@ class TokenVocabulary:
         try:
             automaton = stored.load(self.digest, regex, self.vocab_size)
             if automaton is None:  # it passed check_regex's bounds when it was kept (they name its file)
-                check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
-                automaton = run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
-                stored.save(self.digest, regex, automaton)
+                with stored.building(self.digest, regex):
+                    automaton = stored.load(self.digest, regex, self.vocab_size)  # another process's, built while this one waited
+                    if automaton is None:
+                        check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
+                        automaton = run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
+                        stored.save(self.digest, regex, automaton)
         except BaseException as exc:
             building.set_exception(exc)
             raise
