@@ -18,8 +18,6 @@ from .live.stream_keeper import add_keeper
 from .tabs import compare, diff, model, run, run_page, sweep, tune
 from .tabs.common import PRIVATE
 
-NEVER = 2**62  # events between two of Gradio's analytics summaries (Gradio spells the name ANAYLTICS)
-
 
 class Handlers(run.RunHandlers, compare.CompareHandlers, sweep.SweepHandlers, tune.TuneHandlers, model.ModelHandlers, diff.DiffHandlers):
     """Every tab's event functions around one EngineHost (tabs.common.TabHandlers takes the
@@ -120,8 +118,4 @@ def build_demo(handlers: Handlers) -> gr.Blocks:
     # Comparisons, sweeps and loads queue one at a time (concurrency id "engine"), runs up to a batch
     # at once ("runs"); replay and loading traces are cheap and run side by side for several sessions.
     demo.queue(max_size=32, default_concurrency_limit=4)
-    # Gradio's queue redoes a pandas summary of up to 10,000 past events after every event, for a
-    # monitoring page this app never turns on: cost grows with the app's age (4 of 97 s of server
-    # CPU in three browser test modules). Never summarised.
-    demo._queue.ANAYLTICS_CACHE_FREQUENCY = NEVER
     return demo

@@ -43,7 +43,7 @@ def readout_cells(markdown: str) -> list[str]:
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     demo, url, host = launch_app(tmp_path_factory, fps=100)  # fast frames: a short run still streams several
-    yield SimpleNamespace(url=url, host=host, demo=demo)
+    yield SimpleNamespace(url=url, host=host)
     demo.close()
 
 
@@ -87,15 +87,6 @@ def test_run_streams_live_frames_and_ends_with_the_engine_text(app):
         assert [(c[0], c[2]) for c in frame["commits"]] == order[: len(frame["commits"])]
         assert all(c[2] <= frame["at"] for c in frame["commits"]) and f"NFE {frame['at'] + 1} " in frame["stats"]
     assert [f["frame"] for f in live] == list(range(len(live)))
-
-
-def test_the_queue_never_redoes_gradios_analytics_summary(app):
-    """Gradio's queue would summarise every past event (pandas, up to 10,000 of them) after each
-    event for a monitoring page the app never turns on (ui.build_demo). Events recorded, none
-    summarised: a Gradio that renamed the knob would summarise, and this would fail."""
-    Client(app.url, verbose=False).predict(PROMPT, {"config": SMALL}, "", api_name="/run")
-    queue = app.demo._queue
-    assert queue.events_recorded > 0 and queue.event_count_at_last_cache == 0
 
 
 def test_invalid_setting_returns_the_message_and_the_session_goes_on(app):
