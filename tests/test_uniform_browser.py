@@ -92,7 +92,11 @@ def test_compare_sets_a_masked_model_against_a_uniform_one_on_one_slider(session
     expect(page.locator("#compare-message")).to_contain_text("done:", timeout=180_000)
     expect(page.locator("#compare-title-b")).to_contain_text("uniform")
     expect(page.locator("#compare-title-a")).to_contain_text("masked")
-    assert page.locator("#grid-b .cells .cell.output").count() > 0 and page.locator("#grid-a .cells .cell.old, #grid-a .cells .cell.new, #grid-a .cells .cell.forced").count() > 0
+    # polled, not counted once: in one CI run a count taken as "done:" showed found no committed
+    # cell in A's grid (not reproduced on this machine under load; if the grid never gets them,
+    # this still fails, after the wait)
+    expect(page.locator("#grid-b .cells .cell.output")).not_to_have_count(0)
+    expect(page.locator("#grid-a .cells .cell.old, #grid-a .cells .cell.new, #grid-a .cells .cell.forced")).not_to_have_count(0)
     scrub = page.locator("#compare-scrub input[type=number]")
     scrub.fill("1")
     scrub.press("Enter")
