@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import EngineError
 from .limits import MAX_CHOICE_CHARS, MAX_CHOICES, MAX_REGEX_CHARS, MAX_REPEAT, MAX_SCHEMA_CHARS, MAX_STATES
-from .stored import BYTE_LEVEL, building, load_byte_states, save_byte_states
+from .stored import BYTE_LEVEL, built_once, load_byte_states, save_byte_states
 
 CONSTRAINT_FIELDS = ("regex", "json_schema", "choice")
 # response_format {"type": "json_object"}: any JSON object (its generic grammar is the costly one to build)
@@ -171,14 +171,7 @@ def _byte_states(regex: str) -> int:
     """byte_states, counted once on the machine (kept on disk: stored.py)."""
     from .bounded import run_bounded
 
-    states = load_byte_states(regex)
-    if states is None:
-        with building(BYTE_LEVEL, regex):
-            states = load_byte_states(regex)  # another process's, counted while this one waited
-            if states is None:
-                states = run_bounded(f"regex {regex[:60]!r}", byte_states, regex)
-                save_byte_states(regex, states)
-    return states
+    return built_once(BYTE_LEVEL, regex, lambda: load_byte_states(regex), lambda: run_bounded(f"regex {regex[:60]!r}", byte_states, regex), lambda states: save_byte_states(regex, states))
 
 
 def byte_states(regex: str) -> int:

@@ -166,6 +166,20 @@ def building(vocabulary: str, regex: str) -> Iterator[None]:
         os.close(lock)  # releases the byte
 
 
+def built_once(vocabulary: str, regex: str, load: Callable[[], T | None], build: Callable[[], T], save: Callable[[T], None]) -> T:
+    """What the store keeps for `regex` over `vocabulary` (`load`: None when nothing is kept), else
+    `build` it and `save` it, holding `building` so a caller asking at once reads this one's file."""
+    kept = load()
+    if kept is not None:
+        return kept
+    with building(vocabulary, regex):
+        kept = load()  # another caller's, built while this one waited
+        if kept is None:
+            kept = build()
+            save(kept)
+    return kept
+
+
 # check_regex's size check builds the regex's byte-level DFA (half of a JSON object's build): its
 # state count is kept too, under a name no vocabulary's digest can take
 BYTE_LEVEL = "byte-level DFA"

@@ -138,14 +138,8 @@ class TokenVocabulary:
         if not owner:
             return building.result()
         try:
-            automaton = stored.load(self.digest, regex, self.vocab_size)
-            if automaton is None:  # it passed check_regex's bounds when it was kept (they name its file)
-                with stored.building(self.digest, regex):
-                    automaton = stored.load(self.digest, regex, self.vocab_size)  # another process's, built while this one waited
-                    if automaton is None:
-                        check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
-                        automaton = run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
-                        stored.save(self.digest, regex, automaton)
+            # a kept automaton passed check_regex's bounds when it was kept (they name its file)
+            automaton = stored.built_once(self.digest, regex, lambda: stored.load(self.digest, regex, self.vocab_size), lambda: self._build(regex), lambda built: stored.save(self.digest, regex, built))
         except BaseException as exc:
             building.set_exception(exc)
             raise
@@ -155,6 +149,10 @@ class TokenVocabulary:
         self.adopt({regex: automaton})
         building.set_result(automaton)
         return automaton
+
+    def _build(self, regex: str) -> TokenAutomaton:
+        check_regex(regex)  # syntax and size on the byte-level DFA, before the token-level index
+        return run_bounded(f"the constraint {regex[:60]!r}", region_automaton, regex, self.vocabulary, tuple(self.stop_ids), self.after, self.vocab_size)
 
     def kept(self, regex: str) -> bool:
         """Whether the automaton of `regex` is in this process's memory or in the store on disk
