@@ -3,6 +3,7 @@
 
     python -m benchmarks.constraint_load                           # one row: this checkout's server
     python -m benchmarks.constraint_load --batching short-first    # short rows' forwards first
+    python -m benchmarks.constraint_load --parts                   # each half of the load alone too
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
 or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
@@ -75,14 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="plain requests per median")
     ap.add_argument("--label", default="this checkout", help="the rows' name")
     ap.add_argument("--batching", default="continuous", help="the server's --batching")
+    ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
     args = ap.parse_args(argv)
+    plain_loop = {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}
+    # the control first: the same load without constraints (a plain request beside a longer one)
+    loads = [("a plain max_tokens-256 loop", plain_loop, 0)]
+    if args.parts:
+        loads += [("a json_object max_tokens-256 loop", JSON_OBJECT, 0), ("a plain max_tokens-256 loop + 8 builds", plain_loop, BUILDS)]
+    loads.append(("a json_object max_tokens-256 loop + 8 builds", JSON_OBJECT, BUILDS))
     rows = []
     with server(8, 1, "cpu", "--batching", args.batching) as (url, _):
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
         solo = statistics.median(seconds(url, PLAIN) for _ in range(args.repeats))
-        # the control: the same load without constraints (a plain request padded beside a longer one)
-        for name, body, builds in (("a plain max_tokens-256 loop", {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}, 0),
-                                   ("a json_object max_tokens-256 loop + 8 builds", JSON_OBJECT, BUILDS)):
+        for name, body, builds in loads:
             loaded, looped, in_flight = under_load(url, body, builds, args.repeats)
             rows.append([args.label, name, f"{1000 * solo:.0f}", f"{1000 * loaded:.0f}", f"{loaded / solo:.2f}x",
                          f"{len(looped)} ({1000 * statistics.median(looped):.0f})" if looped else "0", f"{in_flight} of {builds}" if builds else "-"])

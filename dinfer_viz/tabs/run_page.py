@@ -241,8 +241,11 @@ def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[A
     checked = (page, [p["settings_msg"], p["run_btn"], p["prompt"]])
     demo.load(h.check_with_prompt, *checked, **LATEST)
     # as the page changes: the settings check, and the lesson sentence (a step's settings changed by
-    # hand are no longer the step's), as one event (LATEST: one such event per trigger)
-    gr.on([c.change for c in page], h.page_changed, [p["lesson_menu"], p["lesson_steps"], *page], [*checked[1], p["lesson_note"]], **LATEST)
+    # hand are no longer the step's), as one event (LATEST: one such event per trigger); the lesson's
+    # step too, since a step's controls can change (and be read) before its step box does, and the
+    # sentence read from them then named the step before as changed
+    lesson = [p["lesson_menu"], p["lesson_steps"]]
+    gr.on([c.change for c in [*page, *lesson]], h.page_changed, [*lesson, *page], [*checked[1], p["lesson_note"]], **LATEST)
     # the decoder box follows the model's kind (a uniform-state model runs its own sampler)
     gr.on([settings_inputs[0].change, controls["kind"].change], h.fitted_decoder, settings_inputs, controls["decoder"], **ALONGSIDE)
     # the constraint too: an answer it cannot write is no answer to compare with (suggest_expected)
