@@ -92,27 +92,3 @@ def test_every_listener_that_redraws_on_change_runs_the_latest_change_last(handl
     assert len(redraws) >= 8  # the settings check, the controls shown, the explanation, presets, suggestion, ...
     unqueued = [[comps.get(t) for t, _ in d["targets"]][:3] for d in redraws if d["queue"] is False]
     assert not unqueued, f"unqueued listeners that redraw on change: {unqueued}"
-
-
-def test_no_trigger_starts_two_events_that_wait_for_the_last_change(handlers):
-    """Gradio's page, when an always_last event deferred by a trigger ends, triggers the whole
-    trigger again: with two such events on one trigger each end re-ran the other while it was in
-    flight, and a trace loaded into the Run tab left the page sending the settings check, the lesson
-    sentence and the controls shown about six times a second for as long as it was open
-    (dinfer_viz/tabs/common.py LATEST). So every trigger but the page's load (which starts each of
-    its events on its own) starts at most one; the others on it run for every trigger (ALONGSIDE)."""
-    from collections import defaultdict
-
-    from dinfer_viz.ui import build_demo
-
-    demo = build_demo(handlers)
-    comps = {c["id"]: c.get("props", {}).get("elem_id") or c.get("props", {}).get("label") or c["type"] for c in demo.config["components"]}
-    waiting = defaultdict(list)
-    for d in demo.config["dependencies"]:
-        if d["trigger_mode"] == "always_last":
-            for target, event in d["targets"]:
-                if event != "load":
-                    waiting[(comps.get(target), event)].append(d["id"])
-    assert len(waiting) >= 60  # the settings check alone listens to every control of the Run tab
-    shared = {trigger: ids for trigger, ids in waiting.items() if len(ids) > 1}
-    assert not shared, f"triggers that start more than one always_last event: {sorted(shared)[:5]}"

@@ -47,16 +47,7 @@ PRIVATE: dict[str, Any] = dict(api_visibility="private", queue=False, show_progr
 # for queued events; unqueued, overlapping requests land in any order, and a slow earlier check
 # (a model's tokenizer loading) overwrote the later one, leaving the verdict of settings gone by.
 # No concurrency limit: the deferral is per page, and one visitor's check never waits for another's.
-# One such event per trigger, never two: Gradio's page (6.31), when a deferred event ends, triggers
-# the whole trigger again, every event bound to it; with two always_last events on one trigger, each
-# end re-ran the other while it was in flight, which deferred it again, without end. A trace
-# loaded into the Run tab (a dozen controls set at once) left the page sending the settings check,
-# the lesson sentence and the controls shown, about six events a second, for as long as it stayed
-# open. tests/test_page_limits.py checks every trigger of the page.
 LATEST: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", trigger_mode="always_last", concurrency_limit=None)
-# An event beside a LATEST one on the same trigger: it runs for every trigger (queued, no limit, so
-# one visitor's never waits for another's) and defers nothing, so it never triggers that one again.
-ALONGSIDE: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", trigger_mode="multiple", concurrency_limit=None)
 
 
 def outputs(slots: Sequence[str], values: dict[str, Any]) -> tuple:

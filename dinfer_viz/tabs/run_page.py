@@ -25,7 +25,7 @@ from ..studies.lessons import LESSONS
 from ..panes.readouts import message_readout
 from ..sample_traces import shipped_samples
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, control_value, decoder_presets, preset_controls, sections
-from .common import ALONGSIDE, ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control
+from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
 # The lesson menu sits low in the sidebar, so Gradio opened its list upwards, over Run, and cut
@@ -237,20 +237,14 @@ def _figures(parts: Parts, defaults: GenerationConfig) -> None:
 def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[Any], view: list[Any], controls: dict[str, Any]) -> Any:
     """The settings check, the expected box's suggestion, and Run; returns the run's event."""
     # the prompt too: the model's max_sequence_length holds prompt and generation together
-    page = [p["prompt"], *settings_inputs]
-    checked = (page, [p["settings_msg"], p["run_btn"], p["prompt"]])
+    checked = ([p["prompt"], *settings_inputs], [p["settings_msg"], p["run_btn"], p["prompt"]])
+    gr.on([c.change for c in [p["prompt"], *settings_inputs]], h.check_with_prompt, *checked, **LATEST)
     demo.load(h.check_with_prompt, *checked, **LATEST)
-    # as the page changes: the settings check, and the lesson sentence (a step's settings changed by
-    # hand are no longer the step's), as one event (LATEST: one such event per trigger); the lesson's
-    # step too, since a step's controls can change (and be read) before its step box does, and the
-    # sentence read from them then named the step before as changed
-    lesson = [p["lesson_menu"], p["lesson_steps"]]
-    gr.on([c.change for c in [*page, *lesson]], h.page_changed, [*lesson, *page], [*checked[1], p["lesson_note"]], **LATEST)
     # the decoder box follows the model's kind (a uniform-state model runs its own sampler)
-    gr.on([settings_inputs[0].change, controls["kind"].change], h.fitted_decoder, settings_inputs, controls["decoder"], **ALONGSIDE)
+    gr.on([settings_inputs[0].change, controls["kind"].change], h.fitted_decoder, settings_inputs, controls["decoder"], **LATEST)
     # the constraint too: an answer it cannot write is no answer to compare with (suggest_expected)
     constraint = [p["prompt"], controls[CONSTRAINT], controls[CONSTRAINT_TEXT]]
-    gr.on([c.change for c in constraint], h.suggest_expected, constraint, [p["suggestion"], p["note"]], **ALONGSIDE).then(
+    gr.on([c.change for c in constraint], h.suggest_expected, constraint, [p["suggestion"], p["note"]], **LATEST).then(
         None, [p["suggestion"], p["expected"], p["suggested"]], [p["expected"], p["suggested"]], js=KEEP_TYPED_JS, **PRIVATE
     )
     collect = p["run_btn"].click(None, settings_inputs, p["settings_json"], js=h.settings_js(), **PRIVATE)
@@ -294,6 +288,9 @@ def _wire_lessons(h: RunHandlers, demo: gr.Blocks, p: Parts, controls: dict[str,
     menu.input(lambda name: h.lesson_step(name, 0), menu, lesson_out, **PRIVATE)
     steps.input(h.lesson_step, [menu, steps], lesson_out, **PRIVATE)
     p["next_btn"].click(lambda name, step: h.lesson_step(name, (step if isinstance(step, int) else -1) + 1), [menu, steps], lesson_out, **PRIVATE)
+    # the sentence follows the page: a step's settings changed by hand are no longer the step's
+    page = [p["prompt"], *settings_inputs]
+    gr.on([c.change for c in page], h.lesson_left, [menu, steps, *page], p["lesson_note"], **LATEST)
 
 
 def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> None:
@@ -308,7 +305,7 @@ def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> Non
         values = preset_controls(name, chosen) if chosen in decoder_presets(name) else {}
         return tuple(values.get(c.field, gr.skip()) for c in all_controls())
 
-    decoder.change(offer, decoder, preset, **ALONGSIDE)
+    decoder.change(offer, decoder, preset, **LATEST)
     preset.input(fill, [decoder, preset], [controls[c.field] for c in all_controls()], **PRIVATE)
 
 
@@ -339,7 +336,7 @@ def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.c
     choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"], tab.controls["kind"]]
     inputs = [*choice, *tab.system]
     changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter, *tab.sections]
-    gr.on([c.change for c in choice], h.structure, inputs, changed, **ALONGSIDE)
+    gr.on([c.change for c in choice], h.structure, inputs, changed, **LATEST)
     # a system option changes the explanation only (structure would also reset the sweep's setting)
-    gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **ALONGSIDE)
+    gr.on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **LATEST)
     demo.load(h.structure, inputs, changed, **LATEST)
