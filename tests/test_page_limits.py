@@ -92,3 +92,73 @@ def test_every_listener_that_redraws_on_change_runs_the_latest_change_last(handl
     assert len(redraws) >= 8  # the settings check, the controls shown, the explanation, presets, suggestion, ...
     unqueued = [[comps.get(t) for t, _ in d["targets"]][:3] for d in redraws if d["queue"] is False]
     assert not unqueued, f"unqueued listeners that redraw on change: {unqueued}"
+
+
+def test_no_trigger_starts_two_events_that_wait_for_the_last_change(handlers):
+    """Gradio's page, when an always_last event deferred by a trigger ends, triggers the whole
+    trigger again: with two such events on one trigger each end re-ran the other while it was in
+    flight, and a trace loaded into the Run tab left the page sending the settings check, the lesson
+    sentence and the controls shown about six times a second for as long as it was open
+    (dinfer_viz/tabs/common.py LATEST). So every trigger but the page's load (which starts each of
+    its events on its own) starts at most one; the others on it run for every trigger (ALONGSIDE)."""
+    from collections import defaultdict
+
+    from dinfer_viz.ui import build_demo
+
+    demo = build_demo(handlers)
+    comps = {c["id"]: c.get("props", {}).get("elem_id") or c.get("props", {}).get("label") or c["type"] for c in demo.config["components"]}
+    waiting = defaultdict(list)
+    for d in demo.config["dependencies"]:
+        if d["trigger_mode"] == "always_last":
+            for target, event in d["targets"]:
+                if event != "load":
+                    waiting[(comps.get(target), event)].append(d["id"])
+    assert len(waiting) >= 60  # the settings check alone listens to every control of the Run tab
+    shared = {trigger: ids for trigger, ids in waiting.items() if len(ids) > 1}
+    assert not shared, f"triggers that start more than one always_last event: {sorted(shared)[:5]}"
+
+
+def test_every_event_that_redraws_on_change_writes_only_its_newest_answer(handlers):
+    """Neither LATEST nor ALONGSIDE orders a visitor's calls: two changes close together both run
+    side by side and the first can end last, so every such event's handler drops an overtaken
+    answer (common.newest_answer); a settings check that ended on settings gone by never said
+    'held to regex' in a CI run."""
+    from dinfer_viz.ui import build_demo
+
+    demo = build_demo(handlers)
+    redraws = [f for f in demo.fns.values() if f.fn is not None and f.trigger_mode in ("always_last", "multiple") and f.api_visibility == "private"]
+    assert len(redraws) >= 12  # the settings check, the controls shown, the explanation, presets, suggestion, ...
+    unordered = [f.fn.__name__ for f in redraws if not getattr(f.fn, "answers_newest", False)]
+    assert not unordered, f"events that can end on an overtaken answer: {unordered}"
+
+
+def test_an_overtaken_call_writes_nothing_and_other_visitors_are_apart():
+    """The first of two calls from one visitor, ending after the second, answers gr.skip() in every
+    slot; the second's answer stands; a call from another visitor meanwhile is not overtaken."""
+    import threading
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from dinfer_viz.tabs.common import newest_answer
+
+    old_started, old_may_end = threading.Event(), threading.Event()
+
+    def check(value: str) -> tuple:
+        if value == "old":  # numbered by now: newest_answer numbers a call before it runs `fn`
+            old_started.set()
+            old_may_end.wait(timeout=30)
+        return (f"verdict on {value}", value)
+
+    answer = newest_answer(check)
+    ann, bob = SimpleNamespace(session_hash="ann"), SimpleNamespace(session_hash="bob")
+    old: list = []
+    first = threading.Thread(target=lambda: old.append(answer(ann, "old")))
+    first.start()
+    assert old_started.wait(timeout=30)
+    assert answer(ann, "new") == ("verdict on new", "new")
+    assert answer(bob, "other") == ("verdict on other", "other")
+    old_may_end.set()
+    first.join(timeout=30)
+    assert old == [(gr.skip(), gr.skip())]
+    assert answer(ann, "again") == ("verdict on again", "again")  # the newest again

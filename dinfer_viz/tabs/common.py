@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import json
 import logging
 import re
@@ -17,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Sequence
@@ -47,7 +49,50 @@ PRIVATE: dict[str, Any] = dict(api_visibility="private", queue=False, show_progr
 # for queued events; unqueued, overlapping requests land in any order, and a slow earlier check
 # (a model's tokenizer loading) overwrote the later one, leaving the verdict of settings gone by.
 # No concurrency limit: the deferral is per page, and one visitor's check never waits for another's.
+# One such event per trigger, never two: Gradio's page (6.31), when a deferred event ends, triggers
+# the whole trigger again, every event bound to it; with two always_last events on one trigger, each
+# end re-ran the other while it was in flight, which deferred it again, without end. A trace
+# loaded into the Run tab (a dozen controls set at once) left the page sending the settings check,
+# the lesson sentence and the controls shown, about six events a second, for as long as it stayed
+# open. tests/test_page_limits.py checks every trigger of the page.
 LATEST: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", trigger_mode="always_last", concurrency_limit=None)
+# An event beside a LATEST one on the same trigger: it runs for every trigger (queued, no limit, so
+# one visitor's never waits for another's) and defers nothing, so it never triggers that one again.
+ALONGSIDE: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", trigger_mode="multiple", concurrency_limit=None)
+# Visitors whose latest call `newest_answer` remembers, per handler (the oldest forgotten first).
+REMEMBERED_VISITORS = 4096
+
+
+def newest_answer(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` for a LATEST or ALONGSIDE event: a call overtaken by a later one from the same visitor
+    writes nothing (`gr.skip()` in every slot), so the page ends on the answer to its latest state.
+    Neither option orders the calls: two changes close together both run (the page checks for one
+    in flight before it gathers the values and sends), side by side, and the first can end last;
+    with nothing re-running it (Gradio's re-trigger loop, LATEST) its verdict on settings gone by
+    stayed. Calls are numbered as the server starts them, the order the page sent them.
+    Use one wrapped callable for every event that writes the same slots (the page's load too)."""
+    latest: OrderedDict[str | None, int] = OrderedDict()
+    numbers = itertools.count(1)
+    lock = threading.Lock()
+
+    def answer(request: gr.Request, *args: Any) -> Any:
+        visitor = getattr(request, "session_hash", None)
+        with lock:
+            mine = latest[visitor] = next(numbers)
+            latest.move_to_end(visitor)
+            while len(latest) > REMEMBERED_VISITORS:
+                latest.popitem(last=False)
+        result = fn(*args)
+        with lock:
+            overtaken = latest.get(visitor, mine) != mine
+        if not overtaken:
+            return result
+        return type(result)(gr.skip() for _ in result) if isinstance(result, (tuple, list)) else gr.skip()
+
+    # not functools.wraps: its __wrapped__ would show Gradio fn's signature, and no request
+    answer.__name__, answer.__doc__ = getattr(fn, "__name__", "answer"), fn.__doc__
+    answer.answers_newest = True  # type: ignore[attr-defined]  # tests/test_page_limits.py reads it
+    return answer
 
 
 def outputs(slots: Sequence[str], values: dict[str, Any]) -> tuple:

@@ -190,6 +190,11 @@ class RunSettingsHandlers(TabHandlers):
         choices = [(f"{i + 1}. {s.title}", i) for i, s in enumerate(lesson.steps)]
         return (gr.update(choices=choices, value=index), lesson.prompt, _step_note(lesson, index), *(control_value(c, config) for c in all_controls()), lesson.model(index) or gr.skip())
 
+    def page_changed(self, name: str | None, step: Any, prompt: str, *values: Any) -> tuple:
+        """As the prompt or a setting changes: `check_with_prompt`'s three slots, then `lesson_left`'s
+        sentence (one event for both: common.LATEST)."""
+        return (*self.check_with_prompt(prompt, *values), self.lesson_left(name, step, prompt, *values))
+
     def lesson_left(self, name: str | None, step: Any, prompt: str, *values: Any) -> Any:
         """The lesson sentence as the page's prompt and settings (`values`: TabHandlers.settings'
         order) now stand: the step's, or, once any of them is no longer what the step set, the
