@@ -73,6 +73,31 @@ def open_app(page, url: str) -> None:
     page.wait_for_selector("#cfg-steps", state="hidden", timeout=BROWSER_WAIT_MS)
 
 
+# Counts the clicks the Run button itself receives (a listener in the page, installed once).
+RUN_CLICKS_JS = """() => {
+  if (window.__runClicks === undefined) {
+    window.__runClicks = 0;
+    document.addEventListener('click', e => { if (e.target.closest && e.target.closest('#run-btn')) window.__runClicks++; }, true);
+  }
+  return window.__runClicks;
+}"""
+
+
+def click_run(page, tries: int = 3) -> None:
+    """Click Run until the button receives the click, `tries` times at most. A settings check's
+    verdict on settings half changed (gen_length set, block_length not yet) can disable Run in the
+    moment between Playwright finding it enabled and its click: the browser drops a click on a
+    disabled button (no click event), as a user's, and the run never started (its message stayed
+    blank for 300 s in CI runs). The user clicks again; so does this, each click waiting for the
+    button to be enabled. Decided by the button's click events, never by a wait."""
+    for _ in range(tries):
+        before = page.evaluate(RUN_CLICKS_JS)
+        page.click("#run-btn")
+        if page.evaluate(RUN_CLICKS_JS) > before:
+            return
+    raise AssertionError(f"Run never received a click in {tries} tries")
+
+
 def choose_lesson(page, number: int):
     """Open lesson `number` from the page's lesson list (the page already open); returns the lesson,
     its first step's note shown."""

@@ -19,7 +19,7 @@ import pytest
 from engine import GenerationConfig
 from engine.trace import TRACE_VERSION
 
-from .app_support import choose_option, handmade_trace, launch_app, open_app
+from .app_support import choose_option, click_run, handmade_trace, launch_app, open_app
 
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")  # a folder to keep the screenshots in (to look at them)
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -39,7 +39,7 @@ def test_run_in_the_browser_renders_grid_and_plots(session, tmp_path):
 
     page, host = session.page, session.host
     page.fill("#prompt textarea", "Q: 23+45=? A:")
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=90_000)
     expect(page.locator("#grid .cells .cell").first).to_be_visible()
     assert page.locator("#grid .cells .cell.masked").count() == 0  # the final frame: nothing left masked
@@ -222,7 +222,7 @@ def test_a_live_run_shows_hostile_token_strings_as_text(session, monkeypatch):
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
     # this Run, clicked as the settings checks' stream closed, once showed nothing: Gradio's client
     # had dropped its stream (dinfer_viz/live/stream_keeper.py, tests/test_stream_keeper.py)
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#grid .live .caption")).to_contain_text(re.compile(r"iteration [1-9]"))  # live, a forward's frame painted
     page.click("#pause-btn")  # the live view holds while it is read
     expect(page.locator("#message")).to_contain_text("paused at iteration")
@@ -260,7 +260,7 @@ def test_readout_cells_never_wrap_inside_a_word_or_number(session, width, height
 
     page = session.page
     if "engine stats" not in (page.locator("#stats").text_content() or ""):
-        page.click("#run-btn")
+        click_run(page)
         expect(page.locator("#stats")).to_contain_text("engine stats")
     page.set_viewport_size({"width": width, "height": height})
     try:
@@ -590,7 +590,7 @@ def test_a_lesson_chosen_after_another_runs_on_its_own_model(session, tmp_path):
         expect(page.locator("#model-path textarea, #model-path input").first).to_have_value(UNIFORM_MODEL)
         _lesson(page, seven.name, 1, len(seven.steps))
         expect(page.locator("#model-path textarea, #model-path input").first).to_have_value(BASE_MODEL)
-        page.click("#run-btn")
+        click_run(page)
         expect(page.locator("#message")).to_contain_text("done")
         with page.expect_download() as download:
             page.click("#download")
@@ -614,7 +614,7 @@ def test_a_slow_playback_says_which_iteration_it_plays_not_that_a_forward_runs(s
     page = session.page
     open_app(page, session.url)
     choose_option(page, "#live-speed", "1 iteration / s")
-    page.click("#run-btn")
+    click_run(page)
     message = page.locator("#message")
     expect(message).to_contain_text(re.compile(r"playing back: iteration \d+ of \d+ \(the engine (has finished|runs ahead)\)"))
     assert "a forward is running" not in message.inner_text()

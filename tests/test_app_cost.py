@@ -22,7 +22,7 @@ from dinfer_viz.reading.timeline import Timeline
 from dinfer_viz.ui import Handlers
 from engine import Trace
 
-from .app_support import app_model, handmade_trace, open_app, random_char_model
+from .app_support import app_model, click_run, handmade_trace, open_app, random_char_model
 
 SMALL = {"gen_length": 16, "block_length": 16}
 
@@ -188,7 +188,7 @@ def test_the_cost_chart_is_on_the_page_after_a_run_and_options_explain_themselve
     compile_box.uncheck()  # the run below is a plain one: no compiling in a browser test
     expect(page.locator("#explain")).not_to_contain_text("torch.compile.")
     expect(page.locator("#system-explain")).to_contain_text("What the system options do")
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=90_000)
     expect(page.locator("#cost .js-plotly-plot .barlayer")).to_have_count(1)
     assert page.locator("#cost .barlayer .point").count() > 0

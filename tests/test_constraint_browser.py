@@ -17,7 +17,7 @@ import pytest
 
 from dinfer_viz.studies.lessons import PAIR_SUM_REGEX, STRUCTURE_LESSON_PROMPT
 
-from .app_support import choose_option, open_app
+from .app_support import choose_option, click_run, open_app
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 from .test_revision_browser import SHOTS
 
@@ -45,7 +45,7 @@ def test_a_constrained_run_marks_the_removed_top1_and_the_details_say_what_the_m
     expect(message).to_contain_text("held to regex")
     expect(page.locator("#run-btn")).to_be_enabled()
     assert "[1-9][0-9]) \\+(" in message.inner_text()  # shown as typed (no Markdown ate its characters)
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=120_000)
 
     with page.expect_download() as download:

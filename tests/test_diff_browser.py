@@ -19,7 +19,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import app_in_chromium
+from .app_support import app_in_chromium, click_run
 from .test_run_on_display_browser import page, shot  # noqa: F401 (the page at 1024x768, its screenshots; `page` uses this module's session)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -47,7 +47,7 @@ def planted(data: dict) -> tuple[dict, int, int]:
 def test_a_reference_run_beside_the_engines_and_the_analysis_panel(session, page, tmp_path):
     from playwright.sync_api import expect
 
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     steps = int(page.locator("#scrub input[type=range]").get_attribute("max"))
 

@@ -13,7 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import app_in_chromium, choose_option, open_app, screenshot
+from .app_support import app_in_chromium, choose_option, click_run, open_app, screenshot
 from .test_example_kind import load_example
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -51,7 +51,7 @@ def test_the_run_tab_runs_the_example_kind_and_reads_its_forwards(app_with_the_e
     margin.locator("input[type=number]").fill("0.3")
     margin.locator("input[type=number]").press("Enter")
     expect(page.locator("#run-btn")).to_be_enabled(timeout=WAIT)
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     with page.expect_download() as download:
         page.click("#download")

@@ -17,7 +17,7 @@ from dinfer_viz.studies.lessons import LESSONS
 from dinfer_viz.tabs.run import RunHandlers
 from dinfer_viz.tabs.run_page import CLICKED
 
-from .app_support import chromium, launch_app, open_app
+from .app_support import chromium, click_run, launch_app, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 
@@ -54,11 +54,11 @@ def test_runs_click_replaces_the_previous_runs_verdict_before_the_server_answers
     try:
         open_app(page, url)
         page.fill("#prompt textarea", "Q: 7+58=? A:")
-        page.click("#run-btn")
+        click_run(page)
         message = page.locator("#message")
         expect(message).to_contain_text("verifier")  # the first run's verdict
         gate.clear()
-        page.click("#run-btn")
+        click_run(page)
         expect(message).to_contain_text(CLICKED)  # the server has answered nothing: the gate is shut
         assert "verifier" not in message.inner_text()  # (the message box also holds Gradio's progress line)
         gate.set()

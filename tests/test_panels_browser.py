@@ -18,7 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest
 
 # the launched app: the run-on-display tests' fixture
-from .app_support import choose_lesson
+from .app_support import choose_lesson, click_run
 from .test_run_on_display_browser import SIZES, open_page, session  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -93,7 +93,7 @@ def fits(page, what: str) -> None:
 def test_a_threshold_runs_details_and_the_explanation_fit(page, tmp_path):
     from playwright.sync_api import expect
 
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     page.locator("#grid .cells .cell").nth(14).click()
     expect(page.locator("#details .pos-details")).to_contain_text("Position 14")
@@ -115,7 +115,7 @@ def test_a_speculative_runs_details_fit(session, tmp_path):
     expect(page.locator("#lesson-note")).to_contain_text(f"Step 2 of {steps}")
     page.click("#lesson-next")
     expect(page.locator("#lesson-note")).to_contain_text(f"Step 3 of {steps}")
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     expect(page.locator("#model-status")).to_contain_text("tiny-llada2")
     page.locator("#grid .cells .cell.new").first.click()

@@ -17,6 +17,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
+from .app_support import click_run
+
 # the launched app: the run-on-display tests' fixture
 from .test_run_on_display_browser import SIZES, open_page, session  # noqa: F401
 
@@ -83,7 +85,7 @@ def test_the_run_tab_details_lesson_and_figures(page, tmp_path):
 
     from dinfer_viz.studies.lessons import LESSONS
 
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     page.locator("#grid .cells .cell").nth(14).click()
     details = page.locator("#details .pos-details")

@@ -15,7 +15,7 @@ import pytest
 
 from dinfer_viz.panes.grid import CELL_COLOURS
 
-from .app_support import choose_option, open_app
+from .app_support import choose_option, click_run, open_app
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -39,7 +39,7 @@ def test_an_edit_run_shows_the_struck_token_the_legend_and_the_rules_numbers(ses
     threshold.fill("0.3")  # the base model at 0.3 commits wrong tokens, which the edits take back
     threshold.press("Enter")
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=120_000)
 
     with page.expect_download() as download:
@@ -100,7 +100,7 @@ def test_the_live_grid_strikes_the_old_token_while_the_run_streams(session):
     threshold.press("Enter")
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
     choose_option(page, "#live-speed", "1 iteration / s")
-    page.click("#run-btn")
+    click_run(page)
     live = page.locator("#grid .live .cells .cell.edited")
     expect(live.first).to_be_visible(timeout=60_000)
     assert live.first.locator("s.was").count() == 1

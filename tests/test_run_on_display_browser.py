@@ -18,7 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import handmade_trace, open_app
+from .app_support import click_run, handmade_trace, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")
@@ -126,7 +126,7 @@ def test_stop_keeps_a_readable_scrubbable_run_marked_stopped(session, page, tmp_
     from playwright.sync_api import expect
 
     long_fixed_run(page)
-    page.click("#run-btn")
+    click_run(page)
     wait_caption(page, "n >= 4")  # the live grid: the engine is decoding
     # while live, the slider follows the live run (its length so far), never the previous run's
     live_max = int(page.locator("#scrub input[type=range]").get_attribute("max"))
@@ -167,7 +167,7 @@ def test_a_failed_run_leaves_no_stale_run(page, tmp_path):
     choose(page, "cfg-constraint", "regex")
     page.locator("#cfg-constraint_text textarea").fill("€")
     page.wait_for_function("() => /held to regex/.test(document.querySelector('#settings-msg')?.textContent || '')", timeout=WAIT)
-    page.click("#run-btn")
+    click_run(page)
     # refused by the run (the constraint; or the trace's model, when the box's change has not landed yet)
     expect(page.locator("#message")).to_contain_text(re.compile("cannot write|model folder not found"), timeout=WAIT)
     expect(page.locator("#grid .cells .cell")).to_have_count(0)
@@ -188,7 +188,7 @@ def test_a_hidden_staleness_setting_leaves_the_settings(page, tmp_path):
     set_number(page, "gen_length", 16)
     set_number(page, "block_length", 16)
     settle(page, "block_length", 16)
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     with page.expect_download() as download:
         page.click("#download")
@@ -221,7 +221,7 @@ def test_the_header_names_the_model_of_the_run_shown(session, page, tmp_path):
     set_number(page, "gen_length", 16)
     set_number(page, "block_length", 16)
     settle(page, "block_length", 16)
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=WAIT)
     expect(page.locator("#model-status")).to_contain_text("tiny-llada-td")
     expect(page.locator("#model-status")).to_contain_text("finished")
@@ -237,7 +237,7 @@ def test_playback_pauses_resumes_and_skips_apart_from_the_engine(session, page, 
     choose(page, "live-speed", "1 iteration / s")
     # 96 iterations at 1 / s: a playback that outlasts every click below on any machine
     long_fixed_run(page, 96)
-    page.click("#run-btn")
+    click_run(page)
     wait_caption(page, "n >= 1")
     page.click("#pause-btn")
     expect(page.locator("#message")).to_contain_text("paused at iteration", timeout=WAIT)
@@ -254,7 +254,7 @@ def test_playback_pauses_resumes_and_skips_apart_from_the_engine(session, page, 
     assert n == total and total > k
     expect(page.locator("#model-status")).to_contain_text("finished")
 
-    page.click("#run-btn")  # again at 1 iteration / s, and Stop while it plays back
+    click_run(page)  # again at 1 iteration / s, and Stop while it plays back
     expect(page.locator("#model-status")).to_contain_text("live", timeout=WAIT)  # the new run is on display, not the last one
     wait_caption(page, "n >= 1")
     page.click("#pause-btn")

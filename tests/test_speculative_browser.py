@@ -13,7 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import choose_lesson, open_app, screenshot
+from .app_support import choose_lesson, click_run, open_app, screenshot
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -27,7 +27,7 @@ def _run_step(page) -> dict:
     pending (the steps' runs end in different iteration counts, so their messages differ)."""
     said = "() => document.querySelector('#message [data-testid=markdown]').textContent.trim()"
     before = page.evaluate(said)
-    page.click("#run-btn")
+    click_run(page)
     page.wait_for_function(
         "([before]) => { const m = document.querySelector('#message [data-testid=markdown-wrapper]');"
         " const t = m.textContent.trim(); return !m.classList.contains('pending') && t !== before && t.includes('done'); }",

@@ -20,7 +20,7 @@ import pytest
 
 from dinfer_viz.live.stream_keeper import KEEPER_ID
 
-from .app_support import BROWSER_WAIT_MS, choose_option, open_app
+from .app_support import BROWSER_WAIT_MS, choose_option, click_run, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -51,7 +51,7 @@ def _page_after_a_run(app, disable_keeper: bool = False):
     for field, value in SHORT_RUN.items():
         page.fill(f"#cfg-{field} input", value)
     expect(page.locator("#settings-msg")).to_contain_text("settings ok")
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text(DONE)
     return page
 
@@ -80,7 +80,7 @@ def _run_behind_a_closing_stream(page) -> str:
     assert '"msg":"close_stream"' in held[0][1].text()
     page.evaluate(WATCH_MESSAGE)
     with page.expect_response("**/queue/join*") as joined:
-        page.click("#run-btn")
+        click_run(page)
     assert joined.value.ok
     route, response = held[0]
     route.fulfill(response=response)  # the client reads the no-op's end and the close now

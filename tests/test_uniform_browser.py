@@ -15,7 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import open_app, screenshot
+from .app_support import click_run, open_app, screenshot
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -33,7 +33,7 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
     page.fill("#prompt textarea", PROMPT)
     for field, value in (("gen_length", "16"), ("block_length", "16")):
         page.fill(f"#cfg-{field} input", value)
-    page.click("#run-btn")
+    click_run(page)
     expect(page.locator("#message")).to_contain_text("done", timeout=120_000)
     expect(page.locator("#stats")).to_contain_text("uniform-state model")
     expect(page.locator("#explain")).to_contain_text("entropy")  # the sampler that ran, not the threshold decoder chosen
