@@ -6,7 +6,7 @@ Everything is decided from the runs' traces, never from timing."""
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -142,7 +142,10 @@ def test_the_tab_offers_the_box_only_with_model_b_and_the_api_takes_it_last(hand
 
     chosen = next(fn for fn in fns if [c.elem_id for c in fn.inputs] == ["compare-model-b", "compare-b-own"] and box in fn.outputs)
     assert all(isinstance(group, gr.Column) for group in chosen.outputs[:2])  # A's settings, B's settings, the box
-    shown = functools.partial(chosen.fn, None)  # its first argument: Gradio's request (common.newest_answer)
+
+    def shown(*values):  # Gradio's request first, awaited (common.newest_answer)
+        return asyncio.run(chosen.fn(None, *values))
+
     assert [u["visible"] for u in shown("other-llada", False)] == [False, False, True]
     assert [u["visible"] for u in shown("other-llada", True)] == [False, True, True]
     assert [u["visible"] for u in shown("", True)] == [True, True, False]

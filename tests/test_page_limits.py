@@ -135,6 +135,7 @@ def test_every_event_that_redraws_on_change_writes_only_its_newest_answer(handle
 def test_an_overtaken_call_writes_nothing_and_other_visitors_are_apart():
     """The first of two calls from one visitor, ending after the second, answers gr.skip() in every
     slot; the second's answer stands; a call from another visitor meanwhile is not overtaken."""
+    import asyncio
     import threading
     from types import SimpleNamespace
 
@@ -152,13 +153,14 @@ def test_an_overtaken_call_writes_nothing_and_other_visitors_are_apart():
 
     answer = newest_answer(check)
     ann, bob = SimpleNamespace(session_hash="ann"), SimpleNamespace(session_hash="bob")
-    old: list = []
-    first = threading.Thread(target=lambda: old.append(answer(ann, "old")))
-    first.start()
-    assert old_started.wait(timeout=30)
-    assert answer(ann, "new") == ("verdict on new", "new")
-    assert answer(bob, "other") == ("verdict on other", "other")
-    old_may_end.set()
-    first.join(timeout=30)
-    assert old == [(gr.skip(), gr.skip())]
-    assert answer(ann, "again") == ("verdict on again", "again")  # the newest again
+
+    async def calls() -> None:
+        old = asyncio.create_task(answer(ann, "old"))
+        assert await asyncio.to_thread(old_started.wait, 30)
+        assert await answer(ann, "new") == ("verdict on new", "new")
+        assert await answer(bob, "other") == ("verdict on other", "other")
+        old_may_end.set()
+        assert await old == (gr.skip(), gr.skip())
+        assert await answer(ann, "again") == ("verdict on again", "again")  # the newest again
+
+    asyncio.run(calls())
