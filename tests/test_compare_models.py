@@ -140,11 +140,13 @@ def test_the_tab_offers_the_box_only_with_model_b_and_the_api_takes_it_last(hand
     assert box.elem_id == "compare-b-own" and box.value is False and not box.visible
     assert len(api.outputs) == len(COMPARE_VIEW) and next(c for c in demo.blocks.values() if getattr(c, "elem_id", None) == "compare-scrub").label == SCRUB_LABEL
 
-    chosen = next(fn for fn in fns if [c.elem_id for c in fn.inputs] == ["compare-model-b", "compare-b-own"] and box in fn.outputs)
+    chosen = next(fn for fn in fns if [c.elem_id for c in fn.inputs] == ["compare-model-b", "compare-b-own", "call-number"] and box in fn.outputs)
     assert all(isinstance(group, gr.Column) for group in chosen.outputs[:2])  # A's settings, B's settings, the box
 
-    def shown(*values):  # Gradio's request first, awaited (common.newest_answer)
-        return asyncio.run(chosen.fn(None, *values))
+    numbers = iter(range(1, 100))
+
+    def shown(*values):  # Gradio's request first, the page's call number last, awaited (common.redraw_on)
+        return asyncio.run(chosen.fn(None, *values, next(numbers)))
 
     assert [u["visible"] for u in shown("other-llada", False)] == [False, False, True]
     assert [u["visible"] for u in shown("other-llada", True)] == [False, True, True]

@@ -120,16 +120,35 @@ def test_no_trigger_starts_two_events_that_wait_for_the_last_change(handlers):
 
 def test_every_event_that_redraws_on_change_writes_only_its_newest_answer(handlers):
     """Neither LATEST nor ALONGSIDE orders a visitor's calls: two changes close together both run
-    side by side and the first can end last, so every such event's handler drops an overtaken
-    answer (common.newest_answer); a settings check that ended on settings gone by never said
-    'held to regex' in a CI run."""
+    side by side and the first can end last, and two calls sent close together can reach the
+    server either way round; so every such event goes through common.redraw_on: its handler drops
+    an overtaken answer, ordered by the number the page gives each call as it sends it (the call's
+    last input, one hidden slot per page). A settings check that ended on settings gone by never
+    said 'held to regex' in CI runs and a browser-lane run."""
+    from dinfer_viz.tabs.common import CALL_NUMBER_JS
     from dinfer_viz.ui import build_demo
 
     demo = build_demo(handlers)
     redraws = [f for f in demo.fns.values() if f.fn is not None and f.trigger_mode in ("always_last", "multiple") and f.api_visibility == "private"]
     assert len(redraws) >= 12  # the settings check, the controls shown, the explanation, presets, suggestion, ...
-    unordered = [f.fn.__name__ for f in redraws if not getattr(f.fn, "answers_newest", False)]
+    unordered = [f.fn.__name__ for f in redraws if not getattr(f.fn, "answers_newest", False) or f.js != CALL_NUMBER_JS]
     assert not unordered, f"events that can end on an overtaken answer: {unordered}"
+    slots = {id(f.inputs[-1]) for f in redraws}
+    slot = redraws[0].inputs[-1]
+    assert slots == {id(slot)} and slot.elem_id == "call-number" and not slot.visible  # one per page
+
+
+def _redrawn(check):
+    """`check` wired by redraw_on to a box's change, writing two boxes: the handler Gradio calls."""
+    import gradio as gr
+
+    from dinfer_viz.tabs.common import LATEST, redraw_on
+
+    with gr.Blocks() as demo:
+        box = gr.Textbox()
+        redraw_on([box.change], check, box, [gr.Textbox(), gr.Textbox()], **LATEST)
+    (wired,) = demo.fns.values()
+    return wired.fn
 
 
 def test_an_overtaken_call_writes_nothing_and_other_visitors_are_apart():
@@ -141,26 +160,44 @@ def test_an_overtaken_call_writes_nothing_and_other_visitors_are_apart():
 
     import gradio as gr
 
-    from dinfer_viz.tabs.common import newest_answer
-
     old_started, old_may_end = threading.Event(), threading.Event()
 
     def check(value: str) -> tuple:
-        if value == "old":  # numbered by now: newest_answer numbers a call before it runs `fn`
+        if value == "old":
             old_started.set()
             old_may_end.wait(timeout=30)
         return (f"verdict on {value}", value)
 
-    answer = newest_answer(check)
+    answer = _redrawn(check)
     ann, bob = SimpleNamespace(session_hash="ann"), SimpleNamespace(session_hash="bob")
 
     async def calls() -> None:
-        old = asyncio.create_task(answer(ann, "old"))
+        old = asyncio.create_task(answer(ann, "old", 1))
         assert await asyncio.to_thread(old_started.wait, 30)
-        assert await answer(ann, "new") == ("verdict on new", "new")
-        assert await answer(bob, "other") == ("verdict on other", "other")
+        assert await answer(ann, "new", 2) == ("verdict on new", "new")
+        assert await answer(bob, "other", 1) == ("verdict on other", "other")
         old_may_end.set()
         assert await old == (gr.skip(), gr.skip())
-        assert await answer(ann, "again") == ("verdict on again", "again")  # the newest again
+        assert await answer(ann, "again", 3) == ("verdict on again", "again")  # the newest again
 
     asyncio.run(calls())
+
+
+def test_a_call_the_page_sent_first_that_arrives_last_is_not_run():
+    """Calls reach the server in any order: one numbered before a call already started answers
+    gr.skip() in every slot without running; the page's order, not the server's, decides."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    ran = []
+    answer = _redrawn(lambda value: ran.append(value) or (value, value))
+    ann = SimpleNamespace(session_hash="ann")
+
+    async def calls() -> None:
+        assert await answer(ann, "new", 7) == ("new", "new")
+        assert await answer(ann, "old", 6) == (gr.skip(), gr.skip())
+
+    asyncio.run(calls())
+    assert ran == ["new"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import json
 import logging
 import re
@@ -25,6 +24,7 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import anyio
 import gradio as gr
+from gradio.context import Context
 from gradio.events import Dependency
 
 from engine import EngineError, GenerationConfig
@@ -60,39 +60,59 @@ LATEST: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", 
 # An event beside a LATEST one on the same trigger: it runs for every trigger (queued, no limit, so
 # one visitor's never waits for another's) and defers nothing, so it never triggers that one again.
 ALONGSIDE: dict[str, Any] = dict(api_visibility="private", show_progress="hidden", trigger_mode="multiple", concurrency_limit=None)
-# Visitors whose latest call `newest_answer` remembers, per handler (the oldest forgotten first).
+# Visitors whose latest call `redraw_on` remembers, per handler (the oldest forgotten first).
 REMEMBERED_VISITORS = 4096
+# The page numbers the calls `redraw_on` wires as it sends them (one counter per page, in the
+# browser; the number rides in a hidden slot, the call's last input). The server's order is not
+# the page's: each call is a request of its own, and two sent close together can reach the server
+# either way round; numbered by the server, a check of the settings before the last change could
+# answer last (a browser test saw "held to regex" never come, 1 run in 2 of the browser lane).
+CALL_NUMBER_JS = (
+    "(...values) => { values[values.length - 1] = "
+    "(window.__dinferVizCalls = (window.__dinferVizCalls || 0) + 1); return values; }"
+)
 
 
-def newest_answer(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` for a LATEST or ALONGSIDE event: a call overtaken by a later one from the same visitor
-    writes nothing (`gr.skip()` in every slot), so the page ends on the answer to its latest state.
-    Neither option orders the calls: two changes close together both run (the page checks for one
-    in flight before it gathers the values and sends), side by side, and the first can end last;
-    with nothing re-running it (Gradio's re-trigger loop, LATEST) its verdict on settings gone by
-    stayed. Calls are numbered in the server's event loop, in the order the queue starts them (the
-    order the page sent them), then `fn` runs on a worker thread: numbered on the thread, a loaded
-    machine could start the later call's thread first (a lesson sentence read from the step before
-    stayed, in a run of three test workers on two cores).
-    Use one wrapped callable for every event that writes the same slots (the page's load too)."""
+def _call_number_slot() -> gr.Number:
+    """The hidden slot that carries a call's number: one per page, made where it is first wired."""
+    page = Context.root_block
+    if page is None:
+        raise RuntimeError("redraw_on wires events inside a gr.Blocks")
+    slot = getattr(page, "_call_number_slot", None)
+    if slot is None:
+        slot = page._call_number_slot = gr.Number(visible=False, precision=0, elem_id="call-number")
+    return slot
+
+
+def redraw_on(triggers: Sequence[Any], fn: Callable[..., Any], inputs: Any, outputs: Any, **options: Any) -> Dependency:
+    """`fn` on `triggers` (gr.on's; `demo.load` too) with LATEST's or ALONGSIDE's `options`, writing
+    only the answer to the page's latest state. Neither option orders one visitor's calls: two
+    changes close together both run (the page checks for one in flight before it gathers the
+    values and sends), side by side, and the first can end last; with nothing re-running it
+    (Gradio's re-trigger loop, LATEST) its verdict on settings gone by stayed. So a call answers
+    only if the page sent no later one (CALL_NUMBER_JS numbers them in the page); an overtaken call
+    writes `gr.skip()` in every slot, and one that arrives after a later call started is not run."""
+    listed = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    count = len(outputs) if isinstance(outputs, (list, tuple)) else 1
+    skipped = gr.skip() if count == 1 else tuple(gr.skip() for _ in range(count))
     latest: OrderedDict[str | None, int] = OrderedDict()
-    numbers = itertools.count(1)
 
     async def answer(request: gr.Request, *args: Any) -> Any:
+        *values, number = args
         visitor = getattr(request, "session_hash", None)
-        mine = latest[visitor] = next(numbers)  # the event loop's thread: no other call between these lines
+        if number < latest.get(visitor, number):
+            return skipped  # a later call has started; its answer would overwrite this one's
+        latest[visitor] = number
         latest.move_to_end(visitor)
         while len(latest) > REMEMBERED_VISITORS:
             latest.popitem(last=False)
-        result = await anyio.to_thread.run_sync(functools.partial(fn, *args))
-        if latest.get(visitor, mine) == mine:
-            return result
-        return type(result)(gr.skip() for _ in result) if isinstance(result, (tuple, list)) else gr.skip()
+        result = await anyio.to_thread.run_sync(functools.partial(fn, *values))
+        return result if latest.get(visitor, number) == number else skipped
 
     # not functools.wraps: its __wrapped__ would show Gradio fn's signature, and no request
     answer.__name__, answer.__doc__ = getattr(fn, "__name__", "answer"), fn.__doc__
     answer.answers_newest = True  # type: ignore[attr-defined]  # tests/test_page_limits.py reads it
-    return answer
+    return gr.on(list(triggers), answer, [*listed, _call_number_slot()], outputs, js=CALL_NUMBER_JS, **options)
 
 
 def outputs(slots: Sequence[str], values: dict[str, Any]) -> tuple:

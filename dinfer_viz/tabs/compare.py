@@ -32,7 +32,7 @@ from ..studies import answers
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, OPTION_PREFIX, all_controls, control_value, decoder_fields, decoder_settings, parse_settings, sweep_setting
 from ..reading.timeline import Timeline, record_index
 from ..views import view_of_kind
-from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, newest_answer, outputs, sent_value
+from .common import ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, TabHandlers, error_text, grid_view, guarded, make_control, outputs, redraw_on, sent_value
 from .live_view import LiveView
 from .run_page import RunTab
 
@@ -361,20 +361,21 @@ def build(h: CompareHandlers, run: RunTab) -> Stoppable:
     n = len(COMPARE_FIELDS)
     for k in range(2):
         controls = side_controls[k * n : (k + 1) * n]
-        controls[COMPARE_FIELDS.index("decoder")].change(newest_answer(decoder_shown), controls[COMPARE_FIELDS.index("decoder")], controls, **LATEST)
-    model_b.change(newest_answer(model_b_chosen), [model_b, b_own], [*side_groups, b_own], **LATEST)
-    b_own.change(newest_answer(mode), [model_b, b_own], side_groups, **LATEST)
+        decoder = controls[COMPARE_FIELDS.index("decoder")]
+        redraw_on([decoder.change], decoder_shown, decoder, controls, **LATEST)
+    redraw_on([model_b.change], model_b_chosen, [model_b, b_own], [*side_groups, b_own], **LATEST)
+    redraw_on([b_own.change], mode, [model_b, b_own], side_groups, **LATEST)
     collect = compare_btn.click(h.compare_settings, [*run.settings_inputs, *side_controls, model_b, b_own], [settings_a, settings_b], **PRIVATE)
     # a side's constraint is checked as it is typed: an invalid one says why and disables Compare
     constraint_controls = [c for k, c in enumerate(side_controls) if COMPARE_FIELDS[k % n] in (CONSTRAINT, CONSTRAINT_TEXT)]
-    gr.on([c.change for c in constraint_controls], newest_answer(h.check_sides), [*run.settings_inputs, *side_controls, model_b, b_own], [message, compare_btn], **LATEST)
+    redraw_on([c.change for c in constraint_controls], h.check_sides, [*run.settings_inputs, *side_controls, model_b, b_own], [message, compare_btn], **LATEST)
     # new inputs come last, so API clients passing the earlier ones by place keep working
     event = collect.then(h.compare, [run.prompt, settings_a, settings_b, model_b, passes, run.expected, b_own], view, api_name="compare", show_progress="minimal", show_progress_on=message, **ENGINE_QUEUE)
     # preprocess=False: the raw value, as the Run tab's /replay (run_page._wire_replay)
     scrub.release(h.compare_replay, [scrub, state], view, api_name="compare_replay", show_progress="hidden", preprocess=False)
     # a number typed into the slider's box fires `input`, not `release`; while dragging, only the
     # latest value is drawn
-    scrub.input(newest_answer(h.compare_replay), [scrub, state], view, trigger_mode="always_last", show_progress="hidden", api_visibility="private")
+    redraw_on([scrub.input], h.compare_replay, [scrub, state], view, trigger_mode="always_last", show_progress="hidden", api_visibility="private")
     return Stoppable(event, stop_btn, message)
 
 

@@ -25,7 +25,7 @@ from ..panes.diff_view import DiffState, diff_figure, diff_state, diff_strip, di
 from ..drawing.figure_base import message_figure
 from ..panes.grid import inert
 from ..panes.readouts import plural
-from .common import ENGINE_QUEUE, LATEST, PRIVATE, TabHandlers, error_text, guarded, newest_answer, outputs
+from .common import ENGINE_QUEUE, LATEST, PRIVATE, TabHandlers, error_text, guarded, outputs, redraw_on
 from .run_page import RunTab
 from .shown import LIVE, RunState
 
@@ -206,4 +206,4 @@ def build(h: DiffHandlers, run: RunTab) -> None:
     view = [slots[n] for n in DIFF_VIEW]
     record_btn.click(h.record, [run.state, model], view, api_name="record_reference", show_progress="minimal", show_progress_on=slots["message"], **ENGINE_QUEUE)
     diff_btn.click(h.diff, [file_a, file_b, run.state, slots["reference"]], view, api_name="diff", show_progress="minimal", show_progress_on=slots["message"])
-    slots["scrub"].change(newest_answer(h.diff_step), [slots["scrub"], slots["diff_state"]], [slots[n] for n in STEP_VIEW], **LATEST)
+    redraw_on([slots["scrub"].change], h.diff_step, [slots["scrub"], slots["diff_state"]], [slots[n] for n in STEP_VIEW], **LATEST)

@@ -15,7 +15,7 @@ from ..drawing.cells import inert_markdown
 from ..panes.explain import system_markdown
 from ..live.host import DTYPES
 from ..live.system import OfferedOption, describe_machine, devices, progress_line, startup_note, offered_options
-from .common import ALONGSIDE, ENGINE_QUEUE, TabHandlers, error_text, guarded, newest_answer
+from .common import ALONGSIDE, ENGINE_QUEUE, TabHandlers, error_text, guarded, redraw_on
 
 
 class ModelHandlers(TabHandlers):
@@ -86,6 +86,6 @@ def build(h: ModelHandlers) -> list[gr.components.Component]:
         except RuntimeError:  # not a device name: the run's validation says so
             return [gr.update() for _ in options]
 
-    device.change(newest_answer(offer), device, options, **ALONGSIDE)  # the settings check runs on this trigger too
+    redraw_on([device.change], offer, device, options, **ALONGSIDE)  # the settings check runs on this trigger too
     load_btn.click(h.load_model, inputs, load_msg, api_name="load_model", **ENGINE_QUEUE)
     return inputs

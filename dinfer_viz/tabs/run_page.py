@@ -25,7 +25,7 @@ from ..studies.lessons import LESSONS
 from ..panes.readouts import message_readout
 from ..sample_traces import shipped_samples
 from ..settings import CONSTRAINT, CONSTRAINT_TEXT, all_controls, control_value, decoder_presets, preset_controls, sections
-from .common import ALONGSIDE, ENGINE_QUEUE, LATEST, PRIVATE, newest_answer, Stoppable, grid_view, make_control
+from .common import ALONGSIDE, ENGINE_QUEUE, LATEST, PRIVATE, Stoppable, grid_view, make_control, redraw_on
 from .run import DEFAULT_PROMPT, KEEP_TYPED_JS, LIVE_SPEEDS, PICK_HINT, RUN_VIEW, RunHandlers
 
 # The lesson menu sits low in the sidebar, so Gradio opened its list upwards, over Run, and cut
@@ -244,14 +244,12 @@ def _wire_run(h: RunHandlers, demo: gr.Blocks, p: Parts, settings_inputs: list[A
     # does, and the sentence read from them then named the step before as changed
     lesson = [p["lesson_menu"], p["lesson_steps"]]
     checked = ([*lesson, *page], [p["settings_msg"], p["run_btn"], p["prompt"], p["lesson_note"]])
-    page_changed = newest_answer(h.page_changed)
-    demo.load(page_changed, *checked, **LATEST)
-    gr.on([c.change for c in [*page, *lesson]], page_changed, *checked, **LATEST)
+    redraw_on([demo.load, *(c.change for c in [*page, *lesson])], h.page_changed, *checked, **LATEST)
     # the decoder box follows the model's kind (a uniform-state model runs its own sampler)
-    gr.on([settings_inputs[0].change, controls["kind"].change], newest_answer(h.fitted_decoder), settings_inputs, controls["decoder"], **ALONGSIDE)
+    redraw_on([settings_inputs[0].change, controls["kind"].change], h.fitted_decoder, settings_inputs, controls["decoder"], **ALONGSIDE)
     # the constraint too: an answer it cannot write is no answer to compare with (suggest_expected)
     constraint = [p["prompt"], controls[CONSTRAINT], controls[CONSTRAINT_TEXT]]
-    gr.on([c.change for c in constraint], newest_answer(h.suggest_expected), constraint, [p["suggestion"], p["note"]], **ALONGSIDE).then(
+    redraw_on([c.change for c in constraint], h.suggest_expected, constraint, [p["suggestion"], p["note"]], **ALONGSIDE).then(
         None, [p["suggestion"], p["expected"], p["suggested"]], [p["expected"], p["suggested"]], js=KEEP_TYPED_JS, **PRIVATE
     )
     collect = p["run_btn"].click(None, settings_inputs, p["settings_json"], js=h.settings_js(), **PRIVATE)
@@ -274,14 +272,14 @@ def _wire_replay(h: RunHandlers, p: Parts, view: list[Any]) -> None:
     # preprocess=False: the handler takes the slider's raw value, so a non-number from the API is its
     # one-line message, not Gradio's generic error from the slider's own check
     scrub.release(h.replay, [scrub, state, pinned], view, api_name="replay", show_progress="hidden", preprocess=False)
-    scrub.input(newest_answer(h.glance), [scrub, state, pinned], [p["grid"], p["text"], p["details"]], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
+    redraw_on([scrub.input], h.glance, [scrub, state, pinned], [p["grid"], p["text"], p["details"]], trigger_mode="always_last", show_progress="hidden", api_visibility="private")
     p["grid"].select(h.pick, [scrub, state], [*view, pinned], show_progress="hidden", api_visibility="private")
     # playback, apart from the engine: a live run's view pauses, resumes (Play) and skips to the end
     # while the engine runs on or is already free; a replay's timer likewise
     p["play_btn"].click(h.play, [scrub, state], [scrub, timer], **PRIVATE)
     p["pause_btn"].click(h.pause, state, [p["message"], timer], **PRIVATE)
     p["skip_btn"].click(h.skip_to_end, [state, pinned], [*view, timer], **PRIVATE)
-    p["speed"].change(newest_answer(lambda v: gr.Timer(value=1 / max(float(v), 1.0))), p["speed"], timer, **LATEST)
+    redraw_on([p["speed"].change], lambda v: gr.Timer(value=1 / max(float(v), 1.0)), p["speed"], timer, **LATEST)
     timer.tick(h.step, [scrub, state, pinned], [scrub, p["grid"], p["text"], p["details"], timer], api_visibility="private")
 
 
@@ -309,7 +307,7 @@ def _wire_presets(p: Parts, controls: dict[str, gr.components.Component]) -> Non
         values = preset_controls(name, chosen) if chosen in decoder_presets(name) else {}
         return tuple(values.get(c.field, gr.skip()) for c in all_controls())
 
-    decoder.change(newest_answer(offer), decoder, preset, **ALONGSIDE)
+    redraw_on([decoder.change], offer, decoder, preset, **ALONGSIDE)
     preset.input(fill, [decoder, preset], [controls[c.field] for c in all_controls()], **PRIVATE)
 
 
@@ -340,8 +338,6 @@ def wire_structure(h: RunHandlers, demo: gr.Blocks, tab: RunTab, parameter: gr.c
     choice = [tab.controls["decoder"], tab.controls["cache"], tab.controls["smoothing"], tab.controls["unroll"], tab.controls["kind"]]
     inputs = [*choice, *tab.system]
     changed = [*(tab.controls[c.field] for c in all_controls()), tab.explain, parameter, *tab.sections]
-    structure = newest_answer(h.structure)
-    gr.on([c.change for c in choice], structure, inputs, changed, **ALONGSIDE)
+    redraw_on([demo.load, *(c.change for c in choice)], h.structure, inputs, changed, **ALONGSIDE)
     # a system option changes the explanation only (structure would also reset the sweep's setting)
-    gr.on([c.change for c in tab.system], newest_answer(h.explanation), inputs, tab.explain, **ALONGSIDE)
-    demo.load(structure, inputs, changed, **LATEST)
+    redraw_on([c.change for c in tab.system], h.explanation, inputs, tab.explain, **ALONGSIDE)
