@@ -136,6 +136,9 @@ def test_every_event_that_redraws_on_change_writes_only_its_newest_answer(handle
     slots = {id(f.inputs[-1]) for f in redraws}
     slot = redraws[0].inputs[-1]
     assert slots == {id(slot)} and slot.elem_id == "call-number" and not slot.visible  # one per page
+    # their status goes to that slot: a component hidden by an event while it showed the event
+    # pending kept its status tracker running on every animation frame (Gradio 6.31)
+    assert all(f.show_progress_on == [slot] for f in redraws), [f.fn.__name__ for f in redraws if f.show_progress_on != [slot]]
 
 
 def _redrawn(check):

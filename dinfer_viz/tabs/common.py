@@ -112,7 +112,13 @@ def redraw_on(triggers: Sequence[Any], fn: Callable[..., Any], inputs: Any, outp
     # not functools.wraps: its __wrapped__ would show Gradio fn's signature, and no request
     answer.__name__, answer.__doc__ = getattr(fn, "__name__", "answer"), fn.__doc__
     answer.answers_newest = True  # type: ignore[attr-defined]  # tests/test_page_limits.py reads it
-    return gr.on(list(triggers), answer, [*listed, _call_number_slot()], outputs, js=CALL_NUMBER_JS, **options)
+    # the call's status (pending, then complete) goes to the hidden slot, never to the outputs:
+    # Gradio 6.31's status tracker of a component an event hides while it is pending keeps
+    # counting on every animation frame for as long as the page is open (the Run tab's load hides
+    # the controls its decoder does not read: an idle page ran 1,600 frame callbacks a second,
+    # 2,000 after three decoder changes; about 70 with the status here)
+    slot = _call_number_slot()
+    return gr.on(list(triggers), answer, [*listed, slot], outputs, js=CALL_NUMBER_JS, show_progress_on=slot, **options)
 
 
 def outputs(slots: Sequence[str], values: dict[str, Any]) -> tuple:
