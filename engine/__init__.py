@@ -11,37 +11,49 @@ Public API: load_model, load_tokenizer, run_diffusion (token level), Engine (tex
 RunHooks (what a run reports and obeys), GenerationConfig, Trace, EngineError. The engine never imports the app.
 """
 
-from .config import GenerationConfig
-from .decoders import Decoder
-from .errors import EngineError
-from .generation import run_diffusion
-from .hooks import RunHooks
-from .kinds import fit
-from .models import load_model, save_model
-from .pipeline import Engine, load_tokenizer
-from .registry import DecoderOption, decoder_names, register_decoder
-from .run import GenerationCancelled, GenerationOutput, every_run_stopped
-from .stats import GenerationStats
-from .trace import IterationRecord, Trace
+from __future__ import annotations
 
-__all__ = [
-    "every_run_stopped",
-    "Decoder",
-    "DecoderOption",
-    "Engine",
-    "EngineError",
-    "GenerationCancelled",
-    "GenerationConfig",
-    "GenerationOutput",
-    "GenerationStats",
-    "IterationRecord",
-    "RunHooks",
-    "Trace",
-    "decoder_names",
-    "fit",
-    "load_model",
-    "load_tokenizer",
-    "register_decoder",
-    "run_diffusion",
-    "save_model",
-]
+from typing import TYPE_CHECKING
+
+from .lazy_exports import lazy_exports
+
+# Each public name and the module that defines it, imported on first use (lazy_exports.py).
+_DEFINED_IN = {
+    "GenerationConfig": "config",
+    "Decoder": "decoders",
+    "EngineError": "errors",
+    "run_diffusion": "generation",
+    "RunHooks": "hooks",
+    "fit": "kinds",
+    "load_model": "models",
+    "save_model": "models",
+    "Engine": "pipeline",
+    "load_tokenizer": "pipeline",
+    "DecoderOption": "registry",
+    "decoder_names": "registry",
+    "register_decoder": "registry",
+    "GenerationCancelled": "run",
+    "GenerationOutput": "run",
+    "every_run_stopped": "run",
+    "GenerationStats": "stats",
+    "IterationRecord": "trace",
+    "Trace": "trace",
+}
+__all__ = sorted(_DEFINED_IN)
+
+if TYPE_CHECKING:
+    from .config import GenerationConfig
+    from .decoders import Decoder
+    from .errors import EngineError
+    from .generation import run_diffusion
+    from .hooks import RunHooks
+    from .kinds import fit
+    from .models import load_model, save_model
+    from .pipeline import Engine, load_tokenizer
+    from .registry import DecoderOption, decoder_names, register_decoder
+    from .run import GenerationCancelled, GenerationOutput, every_run_stopped
+    from .stats import GenerationStats
+    from .trace import IterationRecord, Trace
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _DEFINED_IN)

@@ -119,6 +119,23 @@ def load_plugins(spec: str | None = None, env: str = PLUGIN_ENV, what: str = "de
         _loaded_plugins.add(item)
 
 
+# The engine's own decoders register themselves as their files import (engine/decoders/, and the
+# kinds' own in engine/kinds/), floors above this one: found here by name at the first question,
+# as plug-ins are, since `import engine` imports nothing on its own (engine/lazy_exports.py).
+_BUILTIN_PACKAGES = ("decoders", "kinds")
+
+
+def _import_builtins() -> None:
+    for package in _BUILTIN_PACKAGES:
+        importlib.import_module(f"{__name__.rsplit('.', 1)[0]}.{package}")
+
+
+def _load_decoders() -> None:
+    """Import the engine's own decoders, then the plug-ins $DINFER_VIZ_DECODERS lists (each once)."""
+    _import_builtins()
+    load_plugins()
+
+
 def _listed(names: list[str]) -> list[str]:
     """`names` as every list of decoders shows them: the engine's own by their `order` (ties by
     name), then plug-ins in the order they loaded, which is the order $DINFER_VIZ_DECODERS gives."""
@@ -128,7 +145,7 @@ def _listed(names: list[str]) -> list[str]:
 
 def decoder_names() -> list[str]:
     """Every registered decoder, plug-ins loaded first, in listing order (the CLI's choices, the page)."""
-    load_plugins()
+    _load_decoders()
     return _listed(list(_REGISTRY))
 
 
@@ -146,7 +163,7 @@ def is_builtin(name: str) -> bool:
 
 def decoder_class(name: str) -> type:
     """The registered decoder `name` (plug-ins loaded first); EngineError for an unknown one."""
-    load_plugins()
+    _load_decoders()
     if name not in _REGISTRY:
         raise EngineError(f"unknown decoder '{name}'; choose from {', '.join(_listed(list(_REGISTRY)))}")
     return _REGISTRY[name]

@@ -1,7 +1,8 @@
 """A constraint in a plain script (issue 54 item 1): its automaton is built by a fresh interpreter
 (engine/constraints/builder.py) that never imports the caller's main module, so a script that
 works at its top level, `python -c` and a script read from standard input all run it, each once;
-and no build outlives the script, even one killed outright mid-build.
+no build outlives the script, even one killed outright mid-build; and the build server's
+interpreter never loads torch.
 
 Real processes, each importing torch afresh ("processes" lane). Each sets its own automata folder
 (DINFER_VIZ_CACHE), so its automaton is built, never read from the disk store.
@@ -83,3 +84,26 @@ def test_no_build_outlives_a_script_killed_mid_build(tmp_path):
     start = time.monotonic()
     assert_processes_end(servers + builds, LIMIT_S, "the killed script")
     print(f"the build server and its build ended {time.monotonic() - start:.2f} s after the script")  # printed, never asserted
+
+
+def test_the_build_server_starts_without_torch_and_a_bare_config_knows_every_decoder():
+    """The build server's interpreter imports what builds run and nothing that loads torch (the
+    whole engine took 1.5 s of its start): `import engine` imports nothing on its own, so the
+    registry finds the engine's own decoders at its first question, in a bare script too."""
+    from engine.registry import builtin_decoder_names
+
+    probe = (
+        "import sys\n"
+        "import engine.constraints.builder\n"
+        "print('torch' in sys.modules)\n"
+        "from engine import GenerationConfig\n"
+        "from engine.registry import decoder_names\n"
+        "GenerationConfig(decoder='wino').validate()\n"
+        "print(' '.join(decoder_names()))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "DINFER_VIZ_DECODERS"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env, timeout=LIMIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported_torch, names = done.stdout.splitlines()
+    assert imported_torch == "False"
+    assert {*builtin_decoder_names("masked"), *builtin_decoder_names("uniform")} <= set(names.split()), names

@@ -27,9 +27,12 @@ import socket
 import sys
 import traceback
 
-# importing bounded imports the engine and engine.constraints first: what builds run, imported once
-# before any fork
 from ..errors import EngineError
+
+# What builds run (spec.byte_states, vocabulary.region_automaton: numpy and outlines-core), imported
+# once before any fork; the packages above them import nothing on their own (engine/lazy_exports.py),
+# so this process never loads torch.
+from . import spec, vocabulary  # noqa: F401
 from .bounded import BUILD, KILL, ORDER_BYTES, exactly, receive, send
 
 
