@@ -2,7 +2,7 @@
 regex's byte-level DFA (`a`: outlines-core builds it in well under a millisecond) through
 engine/constraints/bounded.py's run_bounded, so what is timed is the child's start, the arguments'
 and the answer's crossing, and its end. The first build includes starting the process the
-children come from (an interpreter importing the engine and torch); the later ones are the cost
+children come from (an interpreter importing the constraint code, never torch); the later ones are the cost
 every build pays. Nothing is read from the disk store: run_bounded builds every time.
 
     python -m benchmarks.constraint_start --repeats 20     # one row: this checkout's code
