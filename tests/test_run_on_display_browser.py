@@ -18,7 +18,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import click_run, handmade_trace, open_app
+from .app_support import choose_option, click_run, handmade_trace, open_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
 SHOTS = os.environ.get("DINFER_VIZ_SHOTS")
@@ -69,11 +69,6 @@ def wait_caption(page, condition: str) -> None:
     )
 
 
-def choose(page, elem: str, value: str) -> None:
-    page.locator(f"#{elem} input").fill(value)
-    page.keyboard.press("Enter")
-
-
 def set_number(page, field: str, value: int) -> None:
     box = page.locator(f"#cfg-{field} input")
     box.fill(str(value))
@@ -90,7 +85,7 @@ def settle(page, field: str, value) -> None:
 
 def long_fixed_run(page, length: int = 256) -> None:
     """A run long enough to be stopped while the engine decodes: the fixed decoder, one block."""
-    choose(page, "cfg-decoder", "fixed")
+    choose_option(page, "#cfg-decoder", "fixed")
     page.wait_for_selector("#cfg-steps", state="visible", timeout=WAIT)  # the server has the fixed decoder
     for field in ("gen_length", "block_length"):
         set_number(page, field, length)
@@ -164,7 +159,7 @@ def test_a_failed_run_leaves_no_stale_run(page, tmp_path):
     page.locator("#model-path textarea, #model-path input").first.fill("tiny-llada")
     page.keyboard.press("Tab")
     page.fill("#prompt textarea", "Q: 1+1=? A:")
-    choose(page, "cfg-constraint", "regex")
+    choose_option(page, "#cfg-constraint", "regex")
     page.locator("#cfg-constraint_text textarea").fill("€")
     page.wait_for_function("() => /held to regex/.test(document.querySelector('#settings-msg')?.textContent || '')", timeout=WAIT)
     click_run(page)
@@ -181,9 +176,9 @@ def test_a_failed_run_leaves_no_stale_run(page, tmp_path):
 def test_a_hidden_staleness_setting_leaves_the_settings(page, tmp_path):
     from playwright.sync_api import expect
 
-    choose(page, "cfg-cache", "dual")
+    choose_option(page, "#cfg-cache", "dual")
     page.locator("#cfg-measure_staleness input").check()
-    choose(page, "cfg-cache", "none")
+    choose_option(page, "#cfg-cache", "none")
     expect(page.locator("#cfg-measure_staleness")).to_be_hidden(timeout=WAIT)
     set_number(page, "gen_length", 16)
     set_number(page, "block_length", 16)
@@ -194,7 +189,7 @@ def test_a_hidden_staleness_setting_leaves_the_settings(page, tmp_path):
         page.click("#download")
     config = json.loads(open(download.value.path()).read())["config"]
     assert config["cache"] == "none" and config["measure_staleness"] is False  # the engine never got it
-    choose(page, "cfg-cache", "dual")  # shown again, the control still holds what the user set
+    choose_option(page, "#cfg-cache", "dual")  # shown again, the control still holds what the user set
     expect(page.locator("#cfg-measure_staleness input")).to_be_checked(timeout=WAIT)
 
 
@@ -234,7 +229,7 @@ def test_playback_pauses_resumes_and_skips_apart_from_the_engine(session, page, 
     during a playback keeps the whole run the engine made."""
     from playwright.sync_api import expect
 
-    choose(page, "live-speed", "1 iteration / s")
+    choose_option(page, "#live-speed", "1 iteration / s")
     # 96 iterations at 1 / s: a playback that outlasts every click below on any machine
     long_fixed_run(page, 96)
     click_run(page)
