@@ -123,8 +123,7 @@ def test_every_event_that_redraws_on_change_writes_only_its_newest_answer(handle
     side by side and the first can end last, and two calls sent close together can reach the
     server either way round; so every such event goes through common.redraw_on: its handler drops
     an overtaken answer, ordered by the number the page gives each call as it sends it (the call's
-    last input, one hidden slot per page). A settings check that ended on settings gone by never
-    said 'held to regex' in CI runs and a browser-lane run."""
+    last input, one hidden slot per page)."""
     from dinfer_viz.tabs.common import CALL_NUMBER_JS
     from dinfer_viz.ui import build_demo
 

@@ -66,7 +66,8 @@ REMEMBERED_VISITORS = 4096
 # browser; the number rides in a hidden slot, the call's last input). The server's order is not
 # the page's: each call is a request of its own, and two sent close together can reach the server
 # either way round; numbered by the server, a check of the settings before the last change could
-# answer last (a browser test saw "held to regex" never come, 1 run in 2 of the browser lane).
+# answer last. (A browser test's "held to regex" that never came, once taken for this, was its
+# dropdown helper's: tests/test_run_on_display_browser.py.)
 CALL_NUMBER_JS = (
     "(...values) => { values[values.length - 1] = "
     "(window.__dinferVizCalls = (window.__dinferVizCalls || 0) + 1); return values; }"
