@@ -98,3 +98,46 @@ def test_unknown_model_type(tmp_path, model):
 def test_no_pickle_files_written(tmp_path):
     save_model(tiny_llada(), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_token_embedding_draws_what_torchs_embedding_draws_and_nothing_on_the_meta_device():
+    from torch import nn
+
+    from engine.models.layers import token_embedding
+
+    torch.manual_seed(3)
+    theirs, after_theirs = nn.Embedding(50, 8), torch.rand(4)
+    torch.manual_seed(3)
+    ours, after_ours = token_embedding(50, 8), torch.rand(4)
+    torch.testing.assert_close(ours.weight, theirs.weight, rtol=0, atol=0)
+    torch.testing.assert_close(after_ours, after_theirs, rtol=0, atol=0)  # the same draws, no more
+    assert isinstance(ours.weight, nn.Parameter) and ours.weight.requires_grad
+    with torch.device("meta"):
+        assert token_embedding(50, 8).weight.is_meta
+
+
+@pytest.mark.processes
+def test_loading_a_model_or_a_shard_and_reducing_in_a_fresh_process_leave_torch_dynamo_unimported(tmp_path):
+    """Each process that loads a model (the CLI, the app, every worker rank) builds its skeleton on
+    the meta device, a rank cuts it there to its shard and all-reduces in every layer; torch's meta
+    embedding init, its meta cat and a custom op's first call each imported torch._dynamo, a second
+    of CPU per process that never compiles. tiny-gemma is not asked: transformers' DiffusionGemma
+    modules import it themselves."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = (
+        "import sys, torch, torch.distributed as dist\n"
+        "from engine.models.loader import load_model\n"
+        "from engine.runtime.parallel import all_reduce, load_shard\n"
+        "for name in ('tiny-llada', 'tiny-llada2'):\n"
+        "    load_model(name)\n"
+        "    load_shard(name, 'cpu', None, 2, 1, 1, 2)\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/rendezvous', rank=0, world_size=1)\n"
+        "assert all_reduce(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "False"

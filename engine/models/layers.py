@@ -33,6 +33,17 @@ from ..errors import EngineError
 QuerySlots = tuple[int, int] | torch.Tensor
 
 
+def token_embedding(vocab: int, hidden: int) -> nn.Embedding:
+    """nn.Embedding(vocab, hidden) with torch's own initialisation (the same random draws), except
+    on the meta device, where there is nothing to draw: torch's meta `normal_` imports torch._dynamo
+    (a second of CPU), which every process building a model skeleton (loader._skeleton: the CLI, the
+    app, each worker rank) would otherwise pay, and which none of them uses unless it compiles."""
+    weight = torch.empty(vocab, hidden)
+    if weight.device.type != "meta":
+        nn.init.normal_(weight)
+    return nn.Embedding.from_pretrained(weight, freeze=False)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, cast back to the input dtype, then scaled (LLaDA/OLMo order)."""
 

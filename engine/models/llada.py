@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DiffusionLM
-from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads
+from .layers import AttentionCache, RMSNorm, RotaryEmbedding, cached_attention, merge_heads, split_heads, token_embedding
 
 # config.json fields this class reads, with the defaults of LLaDA-8B where the field is optional.
 _DEFAULTS: dict[str, Any] = {
@@ -97,7 +97,7 @@ class LLaDAModelLM(DiffusionLM):
         self.model = nn.Module()
         self.model.transformer = nn.ModuleDict(
             {
-                "wte": nn.Embedding(cfg["embedding_size"], cfg["d_model"]),
+                "wte": token_embedding(cfg["embedding_size"], cfg["d_model"]),
                 "blocks": nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg["n_layers"])),
                 "ln_f": RMSNorm(cfg["d_model"], cfg["rms_norm_eps"]),
             }

@@ -219,6 +219,10 @@ class Cut:
 
     def of(self, t: torch.Tensor) -> torch.Tensor:
         """The cut of a tensor already in memory (a new, contiguous tensor)."""
+        if t.is_meta:  # only a shape: torch's meta cat would import torch._dynamo (a second in each rank)
+            shape = list(t.shape)
+            shape[self.dim] = sum(b - a for a, b in self.spans)
+            return t.new_empty(shape)
         return torch.cat([t.narrow(self.dim, a, b - a) for a, b in self.spans], dim=self.dim)
 
     def index(self, span: tuple[int, int]) -> tuple[slice, ...]:

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import EngineError
 from .base import DerivedTensor, DiffusionLM
-from .layers import AttentionCache, RMSNorm
+from .layers import AttentionCache, RMSNorm, token_embedding
 
 # dInfer hard-codes these ids for the Ling tokenizer that LLaDA-MoE and LLaDA2 share; they are
 # used only when config.json does not name them.
@@ -283,7 +283,7 @@ class DecoderStackLM(DiffusionLM):
         hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
         self.config = cfg
         self.model = nn.Module()
-        setattr(self.model, embedding, nn.Embedding(vocab, hidden))
+        setattr(self.model, embedding, token_embedding(vocab, hidden))
         self.model.layers = nn.ModuleList(layers)
         self.model.norm = RMSNorm(hidden, cfg["rms_norm_eps"])
         self.lm_head = None if cfg["tie_word_embeddings"] else nn.Linear(hidden, vocab, bias=False)

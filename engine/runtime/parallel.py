@@ -23,9 +23,10 @@ The per-family split is a plan keyed by the model class, so the model files stay
 checkpoint's slices by the loader (`load_shard`) and to a model in memory by `shard_model`.
 
 Every all-reduce goes through `all_reduce`, which times itself into `COMM` (this process's clock:
-the iteration manager reads it around each forward through `DiffusionLM.comm_seconds`). It is a custom op, so
-torch.compile keeps it as one opaque node of the forward's graph (no graph break) and its time is
-still measured when the compiled forward runs.
+the iteration manager reads it around each forward through `DiffusionLM.comm_seconds`). Under
+torch.compile it is a custom op, so the compiler keeps it as one opaque node of the forward's graph
+(no graph break) and its time is still measured when the compiled forward runs; eager forwards call
+the sum directly (a custom op's first call imports torch._dynamo: a second of CPU in every rank).
 """
 
 from __future__ import annotations
@@ -109,18 +110,27 @@ class CommClock:
 COMM = CommClock()
 
 
-@torch.library.custom_op("dinfer_viz::all_reduce", mutates_args=())
-def all_reduce(t: torch.Tensor) -> torch.Tensor:
-    """The sum of `t` over the ranks (a new tensor), timed into `COMM`."""
+def _summed(t: torch.Tensor) -> torch.Tensor:
     out = t.clone()
     with COMM.timed(out.device):
         dist.all_reduce(out)
     return out
 
 
-@all_reduce.register_fake
+@torch.library.custom_op("dinfer_viz::all_reduce", mutates_args=())
+def _compiled_all_reduce(t: torch.Tensor) -> torch.Tensor:
+    return _summed(t)
+
+
+@_compiled_all_reduce.register_fake
 def _(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t)
+
+
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """The sum of `t` over the ranks (a new tensor), timed into `COMM`: the custom op while
+    torch.compile traces, the sum itself in eager forwards (the module docstring)."""
+    return _compiled_all_reduce(t) if torch.compiler.is_compiling() else _summed(t)
 
 
 class RowParallelLinear(nn.Linear):
