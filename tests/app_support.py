@@ -66,8 +66,12 @@ def open_app(page, url: str) -> None:
     read are hidden): a control typed into before then can be re-rendered under the typing and lose
     it (a prompt box read empty at Run once, under load). The page's actions wait as long as
     every expect does (Playwright's default is 30 s: a click on Run waited that long for the settings
-    check to enable it, on the loaded machine, and failed)."""
+    check to enable it, on the loaded machine, and failed). The page is brought to the front: in
+    headless chromium a page behind a later-opened one gets its frames late, and every action
+    waits for them (three clicks took 6 s instead of 0.3 s; a test module whose page stayed behind
+    a left-open page ran 122 s instead of 75 s)."""
     page.set_default_timeout(BROWSER_WAIT_MS)
+    page.bring_to_front()
     page.goto(url)
     page.wait_for_selector("#run-btn", timeout=BROWSER_WAIT_MS)
     page.wait_for_selector("#cfg-steps", state="hidden", timeout=BROWSER_WAIT_MS)

@@ -275,9 +275,10 @@ def test_readout_cells_never_wrap_inside_a_word_or_number(session, width, height
     assert all(n == 1 for _, n in lines), lines
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def offline_page(session, tmp_path_factory):
-    """A page on an app started as `python app.py --no-model` starts it: no model loaded."""
+    """A page on an app started as `python app.py --no-model` starts it: no model loaded. Closed
+    after its test: left open, it kept the session's page behind it (app_support.open_app)."""
     from dinfer_viz.live.host import EngineHost, ModelSpec
     from dinfer_viz.ui import Handlers, build_demo, launch_kwargs
 
