@@ -125,14 +125,10 @@ def load_plugins(spec: str | None = None, env: str = PLUGIN_ENV, what: str = "de
 _BUILTIN_PACKAGES = ("decoders", "kinds")
 
 
-def _import_builtins() -> None:
-    for package in _BUILTIN_PACKAGES:
-        importlib.import_module(f"{__name__.rsplit('.', 1)[0]}.{package}")
-
-
 def _load_decoders() -> None:
     """Import the engine's own decoders, then the plug-ins $DINFER_VIZ_DECODERS lists (each once)."""
-    _import_builtins()
+    for package in _BUILTIN_PACKAGES:
+        importlib.import_module(f".{package}", __package__)
     load_plugins()
 
 

@@ -173,10 +173,7 @@ def test_leaving_a_job_ends_the_groups_threads_even_when_a_cycle_still_held_the_
     """A group that outlived destroy_process_group (still referenced from a cycle) kept its gloo
     threads into the interpreter's shutdown, where freeing the last all-reduce's tensors aborted the
     rank (SIGABRT in test_through_the_api_..., 3 jobs in 24 on the loaded machine): leave() ends them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     done = subprocess.run([sys.executable, "-c", LEAVE_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S, env={**os.environ, **env})
     assert done.returncode == 0, done.stderr[-3000:]
     before, after = map(int, done.stdout.split())
