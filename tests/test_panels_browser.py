@@ -65,9 +65,7 @@ ROWS_END_JS = """() => {
 
 @pytest.fixture(params=SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def page(session, request):
-    page = open_page(session, *request.param)
-    yield page
-    page.close()
+    return open_page(session, *request.param)
 
 
 def shot(page, tmp_path, name: str) -> str:
@@ -123,7 +121,6 @@ def test_a_speculative_runs_details_fit(session, tmp_path):
     fits(page, "speculative run")
     page.locator("#details").scroll_into_view_if_needed()
     shot(page, tmp_path, "speculative-details")
-    page.close()
 
 
 def test_a_sweeps_wrong_answer_opens_at_the_grid(session, tmp_path):
@@ -151,4 +148,3 @@ def test_a_sweeps_wrong_answer_opens_at_the_grid(session, tmp_path):
         timeout=WAIT,
     )
     shot(page, tmp_path, "sweep-wrong-answer")
-    page.close()

@@ -30,9 +30,7 @@ WAIT = 300_000  # ms: generous, for a loaded 2-core machine; only ever a wait fo
 @pytest.fixture(params=SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def page(session, request):
     """The page at each size: these tests are about layout."""
-    page = open_page(session, *request.param)
-    yield page
-    page.close()
+    return open_page(session, *request.param)
 
 
 # every pair of text boxes of a figure that must stay apart: its legend, axis titles, tick labels,
