@@ -4,6 +4,7 @@
     python -m benchmarks.constraint_load                           # one row: this checkout's server
     python -m benchmarks.constraint_load --batching short-first    # short rows' forwards first
     python -m benchmarks.constraint_load --parts                   # each half of the load alone too
+    python -m benchmarks.constraint_load --forward-positions 256   # rounds of at most 256 positions
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
 or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="plain requests per median")
     ap.add_argument("--label", default="this checkout", help="the rows' name")
     ap.add_argument("--batching", default="continuous", help="the server's --batching")
+    ap.add_argument("--forward-positions", type=int, help="the server's --forward-positions (a round's position budget)")
     ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
     args = ap.parse_args(argv)
     plain_loop = {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         loads += [("a json_object max_tokens-256 loop", JSON_OBJECT, 0), ("a plain max_tokens-256 loop + 8 builds", plain_loop, BUILDS)]
     loads.append(("a json_object max_tokens-256 loop + 8 builds", JSON_OBJECT, BUILDS))
     rows = []
-    with server(8, 1, "cpu", "--batching", args.batching) as (url, _):
+    budget = ("--forward-positions", str(args.forward_positions)) if args.forward_positions is not None else ()
+    with server(8, 1, "cpu", "--batching", args.batching, *budget) as (url, _):
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
         solo = statistics.median(seconds(url, PLAIN) for _ in range(args.repeats))
         for name, body, builds in loads:

@@ -15,6 +15,9 @@ wall time), and the model forwards the server ran and their mean rows (its /metr
 gives each figure's median over the rounds and the ratio of the medians against lockstep. Every
 answer is checked against the engine's solo answer in this process.
 
+`--forward-positions N`: a third server beside the two, continuous batching with rounds of at most
+N prompt and canvas positions, the rows with the fewest forwards first (`serve --forward-positions`).
+
 `--kind uniform|speculative` (issue 58 item 2): requests of a kind that ran alone before, all of
 one shape (tiny-gemma's uniform-state runs, two canvases of 16 each request with its own seed; or
 tiny-llada2's speculative runs, 32 tokens), continuous batching against lockstep, which still
@@ -207,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=checked_device, default="cpu", help="where the servers run the model (cpu, cuda, ...)")
     parser.add_argument("--prefix", action="store_true", help="measure the prefix cache across requests instead (module docstring)")
     parser.add_argument("--kind", choices=tuple(ALONE_KINDS), help="measure requests of a kind that ran alone before instead (module docstring)")
+    parser.add_argument("--forward-positions", type=int, help="also a continuous server with this budget of positions a forward (module docstring)")
     args = parser.parse_args(argv)
     if min(args.clients, args.requests, args.repeats, args.max_batch, args.threads) < 1:
         parser.error("--clients, --requests, --repeats, --max-batch and --threads must be >= 1")
     if args.prefix and args.kind:
         parser.error("--prefix and --kind measure different things: give one")
+    if args.forward_positions is not None and (args.prefix or args.kind or args.forward_positions < 1):
+        parser.error("--forward-positions: at least 1, and only with the mixed workload (neither --prefix nor --kind)")
     torch.set_num_threads(args.threads)
     pending = ("--max-pending", str(max(64, args.clients)))
     machine = one_line(describe(args.device))
@@ -237,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         bodies = workload(args.requests)
         engine = Engine(DEFAULT_MODEL, device=args.device)
         servers = {batching: ("--batching", batching, *pending) for batching in ("continuous", "lockstep")}
+        if args.forward_positions is not None:
+            servers[f"continuous, {args.forward_positions} positions"] = ("--forward-positions", str(args.forward_positions), *pending)
         warmup = bodies[: args.clients]  # the first forwards of each shape
         lengths = len({len(engine.encode(b["prompt"], False)) for b in bodies})
         print(f"embedded model, {len(bodies)} requests a round ({sum(b['gen_length'] == LONG['gen_length'] for b in bodies)} long: "

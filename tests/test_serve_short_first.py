@@ -1,8 +1,9 @@
-"""Short first (`engine serve --batching short-first`, engine/serving/scheduler.py): a short row's
-forwards run without a much longer row's positions, the longer row joins at the latest after
-MAX_SKIPPED of them, and every row still gets its solo run's tokens. Nothing here reads a clock:
-the rows are held until both wait on the scheduler, and the rounds are read from the forwards the
-scheduler runs."""
+"""Which rows a round takes (engine/serving/scheduler.py). Short first (`engine serve --batching
+short-first`): a short row's forwards run without a much longer row's positions, the longer row
+joins at the latest after MAX_SKIPPED of them. A position budget (`--forward-positions`): the rows
+with the fewest forwards first while their positions fit, a row over it alone. Every row still gets
+its solo run's tokens. Nothing here reads a clock: the rows are held until all wait on the
+scheduler, and the rounds are read from the forwards the scheduler runs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineError, GenerationConfig
+from engine.__main__ import main as cli_main
 from engine.cli import DEFAULT_MODEL
 from engine.serving.batcher import BatchRequest
 from engine.serving.scheduler import MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher, batcher_for
@@ -21,10 +23,18 @@ from .test_serve_continuous import Collect
 
 SHORT = ("Q: 14+5=? A:", GenerationConfig(gen_length=32, block_length=32, cache="none", use_chat_template=False))
 LONG = ("Q: ?+?=57 A:", GenerationConfig(gen_length=256, block_length=32, cache="none", use_chat_template=False))
+OTHER_SHORT = ("Q: 23+4=? A:", SHORT[1])
 
 
-def rounds_of(short_first: bool) -> tuple[list[frozenset[str]], list[Collect], Engine]:
-    """SHORT and LONG submitted while the engine is held, then decoded; each round's rows (by name)."""
+def positions(engine: Engine, request: tuple[str, GenerationConfig]) -> int:
+    """A row's prompt and canvas: what short first and the budget count."""
+    return len(engine.encode(request[0], False)) + request[1].gen_length
+
+
+def rounds_of(short_first: bool, forward_positions: int | None = None, requests: dict | None = None) -> tuple[list[frozenset[str]], list[Collect], Engine]:
+    """`requests` (name: request; SHORT and LONG by default) submitted in order while the engine is
+    held, then decoded; each round's rows (by name), each request's sink."""
+    requests = requests or {"short": SHORT, "long": LONG}
     torch.set_num_threads(1)
     engine = Engine(DEFAULT_MODEL)
     rounds: list[frozenset[str]] = []
@@ -33,16 +43,22 @@ def rounds_of(short_first: bool) -> tuple[list[frozenset[str]], list[Collect], E
     def on_forward(rows: int) -> None:  # inside the round (the scheduler's `_taken` is its rows)
         rounds.append(frozenset(names[id(slot.request.sink)] for slot in batcher.scheduler._taken))
 
-    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, on_forward, short_first=short_first)
-    sinks = [Collect(), Collect()]
-    names.update({id(sinks[0]): "short", id(sinks[1]): "long"})
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, on_forward, short_first=short_first, forward_positions=forward_positions)
+    sinks = [Collect() for _ in requests]
+    names.update({id(sink): name for sink, name in zip(sinks, requests)})
     with batcher.lock:
-        for (prompt, config), sink in zip((SHORT, LONG), sinks):
+        for (prompt, config), sink in zip(requests.values(), sinks):
             batcher.submit(BatchRequest(prompt, config, threading.Event(), sink, None))
-        until(lambda: batcher.running == 2 and batcher.scheduler.rows_at_forward == 2)
+        until(lambda: batcher.running == len(requests) and batcher.scheduler.rows_at_forward == len(requests))
     for sink in sinks:
         sink.done.wait()
     return rounds, sinks, engine
+
+
+def assert_solo(engine: Engine, requests: list[tuple[str, GenerationConfig]], sinks: list[Collect]) -> None:
+    for (prompt, config), sink in zip(requests, sinks):  # each row's tokens are its solo run's
+        alone = engine.generate(prompt, config)
+        assert sink.error is None and sink.result.output.token_ids == alone.output.token_ids, prompt
 
 
 def test_the_rows_differ_past_the_share():
@@ -53,9 +69,7 @@ def test_the_rows_differ_past_the_share():
 @pytest.mark.parametrize("short_first", [True, False], ids=["short-first", "continuous"])
 def test_a_short_rows_forwards_leave_the_long_row_out_at_most_max_skipped_times_in_a_row(short_first):
     rounds, sinks, engine = rounds_of(short_first)
-    for (prompt, config), sink in zip((SHORT, LONG), sinks):  # each row's tokens are its solo run's
-        alone = engine.generate(prompt, config)
-        assert sink.error is None and sink.result.output.token_ids == alone.output.token_ids, prompt
+    assert_solo(engine, [SHORT, LONG], sinks)
     short_rounds = [r for r in rounds if "short" in r]
     if not short_first:  # the control: both rows asked for the first forward, and it took both
         assert short_rounds[0] == {"short", "long"}
@@ -79,3 +93,37 @@ def test_the_server_takes_short_first_by_name_and_refuses_an_unknown_batching():
     assert not batcher_for("continuous", engine, 4, lambda rows: None).scheduler.short_first
     with pytest.raises(EngineError, match=r"^batching must be one of continuous, lockstep, short-first, got 'fifo'$"):
         batcher_for("fifo", engine, 4, lambda rows: None)
+
+
+@pytest.mark.parametrize("budget", [True, False], ids=["budget", "no-budget"])
+def test_a_position_budget_takes_the_fewest_forwards_first_and_a_row_over_it_alone(budget):
+    engine = Engine(DEFAULT_MODEL)
+    requests = {"short": SHORT, "other": OTHER_SHORT, "long": LONG}
+    sizes = {name: positions(engine, r) for name, r in requests.items()}
+    limit = sizes["short"] + sizes["other"]
+    assert sizes["long"] > limit  # the long row fits with neither short one
+    rounds, sinks, engine = rounds_of(False, limit if budget else None, requests)
+    assert_solo(engine, list(requests.values()), sinks)
+    if not budget:  # the control: every row asked for the first forward, and it took all three
+        assert rounds[0] == set(requests)
+        return
+    # all three asked, none had a forward: the two short rows fit, in admission order, the long one
+    # not; then the long row has had the fewest and goes first, over the budget, so alone
+    assert rounds[:2] == [{"short", "other"}, {"long"}], rounds[:6]
+    since = dict.fromkeys(requests, 0)  # rounds without each row since its last: at least the scheduler's count
+    for r in rounds:
+        if sum(sizes[name] for name in r) > limit and len(r) > 1:  # over the budget: a row left out too long joined
+            assert any(since[name] >= MAX_SKIPPED for name in r), (rounds, since)
+        for name in since:
+            since[name] = 0 if name in r else since[name] + 1
+
+
+def test_a_budget_is_refused_in_one_line_where_no_round_takes_it(capsys):
+    engine = Engine(DEFAULT_MODEL)
+    assert batcher_for("continuous", engine, 4, lambda rows: None, 256).scheduler.forward_positions == 256
+    assert batcher_for("short-first", engine, 4, lambda rows: None).scheduler.forward_positions is None
+    with pytest.raises(EngineError, match=r"^forward positions must be >= 1, got 0$"):
+        batcher_for("continuous", engine, 4, lambda rows: None, 0)
+    assert cli_main(["serve", "--port", "1", "--batching", "lockstep", "--forward-positions", "256"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: a forward positions budget needs continuous or short-first batching") and "\n" not in err, err

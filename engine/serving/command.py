@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
-from .scheduler import BATCHING
+from .scheduler import BATCHING, check_budget
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
 from .traces import TraceStore
 
@@ -41,6 +41,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--batching", choices=BATCHING, default=BATCHING[0],
                        help="continuous: rows of any length share forwards and each leaves when done; lockstep: equal prompt lengths and settings decode as one batch to its end; "
                        "short-first: continuous, a round taking the rows within twice the shortest canvas asking (a longer row joins after 3 rounds left out)")
+    serve.add_argument("--forward-positions", type=int, default=None,
+                       help="continuous and short-first: a forward's budget of prompt and canvas positions, the rows with the fewest forwards first "
+                       "(a row over it runs alone; on a CPU, 256 keeps a new request from waiting on one forward of every row's positions; default: every row asking)")
     serve.add_argument("--prefix-cache-mb", type=int, default=256,
                        help="a block-causal model (LLaDA2): megabytes of prompt blocks' K/V shared across requests, least recently used dropped first (0: off)")
     serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
@@ -176,6 +179,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if not 0 < args.header_timeout < float("inf"):
         raise EngineError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout:g}")
     check_threads(args.threads)
+    check_budget(args.batching, args.forward_positions)
     front = following(args)
     system = system_kwargs(args)
     listener = listen(args.host, args.port)
@@ -186,7 +190,7 @@ def serve_command(args: argparse.Namespace) -> int:
     with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
         # a parallel engine's workers end with the server, also when a signal stops it
         app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close, batching=args.batching,
-                         prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
+                         forward_positions=args.forward_positions, prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
         server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
         try:

@@ -24,10 +24,11 @@ Every kind runs so (a kind's run calls the network only through the model's call
 denoising forwards (their encoder forwards, which write each run's own cache, run one by one),
 and the speculative kind's rows their draft and verify forwards, each reading its own store.
 
-Short first (`short_first`, `--batching short-first`) changes only which of the waiting rows a
-round takes (`_shortest`): those within SHORT_SHARE of the shortest canvas asking, and any row left
-out MAX_SKIPPED rounds in a row, so a short request's forwards leave a long row's positions out
-without starving it.
+Short first (`short_first`, `--batching short-first`) and a position budget (`forward_positions`,
+`--forward-positions`) change only which of the waiting rows a round takes: short first those
+within SHORT_SHARE of the shortest canvas asking (`_shortest`); the budget the rows with the fewest
+forwards so far while their positions fit (`_within_budget`). Either takes any row left out
+MAX_SKIPPED rounds in a row, so no row starves.
 """
 
 from __future__ import annotations
@@ -58,15 +59,31 @@ SHORT_SHARE = 2.0
 MAX_SKIPPED = 3
 
 
-def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Callable[[int], None]) -> "Batcher | ContinuousBatcher":
+def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Callable[[int], None],
+                forward_positions: int | None = None) -> "Batcher | ContinuousBatcher":
     """The batcher `batching` names (BATCHING) for `engine`, on a lock of its own: continuous and
     short-first need an engine that generates in this process (`shares_forwards`); another runs the
-    lockstep batcher. EngineError (one line) for any other name."""
+    lockstep batcher. `forward_positions`: the rounds' position budget (`Scheduler`), which only
+    those two take. EngineError (one line) for any other name, or a budget they cannot take."""
     if batching not in BATCHING:
         raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
+    check_budget(batching, forward_positions, shares_forwards(engine))
     if batching == "lockstep" or not shares_forwards(engine):
         return Batcher(threading.Lock(), lambda members: engine, max_batch, on_forward=on_forward)
-    return ContinuousBatcher(threading.Lock(), lambda members: engine, max_batch, on_forward, short_first=batching == "short-first")
+    return ContinuousBatcher(threading.Lock(), lambda members: engine, max_batch, on_forward, short_first=batching == "short-first",
+                             forward_positions=forward_positions)
+
+
+def check_budget(batching: str, forward_positions: int | None, routed: bool = True) -> None:
+    """A rounds' position budget (None: none) is at least 1 and asked of a batcher whose rounds
+    take it: continuous or short first, on an engine whose runs are routed here (`shares_forwards`;
+    the server checks it before loading its model, with `routed` left True). EngineError otherwise."""
+    if forward_positions is None:
+        return
+    if forward_positions < 1:
+        raise EngineError(f"forward positions must be >= 1, got {forward_positions}")
+    if batching == "lockstep" or not routed:
+        raise EngineError("a forward positions budget needs continuous or short-first batching on an engine that generates in this process (not lockstep, --tp/--ep or torchrun)")
 
 
 def shares_forwards(engine: Engine) -> bool:
@@ -86,16 +103,27 @@ class Slot:
     done: threading.Event = field(default_factory=threading.Event)
     shared: int = 1  # the most rows one of its forwards decoded
     positions: int = 0  # its canvas, prompt and answer: what short first compares
-    skipped: int = 0  # rounds in a row short first left it out
+    skipped: int = 0  # rounds in a row short first or the budget left it out
+    forwards: int = 0  # the forwards it has had: what the position budget takes the fewest of first
+
+
+def _left_out_counted(asking: list[Slot], chosen: list[Slot]) -> list[Slot]:
+    """`chosen`, after counting for each row asking how many rounds in a row it was left out."""
+    for s in asking:
+        s.skipped = 0 if s in chosen else s.skipped + 1
+    return chosen
 
 
 class Scheduler:
     """The waiting and running queues, and the loop that runs the running rows' forwards (module
     docstring). `lock`: held for each model call (a host that holds it pauses the engine);
-    `on_forward(rows)`: told of each model call and its rows."""
+    `on_forward(rows)`: told of each model call and its rows; `forward_positions`: the position
+    budget of a round (None: every row asking)."""
 
-    def __init__(self, lock: threading.Lock, max_rows: int, on_forward: Callable[[int], None] | None = None, short_first: bool = False) -> None:
+    def __init__(self, lock: threading.Lock, max_rows: int, on_forward: Callable[[int], None] | None = None, short_first: bool = False,
+                 forward_positions: int | None = None) -> None:
         self.lock, self.max_rows, self.on_forward, self.short_first = lock, max_rows, on_forward, short_first
+        self.forward_positions = forward_positions
         self._cond = threading.Condition()  # guards the queues and every slot's `call`
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
@@ -188,6 +216,8 @@ class Scheduler:
                         self._cond.wait(left)
                     if self.short_first and asking:
                         asking = self._shortest(asking)
+                    if self.forward_positions is not None and asking:
+                        asking = self._within_budget(asking, self.forward_positions)
                     self._taken = asking
                     taken = [(s, s.call) for s in asking]
                     for s in asking:
@@ -199,7 +229,7 @@ class Scheduler:
                 self._forward_seconds = time.monotonic() - start
             with self._cond:
                 self._taken = []
-                for s in self.running:  # a row short first left out asks again from now (`_shortest`)
+                for s in self.running:  # a row a round left out asks again from now (`_shortest`)
                     if s.call is not None and s.skipped:
                         s.asked = time.monotonic()
 
@@ -211,10 +241,23 @@ class Scheduler:
         a few of its rounds (on a CPU a forward's cost grows with its positions; a GPU's hardly,
         where sharing costs a short row little)."""
         shortest = min(s.positions for s in asking)
-        chosen = [s for s in asking if s.positions <= SHORT_SHARE * shortest or s.skipped >= MAX_SKIPPED]
-        for s in asking:
-            s.skipped = 0 if s in chosen else s.skipped + 1
-        return chosen
+        return _left_out_counted(asking, [s for s in asking if s.positions <= SHORT_SHARE * shortest or s.skipped >= MAX_SKIPPED])
+
+    @staticmethod
+    def _within_budget(asking: list[Slot], budget: int) -> list[Slot]:
+        """The budget's round (under `_cond`): the rows with the fewest forwards so far first (in
+        admission order among equals) while their positions fit in `budget`; the first always (a
+        row longer than the budget runs alone), and any left out MAX_SKIPPED rounds in a row. The
+        fewest forwards first (least attained service) lets a new request's few forwards through
+        without knowing how many any row needs: on a CPU, where a forward's cost grows with its
+        positions, a request that arrives while many rows decode waits for one forward of at most
+        `budget` positions rather than one of all of theirs (docs/serving.md §3)."""
+        chosen, used = [], 0
+        for s in sorted(asking, key=lambda s: s.forwards):
+            if not chosen or used + s.positions <= budget or s.skipped >= MAX_SKIPPED:
+                chosen.append(s)
+                used += s.positions
+        return _left_out_counted(asking, chosen)
 
     def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]]) -> None:
         """The calls that pack together (equal `pack_key`s: engine/serving/packed.py) as one model
@@ -240,6 +283,7 @@ class Scheduler:
                 self.on_forward(len(members))
             for (slot, _), output in zip(members, outputs):
                 slot.result = output
+                slot.forwards += 1
                 if len(members) > slot.shared:
                     slot.shared = len(members)
                     slot.request.sink.batched(len(members))
@@ -251,9 +295,9 @@ class ContinuousBatcher:
     interface (submit, waiting, running, lock, max_batch)."""
 
     def __init__(self, lock: threading.Lock, engine_for: Callable[[list[BatchRequest]], Engine], max_batch: int = MAX_BATCH,
-                 on_forward: Callable[[int], None] | None = None, short_first: bool = False) -> None:
+                 on_forward: Callable[[int], None] | None = None, short_first: bool = False, forward_positions: int | None = None) -> None:
         self.engine_for, self.max_batch = engine_for, max_batch
-        self.scheduler = Scheduler(lock, max_batch, on_forward, short_first)
+        self.scheduler = Scheduler(lock, max_batch, on_forward, short_first, forward_positions)
 
     @property
     def lock(self) -> threading.Lock:
