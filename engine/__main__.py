@@ -32,7 +32,7 @@ from .hooks import RunHooks
 CONSTRAINT_FLAGS = ("json_schema", "choice")
 # the fields whose flags are their entries' own, one per declared option (below)
 OPTION_FIELDS = ("decoder_options", "kind_options")
-from .runtime.launch import first_on_its_node
+from .runtime.launch import first_on_its_node, wait_for_the_reporter
 
 
 
@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         message = "interrupted"
     if first_on_its_node():
         print(f"error: {printable(message)}", file=sys.stderr)  # one line, whatever the message held
+    else:
+        wait_for_the_reporter()
     return 2
 
 

@@ -37,6 +37,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,6 +51,7 @@ from ..run import GenerationCancelled, GenerationOutput
 
 # What torchrun sets in every process it starts (and what the self-started workers set too).
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+REPORTER_WAIT_SECONDS = 30.0  # the most a rank that does not report an error waits for the launcher to end it
 Loop = Callable[[list[list[int]], GenerationConfig, RunHooks], GenerationOutput]  # a rank's one-process generate
 
 
@@ -58,6 +60,19 @@ def first_on_its_node() -> bool:
     one that reports a command line's errors, so that each node's console shows one line (torchrun
     merges its processes' output, one console per node)."""
     return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def wait_for_the_reporter(seconds: float = REPORTER_WAIT_SECONDS) -> None:
+    """In a launched rank that is not the first of its node, after a command's error: wait for
+    the launcher to end this process (at most `seconds`), leaving the error's line to the first.
+    Every rank fails the same checks (a degree, an argument) at about the same time, and torchrun
+    ends the other ranks the moment one exits: a rank that left first could end the reporter
+    before it wrote its line (a CI run saw no line at all). The job's group is gone by now (the
+    engine closed), so a rank still in a collective with this one fails at once and reports."""
+    if first_on_its_node() or "LOCAL_RANK" not in os.environ:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's end, not another error line
+    time.sleep(seconds)
 
 
 def _from_torch_distributed(exc: BaseException) -> bool:
