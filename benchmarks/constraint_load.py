@@ -4,7 +4,7 @@
     python -m benchmarks.constraint_load                           # one row: this checkout's server
     python -m benchmarks.constraint_load --batching short-first    # short rows' forwards first
     python -m benchmarks.constraint_load --parts                   # each half of the load alone too
-    python -m benchmarks.constraint_load --forward-positions 256   # rounds of at most 256 positions
+    python -m benchmarks.constraint_load --forward-positions 0     # no position budget (a CPU server's default: 256)
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
 or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="plain requests per median")
     ap.add_argument("--label", default="this checkout", help="the rows' name")
     ap.add_argument("--batching", default="continuous", help="the server's --batching")
-    ap.add_argument("--forward-positions", type=int, help="the server's --forward-positions (a round's position budget)")
+    ap.add_argument("--forward-positions", type=int, help="the server's --forward-positions (a round's position budget; 0: none)")
     ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
     args = ap.parse_args(argv)
     plain_loop = {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}

@@ -16,7 +16,8 @@ gives each figure's median over the rounds and the ratio of the medians against 
 answer is checked against the engine's solo answer in this process.
 
 `--forward-positions N`: a third server beside the two, continuous batching with rounds of at most
-N prompt and canvas positions, the rows with the fewest forwards first (`serve --forward-positions`).
+N prompt and canvas positions, the rows with the fewest forwards first (`serve --forward-positions`;
+0: every row asking, as continuous batching ran before it budgeted a CPU server's rounds).
 
 `--kind uniform|speculative` (issue 58 item 2): requests of a kind that ran alone before, all of
 one shape (tiny-gemma's uniform-state runs, two canvases of 16 each request with its own seed; or
@@ -210,14 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=checked_device, default="cpu", help="where the servers run the model (cpu, cuda, ...)")
     parser.add_argument("--prefix", action="store_true", help="measure the prefix cache across requests instead (module docstring)")
     parser.add_argument("--kind", choices=tuple(ALONE_KINDS), help="measure requests of a kind that ran alone before instead (module docstring)")
-    parser.add_argument("--forward-positions", type=int, help="also a continuous server with this budget of positions a forward (module docstring)")
+    parser.add_argument("--forward-positions", type=int, help="also a continuous server with this --forward-positions (module docstring)")
     args = parser.parse_args(argv)
     if min(args.clients, args.requests, args.repeats, args.max_batch, args.threads) < 1:
         parser.error("--clients, --requests, --repeats, --max-batch and --threads must be >= 1")
     if args.prefix and args.kind:
         parser.error("--prefix and --kind measure different things: give one")
-    if args.forward_positions is not None and (args.prefix or args.kind or args.forward_positions < 1):
-        parser.error("--forward-positions: at least 1, and only with the mixed workload (neither --prefix nor --kind)")
+    if args.forward_positions is not None and (args.prefix or args.kind or args.forward_positions < 0):
+        parser.error("--forward-positions: at least 0, and only with the mixed workload (neither --prefix nor --kind)")
     torch.set_num_threads(args.threads)
     pending = ("--max-pending", str(max(64, args.clients)))
     machine = one_line(describe(args.device))
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(DEFAULT_MODEL, device=args.device)
         servers = {batching: ("--batching", batching, *pending) for batching in ("continuous", "lockstep")}
         if args.forward_positions is not None:
-            servers[f"continuous, {args.forward_positions} positions"] = ("--forward-positions", str(args.forward_positions), *pending)
+            servers[f"continuous, --forward-positions {args.forward_positions}"] = ("--forward-positions", str(args.forward_positions), *pending)
         warmup = bodies[: args.clients]  # the first forwards of each shape
         lengths = len({len(engine.encode(b["prompt"], False)) for b in bodies})
         print(f"embedded model, {len(bodies)} requests a round ({sum(b['gen_length'] == LONG['gen_length'] for b in bodies)} long: "

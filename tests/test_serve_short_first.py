@@ -16,7 +16,7 @@ from engine import Engine, EngineError, GenerationConfig
 from engine.__main__ import main as cli_main
 from engine.cli import DEFAULT_MODEL
 from engine.serving.batcher import BatchRequest
-from engine.serving.scheduler import MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher, batcher_for
+from engine.serving.scheduler import CPU_FORWARD_POSITIONS, MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher, batcher_for, served_budget
 
 from .test_serve import until
 from .test_serve_continuous import Collect
@@ -127,3 +127,14 @@ def test_a_budget_is_refused_in_one_line_where_no_round_takes_it(capsys):
     assert cli_main(["serve", "--port", "1", "--batching", "lockstep", "--forward-positions", "256"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: a forward positions budget needs continuous or short-first batching") and "\n" not in err, err
+    assert cli_main(["serve", "--port", "1", "--forward-positions", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --forward-positions must be >= 0 (0: none), got -1"
+
+
+def test_the_server_budgets_a_cpu_engines_rounds_unless_told_otherwise():
+    engine = Engine(DEFAULT_MODEL)  # on the CPU, generating in this process
+    assert served_budget(None, "continuous", engine) == served_budget(None, "short-first", engine) == CPU_FORWARD_POSITIONS
+    assert served_budget(None, "lockstep", engine) is None  # lockstep's batches take no budget
+    assert served_budget(0, "continuous", engine) is None and served_budget(100, "continuous", engine) == 100
+    engine.model.to("meta")  # an engine whose runs are elsewhere (a parallel engine's skeleton): none
+    assert served_budget(None, "continuous", engine) is None

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
-from .scheduler import BATCHING, check_budget
+from .scheduler import BATCHING, CPU_FORWARD_POSITIONS, check_budget, served_budget
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
 from .traces import TraceStore
 
@@ -42,8 +42,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help="continuous: rows of any length share forwards and each leaves when done; lockstep: equal prompt lengths and settings decode as one batch to its end; "
                        "short-first: continuous, a round taking the rows within twice the shortest canvas asking (a longer row joins after 3 rounds left out)")
     serve.add_argument("--forward-positions", type=int, default=None,
-                       help="continuous and short-first: a forward's budget of prompt and canvas positions, the rows with the fewest forwards first "
-                       "(a row over it runs alone; on a CPU, 256 keeps a new request from waiting on one forward of every row's positions; default: every row asking)")
+                       help="continuous and short-first: a forward's budget of prompt and canvas positions, the rows with the fewest forwards first, a row over it alone "
+                       f"(default: {CPU_FORWARD_POSITIONS} on a CPU, none on a GPU; 0: none, every row asking joins)")
     serve.add_argument("--prefix-cache-mb", type=int, default=256,
                        help="a block-causal model (LLaDA2): megabytes of prompt blocks' K/V shared across requests, least recently used dropped first (0: off)")
     serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
@@ -171,6 +171,8 @@ def serve_command(args: argparse.Namespace) -> int:
     positive = {"--port": args.port, "--max-batch": args.max_batch, "--max-pending": args.max_pending, "--max-connections": args.max_connections, "--max-traces": args.max_traces, "--max-trace-mb": args.max_trace_mb}
     if args.prefix_cache_mb < 0:
         raise EngineError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if args.forward_positions is not None and args.forward_positions < 0:
+        raise EngineError(f"--forward-positions must be >= 0 (0: none), got {args.forward_positions}")
     bad = [f"{flag} {value}" for flag, value in positive.items() if value < 1]
     if bad:
         raise EngineError(f"these must be >= 1: {', '.join(bad)}")
@@ -179,7 +181,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if not 0 < args.header_timeout < float("inf"):
         raise EngineError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout:g}")
     check_threads(args.threads)
-    check_budget(args.batching, args.forward_positions)
+    check_budget(args.batching, args.forward_positions or None)
     front = following(args)
     system = system_kwargs(args)
     listener = listen(args.host, args.port)
@@ -190,7 +192,8 @@ def serve_command(args: argparse.Namespace) -> int:
     with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
         # a parallel engine's workers end with the server, also when a signal stops it
         app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close, batching=args.batching,
-                         forward_positions=args.forward_positions, prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
+                         forward_positions=served_budget(args.forward_positions, args.batching, engine),
+                         prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
         server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)
         try:

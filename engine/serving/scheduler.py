@@ -57,6 +57,9 @@ MIN_WAIT_SECONDS = 0.005  # the least the scheduler waits for a straggler (modul
 # times the shortest asking, and a longer row left out MAX_SKIPPED rounds in a row joins anyway
 SHORT_SHARE = 2.0
 MAX_SKIPPED = 3
+# `engine serve`'s position budget on a CPU, where a forward's cost grows with its positions (`served_budget`;
+# benchmarks/RESULTS.md, constraint load: a plain request under load 3.9x -> 2.2x its solo time, at lockstep's throughput)
+CPU_FORWARD_POSITIONS = 256
 
 
 def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Callable[[int], None],
@@ -84,6 +87,16 @@ def check_budget(batching: str, forward_positions: int | None, routed: bool = Tr
         raise EngineError(f"forward positions must be >= 1, got {forward_positions}")
     if batching == "lockstep" or not routed:
         raise EngineError("a forward positions budget needs continuous or short-first batching on an engine that generates in this process (not lockstep, --tp/--ep or torchrun)")
+
+
+def served_budget(flag: int | None, batching: str, engine: Engine) -> int | None:
+    """`engine serve --forward-positions` as the server runs it: not given, CPU_FORWARD_POSITIONS
+    for continuous or short-first batching on a CPU engine that generates here, none elsewhere (a
+    GPU's forward costs about the same with more rows: splitting them would only slow the long
+    ones); 0: none; N: N (`check_budget` refuses it where no round takes it)."""
+    if flag is None:
+        return CPU_FORWARD_POSITIONS if batching != "lockstep" and shares_forwards(engine) and engine.model.device.type == "cpu" else None
+    return flag or None
 
 
 def shares_forwards(engine: Engine) -> bool:
