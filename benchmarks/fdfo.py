@@ -16,7 +16,7 @@ gives each figure's median over the rounds and the ratio of the medians against 
 answer is checked against the engine's solo answer in this process.
 
 `--forward-positions N`: a third server beside the two, continuous batching with rounds of at most
-N prompt and canvas positions, the rows with the fewest forwards first (`serve --forward-positions`;
+N positions computed, the rows with the fewest forwards first (`serve --forward-positions`;
 0: every row asking, as continuous batching ran before it budgeted a CPU server's rounds).
 
 `--kind uniform|speculative` (issue 58 item 2): requests of a kind that ran alone before, all of

@@ -118,6 +118,19 @@ def test_a_position_budget_takes_the_fewest_forwards_first_and_a_row_over_it_alo
             since[name] = 0 if name in r else since[name] + 1
 
 
+def test_a_budget_counts_the_positions_a_forward_computes_so_cached_rows_share_their_block_forwards():
+    """Two rows whose prompts and canvases together exceed the budget, with a dual cache: their
+    first forwards compute the whole sequence (one row a round), their later ones a block each,
+    which fit together."""
+    engine = Engine(DEFAULT_MODEL)
+    cached = GenerationConfig(gen_length=32, block_length=8, cache="dual", use_chat_template=False)
+    requests = {"short": (SHORT[0], cached), "other": (OTHER_SHORT[0], cached)}
+    limit = max(positions(engine, r) for r in requests.values())  # one whole row, never two
+    rounds, sinks, engine = rounds_of(False, limit, requests)
+    assert_solo(engine, list(requests.values()), sinks)
+    assert rounds[0] == {"short"} and {"short", "other"} in rounds, rounds
+
+
 def test_a_budget_is_refused_in_one_line_where_no_round_takes_it(capsys):
     engine = Engine(DEFAULT_MODEL)
     assert batcher_for("continuous", engine, 4, lambda rows: None, 256).scheduler.forward_positions == 256

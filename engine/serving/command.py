@@ -42,7 +42,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help="continuous: rows of any length share forwards and each leaves when done; lockstep: equal prompt lengths and settings decode as one batch to its end; "
                        "short-first: continuous, a round taking the rows within twice the shortest canvas asking (a longer row joins after 3 rounds left out)")
     serve.add_argument("--forward-positions", type=int, default=None,
-                       help="continuous and short-first: a forward's budget of prompt and canvas positions, the rows with the fewest forwards first, a row over it alone "
+                       help="continuous and short-first: a forward's budget of positions computed, the rows with the fewest forwards first, a row over it alone "
                        f"(default: {CPU_FORWARD_POSITIONS} on a CPU, none on a GPU; 0: none, every row asking joins)")
     serve.add_argument("--prefix-cache-mb", type=int, default=256,
                        help="a block-causal model (LLaDA2): megabytes of prompt blocks' K/V shared across requests, least recently used dropped first (0: off)")

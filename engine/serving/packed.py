@@ -82,6 +82,15 @@ def packed_forward(model: DiffusionLM, calls: list[dict[str, Any]]) -> list[Mode
     return outputs
 
 
+def query_positions(method: str, inputs: dict[str, Any]) -> int | None:
+    """The positions a forward computes (its rows' tokens: a cached forward's block, not its
+    canvas), what a round's position budget counts; None for a family's own calls."""
+    if method != FORWARD:
+        return None
+    x = inputs.get("inputs_embeds") if inputs.get("inputs_embeds") is not None else inputs.get("input_ids")
+    return None if x is None else x.shape[0] * x.shape[1]
+
+
 def pack_key(model: DiffusionLM, method: str, inputs: dict[str, Any]) -> Hashable | None:
     """Calls of `model.method` with equal keys run as one (`run_calls`); None: this one runs alone."""
     if method == FORWARD:

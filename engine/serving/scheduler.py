@@ -49,7 +49,7 @@ from ..run import GenerationCancelled, forwards_routed
 from ..errors import EngineError
 from .batcher import MAX_BATCH, POLL_SECONDS, Batcher, BatchRequest, report_failure
 from .heap import release_freed_memory
-from .packed import pack_key, run_calls
+from .packed import pack_key, query_positions, run_calls
 
 BATCHING = ("continuous", "lockstep", "short-first")  # the batchers a server may run (docs/serving.md §3)
 MIN_WAIT_SECONDS = 0.005  # the least the scheduler waits for a straggler (module docstring): a fast forward's rows still gather
@@ -259,17 +259,21 @@ class Scheduler:
     @staticmethod
     def _within_budget(asking: list[Slot], budget: int) -> list[Slot]:
         """The budget's round (under `_cond`): the rows with the fewest forwards so far first (in
-        admission order among equals) while their positions fit in `budget`; the first always (a
-        row longer than the budget runs alone), and any left out MAX_SKIPPED rounds in a row. The
+        admission order among equals) while the positions their calls compute fit in `budget`
+        (`query_positions`: a cached forward's block; a family's own call counts its row's prompt
+        and canvas); the first always (a row over the budget runs alone), and any left out
+        MAX_SKIPPED rounds in a row. The
         fewest forwards first (least attained service) lets a new request's few forwards through
         without knowing how many any row needs: on a CPU, where a forward's cost grows with its
         positions, a request that arrives while many rows decode waits for one forward of at most
         `budget` positions rather than one of all of theirs (docs/serving.md §3)."""
         chosen, used = [], 0
         for s in sorted(asking, key=lambda s: s.forwards):
-            if not chosen or used + s.positions <= budget or s.skipped >= MAX_SKIPPED:
+            _, method, inputs = s.call  # type: ignore[misc]  (every row asking has its call)
+            positions = query_positions(method, inputs) or s.positions
+            if not chosen or used + positions <= budget or s.skipped >= MAX_SKIPPED:
                 chosen.append(s)
-                used += s.positions
+                used += positions
         return _left_out_counted(asking, chosen)
 
     def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]]) -> None:
