@@ -75,27 +75,22 @@ def test_two_loopback_nodes_give_the_tokens_of_one_process():
     assert second_out == ""  # node 1's only rank is rank 1
 
 
-def test_a_degree_that_is_not_the_jobs_size_is_one_line_before_any_weight_is_read(tmp_path):
-    """The weights are truncated: had any rank read them, the error would name the file."""
+def test_a_degree_that_is_not_the_jobs_size_is_one_line_from_the_reporting_rank_before_any_weight_is_read(tmp_path):
+    """The weights are truncated: had any rank read them, the error would name the file. Rank 0
+    (the one that reports) starts late, held by a sitecustomize the job's processes run first, so
+    rank 1 fails the same check long before it: torchrun ends the other ranks as soon as one exits,
+    so rank 1 waits for that (engine/runtime/launch.py `wait_for_the_reporter`) rather than exiting
+    first and ending rank 0 before its line (a CI run once printed no line at all)."""
+    model, site = tmp_path / "model", tmp_path / "site"
+    model.mkdir(), site.mkdir()
     for f in EMBEDDED_MODEL.iterdir():
         if f.is_file():
-            (tmp_path / f.name).write_bytes(f.read_bytes())
-    weights = tmp_path / "model.safetensors"
+            (model / f.name).write_bytes(f.read_bytes())
+    weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    done = _run(_torchrun("--standalone", "--nproc-per-node", "2", "-m", "engine", "generate", "--model", str(tmp_path), "--tp", "4", "--prompt", PROMPT))
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert done.returncode != 0 and done.stdout == ""
-    assert errors == ["error: tp=4, ep=1: each must be 1 or the number of processes (2), and one of them 2"], done.stderr[-3000:]
-
-
-def test_the_reporting_rank_writes_its_line_when_the_other_rank_fails_first(tmp_path):
-    """Rank 0 (the one that reports) starts late, held by a sitecustomize the job's processes run
-    first: rank 1 fails the same check long before it. torchrun ends the other ranks as soon as one
-    exits, so rank 1 waits for that (engine/runtime/launch.py `wait_for_the_reporter`) rather than
-    exiting first and ending rank 0 before its line (which a CI run once printed nothing of)."""
-    (tmp_path / "sitecustomize.py").write_text("import os, time\nif os.environ.get('LOCAL_RANK') == '0':\n    time.sleep(5)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    argv = _torchrun("--standalone", "--nproc-per-node", "2", "-m", "engine", "generate", "--model", str(EMBEDDED_MODEL), "--tp", "4", "--prompt", PROMPT)
+    (site / "sitecustomize.py").write_text("import os, time\nif os.environ.get('LOCAL_RANK') == '0':\n    time.sleep(5)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    argv = _torchrun("--standalone", "--nproc-per-node", "2", "-m", "engine", "generate", "--model", str(model), "--tp", "4", "--prompt", PROMPT)
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT_S, env=env)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode != 0 and done.stdout == ""
