@@ -37,7 +37,9 @@ def test_the_schema_is_valid():
 def test_shipped_sample_traces_validate(path):
     data = json.loads(path.read_text())
     validate(data)
-    validate(Trace.from_dict(data).to_dict())  # and once upgraded to the current version
+    trace = Trace.from_dict(data)
+    validate(trace.to_dict())  # and once upgraded to the current version
+    assert trace.to_json() == json.dumps(trace.to_dict())  # written from its own values, as from the copy
 
 
 def test_a_real_trace_validates_and_a_broken_one_does_not():
