@@ -70,15 +70,16 @@ def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Calla
     those two take. EngineError (one line) for any other name, or a budget they cannot take."""
     if batching not in BATCHING:
         raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
-    check_budget(batching, forward_positions, shares_forwards(engine))
-    if batching == "lockstep" or not shares_forwards(engine):
+    routed = shares_forwards(engine)
+    check_budget(batching, forward_positions, routed)
+    if batching == "lockstep" or not routed:
         return Batcher(threading.Lock(), lambda members: engine, max_batch, on_forward=on_forward)
     return ContinuousBatcher(threading.Lock(), lambda members: engine, max_batch, on_forward, short_first=batching == "short-first",
                              forward_positions=forward_positions)
 
 
 def check_budget(batching: str, forward_positions: int | None, routed: bool = True) -> None:
-    """A rounds' position budget (None: none) is at least 1 and asked of a batcher whose rounds
+    """A round's position budget (None: none) is at least 1 and asked of a batcher whose rounds
     take it: continuous or short first, on an engine whose runs are routed here (`shares_forwards`;
     the server checks it before loading its model, with `routed` left True). EngineError otherwise."""
     if forward_positions is None:
@@ -115,7 +116,7 @@ class Slot:
     result: Any = None  # the call's result, or the exception it raised
     done: threading.Event = field(default_factory=threading.Event)
     shared: int = 1  # the most rows one of its forwards decoded
-    positions: int = 0  # its canvas, prompt and answer: what short first compares
+    positions: int = 0  # its prompt and canvas: what short first compares (and the budget counts for a family's own calls)
     skipped: int = 0  # rounds in a row short first or the budget left it out
     forwards: int = 0  # the forwards it has had: what the position budget takes the fewest of first
 
@@ -242,7 +243,7 @@ class Scheduler:
                 self._forward_seconds = time.monotonic() - start
             with self._cond:
                 self._taken = []
-                for s in self.running:  # a row a round left out asks again from now (`_shortest`)
+                for s in self.running:  # a row a round left out asks again from now (`_shortest`, `_within_budget`)
                     if s.call is not None and s.skipped:
                         s.asked = time.monotonic()
 
