@@ -45,7 +45,10 @@ def dense_sets(a: TokenAutomaton, tokens: np.ndarray, open_: np.ndarray) -> tupl
     forward = np.zeros((length + 1, a.states), dtype=bool)
     backward = np.zeros((length + 1, a.states), dtype=bool)
     forward[0, a.initial] = True
-    succ = a.succ.astype(np.float32)
+    succ = np.zeros((a.states, a.states), dtype=np.float32)  # s' reachable from s on some token
+    for c in range(a.classes):
+        moves = a.table[c] >= 0
+        succ[np.nonzero(moves)[0], a.table[c][moves]] = 1
     for i in range(length):
         forward[i + 1] = forward[i].astype(np.float32) @ succ > 0 if open_[i] else a.step(forward[i], int(tokens[i]))
     backward[length] = a.accepting

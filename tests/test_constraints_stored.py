@@ -61,7 +61,7 @@ def builds(monkeypatch) -> list[str]:
 
 
 def same(a, b) -> bool:
-    return a.initial == b.initial and all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("class_of", "table", "accepting", "succ"))
+    return a.initial == b.initial and all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("class_of", "table", "accepting"))
 
 
 def test_an_automaton_built_once_is_read_by_the_next_process_with_no_build(cache, monkeypatch):
@@ -103,7 +103,7 @@ def rewrite(path, arrays: dict[str, np.ndarray]) -> None:
     save_file(arrays, path, metadata={**metadata, "sha256": stored.content_digest(arrays)})
 
 
-@pytest.mark.parametrize("damage", ["wrong shape", "state out of range"])
+@pytest.mark.parametrize("damage", ["wrong shape", "state out of range", "an array of the old format (succ)"])
 def test_arrays_that_are_no_automaton_of_this_vocabulary_are_removed_and_built_again(cache, monkeypatch, damage):
     from safetensors.numpy import load_file
 
@@ -112,6 +112,8 @@ def test_arrays_that_are_no_automaton_of_this_vocabulary_are_removed_and_built_a
     arrays = load_file(path)
     if damage == "wrong shape":
         rewrite(path, {**arrays, "class_of": arrays["class_of"][:-1]})
+    elif damage.startswith("an array"):  # what the store no longer keeps: derived on reading
+        rewrite(path, {**arrays, "succ": np.ones((built.states, built.states), dtype=bool)})
     else:
         table = arrays["table"].copy()
         table[0, 0] = table.shape[1]
@@ -176,6 +178,23 @@ def test_the_folder_stays_within_its_bound_the_least_recently_used_going_first(c
     assert not list(cache.glob("*.part"))
 
 
+def test_a_file_holds_the_automatons_own_arrays_and_a_write_under_the_bound_reads_no_other_file(cache, monkeypatch):
+    """`succ` (states x states) is derived from the table, not kept: it was twenty times the table
+    at 2,000 states, and every new constraint's write digested it and read every kept file's header."""
+    from safetensors.numpy import load_file
+
+    vocabulary = fresh_vocabulary()
+    built = vocabulary.automaton(PAIR)
+    (path,) = [p for p in cache.glob("*.safetensors") if "class_of" in load_file(p)]
+    assert sorted(load_file(path)) == sorted(stored.ARRAYS)
+    kept = stored.load(vocabulary.digest, PAIR, built.class_of.shape[0])
+    assert same(kept, built) and kept.shortest() == built.shortest() == 8
+    headers = []
+    monkeypatch.setattr(stored, "_own_header", lambda descriptor, name: headers.append(name))
+    vocabulary.automaton("[a-c]{2}")  # a write, far under the bound
+    assert headers == []
+
+
 def test_the_default_folder_follows_xdg_and_home(monkeypatch, tmp_path):
     monkeypatch.delenv(stored.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -232,13 +251,13 @@ def contents(path: Path) -> tuple[dict[str, str], dict[str, bytes]]:
 
 def allow_all(vocab_size: int) -> TokenAutomaton:
     """One state, accepting, every token leading back to it: an automaton that allows any answer."""
-    return TokenAutomaton(np.zeros(vocab_size, dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, np.ones(1, dtype=bool), np.ones((1, 1), dtype=bool))
+    return TokenAutomaton(np.zeros(vocab_size, dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, np.ones(1, dtype=bool))
 
 
 def allow_all_arrays(vocab_size: int) -> dict[str, np.ndarray]:
     """allow_all as a file holds it."""
     planted = allow_all(vocab_size)
-    return {"class_of": planted.class_of, "table": planted.table, "initial": np.array([0]), "accepting": planted.accepting, "succ": planted.succ}
+    return {"class_of": planted.class_of, "table": planted.table, "initial": np.array([0]), "accepting": planted.accepting}
 
 
 def engine_vocabulary() -> vocabulary.TokenVocabulary:

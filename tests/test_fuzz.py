@@ -394,7 +394,7 @@ def drawn_automaton(rng: random.Random, vocab_size: int) -> Any:
     numbers = np.random.default_rng(rng.randrange(2**32))
     return TokenAutomaton(
         numbers.integers(-1, classes, vocab_size, dtype=np.int64), numbers.integers(-1, states, (classes, states), dtype=np.int64),
-        rng.randrange(states), numbers.random(states) < 0.5, numbers.random((states, states)) < 0.5,
+        rng.randrange(states), numbers.random(states) < 0.5,
     )
 
 
@@ -439,7 +439,7 @@ def test_a_tampered_or_planted_automata_store_never_changes_an_answer_nor_loses_
         path.write_bytes(kept_for(engine, OTHERS, root, monkeypatch).read_bytes())
     elif damage.startswith("a drawn automaton"):
         drawn = drawn_automaton(rng, size)
-        arrays = {"class_of": drawn.class_of, "table": drawn.table, "initial": np.array([drawn.initial]), "accepting": drawn.accepting, "succ": drawn.succ}
+        arrays = {"class_of": drawn.class_of, "table": drawn.table, "initial": np.array([drawn.initial]), "accepting": drawn.accepting}
         save_file(arrays, path, metadata=written[0] if damage.endswith("header") else None)
     else:  # a drawn automaton kept by the store itself (its key, its digest), then the folder made foreign
         stored.save(engine_vocabulary().digest, LETTERS, drawn_automaton(rng, size))

@@ -26,14 +26,15 @@ NO_STATE = -1
 @dataclass(frozen=True)
 class TokenAutomaton:
     """`class_of` `[V]`: each token id's class (-1: never allowed); `table` `[C, S]`: the next
-    state on a class (-1: none); `accepting` `[S]`; `succ` `[S, S]`: s' reachable from s on some
-    token (an open position's step)."""
+    state on a class (-1: none); `accepting` `[S]`. What it derives (the step relation's edges,
+    the open tail's sets) is derived where it is used, never sent or kept: the relation as a
+    matrix was S^2 bytes (4 MB at 2,000 states, twenty times the table), which a build's child
+    sent and the store wrote, digested and read back for every new constraint."""
 
     class_of: np.ndarray
     table: np.ndarray
     initial: int
     accepting: np.ndarray
-    succ: np.ndarray
 
     @classmethod
     def from_transitions(cls, transitions: dict[int, dict[int, int]], initial: int, accepting: set[int], vocab_size: int) -> "TokenAutomaton":
@@ -58,12 +59,9 @@ class TokenAutomaton:
             if token < vocab_size:
                 class_of[token] = c
         table = np.stack(rows) if rows else np.full((0, states), NO_STATE, dtype=np.int64)
-        succ = np.zeros((states, states), dtype=bool)
-        src, dst = np.nonzero(table >= 0)[1], table[table >= 0]
-        succ[src, dst] = True
         acc = np.zeros(states, dtype=bool)
         acc[list(accepting)] = True
-        return cls(class_of, table, initial, acc, succ)
+        return cls(class_of, table, initial, acc)
 
     @classmethod
     def everything(cls, vocab_size: int) -> "TokenAutomaton":
@@ -76,9 +74,9 @@ class TokenAutomaton:
         object.__setattr__(self, "_tail_lock", threading.Lock())
 
     def __getstate__(self) -> dict[str, object]:
-        """Its arrays only: what it derives on use (`_edges`, the open tail's sets) is derived
-        again wherever it is sent (a worker rank, from a build's child)."""
-        return {name: self.__dict__[name] for name in ("class_of", "table", "initial", "accepting", "succ")}
+        """Its arrays only: what it derives on use (`_edges`, the open tail's sets) is
+        derived again wherever it is sent (a worker rank, from a build's child)."""
+        return {name: self.__dict__[name] for name in ("class_of", "table", "initial", "accepting")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -100,7 +98,7 @@ class TokenAutomaton:
         for length in range(self.states + 1):
             if (frontier & self.accepting).any():
                 return length
-            frontier = self.succ[frontier].any(axis=0) & ~seen
+            frontier = self.step_open(frontier) & ~seen
             if not frontier.any():
                 return None
             seen |= frontier
@@ -125,9 +123,13 @@ class TokenAutomaton:
 
     @cached_property
     def _edges(self) -> tuple[np.ndarray, np.ndarray]:
-        """`succ` as its edges (source, destination): an open position's step in O(edges), not the
-        O(S^2) of a matrix product (a JSON object's 1,112 states over a 99-token vocabulary have 2,700)."""
-        return np.nonzero(self.succ)
+        """The pairs (source, destination) with some token leading from one to the other, sorted
+        and each once, read off the table: an open position's step in O(edges), not the O(S^2) of
+        a matrix product (a JSON object's 1,112 states over a 99-token vocabulary have 2,700)."""
+        moves = self.table >= 0
+        sources = np.broadcast_to(np.arange(self.states), self.table.shape)[moves]
+        pairs = np.unique(sources * self.states + self.table[moves])
+        return pairs // self.states, pairs % self.states
 
     def step_open(self, states: np.ndarray) -> np.ndarray:
         """The states after an open position (any token) from the set `states`."""

@@ -35,6 +35,7 @@ import secrets
 import stat
 import struct
 import time
+from functools import lru_cache
 from importlib.metadata import version
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -47,12 +48,13 @@ from .limits import MAX_REGEX_CHARS, MAX_REPEAT, MAX_STATES, MAX_TABLE_ENTRIES
 
 CACHE_ENV = "DINFER_VIZ_CACHE"
 OFF = "off"
-FORMAT = 2  # raise when what a file holds changes meaning (2: the key and the digest recorded)
+FORMAT = 3  # raise when what a file holds changes meaning (2: the key and the digest recorded; 3: no step matrix `succ`, derived from the table)
 MAX_BYTES = 512 << 20  # the folder's bound: dozens of JSON-schema automata over a 32k-token vocabulary
 SUFFIX = ".safetensors"
 NAME = re.compile(r"[0-9a-f]{64}\.safetensors")  # the only names the store writes (or removes)
 MARKER = ".dinfer-viz-automata"  # written by the store into a folder it creates: the folder is its own
 WRITER = "dinfer-viz automata store"  # in each file's header: a file the store wrote
+ARRAYS = ("class_of", "table", "initial", "accepting")  # what a file holds: a TokenAutomaton's own arrays
 HEADER_BYTES = 1 << 20  # the most read to tell whose a file is: its key holds a regex (a schema's compiled one may pass MAX_REGEX_CHARS)
 T = TypeVar("T")
 
@@ -84,7 +86,13 @@ def vocabulary_digest(tokens: dict[int, bytes], stop_ids: list[int], after: tupl
 def key(vocabulary: str, regex: str) -> str:
     """Everything the automaton of `regex` over the vocabulary of digest `vocabulary` depends on."""
     bounds = [MAX_REGEX_CHARS, MAX_REPEAT, MAX_STATES, MAX_TABLE_ENTRIES]
-    return json.dumps([FORMAT, version("outlines_core"), bounds, vocabulary, regex])
+    return json.dumps([FORMAT, _builder_version(), bounds, vocabulary, regex])
+
+
+@lru_cache(maxsize=1)
+def _builder_version() -> str:
+    """outlines-core's version (read once: importlib parses its metadata file at every call)."""
+    return version("outlines_core")
 
 
 def file_name(vocabulary: str, regex: str) -> str:
@@ -113,7 +121,9 @@ def load(vocabulary: str, regex: str, vocab_size: int) -> TokenAutomaton | None:
     None when it is not kept (or its file fails the checks, which removes it)."""
 
     def automaton(arrays: dict[str, np.ndarray]) -> TokenAutomaton:
-        kept = TokenAutomaton(arrays["class_of"], arrays["table"], int(arrays["initial"][0]), arrays["accepting"], arrays["succ"])
+        if sorted(arrays) != sorted(ARRAYS):
+            raise ValueError("not the arrays of an automaton")
+        kept = TokenAutomaton(arrays["class_of"], arrays["table"], int(arrays["initial"][0]), arrays["accepting"])
         _check(kept, vocab_size)
         return kept
 
@@ -124,7 +134,7 @@ def save(vocabulary: str, regex: str, automaton: TokenAutomaton) -> None:
     """Keep `automaton` for the next process that asks for `regex` over this vocabulary; a folder
     that cannot take it is left as it is."""
     arrays = {"class_of": automaton.class_of, "table": automaton.table, "initial": np.array([automaton.initial], dtype=np.int64),
-              "accepting": automaton.accepting, "succ": automaton.succ}
+              "accepting": automaton.accepting}
     _write(vocabulary, regex, arrays)
 
 
@@ -387,7 +397,6 @@ def _check(automaton: TokenAutomaton, vocab_size: int) -> None:
         automaton.class_of.shape == (vocab_size,) and automaton.class_of.dtype == np.int64
         and automaton.table.dtype == np.int64 and 0 < states <= MAX_STATES and classes * states <= MAX_TABLE_ENTRIES
         and automaton.accepting.shape == (states,) and automaton.accepting.dtype == np.bool_
-        and automaton.succ.shape == (states, states) and automaton.succ.dtype == np.bool_
         and 0 <= automaton.initial < states
         and int(automaton.class_of.min(initial=-1)) >= -1 and int(automaton.class_of.max(initial=-1)) < classes
         and int(automaton.table.min(initial=-1)) >= -1 and int(automaton.table.max(initial=-1)) < states
@@ -398,16 +407,17 @@ def _check(automaton: TokenAutomaton, vocab_size: int) -> None:
 
 def _bound(descriptor: int) -> None:
     """Remove the store's least recently used files until they hold at most MAX_BYTES; no other
-    file in the folder is counted or touched."""
-    files = []
+    file in the folder is counted or touched. Each write asks, so the files of its names are sized
+    first (one stat each) and only read when those exceed the bound: the store's own are among them."""
+    named = []
     for name in os.listdir(descriptor):
-        if _own_header(descriptor, name) is None:
-            continue
-        try:
-            info = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
-        except OSError:  # removed by another process meanwhile
-            continue
-        files.append((info.st_mtime, info.st_size, name))
+        if NAME.fullmatch(name):
+            with contextlib.suppress(OSError):  # removed by another process meanwhile
+                info = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
+                named.append((info.st_mtime, info.st_size, name))
+    if sum(size for _, size, _ in named) <= MAX_BYTES:
+        return
+    files = [entry for entry in named if _own_header(descriptor, entry[2]) is not None]
     total = sum(size for _, size, _ in files)
     for _, size, name in sorted(files):
         if total <= MAX_BYTES:
