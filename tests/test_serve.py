@@ -513,6 +513,31 @@ def test_the_serve_command_refuses_bad_flags_and_a_busy_port_in_one_line(capsys)
             assert fragment in err and err.count("\n") == 1, err
 
 
+def test_the_serve_commands_connections_send_without_waiting_for_acks():
+    """`engine serve`'s listening socket is named TCP, so asyncio (uvicorn's loop) sets TCP_NODELAY
+    on each connection it accepts: without it a kept-alive client's every answer waited for the
+    client's delayed ACK between its two writes (40 ms a request, GET /models too)."""
+    import asyncio
+
+    from engine.serving.command import listen
+
+    nodelay = []
+
+    async def exchange() -> None:
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nodelay.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=listen("127.0.0.1", 0))
+        async with server:
+            reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            await reader.read()  # closed once accepted
+            writer.close()
+
+    asyncio.run(exchange())
+    assert nodelay and nodelay[0] != 0
+
+
 def test_a_uniform_state_stream_sends_a_canvas_only_once_it_wrote_its_output(tiny_gemma_folder):
     """A uniform-state run accepts proposals that later steps replace: nothing of a canvas may be
     sent before its output record, and what is sent is a prefix of the final text (a real run of
