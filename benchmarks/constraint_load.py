@@ -5,6 +5,7 @@
     python -m benchmarks.constraint_load --batching short-first    # short rows' forwards first
     python -m benchmarks.constraint_load --parts                   # each half of the load alone too
     python -m benchmarks.constraint_load --forward-positions 0     # no position budget (a CPU server's default: 256)
+    python -m benchmarks.constraint_load --keep-alive              # the plain requests on one kept connection
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
 or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
@@ -36,18 +37,20 @@ SLOW = r"(a|b)*a(a|b){9}"
 BUILDS = 8
 
 
-def seconds(url: str, body: dict) -> float:
-    """One request's latency, from its send to its whole answer (a 200)."""
+def seconds(url: str, body: dict, client: httpx.Client | None = None) -> float:
+    """One request's latency, from its send to its whole answer (a 200): on `client`'s kept
+    connection, else on a client of its own (a new connection; making the client, about 20 ms of
+    this machine's CPU, counted in the latency)."""
     start = time.perf_counter()
-    reply = httpx.post(url + "/completions", json=body, timeout=900)
+    reply = (client or httpx).post(url + "/completions", json=body, timeout=900)
     reply.raise_for_status()
     return time.perf_counter() - start
 
 
-def under_load(url: str, loop_body: dict, builds: int, repeats: int) -> tuple[float, list[float], int]:
-    """The median plain latency while one client sends `loop_body` back to back and `builds`
-    clients each send a regex slow to build; with the loop's latencies and the builds still in
-    flight after the plain requests."""
+def under_load(url: str, loop_body: dict, builds: int, repeats: int, plain: httpx.Client | None = None) -> tuple[float, list[float], int]:
+    """The median plain latency (on `plain`'s connection, if given) while one client sends
+    `loop_body` back to back and `builds` clients each send a regex slow to build; with the loop's
+    latencies and the builds still in flight after the plain requests."""
     stop, looped, built = threading.Event(), [], []
 
     def loop_client() -> None:
@@ -64,7 +67,7 @@ def under_load(url: str, loop_body: dict, builds: int, repeats: int) -> tuple[fl
     for c in clients:
         c.start()
     time.sleep(1.0)  # the loop's first request runs and the builds' requests are being checked
-    loaded = statistics.median(seconds(url, PLAIN) for _ in range(repeats))
+    loaded = statistics.median(seconds(url, PLAIN, plain) for _ in range(repeats))
     in_flight = builds - len(built)
     stop.set()
     for c in clients:
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batching", default="continuous", help="the server's --batching")
     ap.add_argument("--forward-positions", type=int, help="the server's --forward-positions (a round's position budget; 0: none)")
     ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
+    ap.add_argument("--keep-alive", action="store_true", help="the plain requests on one kept connection (as the openai client sends them), not a new client each")
     args = ap.parse_args(argv)
     plain_loop = {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}
     # the control first: the same load without constraints (a plain request beside a longer one)
@@ -88,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     loads.append(("a json_object max_tokens-256 loop + 8 builds", JSON_OBJECT, BUILDS))
     rows = []
     budget = ("--forward-positions", str(args.forward_positions)) if args.forward_positions is not None else ()
-    with server(8, 1, "cpu", "--batching", args.batching, *budget) as (url, _):
+    with server(8, 1, "cpu", "--batching", args.batching, *budget) as (url, _), httpx.Client() as kept:
+        plain = kept if args.keep_alive else None
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
-        solo = statistics.median(seconds(url, PLAIN) for _ in range(args.repeats))
+        solo = statistics.median(seconds(url, PLAIN, plain) for _ in range(args.repeats))
         for name, body, builds in loads:
-            loaded, looped, in_flight = under_load(url, body, builds, args.repeats)
+            loaded, looped, in_flight = under_load(url, body, builds, args.repeats, plain)
             rows.append([args.label, name, f"{1000 * solo:.0f}", f"{1000 * loaded:.0f}", f"{loaded / solo:.2f}x",
                          f"{len(looped)} ({1000 * statistics.median(looped):.0f})" if looped else "0", f"{in_flight} of {builds}" if builds else "-"])
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
