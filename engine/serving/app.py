@@ -219,7 +219,8 @@ class Server:
                 body, point = self.front.assign(body)
             # off the event loop (a constraint's build takes seconds to minutes); one that builds on the
             # builds' own threads, in its client's turn (fair.py), holding no quick check's thread
-            if await asyncio.to_thread(self._builds, constraint_of(body)):  # the vocabulary's first use reads the tokenizer
+            spec = constraint_of(body)
+            if spec is not None and await asyncio.to_thread(self._builds, spec):  # the vocabulary's first use reads the tokenizer
                 client = request.client.host if request.client is not None else ""
                 parsed, encoded = await self.builds.run(client, self._checked, body, chat)
             else:
@@ -247,11 +248,11 @@ class Server:
         body = await reply.whole()
         return JSONResponse(body, headers=headers)
 
-    def _builds(self, spec: ConstraintSpec | None) -> bool:
+    def _builds(self, spec: ConstraintSpec) -> bool:
         """Whether checking a request of constraint `spec` may build its automaton (neither in this
         process's memory nor in the store yet; a schema outlines-core refuses is refused at once)."""
         with contextlib.suppress(EngineError):
-            return spec is not None and not self.engine.vocabulary.kept(spec.regex())
+            return not self.engine.vocabulary.kept(spec.regex())
         return False
 
     def _checked(self, body: Any, chat: bool) -> tuple[ParsedRequest, list[list[int]]]:
