@@ -6,6 +6,7 @@
     python -m benchmarks.constraint_load --parts                   # each half of the load alone too
     python -m benchmarks.constraint_load --forward-positions 0     # no position budget (a CPU server's default: 256)
     python -m benchmarks.constraint_load --keep-alive              # the plain requests on one kept connection
+    python -m benchmarks.constraint_load --prebuilt                # the regex requests' automata built first: their rows, no builds
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
 or built: set DINFER_VIZ_CACHE to a folder that keeps it), then `--repeats` plain requests one
@@ -47,23 +48,34 @@ def seconds(url: str, body: dict, client: httpx.Client | None = None) -> float:
     return time.perf_counter() - start
 
 
-def under_load(url: str, loop_body: dict, builds: int, repeats: int, plain: httpx.Client | None = None) -> tuple[float, list[float], int]:
+def regex_request() -> dict:
+    """A plain request constrained by SLOW behind a literal of its own: an automaton no one built."""
+    return {**PLAIN, "regex": f"n{secrets.token_hex(4)}:{SLOW}"}
+
+
+def under_load(url: str, loop_body: dict, builds: int, repeats: int, plain: httpx.Client | None = None,
+               prebuilt: bool = False) -> tuple[float, list[float], int]:
     """The median plain latency (on `plain`'s connection, if given) while one client sends
-    `loop_body` back to back and `builds` clients each send a regex slow to build; with the loop's
-    latencies and the builds still in flight after the plain requests."""
+    `loop_body` back to back and `builds` clients each send a regex request (`regex_request`);
+    `prebuilt`: each regex's automaton built by a request of its own first (the same rows, no
+    builds). With the loop's latencies and the regex requests still in flight after the plain ones."""
+    regex_bodies = [regex_request() for _ in range(builds)]
+    if prebuilt:
+        for body in regex_bodies:
+            seconds(url, body)
     stop, looped, built = threading.Event(), [], []
 
     def loop_client() -> None:
         while not stop.is_set():
             looped.append(seconds(url, loop_body))
 
-    def build_client() -> None:
+    def build_client(body: dict) -> None:
         try:
-            httpx.post(url + "/completions", json={**PLAIN, "regex": f"n{secrets.token_hex(4)}:{SLOW}"}, timeout=900)
+            httpx.post(url + "/completions", json=body, timeout=900)
         finally:
             built.append(1)
 
-    clients = [threading.Thread(target=loop_client, daemon=True)] + [threading.Thread(target=build_client, daemon=True) for _ in range(builds)]
+    clients = [threading.Thread(target=loop_client, daemon=True)] + [threading.Thread(target=build_client, args=(b,), daemon=True) for b in regex_bodies]
     for c in clients:
         c.start()
     time.sleep(1.0)  # the loop's first request runs and the builds' requests are being checked
@@ -82,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batching", default="continuous", help="the server's --batching")
     ap.add_argument("--forward-positions", type=int, help="the server's --forward-positions (a round's position budget; 0: none)")
     ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
+    ap.add_argument("--prebuilt", action="store_true", help="each regex request's automaton built before its load (the same rows, no builds)")
     ap.add_argument("--keep-alive", action="store_true", help="the plain requests on one kept connection (as the openai client sends them), not a new client each")
     args = ap.parse_args(argv)
     plain_loop = {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
         solo = statistics.median(seconds(url, PLAIN, plain) for _ in range(args.repeats))
         for name, body, builds in loads:
-            loaded, looped, in_flight = under_load(url, body, builds, args.repeats, plain)
+            loaded, looped, in_flight = under_load(url, body, builds, args.repeats, plain, args.prebuilt)
             rows.append([args.label, name, f"{1000 * solo:.0f}", f"{1000 * loaded:.0f}", f"{loaded / solo:.2f}x",
                          f"{len(looped)} ({1000 * statistics.median(looped):.0f})" if looped else "0", f"{in_flight} of {builds}" if builds else "-"])
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
