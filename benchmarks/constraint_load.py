@@ -5,6 +5,7 @@
     python -m benchmarks.constraint_load --batching short-first    # short rows' forwards first
     python -m benchmarks.constraint_load --parts                   # each half of the load alone too
     python -m benchmarks.constraint_load --forward-positions 0     # no position budget (a CPU server's default: 256)
+    python -m benchmarks.constraint_load --forward-lanes 1         # one round at a time (a 2-core CPU server's default: 2)
     python -m benchmarks.constraint_load --keep-alive              # the plain requests on one kept connection
     python -m benchmarks.constraint_load --prebuilt                # the regex requests' automata built first: their rows, no builds
 
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="this checkout", help="the rows' name")
     ap.add_argument("--batching", default="continuous", help="the server's --batching")
     ap.add_argument("--forward-positions", type=int, help="the server's --forward-positions (a round's position budget; 0: none)")
+    ap.add_argument("--forward-lanes", type=int, help="the server's --forward-lanes (rounds run at once; a CPU server's default: 2 on 2 cores)")
     ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
     ap.add_argument("--prebuilt", action="store_true", help="each regex request's automaton built before its load (the same rows, no builds)")
     ap.add_argument("--keep-alive", action="store_true", help="the plain requests on one kept connection (as the openai client sends them), not a new client each")
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     loads.append(("a json_object max_tokens-256 loop + 8 builds", JSON_OBJECT, BUILDS))
     rows = []
     budget = ("--forward-positions", str(args.forward_positions)) if args.forward_positions is not None else ()
+    budget += ("--forward-lanes", str(args.forward_lanes)) if args.forward_lanes is not None else ()
     with server(8, 1, "cpu", "--batching", args.batching, *budget) as (url, _), httpx.Client() as kept:
         plain = kept if args.keep_alive else None
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory

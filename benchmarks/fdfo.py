@@ -18,6 +18,8 @@ answer is checked against the engine's solo answer in this process.
 `--forward-positions N`: a third server beside the two, continuous batching with rounds of at most
 N positions computed, the rows with the fewest forwards first (`serve --forward-positions`;
 0: every row asking, as continuous batching ran before it budgeted a CPU server's rounds).
+`--forward-lanes N` likewise: one with N rounds run at once (`serve --forward-lanes`; 1: one at a
+time, as before a CPU server ran one lane per core its `--threads` leave).
 
 `--kind uniform|speculative` (issue 58 item 2): requests of a kind that ran alone before, all of
 one shape (tiny-gemma's uniform-state runs, two canvases of 16 each request with its own seed; or
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", action="store_true", help="measure the prefix cache across requests instead (module docstring)")
     parser.add_argument("--kind", choices=tuple(ALONE_KINDS), help="measure requests of a kind that ran alone before instead (module docstring)")
     parser.add_argument("--forward-positions", type=int, help="also a continuous server with this --forward-positions (module docstring)")
+    parser.add_argument("--forward-lanes", type=int, help="also a continuous server with this --forward-lanes (module docstring)")
     args = parser.parse_args(argv)
     if min(args.clients, args.requests, args.repeats, args.max_batch, args.threads) < 1:
         parser.error("--clients, --requests, --repeats, --max-batch and --threads must be >= 1")
@@ -219,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prefix and --kind measure different things: give one")
     if args.forward_positions is not None and (args.prefix or args.kind or args.forward_positions < 0):
         parser.error("--forward-positions: at least 0, and only with the mixed workload (neither --prefix nor --kind)")
+    if args.forward_lanes is not None and (args.prefix or args.kind or args.forward_lanes < 1):
+        parser.error("--forward-lanes: at least 1, and only with the mixed workload (neither --prefix nor --kind)")
     torch.set_num_threads(args.threads)
     pending = ("--max-pending", str(max(64, args.clients)))
     machine = one_line(describe(args.device))
@@ -246,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         servers = {batching: ("--batching", batching, *pending) for batching in ("continuous", "lockstep")}
         if args.forward_positions is not None:
             servers[f"continuous, --forward-positions {args.forward_positions}"] = ("--forward-positions", str(args.forward_positions), *pending)
+        if args.forward_lanes is not None:
+            servers[f"continuous, --forward-lanes {args.forward_lanes}"] = ("--forward-lanes", str(args.forward_lanes), *pending)
         warmup = bodies[: args.clients]  # the first forwards of each shape
         lengths = len({len(engine.encode(b["prompt"], False)) for b in bodies})
         print(f"embedded model, {len(bodies)} requests a round ({sum(b['gen_length'] == LONG['gen_length'] for b in bodies)} long: "

@@ -221,6 +221,12 @@ class Engine:
         self.close()
 
     @property
+    def static_shapes(self) -> bool:
+        """Whether its forwards run through compiled or captured static-shape forwards (`compile`,
+        `cuda_graphs`), which keep buffers of their own across calls."""
+        return self._forward_model is not self.model
+
+    @property
     def name(self) -> str:
         return Path(self.path).name or self.path
 

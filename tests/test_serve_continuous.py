@@ -148,7 +148,7 @@ def test_the_scheduler_holds_a_thread_only_while_rows_run_and_its_rows_still_sha
     engine = Engine(DEFAULT_MODEL)
     batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8)
     scheduler = batcher.scheduler
-    assert scheduler.thread is None
+    assert scheduler.threads == []
     config = GenerationConfig(**BASE, threshold=0.9)
     threads = []
     for round_prompts in (prompts(3), prompts(4, seed=1)):
@@ -157,12 +157,13 @@ def test_the_scheduler_holds_a_thread_only_while_rows_run_and_its_rows_still_sha
             for prompt, sink in zip(round_prompts, sinks):
                 batcher.submit(BatchRequest(prompt, config, threading.Event(), sink, None))
             until(lambda: batcher.running == len(sinks) and scheduler.rows_at_forward == len(sinks))
-            threads.append(scheduler.thread)
-            assert threads[-1] is not None and threads[-1].is_alive()
+            (thread,) = scheduler.threads  # one lane
+            threads.append(thread)
+            assert thread.is_alive()
         for sink in sinks:
             sink.done.wait()
         until(lambda: batcher.running == 0 and not threads[-1].is_alive())
-        assert scheduler.thread is None
+        assert scheduler.threads == []
         for prompt, sink in zip(round_prompts, sinks):
             assert sink.error is None and sink.result.text == engine.generate(prompt, config).text
         assert min(sink.batch for sink in sinks) == len(sinks)  # the held forward took them all

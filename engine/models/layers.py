@@ -20,6 +20,7 @@ every family runs its attention through `cached_attention`, so the ordering live
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,9 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
 
+_TABLES_GROWING = threading.Lock()  # RotaryEmbedding.table: one growth at a time, in any model
+
+
 class RotaryEmbedding(nn.Module):
     """NeoX rotate-half RoPE, tables in fp32, applied in fp32.
 
@@ -73,17 +77,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("_sin", torch.empty(0), persistent=False)
 
     def table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cos/sin tables, grown to cover positions `[0, length)` on `device` if they do not."""
-        if self._cos.shape[0] < length or self._cos.device != device:
-            size = max(length, 2 * self._cos.shape[0], 256)
-            inv_freq = 1.0 / (
-                self.theta
-                ** (torch.arange(0, self.rotary_dim, 2, device=device, dtype=torch.float32) / self.rotary_dim)
-            )
-            freqs = torch.outer(torch.arange(size, device=device, dtype=torch.float32), inv_freq)
-            emb = torch.cat([freqs, freqs], dim=-1)
-            self._cos, self._sin = emb.cos(), emb.sin()
-        return self._cos, self._sin
+        """The cos/sin tables, grown to cover positions `[0, length)` on `device` if they do not.
+        Forwards may run on several threads at once (a CPU server's lanes): the pair is read once
+        and checked whole, and grown under a lock, so no forward reads a pair half replaced or a
+        table shrunk by another's growth."""
+        cos, sin = self._cos, self._sin
+        if cos.shape[0] < length or sin.shape[0] < length or not cos.device == sin.device == device:
+            with _TABLES_GROWING:
+                if self._cos.shape[0] < length or self._cos.device != device:
+                    size = max(length, 2 * self._cos.shape[0], 256)
+                    inv_freq = 1.0 / (
+                        self.theta
+                        ** (torch.arange(0, self.rotary_dim, 2, device=device, dtype=torch.float32) / self.rotary_dim)
+                    )
+                    freqs = torch.outer(torch.arange(size, device=device, dtype=torch.float32), inv_freq)
+                    emb = torch.cat([freqs, freqs], dim=-1)
+                    self._cos, self._sin = emb.cos(), emb.sin()
+                cos, sin = self._cos, self._sin
+        return cos, sin
 
     def forward(self, x: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
         """Rotate `x` `[B, H, T, D]` as if its tokens sit at positions `[start, start + T)`, or at

@@ -125,16 +125,16 @@ class Row:
 
 class Server:
     """One engine, its batcher, its trace store and the bounds of a request. `batching`: one of
-    BATCHING (`batcher_for`), with `forward_positions` its rounds' budget. `prefix_cache_bytes`:
+    BATCHING (`batcher_for`), with `forward_positions` and `forward_lanes` its rounds' budget and lanes. `prefix_cache_bytes`:
     the bound of the prompt blocks' K/V a block-causal model in this process shares across
     requests (0: none; docs/serving.md §3)."""
 
     def __init__(
         self, engine: Engine, limits: RequestLimits, max_batch: int, max_pending: int, traces: TraceStore, batching: str = BATCHING[0],
-        prefix_cache_bytes: int = PREFIX_CACHE_BYTES, front: FrontFollower | None = None, forward_positions: int | None = None,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES, front: FrontFollower | None = None, forward_positions: int | None = None, forward_lanes: int = 1,
     ) -> None:
         self.engine, self.limits, self.traces, self.max_pending, self.front = engine, limits, traces, max_pending, front
-        self.batcher: Batcher | ContinuousBatcher = batcher_for(batching, engine, max_batch, lambda rows: self.metrics.forward(rows), forward_positions)
+        self.batcher: Batcher | ContinuousBatcher = batcher_for(batching, engine, max_batch, lambda rows: self.metrics.forward(rows), forward_positions, forward_lanes)
         self.metrics = ServerMetrics(lambda: self.batcher.waiting, lambda: self.batcher.running, len(front.front.settings) if front else 0)
         if engine.model.block_causal and prefix_cache_bytes > 0 and shares_forwards(engine):  # the weights are here
             engine.model.prefix_store = PrefixStore(prefix_cache_bytes, on_hit=self.metrics.prefix_hit)
@@ -437,15 +437,15 @@ def create_app(
     batching: str = BATCHING[0],
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     front: FrontFollower | None = None,
-    forward_positions: int | None = None,
+    forward_positions: int | None = None, forward_lanes: int = 1,
 ) -> FastAPI:
     """The FastAPI app serving `engine` (module docstring). `on_shutdown`: called when the server
     stops (uvicorn re-raises a SIGTERM once it has shut down, so code after its run never runs);
-    `batching`, `forward_positions`, `prefix_cache_bytes` (`Server`); `front`: the tuned
+    `batching`, `forward_positions`, `forward_lanes`, `prefix_cache_bytes` (`Server`); `front`: the tuned
     front its requests follow under load (engine/serving/front.py)."""
     # `is None`, not `or`: an empty store is falsy (its __len__), and it is the caller's bounds
     server = Server(engine, limits, max_batch, max_pending, TraceStore() if traces is None else traces, batching, prefix_cache_bytes, front,
-                    forward_positions)
+                    forward_positions, forward_lanes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
-from .scheduler import BATCHING, CPU_FORWARD_POSITIONS, check_budget, served_budget
+from .scheduler import BATCHING, CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, check_rounds, served_budget, served_lanes
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
 from .traces import TraceStore
 
@@ -44,6 +44,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--forward-positions", type=int, default=None,
                        help="continuous and short-first: a forward's budget of positions computed, the rows with the fewest forwards first, a row over it alone "
                        f"(default: {CPU_FORWARD_POSITIONS} on a CPU, none on a GPU; 0: none, every row asking joins)")
+    serve.add_argument("--forward-lanes", type=int, default=None,
+                       help="continuous and short-first: rounds of forwards run at once, each on a thread of its own "
+                       f"(default: on a CPU one per --threads of the machine's cores, at most {CPU_FORWARD_LANES}; on a GPU 1)")
     serve.add_argument("--prefix-cache-mb", type=int, default=256,
                        help="a block-causal model (LLaDA2): megabytes of prompt blocks' K/V shared across requests, least recently used dropped first (0: off)")
     serve.add_argument("--max-pending", type=int, default=64, help="most rows queued or decoding at once; more are refused with 503")
@@ -185,7 +188,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if not 0 < args.header_timeout < float("inf"):
         raise EngineError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout:g}")
     check_threads(args.threads)
-    check_budget(args.batching, args.forward_positions or None)
+    check_rounds(args.batching, args.forward_positions or None, 1 if args.forward_lanes is None else args.forward_lanes)
     front = following(args)
     system = system_kwargs(args)
     listener = listen(args.host, args.port)
@@ -197,6 +200,7 @@ def serve_command(args: argparse.Namespace) -> int:
         # a parallel engine's workers end with the server, also when a signal stops it
         app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close, batching=args.batching,
                          forward_positions=served_budget(args.forward_positions, args.batching, engine),
+                         forward_lanes=served_lanes(args.forward_lanes, args.batching, engine),
                          prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
         server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)
         print(f"serving {engine.name} on http://{args.host}:{args.port}/v1", flush=True)

@@ -28,11 +28,15 @@ Short first (`short_first`, `--batching short-first`) and a position budget (`fo
 `--forward-positions`) change only which of the waiting rows a round takes: short first those
 within SHORT_SHARE of the shortest canvas asking (`_shortest`); the budget the rows with the fewest
 forwards so far while their positions fit (`_within_budget`). Either takes any row left out
-MAX_SKIPPED rounds in a row, so no row starves.
+MAX_SKIPPED rounds in a row, so no row starves. Lanes (`lanes`, `--forward-lanes`) run that many
+rounds at once, each on a thread of its own, over the rows no other lane is running: on a CPU a
+one-thread forward leaves the other cores idle, and a request that arrives while a long row's
+forward runs gets its own on another core.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 import time
@@ -60,44 +64,69 @@ MAX_SKIPPED = 3
 # `engine serve`'s position budget on a CPU, where a forward's cost grows with its positions (`served_budget`;
 # benchmarks/RESULTS.md, constraint load: a plain request under load 3.9x -> 2.2x its solo time, at lockstep's throughput)
 CPU_FORWARD_POSITIONS = 256
+# `engine serve`'s forward lanes on a CPU: rounds run at once, each on a thread of its own, at most one
+# per `--threads` of the machine's cores (`served_lanes`; measured on 2 cores, benchmarks/RESULTS.md #60)
+CPU_FORWARD_LANES = 2
 
 
 def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Callable[[int], None],
-                forward_positions: int | None = None) -> "Batcher | ContinuousBatcher":
+                forward_positions: int | None = None, lanes: int = 1) -> "Batcher | ContinuousBatcher":
     """The batcher `batching` names (BATCHING) for `engine`, on a lock of its own: continuous and
     short-first need an engine that generates in this process (`shares_forwards`); another runs the
-    lockstep batcher. `forward_positions`: the rounds' position budget (`Scheduler`), which only
-    those two take. EngineError (one line) for any other name, or a budget they cannot take."""
+    lockstep batcher. `forward_positions` and `lanes`: the rounds' position budget and how many run
+    at once (`Scheduler`), which only those two take. EngineError (one line) for any other name, or
+    rounds they cannot take."""
     if batching not in BATCHING:
         raise EngineError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
-    routed = shares_forwards(engine)
-    check_budget(batching, forward_positions, routed)
-    if batching == "lockstep" or not routed:
+    check_rounds(batching, forward_positions, lanes, engine)
+    if batching == "lockstep" or not shares_forwards(engine):
         return Batcher(threading.Lock(), lambda members: engine, max_batch, on_forward=on_forward)
     return ContinuousBatcher(threading.Lock(), lambda members: engine, max_batch, on_forward, short_first=batching == "short-first",
-                             forward_positions=forward_positions)
+                             forward_positions=forward_positions, lanes=lanes)
 
 
-def check_budget(batching: str, forward_positions: int | None, routed: bool = True) -> None:
-    """A round's position budget (None: none) is at least 1 and asked of a batcher whose rounds
-    take it: continuous or short first, on an engine whose runs are routed here (`shares_forwards`;
-    the server checks it before loading its model, with `routed` left True). EngineError otherwise."""
-    if forward_positions is None:
-        return
-    if forward_positions < 1:
+def check_rounds(batching: str, forward_positions: int | None, lanes: int = 1, engine: Engine | None = None) -> None:
+    """A round's position budget (None: none) is at least 1, lanes are at least 1, and either,
+    when asked, is asked of a batcher whose rounds take it: continuous or short first, on an engine
+    whose runs are routed here (`shares_forwards`), and lanes of an engine that runs them
+    (`runs_lanes`); the server checks before loading its model too, with no `engine`. EngineError otherwise."""
+    if forward_positions is not None and forward_positions < 1:
         raise EngineError(f"forward positions must be >= 1, got {forward_positions}")
-    if batching == "lockstep" or not routed:
-        raise EngineError("a forward positions budget needs continuous or short-first batching on an engine that generates in this process (not lockstep, --tp/--ep or torchrun)")
+    if lanes < 1:
+        raise EngineError(f"forward lanes must be >= 1, got {lanes}")
+    asked = [what for what, given in (("a forward positions budget", forward_positions is not None), ("forward lanes", lanes > 1)) if given]
+    if asked and (batching == "lockstep" or (engine is not None and not shares_forwards(engine))):
+        raise EngineError(f"{' and '.join(asked)} {'need' if len(asked) > 1 else 'needs'} continuous or short-first batching on an engine that generates in this process (not lockstep, --tp/--ep or torchrun)")
+    if lanes > 1 and engine is not None and not runs_lanes(engine):
+        raise EngineError("forward lanes need a CPU engine's own forwards (not a GPU, --compile or CUDA graphs)")
 
 
 def served_budget(flag: int | None, batching: str, engine: Engine) -> int | None:
     """`engine serve --forward-positions` as the server runs it: not given, CPU_FORWARD_POSITIONS
     for continuous or short-first batching on a CPU engine that generates here, none elsewhere (a
     GPU's forward costs about the same with more rows: splitting them would only slow the long
-    ones); 0: none; N: N (`check_budget` refuses it where no round takes it)."""
+    ones); 0: none; N: N (`check_rounds` refuses it where no round takes it)."""
     if flag is None:
         return CPU_FORWARD_POSITIONS if batching != "lockstep" and shares_forwards(engine) and engine.model.device.type == "cpu" else None
     return flag or None
+
+
+def served_lanes(flag: int | None, batching: str, engine: Engine) -> int:
+    """`engine serve --forward-lanes` as the server runs it: not given, with continuous or
+    short-first batching on an engine that runs lanes (`runs_lanes`), one lane per
+    `torch.get_num_threads()` of this machine's cores, at most CPU_FORWARD_LANES (a request that
+    arrives while a long row's forward runs starts its own on a core a one-thread forward leaves
+    idle), else 1; N: N (`check_rounds` refuses N > 1 where no round takes it)."""
+    if flag is None:
+        return max(1, min(CPU_FORWARD_LANES, (os.cpu_count() or 1) // torch.get_num_threads())) if batching != "lockstep" and runs_lanes(engine) else 1
+    return flag
+
+
+def runs_lanes(engine: Engine) -> bool:
+    """Whether `engine`'s forwards may run in several lanes at once: a CPU model that generates in
+    this process through its own forward (compiled or captured forwards keep buffers across calls;
+    a GPU runs its kernels one stream after another)."""
+    return shares_forwards(engine) and engine.model.device.type == "cpu" and not engine.static_shapes
 
 
 def shares_forwards(engine: Engine) -> bool:
@@ -135,17 +164,17 @@ class Scheduler:
     budget of a round (None: every row asking)."""
 
     def __init__(self, lock: threading.Lock, max_rows: int, on_forward: Callable[[int], None] | None = None, short_first: bool = False,
-                 forward_positions: int | None = None) -> None:
+                 forward_positions: int | None = None, lanes: int = 1) -> None:
         self.lock, self.max_rows, self.on_forward, self.short_first = lock, max_rows, on_forward, short_first
-        self.forward_positions = forward_positions
+        self.forward_positions, self.lanes = forward_positions, lanes
         self._cond = threading.Condition()  # guards the queues and every slot's `call`
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
-        self._taken: list[Slot] = []  # the rows of the forwards being run now
+        self._taken: list[Slot] = []  # the rows of the forwards being run now, in every lane
         self._forward_seconds = 0.0  # the last round of forwards' time: how long a straggler is waited for
-        # the loop's thread, while any row runs: started by the first row admitted to an empty
-        # `running`, ended by the last to leave, so an idle server (or a dropped app) holds none
-        self.thread: threading.Thread | None = None
+        # the loop's threads, one a lane, while any row runs: started by the first row admitted to an
+        # empty `running`, ended by the last to leave, so an idle server (or a dropped app) holds none
+        self.threads: list[threading.Thread] = []
 
     def _admissible(self, slot: Slot) -> bool:
         return self.waiting[0] is slot and len(self.running) < self.max_rows
@@ -167,9 +196,9 @@ class Scheduler:
                 self._cond.wait(POLL_SECONDS)
             self.waiting.popleft()
             self.running.append(slot)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name="dinfer-scheduler", daemon=True)
-                self.thread.start()
+            while len(self.threads) < self.lanes:
+                self.threads.append(threading.Thread(target=self._loop, name="dinfer-scheduler", daemon=True))
+                self.threads[-1].start()
             self._cond.notify_all()
             return True
 
@@ -207,22 +236,22 @@ class Scheduler:
         return result
 
     def _loop(self) -> None:
-        """Once every running row waits on a forward, or the first to ask has waited a forward's
-        time for the others (module docstring), run the rows that wait; end when no row runs.
-        The engine's lock is taken before the rows are: a host that holds it pauses the engine,
-        and the rows gather meanwhile."""
+        """One lane: once every running row not in another lane's forward waits on a forward, or
+        the first to ask has waited a forward's time for the others (module docstring), run the
+        rows that wait; end when no row runs. The engine's lock is held while a round gathers its
+        rows: a host that holds it starts no forward, and the rows gather meanwhile."""
         while True:
             with self._cond:
                 while not any(s.call is not None for s in self.running):
-                    if not self.running:  # under the lock: a row admitted after this starts a new thread
-                        self.thread = None
+                    if not self.running:  # under the lock: a row admitted after this starts new threads
+                        self.threads.remove(threading.current_thread())
                         return
                     self._cond.wait()
             with self.lock:
                 with self._cond:
                     while True:
                         asking = [s for s in self.running if s.call is not None]
-                        if not asking or len(asking) == len(self.running):  # none left (cancelled while queued), or all
+                        if not asking or len(asking) == len(self.running) - len(self._taken):  # none left (cancelled while queued), or all
                             break
                         left = min(s.asked for s in asking) + max(self._forward_seconds, MIN_WAIT_SECONDS) - time.monotonic()
                         if left <= 0:
@@ -232,17 +261,16 @@ class Scheduler:
                         asking = self._shortest(asking)
                     if self.forward_positions is not None and asking:
                         asking = self._within_budget(asking, self.forward_positions)
-                    self._taken = asking
+                    self._taken = self._taken + asking
                     taken = [(s, s.call) for s in asking]
                     for s in asking:
                         s.call = None
-                if not taken:
-                    continue
-                start = time.monotonic()
-                self._run(taken)  # type: ignore[arg-type]
-                self._forward_seconds = time.monotonic() - start
+            if not taken:
+                continue
+            start = time.monotonic()
+            self._run(taken)  # type: ignore[arg-type]
+            self._forward_seconds = time.monotonic() - start
             with self._cond:
-                self._taken = []
                 for s in self.running:  # a row a round left out asks again from now (`_shortest`, `_within_budget`)
                     if s.call is not None and s.skipped:
                         s.asked = time.monotonic()
@@ -305,6 +333,9 @@ class Scheduler:
                 if len(members) > slot.shared:
                     slot.shared = len(members)
                     slot.request.sink.batched(len(members))
+                with self._cond:  # out of the forwards in flight before its run can ask again
+                    self._taken.remove(slot)
+                    self._cond.notify_all()  # a lane gathering waits for this row's next call too
                 slot.done.set()
 
 
@@ -313,9 +344,10 @@ class ContinuousBatcher:
     interface (submit, waiting, running, lock, max_batch)."""
 
     def __init__(self, lock: threading.Lock, engine_for: Callable[[list[BatchRequest]], Engine], max_batch: int = MAX_BATCH,
-                 on_forward: Callable[[int], None] | None = None, short_first: bool = False, forward_positions: int | None = None) -> None:
+                 on_forward: Callable[[int], None] | None = None, short_first: bool = False, forward_positions: int | None = None,
+                 lanes: int = 1) -> None:
         self.engine_for, self.max_batch = engine_for, max_batch
-        self.scheduler = Scheduler(lock, max_batch, on_forward, short_first, forward_positions)
+        self.scheduler = Scheduler(lock, max_batch, on_forward, short_first, forward_positions, lanes)
 
     @property
     def lock(self) -> threading.Lock:

@@ -1,0 +1,113 @@
+"""Forward lanes (engine/serving/scheduler.py, `engine serve --forward-lanes`): on a CPU, rounds of
+forwards run at once, each on a thread of its own, so a request that arrives while a long row's
+forward runs has its own forward run beside it. Every row still gets its solo run's tokens.
+Nothing here reads a clock: one row's forward is held inside the model call until the test lets
+it go, and what the other rows did meanwhile is read from their sinks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine import Engine, EngineError
+from engine.__main__ import main as cli_main
+from engine.cli import DEFAULT_MODEL
+from engine.serving import scheduler
+from engine.serving.batcher import BatchRequest
+from engine.serving.packed import query_positions
+from engine.serving.scheduler import CPU_FORWARD_LANES, ContinuousBatcher, batcher_for, served_lanes
+
+from .test_serve import until
+from .test_serve_continuous import Collect
+from .test_serve_short_first import LONG, SHORT, assert_solo, positions
+
+
+def held_long_row(monkeypatch, engine: Engine, lanes: int) -> tuple[ContinuousBatcher, list[Collect], threading.Event]:
+    """LONG submitted and its first forward held inside the model call, then SHORT submitted; the
+    batcher, their sinks, and the event that lets the held forward go."""
+    entered, go = threading.Event(), threading.Event()
+    run_calls, long_positions = scheduler.run_calls, positions(engine, LONG)
+
+    def gated(model, method, inputs):
+        if not go.is_set() and any(query_positions(method, i) == long_positions for i in inputs):
+            entered.set()
+            go.wait(120)  # a bound on a broken test, not a timing: the test sets it
+        return run_calls(model, method, inputs)
+
+    monkeypatch.setattr(scheduler, "run_calls", gated)
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, lanes=lanes)
+    sinks = [Collect(), Collect()]
+    batcher.submit(BatchRequest(LONG[0], LONG[1], threading.Event(), sinks[0], None))
+    assert entered.wait(120)
+    batcher.submit(BatchRequest(SHORT[0], SHORT[1], threading.Event(), sinks[1], None))
+    return batcher, sinks, go
+
+
+def test_a_request_arriving_while_a_long_forward_runs_is_answered_beside_it(monkeypatch):
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    _, sinks, go = held_long_row(monkeypatch, engine, lanes=2)
+    assert sinks[1].done.wait(120)  # its whole run while the long row's first forward is still held
+    assert not sinks[0].done.is_set()
+    go.set()
+    assert sinks[0].done.wait(120)
+    assert_solo(engine, [LONG, SHORT], sinks)
+
+
+def test_one_lane_runs_one_round_at_a_time(monkeypatch):
+    """The control: with one lane the short request waits for the held forward."""
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    batcher, sinks, go = held_long_row(monkeypatch, engine, lanes=1)
+    until(lambda: batcher.running == 2 and batcher.scheduler.rows_at_forward == 2)  # the long row's held, the short one's asked
+    short = next(s for s in batcher.scheduler.running if s.request.sink is sinks[1])
+    assert short.call is not None and not sinks[1].done.is_set()  # asking, and no lane free to take it
+    go.set()
+    assert sinks[0].done.wait(120) and sinks[1].done.wait(120)
+    assert_solo(engine, [LONG, SHORT], sinks)
+
+
+def test_each_lane_ends_with_the_last_row_and_the_next_rows_start_them_again():
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, lanes=2)
+    for _ in range(2):
+        sinks = [Collect(), Collect()]
+        for (prompt, config), sink in zip((SHORT, LONG), sinks):
+            batcher.submit(BatchRequest(prompt, config, threading.Event(), sink, None))
+        until(lambda: len(batcher.scheduler.threads) == 2)
+        threads = list(batcher.scheduler.threads)
+        for sink in sinks:
+            sink.done.wait()
+        until(lambda: batcher.running == 0 and not any(t.is_alive() for t in threads))
+        assert batcher.scheduler.threads == []
+        assert_solo(engine, [SHORT, LONG], sinks)
+
+
+def test_the_server_runs_a_lane_per_threads_worth_of_cores_on_a_cpu(monkeypatch):
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    for cores, threads, lanes in ((1, 1, 1), (2, 1, 2), (2, 2, 1), (16, 1, CPU_FORWARD_LANES), (16, 4, CPU_FORWARD_LANES)):
+        monkeypatch.setattr(scheduler.os, "cpu_count", lambda: cores)
+        monkeypatch.setattr(scheduler.torch, "get_num_threads", lambda: threads)
+        assert served_lanes(None, "continuous", engine) == served_lanes(None, "short-first", engine) == lanes, (cores, threads)
+    assert served_lanes(None, "lockstep", engine) == 1
+    assert served_lanes(3, "continuous", engine) == 3
+    compiled = Engine(DEFAULT_MODEL, compile=True)  # static-shape forwards keep buffers across calls: one lane
+    assert served_lanes(None, "continuous", compiled) == 1
+    with pytest.raises(EngineError, match=r"^forward lanes need a CPU engine's own forwards"):
+        batcher_for("continuous", compiled, 4, lambda rows: None, None, 2)
+
+
+def test_lanes_are_refused_in_one_line_where_no_round_takes_them(capsys):
+    engine = Engine(DEFAULT_MODEL)
+    assert batcher_for("continuous", engine, 4, lambda rows: None, None, 2).scheduler.lanes == 2
+    with pytest.raises(EngineError, match=r"^forward lanes must be >= 1, got 0$"):
+        batcher_for("continuous", engine, 4, lambda rows: None, None, 0)
+    assert cli_main(["serve", "--port", "1", "--batching", "lockstep", "--forward-lanes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: forward lanes needs continuous or short-first batching") and "\n" not in err, err
+    assert cli_main(["serve", "--port", "1", "--forward-lanes", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: forward lanes must be >= 1, got 0"
