@@ -151,3 +151,27 @@ def test_the_server_budgets_a_cpu_engines_rounds_unless_told_otherwise():
     assert served_budget(0, "continuous", engine) is None and served_budget(100, "continuous", engine) == 100
     engine.model.to("meta")  # an engine whose runs are elsewhere (a parallel engine's skeleton): none
     assert served_budget(None, "continuous", engine) is None
+
+
+def test_a_row_arriving_while_another_decodes_has_its_first_forward_alone_though_both_fit():
+    """The fewest forwards, and only those: the round a new request's first forward runs in takes
+    no row that has had more, whatever room the budget has (least attained service)."""
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    rounds: list[frozenset[str]] = []
+    sinks = {"long": Collect(), "short": Collect()}
+    names = {id(sink): name for name, sink in sinks.items()}
+
+    def on_forward(rows: int) -> None:  # inside the round (the scheduler's `_taken` is its rows)
+        rounds.append(frozenset(names[id(slot.request.sink)] for slot in batcher.scheduler._taken))
+
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, on_forward, forward_positions=10 * positions(engine, LONG))
+    batcher.submit(BatchRequest(LONG[0], LONG[1], threading.Event(), sinks["long"], None))
+    until(lambda: len(rounds) >= 2)  # the long row has had forwards
+    with batcher.lock:  # no round starts until the short row asks too
+        batcher.submit(BatchRequest(SHORT[0], SHORT[1], threading.Event(), sinks["short"], None))
+        until(lambda: batcher.running == 2 and batcher.scheduler.rows_at_forward == 2)
+    for sink in sinks.values():
+        sink.done.wait()
+    assert next(r for r in rounds if "short" in r) == {"short"}, rounds
+    assert_solo(engine, [LONG, SHORT], [sinks["long"], sinks["short"]])

@@ -287,20 +287,21 @@ class Scheduler:
 
     @staticmethod
     def _within_budget(asking: list[Slot], budget: int) -> list[Slot]:
-        """The budget's round (under `_cond`): the rows with the fewest forwards so far first (in
-        admission order among equals) while the positions their calls compute fit in `budget`
+        """The budget's round (under `_cond`): the rows with the fewest forwards so far (in
+        admission order among them) while the positions their calls compute fit in `budget`
         (`query_positions`: a cached forward's block; a family's own call counts its row's prompt
         and canvas); the first always (a row over the budget runs alone), and any left out
-        MAX_SKIPPED rounds in a row. The
-        fewest forwards first (least attained service) lets a new request's few forwards through
-        without knowing how many any row needs: on a CPU, where a forward's cost grows with its
-        positions, a request that arrives while many rows decode waits for one forward of at most
-        `budget` positions rather than one of all of theirs (docs/serving.md §3)."""
+        MAX_SKIPPED rounds in a row. The fewest forwards first (least attained service) lets a
+        new request's few forwards through without knowing how many any row needs, and alone: on
+        a CPU, where a forward's cost grows with its positions, a request that arrives while many
+        rows decode waits for one forward of at most `budget` positions rather than one of all of
+        theirs, and its own forward carries no row that has had more (docs/serving.md §3)."""
         chosen, used = [], 0
+        fewest = min(s.forwards for s in asking)
         for s in sorted(asking, key=lambda s: s.forwards):
             _, method, inputs = s.call  # type: ignore[misc]  (every row asking has its call)
             positions = query_positions(method, inputs) or s.positions
-            if not chosen or used + positions <= budget or s.skipped >= MAX_SKIPPED:
+            if not chosen or (s.forwards == fewest and used + positions <= budget) or s.skipped >= MAX_SKIPPED:
                 chosen.append(s)
                 used += positions
         return _left_out_counted(asking, chosen)
