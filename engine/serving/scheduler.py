@@ -27,7 +27,7 @@ and the speculative kind's rows their draft and verify forwards, each reading it
 Short first (`short_first`, `--batching short-first`) and a position budget (`forward_positions`,
 `--forward-positions`) change only which of the waiting rows a round takes: short first those
 within SHORT_SHARE of the shortest canvas asking (`_shortest`); the budget the rows with the fewest
-forwards so far while their positions fit (`_within_budget`). Either takes any row left out
+forwards so far, only those, while their positions fit (`_within_budget`). Either takes any row left out
 MAX_SKIPPED rounds in a row, so no row starves. Lanes (`lanes`, `--forward-lanes`) run that many
 rounds at once, each on a thread of its own, over the rows no other lane is running: on a CPU a
 one-thread forward leaves the other cores idle, and a request that arrives while a long row's
@@ -159,9 +159,9 @@ def _left_out_counted(asking: list[Slot], chosen: list[Slot]) -> list[Slot]:
 
 class Scheduler:
     """The waiting and running queues, and the loop that runs the running rows' forwards (module
-    docstring). `lock`: held for each model call (a host that holds it pauses the engine);
+    docstring). `lock`: held while a round gathers its rows (a host that holds it starts no forward);
     `on_forward(rows)`: told of each model call and its rows; `forward_positions`: the position
-    budget of a round (None: every row asking)."""
+    budget of a round (None: every row asking); `lanes`: the rounds run at once."""
 
     def __init__(self, lock: threading.Lock, max_rows: int, on_forward: Callable[[int], None] | None = None, short_first: bool = False,
                  forward_positions: int | None = None, lanes: int = 1) -> None:
