@@ -175,3 +175,46 @@ def test_a_row_arriving_while_another_decodes_has_its_first_forward_alone_though
         sink.done.wait()
     assert next(r for r in rounds if "short" in r) == {"short"}, rounds
     assert_solo(engine, [LONG, SHORT], [sinks["long"], sinks["short"]])
+
+
+class HeldOnTheHost(Collect):
+    """A sink whose row, once `hold` is set, stops on the host at its next record (between its
+    forwards: asking for none) until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold, self.held, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def record(self, record) -> None:
+        super().record(record)
+        if self.hold.is_set():
+            self.held.set()
+            self.release.wait()
+
+
+def test_a_new_rows_first_forward_waits_for_no_row_on_the_host_that_has_had_more():
+    """A straggler's wait (a forward's time for a row still on the host) is only for a row the
+    round could take: under a budget, none that has had more forwards than the rows asking. The
+    last round is made to look an hour long, so a wait for the held row would outlast the test."""
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    rounds: list[frozenset[str]] = []
+    sinks = {"long": HeldOnTheHost(), "short": Collect()}
+    names = {id(sink): name for name, sink in sinks.items()}
+
+    def on_forward(rows: int) -> None:
+        rounds.append(frozenset(names[id(slot.request.sink)] for slot in batcher.scheduler._taken))
+
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, on_forward, forward_positions=CPU_FORWARD_POSITIONS)
+    batcher.submit(BatchRequest(LONG[0], LONG[1], threading.Event(), sinks["long"], None))
+    until(lambda: len(rounds) >= 2)
+    sinks["long"].hold.set()
+    until(sinks["long"].held.is_set)  # on the host, between its forwards
+    before = len(rounds)
+    batcher.scheduler._forward_seconds = 3600.0
+    batcher.submit(BatchRequest(SHORT[0], SHORT[1], threading.Event(), sinks["short"], None))
+    until(sinks["short"].done.is_set)  # every forward of the short row while the long one is held
+    assert not sinks["long"].done.is_set() and rounds[before:] and all(r == {"short"} for r in rounds[before:]), rounds
+    sinks["long"].release.set()
+    sinks["long"].done.wait()
+    assert_solo(engine, [LONG, SHORT], [sinks["long"], sinks["short"]])

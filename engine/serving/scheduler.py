@@ -251,7 +251,8 @@ class Scheduler:
                 with self._cond:
                     while True:
                         asking = [s for s in self.running if s.call is not None]
-                        if not asking or len(asking) == len(self.running) - len(self._taken):  # none left (cancelled while queued), or all
+                        busy = [s for s in self.running if s.call is None and s not in self._taken]  # on the host
+                        if not asking or not self._may_join(busy, asking):  # none left (cancelled while queued), or none to wait for
                             break
                         left = min(s.asked for s in asking) + max(self._forward_seconds, MIN_WAIT_SECONDS) - time.monotonic()
                         if left <= 0:
@@ -274,6 +275,17 @@ class Scheduler:
                 for s in self.running:  # a row a round left out asks again from now (`_shortest`, `_within_budget`)
                     if s.call is not None and s.skipped:
                         s.asked = time.monotonic()
+
+    def _may_join(self, busy: list[Slot], asking: list[Slot]) -> bool:
+        """Whether a row of `busy` (still on the host) could be in the round `asking` would run,
+        and so is worth its straggler's wait: any row, but under a budget only one
+        `_within_budget` may take beside them, with no more forwards than the fewest asking or left
+        out MAX_SKIPPED rounds (a row that has had more is not taken: a new request's first forward
+        starts at once on a free lane, not a forward's time later)."""
+        if self.forward_positions is None:
+            return bool(busy)
+        fewest = min(s.forwards for s in asking)
+        return any(s.forwards <= fewest or s.skipped >= MAX_SKIPPED for s in busy)
 
     def _shortest(self, asking: list[Slot]) -> list[Slot]:
         """Short first's round (under `_cond`): the rows within SHORT_SHARE of the shortest canvas
