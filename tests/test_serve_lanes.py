@@ -11,13 +11,13 @@ import threading
 import pytest
 import torch
 
-from engine import Engine, EngineError
+from engine import Engine, EngineError, GenerationConfig
 from engine.__main__ import main as cli_main
 from engine.cli import DEFAULT_MODEL
 from engine.serving import scheduler
 from engine.serving.batcher import BatchRequest
 from engine.serving.packed import query_positions
-from engine.serving.scheduler import CPU_FORWARD_LANES, ContinuousBatcher, batcher_for, served_lanes
+from engine.serving.scheduler import CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, ContinuousBatcher, batcher_for, served_lanes
 
 from .test_serve import until
 from .test_serve_continuous import Collect
@@ -111,3 +111,97 @@ def test_lanes_are_refused_in_one_line_where_no_round_takes_them(capsys):
     assert err.startswith("error: forward lanes needs continuous or short-first batching") and "\n" not in err, err
     assert cli_main(["serve", "--port", "1", "--forward-lanes", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: forward lanes must be >= 1, got 0"
+
+
+
+# rows that need many forwards (a fixed step count, no early stop), of two prompt lengths: a
+# row's forwards are told apart by their positions
+STEADY = GenerationConfig(gen_length=256, block_length=32, cache="none", use_chat_template=False, decoder="fixed", steps=16, early_stop=False)
+STEADY_ROWS = [("Q: ?+?=57 A:", STEADY), ("Q: ?+?=57, ?+?=9 A:", STEADY)]
+
+
+class Gate:
+    """While closed, holds the forwards of the row of `positions` inside the model call once
+    `after` of them have run."""
+
+    def __init__(self, positions: int, after: int = 0) -> None:
+        self.positions, self.after, self.seen, self.held = positions, after, 0, 0
+        self.open, self.lock = threading.Event(), threading.Lock()
+
+    def check(self, method: str, inputs: list) -> None:
+        if not any(query_positions(method, i) == self.positions for i in inputs):
+            return
+        with self.lock:
+            self.seen += 1
+            if self.seen <= self.after or self.open.is_set():
+                return
+            self.held += 1
+        assert self.open.wait(120)  # a bound on a broken test, not a timing: the test opens it
+        with self.lock:
+            self.held -= 1
+
+
+def cut_in_setup(monkeypatch, engine: Engine) -> tuple[ContinuousBatcher, list[Collect], list[Gate], Gate]:
+    """STEADY_ROWS decoding, one a lane, under a budget, each held inside the model call from its
+    fourth forward (every lane busy with rows that have had 3); then SHORT submitted, its
+    forwards held too (every gate closed). The batcher, the sinks (the steady rows', SHORT's), the
+    steady rows' gates and SHORT's."""
+    steady = [Gate(positions(engine, row), after=3) for row in STEADY_ROWS]
+    short_gate = Gate(positions(engine, SHORT))
+    assert len({g.positions for g in steady + [short_gate]}) == 3
+    run_calls = scheduler.run_calls
+
+    def gated(model, method, inputs):
+        for gate in steady + [short_gate]:
+            gate.check(method, inputs)
+        return run_calls(model, method, inputs)
+
+    monkeypatch.setattr(scheduler, "run_calls", gated)
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, forward_positions=CPU_FORWARD_POSITIONS, lanes=2)
+    assert batcher.scheduler.cut_in
+    sinks = [Collect(), Collect(), Collect()]
+    for (prompt, config), sink in zip(STEADY_ROWS, sinks):
+        batcher.submit(BatchRequest(prompt, config, threading.Event(), sink, None))
+    until(lambda: all(g.held == 1 for g in steady))  # both lanes inside a round
+    batcher.submit(BatchRequest(SHORT[0], SHORT[1], threading.Event(), sinks[2], None))
+    return batcher, sinks, steady, short_gate
+
+
+def test_a_new_request_cuts_in_while_every_lane_runs_rows_that_have_had_more_forwards(monkeypatch):
+    """Its forwards run on the cut-in thread while both lanes' rounds are held: it is answered
+    before either round ends (least attained service across lanes)."""
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    batcher, sinks, steady, short_gate = cut_in_setup(monkeypatch, engine)
+    short_gate.open.set()
+    assert sinks[2].done.wait(120) and all(g.held == 1 for g in steady) and not any(s.done.is_set() for s in sinks[:2])
+    for gate in steady:
+        gate.open.set()
+    assert all(s.done.wait(120) for s in sinks)
+    assert_solo(engine, STEADY_ROWS + [SHORT], sinks)
+
+
+def test_one_lane_pauses_between_layers_while_a_cut_in_runs_and_the_other_goes_on(monkeypatch):
+    torch.set_num_threads(1)
+    engine = Engine(DEFAULT_MODEL)
+    batcher, sinks, steady, short_gate = cut_in_setup(monkeypatch, engine)
+    s = batcher.scheduler
+    until(lambda: short_gate.held == 1)  # the cut-in's forward held, on the cut-in thread
+    assert s._cutting_in and s._rounds == 2
+    for gate in steady:  # both lanes' forwards start: the first to reach a layer pauses there
+        gate.open.set()
+    until(lambda: s._yielded == 1)
+    rows = [slot for slot in s.running if slot.request.sink in sinks[:2]]
+    before = sum(slot.forwards for slot in rows)
+    until(lambda: sum(slot.forwards for slot in rows) >= before + 2)  # the other lane goes on
+    assert s._yielded == 1 and s._cutting_in and not sinks[2].done.is_set()
+    short_gate.open.set()
+    assert all(x.done.wait(120) for x in sinks)
+    assert s._yielded == 0 and not s._cutting_in
+    assert_solo(engine, STEADY_ROWS + [SHORT], sinks)
+
+
+def test_only_lanes_under_a_budget_cut_in():
+    engine = Engine(DEFAULT_MODEL)
+    for budget, lanes, cuts_in in ((CPU_FORWARD_POSITIONS, 2, True), (None, 2, False), (CPU_FORWARD_POSITIONS, 1, False)):
+        assert ContinuousBatcher(threading.Lock(), lambda members: engine, 8, forward_positions=budget, lanes=lanes).scheduler.cut_in is cuts_in

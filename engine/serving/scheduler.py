@@ -31,13 +31,17 @@ forwards so far, only those, while their positions fit (`_within_budget`). Eithe
 MAX_SKIPPED rounds in a row, so no row starves. Lanes (`lanes`, `--forward-lanes`) run that many
 rounds at once, each on a thread of its own, over the rows no other lane is running: on a CPU a
 one-thread forward leaves the other cores idle, and a request that arrives while a long row's
-forward runs gets its own on another core.
+forward runs gets its own on another core. Lanes under a budget let a row that has had fewer
+forwards than every row in flight cut in: while every lane runs a round, its round starts at once
+on a thread of its own, and one lane pauses before its forward's next layer until the cut-in ends
+(`_may_cut_in`, `between_layers`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import deque
 import time
 from dataclasses import dataclass, field
@@ -67,6 +71,30 @@ CPU_FORWARD_POSITIONS = 256
 # `engine serve`'s forward lanes on a CPU: rounds run at once, each on a thread of its own, at most one
 # per `--threads` of the machine's cores (`served_lanes`; measured on 2 cores, benchmarks/RESULTS.md #60)
 CPU_FORWARD_LANES = 2
+LANE_THREAD, CUT_IN_THREAD = "dinfer-scheduler", "dinfer-cut-in"
+_LANE = threading.local()  # `.scheduler`: the Scheduler whose lane's round this thread runs, while it may pause for a cut-in
+_YIELD_POINTS: "weakref.WeakSet[DiffusionLM]" = weakref.WeakSet()  # the models whose layers call `_pause_point`
+_YIELD_POINTS_LOCK = threading.Lock()
+
+
+def _pause_point(module: torch.nn.Module, args: object) -> None:
+    """A layer's forward pre-hook (`_yield_points`): a lane's round may pause here for a cut-in;
+    any other thread's forward (a cut-in, a run outside the server) passes."""
+    scheduler = getattr(_LANE, "scheduler", None)
+    if scheduler is not None:
+        scheduler.between_layers()
+
+
+def _yield_points(model: DiffusionLM) -> None:
+    """`_pause_point` before each of `model`'s layers, once per model: a hook that does
+    nothing outside a lane's round, so it stays (a hook added while another lane's forward runs
+    is safe: torch copies a module's hooks before it calls them)."""
+    with _YIELD_POINTS_LOCK:  # two lanes may meet a model first at once
+        if model in _YIELD_POINTS:
+            return
+        _YIELD_POINTS.add(model)
+        for layer in model.layer_modules():
+            layer.register_forward_pre_hook(_pause_point)
 
 
 def batcher_for(batching: str, engine: Engine, max_batch: int, on_forward: Callable[[int], None],
@@ -167,13 +195,19 @@ class Scheduler:
                  forward_positions: int | None = None, lanes: int = 1) -> None:
         self.lock, self.max_rows, self.on_forward, self.short_first = lock, max_rows, on_forward, short_first
         self.forward_positions, self.lanes = forward_positions, lanes
+        # lanes under a budget: a row with fewer forwards than every row in flight cuts in (`_may_cut_in`)
+        self.cut_in = lanes > 1 and forward_positions is not None
         self._cond = threading.Condition()  # guards the queues and every slot's `call`
         self.waiting: deque[Slot] = deque()
         self.running: list[Slot] = []
         self._taken: list[Slot] = []  # the rows of the forwards being run now, in every lane
         self._forward_seconds = 0.0  # the last round of forwards' time: how long a straggler is waited for
-        # the loop's threads, one a lane, while any row runs: started by the first row admitted to an
-        # empty `running`, ended by the last to leave, so an idle server (or a dropped app) holds none
+        self._rounds = 0  # lanes' rounds being run now
+        self._cutting_in = False  # a cut-in round being run
+        self._yielded = 0  # lanes paused between layers for it (at most one)
+        # the loop's threads, one a lane (and one for cut-ins), while any row runs: started by the first
+        # row admitted to an empty `running`, ended by the last to leave, so an idle server (or a
+        # dropped app) holds none
         self.threads: list[threading.Thread] = []
 
     def _admissible(self, slot: Slot) -> bool:
@@ -196,9 +230,10 @@ class Scheduler:
                 self._cond.wait(POLL_SECONDS)
             self.waiting.popleft()
             self.running.append(slot)
-            while len(self.threads) < self.lanes:
-                self.threads.append(threading.Thread(target=self._loop, name="dinfer-scheduler", daemon=True))
-                self.threads[-1].start()
+            for name, count in ((LANE_THREAD, self.lanes), (CUT_IN_THREAD, int(self.cut_in))):
+                while sum(t.name == name for t in self.threads) < count:
+                    self.threads.append(threading.Thread(target=self._loop, args=(name == CUT_IN_THREAD,), name=name, daemon=True))
+                    self.threads[-1].start()
             self._cond.notify_all()
             return True
 
@@ -235,46 +270,106 @@ class Scheduler:
             raise result
         return result
 
-    def _loop(self) -> None:
+    def _loop(self, cuts_in: bool = False) -> None:
         """One lane: once every running row not in another lane's forward waits on a forward, or
         the first to ask has waited a forward's time for the others (module docstring), run the
         rows that wait; end when no row runs. The engine's lock is held while a round gathers its
-        rows: a host that holds it starts no forward, and the rows gather meanwhile."""
+        rows: a host that holds it starts no forward, and the rows gather meanwhile. `cuts_in`:
+        the cut-in thread, which runs only the rounds `_may_cut_in` allows."""
         while True:
             with self._cond:
-                while not any(s.call is not None for s in self.running):
+                while not (self._may_cut_in() if cuts_in else any(s.call is not None for s in self.running)):
                     if not self.running:  # under the lock: a row admitted after this starts new threads
                         self.threads.remove(threading.current_thread())
                         return
                     self._cond.wait()
             with self.lock:
                 with self._cond:
-                    while True:
-                        asking = [s for s in self.running if s.call is not None]
-                        busy = [s for s in self.running if s.call is None and s not in self._taken]  # on the host
-                        if not asking or not self._may_join(busy, asking):  # none left (cancelled while queued), or none to wait for
-                            break
-                        left = min(s.asked for s in asking) + max(self._forward_seconds, MIN_WAIT_SECONDS) - time.monotonic()
-                        if left <= 0:
-                            break
-                        self._cond.wait(left)
-                    if self.short_first and asking:
-                        asking = self._shortest(asking)
-                    if self.forward_positions is not None and asking:
-                        asking = self._within_budget(asking, self.forward_positions)
-                    self._taken = self._taken + asking
-                    taken = [(s, s.call) for s in asking]
-                    for s in asking:
-                        s.call = None
+                    if cuts_in:
+                        taken = self._take(self._cutting_in_rows())
+                        self._cutting_in = bool(taken)
+                    else:
+                        taken = self._take(self._gathered())
+                        self._rounds += bool(taken)
             if not taken:
                 continue
             start = time.monotonic()
-            self._run(taken)  # type: ignore[arg-type]
-            self._forward_seconds = time.monotonic() - start
-            with self._cond:
-                for s in self.running:  # a row a round left out asks again from now (`_shortest`, `_within_budget`)
-                    if s.call is not None and s.skipped:
-                        s.asked = time.monotonic()
+            try:
+                self._run(taken, yields=self.cut_in and not cuts_in)
+            finally:
+                _LANE.scheduler = None
+                with self._cond:
+                    if cuts_in:
+                        self._cutting_in = False
+                    else:
+                        self._rounds -= 1
+                        self._forward_seconds = time.monotonic() - start
+                    for s in self.running:  # a row a round left out asks again from now (`_shortest`, `_within_budget`)
+                        if s.call is not None and s.skipped:
+                            s.asked = time.monotonic()
+                    self._cond.notify_all()
+
+    def _take(self, rows: list[Slot]) -> list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]]:
+        """`rows` (under `_cond`) into the forwards in flight, each with the call it asked for."""
+        self._taken = self._taken + rows
+        taken = [(s, s.call) for s in rows]
+        for s in rows:
+            s.call = None
+        return taken  # type: ignore[return-value]
+
+    def _gathered(self) -> list[Slot]:
+        """A lane's round (under `_cond`): the rows asking once none worth waiting for is still
+        on the host (`_may_join`), or the first asked a forward's time ago; then short first's or
+        the budget's choice of them."""
+        while True:
+            asking = [s for s in self.running if s.call is not None]
+            busy = [s for s in self.running if s.call is None and s not in self._taken]  # on the host
+            if not asking or not self._may_join(busy, asking):  # none left (cancelled while queued), or none to wait for
+                break
+            left = min(s.asked for s in asking) + max(self._forward_seconds, MIN_WAIT_SECONDS) - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        if self.short_first and asking:
+            asking = self._shortest(asking)
+        if self.forward_positions is not None and asking:
+            asking = self._within_budget(asking, self.forward_positions)
+        return asking
+
+    def _newer_than_in_flight(self) -> list[Slot]:
+        """The rows asking (under `_cond`) that have had fewer forwards than every row in flight."""
+        fewest = min((s.forwards for s in self._taken), default=None)
+        return [s for s in self.running if s.call is not None and fewest is not None and s.forwards < fewest]
+
+    def _may_cut_in(self) -> bool:
+        """Whether a cut-in round may start (under `_cond`): none runs, every lane runs a round,
+        and a row asks that has had fewer forwards than every row in them (a new request, while
+        the lanes decode rows that have had more). Its round starts at once, and one lane pauses
+        at its next layer (`_pause_point`) until it ends: the new row waits for no round in
+        flight, and the cores run as many forwards as before."""
+        return not self._cutting_in and self._rounds >= self.lanes and bool(self._newer_than_in_flight())
+
+    def _cutting_in_rows(self) -> list[Slot]:
+        """A cut-in's round (under `_cond`): the budget's choice of the rows newer than every row
+        in flight, if it still may start."""
+        if not self._may_cut_in():
+            return []
+        return self._within_budget(self._newer_than_in_flight(), self.forward_positions)  # type: ignore[arg-type]  (cut_in: a budget)
+
+    def between_layers(self) -> None:
+        """Before each layer of a lane's forward (`_pause_point`): while a cut-in round runs and
+        no lane has paused for it, this one waits here until it ends; a round pauses at most
+        once, so a stream of new requests delays a lane's rows by one cut-in round at most."""
+        if not self._cutting_in or self._yielded:  # read without the lock: the common case costs nothing
+            return
+        with self._cond:
+            if not self._cutting_in or self._yielded:
+                return
+            _LANE.scheduler = None  # this round pauses no more
+            self._yielded += 1
+            while self._cutting_in:
+                self._cond.wait()
+            self._yielded -= 1
 
     def _may_join(self, busy: list[Slot], asking: list[Slot]) -> bool:
         """Whether a row of `busy` (still on the host) could be in the round `asking` would run,
@@ -318,9 +413,10 @@ class Scheduler:
                 used += positions
         return _left_out_counted(asking, chosen)
 
-    def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]]) -> None:
+    def _run(self, taken: list[tuple[Slot, tuple[DiffusionLM, str, dict[str, Any]]]], yields: bool = False) -> None:
         """The calls that pack together (equal `pack_key`s: engine/serving/packed.py) as one model
-        call each, the others one by one (the engine's lock held)."""
+        call each, the others one by one. `yields`: a lane's round, which pauses between layers
+        for a cut-in (`between_layers`)."""
         groups: dict[Hashable, list[tuple[Slot, dict[str, Any]]]] = {}
         calls: dict[Hashable, tuple[DiffusionLM, str]] = {}
         for index, (slot, (model, method, inputs)) in enumerate(taken):
@@ -331,8 +427,11 @@ class Scheduler:
             group = (id(model), method, key) if key is not None else index  # a call of its own
             groups.setdefault(group, []).append((slot, inputs))
             calls[group] = (model, method)
+        _LANE.scheduler = self if yields else None
         for group, members in groups.items():
             model, method = calls[group]
+            if yields:
+                _yield_points(model)
             try:
                 with torch.inference_mode():  # the engine's lock is held (`_loop`)
                     outputs: list[Any] = run_calls(model, method, [inputs for _, inputs in members])
