@@ -7,6 +7,7 @@
     python -m benchmarks.constraint_load --forward-positions 0     # no position budget (a CPU server's default: 256)
     python -m benchmarks.constraint_load --forward-lanes 1         # one round at a time (a 2-core CPU server's default: 2)
     python -m benchmarks.constraint_load --keep-alive              # the plain requests on one kept connection
+    python -m benchmarks.constraint_load --max-batch 8             # 8 rows decoding at once (a CPU server's default: 16)
     python -m benchmarks.constraint_load --prebuilt                # the regex requests' automata built first: their rows, no builds
 
 First a json_object request (max_tokens 256) warms the server (its automaton read from the store
@@ -15,9 +16,10 @@ after another give the solo latency (median). Then, in flight at once: a client 
 requests (max_tokens 256) back to back, and eight clients each sending a regex slow to build
 (`(a|b)*a(a|b){9}` behind a literal of its own, so none is kept: a byte-level DFA of about 1,000
 states, within every bound); meanwhile `--repeats` plain requests one after another give the loaded
-latency (median), and the row its ratio to the solo one; the same with a plain max_tokens-256 loop
-and no builds is the control (what padding beside a longer row costs a plain request anyway). The
-loop's requests wait for the builds' clients to end. To compare code, run it from each checkout.
+latency (median, and the mean, where a wait for a row slot shows), and the row their ratios to the
+solo one; the same with a plain max_tokens-256 loop and no builds is the control (what padding
+beside a longer row costs a plain request anyway). The loop's requests wait for the builds'
+clients to end. To compare code, run it from each checkout.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def regex_request() -> dict:
 
 
 def under_load(url: str, loop_body: dict, builds: int, repeats: int, plain: httpx.Client | None = None,
-               prebuilt: bool = False) -> tuple[float, list[float], int]:
-    """The median plain latency (on `plain`'s connection, if given) while one client sends
+               prebuilt: bool = False) -> tuple[list[float], list[float], int]:
+    """The plain latencies (on `plain`'s connection, if given) while one client sends
     `loop_body` back to back and `builds` clients each send a regex request (`regex_request`);
     `prebuilt`: each regex's automaton built by a request of its own first (the same rows, no
     builds). With the loop's latencies and the regex requests still in flight after the plain ones."""
@@ -80,7 +82,7 @@ def under_load(url: str, loop_body: dict, builds: int, repeats: int, plain: http
     for c in clients:
         c.start()
     time.sleep(1.0)  # the loop's first request runs and the builds' requests are being checked
-    loaded = statistics.median(seconds(url, PLAIN, plain) for _ in range(repeats))
+    loaded = [seconds(url, PLAIN, plain) for _ in range(repeats)]
     in_flight = builds - len(built)
     stop.set()
     for c in clients:
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forward-lanes", type=int, help="the server's --forward-lanes (rounds run at once; a CPU server's default: 2 on 2 cores)")
     ap.add_argument("--parts", action="store_true", help="also the json_object loop without the builds, and the builds beside the plain loop")
     ap.add_argument("--prebuilt", action="store_true", help="each regex request's automaton built before its load (the same rows, no builds)")
+    ap.add_argument("--max-batch", type=int, help="the server's --max-batch (rows decoding at once; default: the server's, 16 under its budget)")
     ap.add_argument("--keep-alive", action="store_true", help="the plain requests on one kept connection (as the openai client sends them), not a new client each")
     args = ap.parse_args(argv)
     plain_loop = {k: v for k, v in JSON_OBJECT.items() if k != "response_format"}
@@ -108,16 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     budget = ("--forward-positions", str(args.forward_positions)) if args.forward_positions is not None else ()
     budget += ("--forward-lanes", str(args.forward_lanes)) if args.forward_lanes is not None else ()
-    with server(8, 1, "cpu", "--batching", args.batching, *budget) as (url, _), httpx.Client() as kept:
+    with server(args.max_batch, 1, "cpu", "--batching", args.batching, *budget) as (url, _), httpx.Client() as kept:
         plain = kept if args.keep_alive else None
         seconds(url, JSON_OBJECT)  # warm: json_object's automaton in memory
         solo = statistics.median(seconds(url, PLAIN, plain) for _ in range(args.repeats))
         for name, body, builds in loads:
-            loaded, looped, in_flight = under_load(url, body, builds, args.repeats, plain, args.prebuilt)
-            rows.append([args.label, name, f"{1000 * solo:.0f}", f"{1000 * loaded:.0f}", f"{loaded / solo:.2f}x",
+            latencies, looped, in_flight = under_load(url, body, builds, args.repeats, plain, args.prebuilt)
+            loaded = statistics.median(latencies)
+            rows.append([args.label, name, f"{1000 * solo:.0f}", f"{1000 * loaded:.0f}", f"{loaded / solo:.2f}x", f"{statistics.mean(latencies) / solo:.2f}x",
                          f"{len(looped)} ({1000 * statistics.median(looped):.0f})" if looped else "0", f"{in_flight} of {builds}" if builds else "-"])
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
-    header = ["server", "in flight", "plain solo ms (median)", "plain meanwhile ms (median)", "meanwhile / solo", "loop requests (median ms)", "builds in flight after"]
+    header = ["server", "in flight", "plain solo ms (median)", "plain meanwhile ms (median)", "meanwhile / solo", "mean meanwhile / solo", "loop requests (median ms)", "builds in flight after"]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")

@@ -84,13 +84,14 @@ def children(pid: int) -> list[int]:
 
 
 @contextmanager
-def server(max_batch: int, threads: int, device: str, *flags: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m engine serve` on a free loopback port (more `flags` of its own); its base URL
-    once it answers, and its process. A server still running at the end is stopped (SIGTERM)."""
+def server(max_batch: int | None, threads: int, device: str, *flags: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m engine serve` on a free loopback port (`max_batch` None: its default; more
+    `flags` of its own); its base URL once it answers, and its process. A server still running at the end is stopped (SIGTERM)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "engine", "serve", "--port", str(port), "--max-batch", str(max_batch), "--threads", str(threads), "--device", device, *flags]
+    rows = ("--max-batch", str(max_batch)) if max_batch is not None else ()
+    command = [sys.executable, "-m", "engine", "serve", "--port", str(port), *rows, "--threads", str(threads), "--device", device, *flags]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     try:

@@ -16,7 +16,10 @@ from engine import Engine, EngineError, GenerationConfig
 from engine.__main__ import main as cli_main
 from engine.cli import DEFAULT_MODEL
 from engine.serving.batcher import BatchRequest
-from engine.serving.scheduler import CPU_FORWARD_POSITIONS, MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher, batcher_for, served_budget
+from engine.serving.batcher import MAX_BATCH
+from engine.serving.scheduler import (
+    BUDGET_MAX_ROWS, CPU_FORWARD_POSITIONS, MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher, batcher_for, served_budget, served_max_batch,
+)
 
 from .test_serve import until
 from .test_serve_continuous import Collect
@@ -151,6 +154,13 @@ def test_the_server_budgets_a_cpu_engines_rounds_unless_told_otherwise():
     assert served_budget(0, "continuous", engine) is None and served_budget(100, "continuous", engine) == 100
     engine.model.to("meta")  # an engine whose runs are elsewhere (a parallel engine's skeleton): none
     assert served_budget(None, "continuous", engine) is None
+
+
+def test_under_a_budget_the_server_decodes_more_rows_at_once_unless_told_otherwise():
+    """Rows past a round wait for a forward, fewest forwards first, not for a slot in arrival order."""
+    assert served_max_batch(None, CPU_FORWARD_POSITIONS) == BUDGET_MAX_ROWS > MAX_BATCH
+    assert served_max_batch(None, None) == MAX_BATCH  # no budget (a GPU, lockstep, --forward-positions 0)
+    assert served_max_batch(4, CPU_FORWARD_POSITIONS) == served_max_batch(4, None) == 4
 
 
 def test_a_row_arriving_while_another_decodes_has_its_first_forward_alone_though_both_fit():

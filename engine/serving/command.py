@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
-from .scheduler import BATCHING, CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, check_rounds, served_budget, served_lanes
+from .scheduler import BATCHING, BUDGET_MAX_ROWS, CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, check_rounds, served_budget, served_lanes, served_max_batch
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
 from .traces import TraceStore
 
@@ -37,7 +37,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     add_runtime_args(serve)
     add_system_flags(serve)
-    serve.add_argument("--max-batch", type=int, default=MAX_BATCH, help="most requests' rows decoded as one engine batch (1: each alone)")
+    serve.add_argument("--max-batch", type=int, default=None,
+                       help=f"most rows decoding at once, lockstep's rows of one batch (1: each alone; default {MAX_BATCH}, {BUDGET_MAX_ROWS} under a position budget)")
     serve.add_argument("--batching", choices=BATCHING, default=BATCHING[0],
                        help="continuous: rows of any length share forwards and each leaves when done; lockstep: equal prompt lengths and settings decode as one batch to its end; "
                        "short-first: continuous, a round taking the rows within twice the shortest canvas asking (a longer row joins after 3 rounds left out)")
@@ -175,7 +176,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from ..pipeline import Engine
     from .app import create_app
 
-    positive = {"--port": args.port, "--max-batch": args.max_batch, "--max-pending": args.max_pending, "--max-connections": args.max_connections, "--max-traces": args.max_traces, "--max-trace-mb": args.max_trace_mb}
+    positive = {"--port": args.port, "--max-batch": MAX_BATCH if args.max_batch is None else args.max_batch, "--max-pending": args.max_pending, "--max-connections": args.max_connections, "--max-traces": args.max_traces, "--max-trace-mb": args.max_trace_mb}
     if args.prefix_cache_mb < 0:
         raise EngineError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     if args.forward_positions is not None and args.forward_positions < 0:
@@ -198,8 +199,9 @@ def serve_command(args: argparse.Namespace) -> int:
     set_cpu_threads(model_skeleton(args.model), args.threads)
     with listener, Engine(args.model, **apply_runtime(args), **system) as engine:
         # a parallel engine's workers end with the server, also when a signal stops it
-        app = create_app(engine, limits, args.max_batch, args.max_pending, traces, on_shutdown=engine.close, batching=args.batching,
-                         forward_positions=served_budget(args.forward_positions, args.batching, engine),
+        budget = served_budget(args.forward_positions, args.batching, engine)
+        app = create_app(engine, limits, served_max_batch(args.max_batch, budget), args.max_pending, traces, on_shutdown=engine.close,
+                         batching=args.batching, forward_positions=budget,
                          forward_lanes=served_lanes(args.forward_lanes, args.batching, engine),
                          prefix_cache_bytes=args.prefix_cache_mb << 20, front=front)
         server = stopping_server(server_config(app, args.max_connections, args.header_timeout), app.state.server.stop)

@@ -71,6 +71,11 @@ CPU_FORWARD_POSITIONS = 256
 # `engine serve`'s forward lanes on a CPU: rounds run at once, each on a thread of its own, at most one
 # per `--threads` of the machine's cores (`served_lanes`; measured on 2 cores, benchmarks/RESULTS.md #60)
 CPU_FORWARD_LANES = 2
+# `engine serve`'s rows decoding at once under a position budget (`served_max_batch`): the budget bounds
+# what a round takes, so rows past a round wait for a forward, where the fewest forwards go first,
+# rather than for a slot, in arrival order (benchmarks/RESULTS.md #60: a plain request's mean under
+# the constrained load 6-9x its solo time at 8 rows, 1.5-3.7x at 16)
+BUDGET_MAX_ROWS = 16
 LANE_THREAD, CUT_IN_THREAD = "dinfer-scheduler", "dinfer-cut-in"
 _LANE = threading.local()  # `.scheduler`: the Scheduler whose lane's round this thread runs, while it may pause for a cut-in
 _YIELD_POINTS: "weakref.WeakSet[DiffusionLM]" = weakref.WeakSet()  # the models whose layers call `_pause_point`
@@ -137,6 +142,14 @@ def served_budget(flag: int | None, batching: str, engine: Engine) -> int | None
     if flag is None:
         return CPU_FORWARD_POSITIONS if batching != "lockstep" and shares_forwards(engine) and engine.model.device.type == "cpu" else None
     return flag or None
+
+
+def served_max_batch(flag: int | None, forward_positions: int | None) -> int:
+    """`engine serve --max-batch` as the server runs it: not given, BUDGET_MAX_ROWS under a
+    position budget (`served_budget`: a CPU server's default), else MAX_BATCH; N: N."""
+    if flag is None:
+        return BUDGET_MAX_ROWS if forward_positions is not None else MAX_BATCH
+    return flag
 
 
 def served_lanes(flag: int | None, batching: str, engine: Engine) -> int:
