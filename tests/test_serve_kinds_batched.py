@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from engine import Engine, GenerationConfig
+from engine.cli import DEFAULT_MODEL
 from engine.hooks import RunHooks
 from engine.serving.app import create_app
 from engine.serving.batcher import BatchRequest
 from engine.serving.packed import packed_forward, shareable
-from engine.serving.scheduler import ContinuousBatcher
+from engine.serving.scheduler import CPU_FORWARD_POSITIONS, ContinuousBatcher
 from engine.serving.traces import TraceStore
 
 from .test_serve import LIMITS, running, until
@@ -48,10 +49,10 @@ def all_arrived(batcher: Any, count: int, answered: bool) -> bool:
     return answered or (batcher.running + batcher.waiting == count and batcher.scheduler.rows_at_forward == batcher.running)
 
 
-def continuous(engine: Engine, rows: list[tuple[str, GenerationConfig]]) -> list[Collect]:
+def continuous(engine: Engine, rows: list[tuple[str, GenerationConfig]], **rounds: Any) -> list[Collect]:
     """Every row submitted at once while the engine is held (at most eight run, the rest wait),
-    then decoded by the scheduler."""
-    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8)
+    then decoded by the scheduler (`rounds`: its budget and lanes)."""
+    batcher = ContinuousBatcher(threading.Lock(), lambda members: engine, 8, **rounds)
     sinks = [Collect() for _ in rows]
     with batcher.lock:
         for (prompt, config), sink in zip(rows, sinks):
@@ -155,6 +156,27 @@ def test_eight_concurrent_requests_share_forwards_through_the_server_with_their_
     for prompt, choice in zip(EIGHT, answers):
         assert choice.text == engine.generate(prompt, config).text, prompt
     assert all(choice.model_extra["batch"] >= 2 for choice in answers), [c.model_extra["batch"] for c in answers]
+
+
+MASKED_SETTINGS = [dict(cache="none"), dict(cache="prefix"), dict(cache="dual", gen_length=64), dict(cache="vicinity", decoder="credit")]
+ROUNDS_CASES = {  # model, the rows' common settings, each row's own in turn, what a record shows
+    "masked": (DEFAULT_MODEL, {"gen_length": 32, "use_chat_template": False}, MASKED_SETTINGS, lambda records: [(r.iteration, r.committed) for r in records]),
+    "uniform": (GEMMA, {"gen_length": 32, "use_chat_template": False}, UNIFORM_SETTINGS, uniform_view),
+    "speculative": (LLADA2, {"kind": "speculative", "gen_length": 32, "block_length": 8, "use_chat_template": False}, SPECULATIVE_SETTINGS, speculative_view),
+}
+
+
+@pytest.mark.parametrize("case", ROUNDS_CASES)
+def test_rows_of_each_kind_get_their_solo_run_in_a_cpu_servers_rounds(case):
+    """A CPU server's rounds (a budget and two lanes; a row that joins late cuts in where both
+    lanes are busy, which the timing decides: tests/test_serve_lanes.py forces it) change when a
+    forward runs, never what it computes."""
+    model, base, settings, view = ROUNDS_CASES[case]
+    torch.set_num_threads(1)
+    engine = Engine(model)
+    rows = [(p, GenerationConfig(**{**base, **settings[i % len(settings)]})) for i, p in enumerate(prompts(12, seed=9))]
+    got = continuous(engine, rows, forward_positions=CPU_FORWARD_POSITIONS, lanes=2)
+    check_solo(engine, rows, got, view)
 
 
 def test_packed_calls_change_the_logits_by_summation_order_only():
