@@ -24,7 +24,8 @@ from engine.hooks import RunHooks
 from engine.serving.app import create_app
 from engine.serving.batcher import BatchRequest
 from engine.serving.packed import packed_forward, shareable
-from engine.serving.scheduler import CPU_FORWARD_POSITIONS, ContinuousBatcher
+from engine.serving.scheduler import ContinuousBatcher
+from engine.serving.served import CPU_FORWARD_POSITIONS
 from engine.serving.traces import TraceStore
 
 from .test_serve import LIMITS, running, until

@@ -17,7 +17,9 @@ from engine.cli import DEFAULT_MODEL
 from engine.serving import scheduler
 from engine.serving.batcher import BatchRequest
 from engine.serving.packed import query_positions
-from engine.serving.scheduler import CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, ContinuousBatcher, batcher_for, served_lanes
+from engine.serving import served
+from engine.serving.scheduler import ContinuousBatcher
+from engine.serving.served import CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, batcher_for, served_lanes
 
 from .test_serve import until
 from .test_serve_continuous import Collect
@@ -90,8 +92,8 @@ def test_the_server_runs_a_lane_per_threads_worth_of_cores_on_a_cpu(monkeypatch)
     torch.set_num_threads(1)
     engine = Engine(DEFAULT_MODEL)
     for cores, threads, lanes in ((1, 1, 1), (2, 1, 2), (2, 2, 1), (16, 1, CPU_FORWARD_LANES), (16, 4, CPU_FORWARD_LANES)):
-        monkeypatch.setattr(scheduler.os, "cpu_count", lambda: cores)
-        monkeypatch.setattr(scheduler.torch, "get_num_threads", lambda: threads)
+        monkeypatch.setattr(served.os, "cpu_count", lambda: cores)
+        monkeypatch.setattr(served.torch, "get_num_threads", lambda: threads)
         assert served_lanes(None, "continuous", engine) == served_lanes(None, "short-first", engine) == lanes, (cores, threads)
     assert served_lanes(None, "lockstep", engine) == 1
     assert served_lanes(3, "continuous", engine) == 3

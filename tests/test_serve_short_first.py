@@ -15,11 +15,9 @@ import torch
 from engine import Engine, EngineError, GenerationConfig
 from engine.__main__ import main as cli_main
 from engine.cli import DEFAULT_MODEL
-from engine.serving.batcher import BatchRequest
-from engine.serving.batcher import MAX_BATCH
-from engine.serving.scheduler import (
-    BUDGET_MAX_ROWS, CPU_FORWARD_POSITIONS, MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher, batcher_for, served_budget, served_max_batch,
-)
+from engine.serving.batcher import MAX_BATCH, BatchRequest
+from engine.serving.scheduler import MAX_SKIPPED, SHORT_SHARE, ContinuousBatcher
+from engine.serving.served import BUDGET_MAX_ROWS, CPU_FORWARD_POSITIONS, batcher_for, served_budget, served_max_batch
 
 from .test_serve import until
 from .test_serve_continuous import Collect

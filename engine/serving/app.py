@@ -34,7 +34,8 @@ from ..kinds import fit
 from ..pipeline import Engine, TextResult
 from ..trace import IterationRecord, Trace
 from .batcher import MAX_BATCH, BatchRequest, Batcher, batch_key
-from .scheduler import BATCHING, ContinuousBatcher, batcher_for, shares_forwards
+from .scheduler import ContinuousBatcher
+from .served import BATCHING, batcher_for, shares_forwards
 from .limits import RequestLimits, TooLarge
 from .metrics import ServerMetrics
 from .fair import FairPool

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from ..cli import DEFAULT_MODEL, MODEL_HELP, add_runtime_args, check_threads, add_system_flags, apply_runtime, set_cpu_threads, system_kwargs
 from ..errors import EngineError
 from .batcher import MAX_BATCH
-from .scheduler import BATCHING, BUDGET_MAX_ROWS, CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, check_rounds, served_budget, served_lanes, served_max_batch
+from .served import BATCHING, BUDGET_MAX_ROWS, CPU_FORWARD_LANES, CPU_FORWARD_POSITIONS, check_rounds, served_budget, served_lanes, served_max_batch
 from .limits import DEFAULT_MAX_GEN_LENGTH, DEFAULT_MAX_PROMPT_CHARS, RequestLimits
 from .traces import TraceStore
 
