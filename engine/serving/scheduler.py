@@ -358,7 +358,7 @@ class Scheduler:
             if yields:
                 _pause_points(model)
             try:
-                with torch.inference_mode():  # the engine's lock is held (`_loop`)
+                with torch.inference_mode():
                     outputs: list[Any] = run_calls(model, method, [inputs for _, inputs in members])
             except BaseException as exc:  # each run fails with it, as its solo run would
                 outputs = [exc] * len(members)
