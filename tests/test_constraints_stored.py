@@ -178,6 +178,27 @@ def test_the_folder_stays_within_its_bound_the_least_recently_used_going_first(c
     assert not list(cache.glob("*.part"))
 
 
+def test_past_the_bound_an_eighth_is_freed_so_the_next_writes_read_no_header(cache, monkeypatch):
+    """A full folder: each write sized the files and, over the bound, read every header. Removing
+    down to seven eighths leaves room, so the write after one that passed reads none."""
+    vocabulary = fresh_vocabulary()
+    regexes = [f"[{a}-{b}]{{2}}" for a, b in ("ac", "df", "gi", "jl", "mo", "pr", "su", "vx")]
+    vocabulary.automaton(regexes[0])
+    pair = sum(p.stat().st_size for p in cache.glob("*.safetensors"))  # a regex's two files
+    monkeypatch.setattr(stored, "MAX_BYTES", int(pair * 7.5))
+    for regex in regexes[1:7]:  # seven pairs: under the bound
+        vocabulary.automaton(regex)
+    headers = []
+    real = stored._own_header
+    monkeypatch.setattr(stored, "_own_header", lambda descriptor, name: headers.append(name) or real(descriptor, name))
+    vocabulary.automaton(regexes[7])  # the eighth pair passes the bound: headers read, files removed
+    total = sum(p.stat().st_size for p in cache.glob("*.safetensors"))
+    assert headers and total <= stored.MAX_BYTES - stored.MAX_BYTES // 8, (total, stored.MAX_BYTES)
+    headers.clear()
+    vocabulary.automaton("[a-c]{3}")  # one more pair fits in the eighth freed: no header read
+    assert headers == [] and sum(p.stat().st_size for p in cache.glob("*.safetensors")) <= stored.MAX_BYTES
+
+
 def test_a_file_holds_the_automatons_own_arrays_and_a_write_under_the_bound_reads_no_other_file(cache, monkeypatch):
     """`succ` (states x states) is derived from the table, not kept: it was twenty times the table
     at 2,000 states, and every new constraint's write digested it and read every kept file's header."""

@@ -12,8 +12,8 @@ MARKER inside), owned by this user, writable by no one else, never reached throu
 other is not used, with one warning line); files opened relative to that folder's descriptor;
 each file named by a SHA-256 of its key and recording the key in full, a SHA-256 of its arrays
 and WRITER, all checked on reading with the automaton's shapes; and only a file with its name
-pattern and WRITER is ever removed (one failing its checks, or the least recently used while the
-folder is over MAX_BYTES). Files are safetensors, written to a temporary name and renamed into
+pattern and WRITER is ever removed (one failing its checks, or the least recently used once the
+folder is over MAX_BYTES, down to seven eighths of it). Files are safetensors, written to a temporary name and renamed into
 place, so a reader never sees half a file.
 
 The folder: $DINFER_VIZ_CACHE/automata, else $XDG_CACHE_HOME/dinfer-viz/automata, else
@@ -406,9 +406,12 @@ def _check(automaton: TokenAutomaton, vocab_size: int) -> None:
 
 
 def _bound(descriptor: int) -> None:
-    """Remove the store's least recently used files until they hold at most MAX_BYTES; no other
-    file in the folder is counted or touched. Each write asks, so the files of its names are sized
-    first (one stat each) and only read when those exceed the bound: the store's own are among them."""
+    """Past MAX_BYTES, remove the store's least recently used files until they hold at most
+    seven eighths of it; no other file in the folder is counted or touched. Each write asks, so the
+    files of its names are sized first (one stat each) and only read when those exceed the bound
+    (the store's own are among them): with the eighth freed, the writes after it read no header
+    until another eighth is written (down to the bound itself, a full folder's every write read
+    thousands: a loaded server's constraint checks spent a fifth of a core there)."""
     named = []
     for name in os.listdir(descriptor):
         if NAME.fullmatch(name):
@@ -420,7 +423,7 @@ def _bound(descriptor: int) -> None:
     files = [entry for entry in named if _own_header(descriptor, entry[2]) is not None]
     total = sum(size for _, size, _ in files)
     for _, size, name in sorted(files):
-        if total <= MAX_BYTES:
+        if total <= MAX_BYTES - MAX_BYTES // 8:
             break
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=descriptor)
