@@ -199,6 +199,26 @@ def test_past_the_bound_an_eighth_is_freed_so_the_next_writes_read_no_header(cac
     assert headers == [] and sum(p.stat().st_size for p in cache.glob("*.safetensors")) <= stored.MAX_BYTES
 
 
+def test_a_process_sizes_the_folder_again_only_once_it_has_written_the_room_it_found(cache, monkeypatch):
+    """Room found at a look: at most an eighth of the bound (other processes write too)."""
+    vocabulary = fresh_vocabulary()
+    regexes = [f"[{a}-{b}]{{{n}}}" for n in (2, 3) for a, b in ("ac", "df", "gi", "jl", "mo", "pr", "su", "vx")]
+    vocabulary.automaton(regexes[0])
+    pair = sum(p.stat().st_size for p in cache.glob("*.safetensors"))  # a regex's two files
+    monkeypatch.setattr(stored, "MAX_BYTES", pair * 40)  # a bound of its own: looked at afresh, room for 5 pairs
+    looks = []
+    real = stored._bound
+    monkeypatch.setattr(stored, "_bound", lambda descriptor: looks.append(1) or real(descriptor))
+    vocabulary.automaton(regexes[1])
+    assert len(looks) == 1
+    for regex in regexes[2:5]:  # three more pairs: within the room
+        vocabulary.automaton(regex)
+    assert len(looks) == 1
+    for regex in regexes[5:9]:  # past it, the folder is sized again
+        vocabulary.automaton(regex)
+    assert len(looks) == 2
+
+
 def test_a_file_holds_the_automatons_own_arrays_and_a_write_under_the_bound_reads_no_other_file(cache, monkeypatch):
     """`succ` (states x states) is derived from the table, not kept: it was twenty times the table
     at 2,000 states, and every new constraint's write digested it and read every kept file's header."""

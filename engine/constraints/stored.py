@@ -34,6 +34,7 @@ import re
 import secrets
 import stat
 import struct
+import threading
 import time
 from functools import lru_cache
 from importlib.metadata import version
@@ -57,6 +58,8 @@ WRITER = "dinfer-viz automata store"  # in each file's header: a file the store 
 ARRAYS = ("class_of", "table", "initial", "accepting")  # what a file holds: a TokenAutomaton's own arrays
 HEADER_BYTES = 1 << 20  # the most read to tell whose a file is: its key holds a regex (a schema's compiled one may pass MAX_REGEX_CHARS)
 T = TypeVar("T")
+_ROOM: dict[tuple[int, int, int], int] = {}  # per folder (and bound): what this process may write before it sizes the folder again
+_ROOM_LOCK = threading.Lock()
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # folders already refused in this process: one line each
@@ -385,7 +388,7 @@ def _write(vocabulary: str, regex: str, arrays: dict[str, np.ndarray]) -> None:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temporary, dir_fd=descriptor)
-            _bound(descriptor)
+            _within_bound(descriptor, len(data))
         except (OSError, SafetensorError):
             return
 
@@ -405,21 +408,35 @@ def _check(automaton: TokenAutomaton, vocab_size: int) -> None:
         raise ValueError("not an automaton of this vocabulary")
 
 
-def _bound(descriptor: int) -> None:
+def _within_bound(descriptor: int, written: int) -> None:
+    """After a write of `written` bytes: the folder sized again (`_bound`) once this process has
+    written the room it found there the last time, at most an eighth of MAX_BYTES (other processes
+    write too). Sizing is a stat of every file of the store's names: at 2,757 files 11 ms of the
+    interpreter, which each write of a loaded server's constraint checks paid (a fifth of a core
+    between them)."""
+    info = os.fstat(descriptor)
+    folder = (info.st_dev, info.st_ino, MAX_BYTES)  # the room under another bound is not known
+    with _ROOM_LOCK:
+        room = _ROOM.get(folder, 0) - written
+        _ROOM[folder] = room if room > 0 else min(_bound(descriptor), MAX_BYTES // 8)
+
+
+def _bound(descriptor: int) -> int:
     """Past MAX_BYTES, remove the store's least recently used files until they hold at most
-    seven eighths of it; no other file in the folder is counted or touched. Each write asks, so the
-    files of its names are sized first (one stat each) and only read when those exceed the bound
-    (the store's own are among them): with the eighth freed, the writes after it read no header
-    until another eighth is written (down to the bound itself, a full folder's every write read
-    thousands: a loaded server's constraint checks spent a fifth of a core there)."""
+    seven eighths of it; no other file in the folder is counted or touched. The files of the
+    store's names are sized first (one stat each) and only read when those exceed the bound (the
+    store's own are among them): with the eighth freed, the writes after it read no header until
+    another eighth is written (down to the bound itself, a full folder's every write read
+    thousands). The room left under the bound."""
     named = []
     for name in os.listdir(descriptor):
         if NAME.fullmatch(name):
             with contextlib.suppress(OSError):  # removed by another process meanwhile
                 info = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
                 named.append((info.st_mtime, info.st_size, name))
-    if sum(size for _, size, _ in named) <= MAX_BYTES:
-        return
+    total = sum(size for _, size, _ in named)
+    if total <= MAX_BYTES:
+        return MAX_BYTES - total
     files = [entry for entry in named if _own_header(descriptor, entry[2]) is not None]
     total = sum(size for _, size, _ in files)
     for _, size, name in sorted(files):
@@ -428,3 +445,4 @@ def _bound(descriptor: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=descriptor)
         total -= size
+    return max(0, MAX_BYTES - total)
