@@ -13,8 +13,8 @@ other is not used, with one warning line); files opened relative to that folder'
 each file named by a SHA-256 of its key and recording the key in full, a SHA-256 of its arrays
 and WRITER, all checked on reading with the automaton's shapes; and only a file with its name
 pattern and WRITER is ever removed (one failing its checks, or the least recently used once the
-folder is over MAX_BYTES, down to seven eighths of it). Files are safetensors, written to a temporary name and renamed into
-place, so a reader never sees half a file.
+folder is over MAX_BYTES, down to seven eighths of it). Files are safetensors, written to a
+temporary name and renamed into place, so a reader never sees half a file.
 
 The folder: $DINFER_VIZ_CACHE/automata, else $XDG_CACHE_HOME/dinfer-viz/automata, else
 ~/.cache/dinfer-viz/automata; DINFER_VIZ_CACHE=off keeps nothing on disk. A folder that cannot be
