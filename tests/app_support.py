@@ -102,6 +102,27 @@ def click_run(page, tries: int = 3) -> None:
     raise AssertionError(f"Run never received a click in {tries} tries")
 
 
+def fill_model(page, name: str, tries: int = 3) -> None:
+    """Type `name` into the model box (its accordion open) until the settings check has read it:
+    the prompt's hint names the model's positions ("of <name>'s"), so Run sends it. Gradio can
+    write the box's old value back just after the page loads: logged once in ~40 runs of
+    test_run_on_display_browser's header test, the same textarea went back to the default model
+    94 ms after the fill with no input event, the hint and then the run named the default model
+    (fresh-clone CI, once). The wait ends on either outcome; a reset box is typed into again."""
+    box = page.locator("#model-path textarea, #model-path input").first
+    for _ in range(tries):
+        box.fill(name)
+        box.press("Tab")
+        page.wait_for_function(
+            "([name]) => { const box = document.querySelector('#model-path textarea, #model-path input');"
+            " return !box || box.value !== name || (document.querySelector('#prompt')?.textContent || '').includes(`of ${name}'s`); }",
+            arg=[name], timeout=BROWSER_WAIT_MS,
+        )
+        if box.input_value() == name:
+            return
+    raise AssertionError(f"the model box went back from {name!r} {tries} times")
+
+
 def choose_lesson(page, number: int):
     """Open lesson `number` from the page's lesson list (the page already open); returns the lesson,
     its first step's note shown."""
