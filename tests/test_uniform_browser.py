@@ -15,7 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import pytest
 
-from .app_support import click_run, open_app, screenshot
+from .app_support import click_run, fill_model, open_app, screenshot
 from .test_app_browser import session  # noqa: F401  (a page of this module's own on the shared app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:.*(no_silent_downcasting|copy keyword).*")]
@@ -29,7 +29,7 @@ def test_a_uniform_run_shows_noise_turning_into_text(session, tiny_gemma_folder,
     page.set_viewport_size({"width": 1400, "height": 1000})
     open_app(page, session.url)
     page.get_by_text("Model and system").click()
-    page.fill("#model-path textarea, #model-path input", str(tiny_gemma_folder))
+    fill_model(page, str(tiny_gemma_folder))
     page.fill("#prompt textarea", PROMPT)
     for field, value in (("gen_length", "16"), ("block_length", "16")):
         page.fill(f"#cfg-{field} input", value)
