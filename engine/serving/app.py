@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP app over one Engine: routes, the batch rows of a request, and the
-bridge from the batcher's threads to the event loop (docs/serving.md).
+"""The OpenAI-compatible HTTP app over one Engine: routes, a request's checks and its batch rows,
+and the bridge from the batcher's threads to the event loop (docs/serving.md); the answer made of
+the rows' events is reply.py's, the refusals' shape http_errors.py's.
 
 `create_app(engine)` -> a FastAPI app: GET /v1/models, POST /v1/completions and
 /v1/chat/completions (JSON, or server-sent events with `stream: true`), GET /v1/traces/{id},
@@ -19,7 +20,7 @@ import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -40,36 +41,16 @@ from .limits import RequestLimits, TooLarge
 from .metrics import ServerMetrics
 from .fair import FairPool
 from .front import FrontFollower
+from .http_errors import SHUTTING_DOWN, HTTPError, error_response
+from .reply import Reply, Row
 from .schema import ParsedRequest, constraint_of, encode_prompt, parse_request
-from .streaming import RowText, sse
 from .traces import CANCELLED, DONE, FAILED, RUNNING, TraceStore
 
 DEFAULT_MAX_PENDING = 64  # rows queued or decoding at once; more are refused (503), not queued without bound
-RETRY_AFTER_SECONDS = 1  # what a 503 (busy, or shutting down) tells a client to wait
 # what Python's parser, number and text handling raise on a hostile body or field (a number of
 # 5000 digits, nesting 100000 deep, a lone surrogate): the client's input, so a 400, never a 500
 BAD_INPUT_ERRORS = (ValueError, UnicodeError, OverflowError, RecursionError)
-SHUTTING_DOWN = "the server is shutting down"
 PREFIX_CACHE_BYTES = 256 << 20  # the prompt blocks' K/V a block-causal model's server keeps across requests
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
-
-
-def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
-    """OpenAI's error shape, the message on one line and encodable (a request's lone surrogate,
-    quoted back in its message, is written as its escape)."""
-    safe = " ".join(message.split()).encode("utf-8", "backslashreplace").decode("utf-8")
-    return {"error": {"message": safe, "type": kind, "param": None, "code": None}}
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    """`error_body` as a response; a 503 says when to retry."""
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
-    return JSONResponse(error_body(message, kind), status_code=status, headers=headers)
 
 
 class RowSinkToLoop:
@@ -109,19 +90,6 @@ class RowSinkToLoop:
         self.server.traces.ended(self.trace_id, CANCELLED if self.cancel.is_set() else FAILED, message)
         self.server.row_ended()
         self._post("failed", message)
-
-
-@dataclass
-class Row:
-    index: int
-    trace_id: str
-    prompt_tokens: int
-    text: RowText | None = None  # from the row's header on
-    batch: int = 0  # rows decoded together with it (itself included), once it starts
-    result: TextResult | None = None
-    error: str | None = None
-    completion_tokens: int = 0  # counted when it finishes
-    draft: str = ""  # the provisional text last sent (a stream with `provisional: true`)
 
 
 class Server:
@@ -273,159 +241,6 @@ class Server:
             check_fitted(self.engine.model, [ids], config, self.engine.max_tokens, vocabulary, (self.engine.layout(config),))
             encoded.append(ids)
         return replace(parsed, config=config), encoded
-
-
-class Reply:
-    """The answer to one request: its rows' events turned into one JSON body or a stream of chunks."""
-
-    def __init__(
-        self, server: Server, parsed: ParsedRequest, request_id: str, rows: list[Row], events: asyncio.Queue, arrived: float,
-        cancel: threading.Event, done: Callable[[], None], point: int | None = None,
-    ) -> None:
-        self.server, self.parsed, self.id, self.rows, self.events = server, parsed, request_id, rows, events
-        self.cancel = cancel  # the request's: set when its client left, or the server stops
-        self.done = done  # called once every row has ended
-        self.point = point  # the front's point it runs (None: its own settings, or no front)
-        self.open_rows = len(rows)  # rows not yet ended: what `_events` still waits for
-        self.created = int(time.time())
-        self.arrived = arrived  # time.monotonic() when the request came: its latency's start
-        self.first_text: float | None = None  # when its first final text went out
-        self.forwards = 0
-        self.metrics = server.metrics
-
-    def _row_text(self, header: Trace) -> RowText:
-        return RowText(header, self.server.engine.decode, self.parsed.max_tokens, self.parsed.stop)
-
-    async def _events(self) -> AsyncIterator[tuple[Row, str, object]]:
-        """Every row's events until each has finished or failed (a later call goes on where an
-        earlier one stopped: `_drain`)."""
-        while self.open_rows:
-            index, kind, value = await self.events.get()
-            row = self.rows[index]
-            if kind == "started":
-                header, row.batch = value  # type: ignore[misc]
-                row.text = self._row_text(header)
-            elif kind == "batched":  # continuous batching: the most rows its forwards shared so far
-                row.batch = max(row.batch, value)  # type: ignore[call-overload]
-            elif kind == "finished":
-                row.result = value  # type: ignore[assignment]
-                self.forwards += row.result.output.stats.nfe
-                self.metrics.forwards_per_request.observe(row.result.output.stats.nfe)
-                self.open_rows -= 1
-            elif kind == "failed":
-                row.error = str(value)
-                self.open_rows -= 1
-            if not self.open_rows:
-                self._ended()
-            yield row, kind, value
-
-    def _ended(self) -> None:
-        """Every row has ended: the request counted once in the metrics by how it ended (a row that
-        failed after its request's cancel was set was cancelled, whatever its message), and its times."""
-        self.done()
-        failed = any(r.error is not None for r in self.rows)
-        status = "ok" if not failed else "cancelled" if self.cancel.is_set() or self.server.stopping else "failed"
-        self.metrics.requests.labels(status).inc()
-        now = time.monotonic()
-        self.metrics.latency.observe(now - self.arrived)
-        if status == "ok":
-            self.metrics.first_token.observe((self.first_text or now) - self.arrived)
-        if status == "ok" and self.server.front is not None:  # what the controller follows: answered requests' latencies
-            self.server.front.follower.observe(now - self.arrived, self.server.batcher.waiting)
-            self.metrics.front_answers.labels("own" if self.point is None else str(self.point)).inc()
-
-    def usage(self) -> dict[str, int]:
-        completion = sum(r.completion_tokens for r in self.rows)
-        prompt = sum(r.prompt_tokens for r in self.rows)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "forwards": self.forwards}
-
-    def _finish(self, row: Row) -> tuple[str, str]:
-        """The rest of the row's text and its finish reason, its completion tokens counted."""
-        assert row.text is not None and row.result is not None
-        rest, reason, row.completion_tokens = row.text.finish(row.result.output.canvas[0].tolist())
-        self.metrics.tokens.inc(row.completion_tokens)
-        return rest, reason
-
-    def _choice(self, row: Row, text: str, reason: str | None, delta: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": row.index, "finish_reason": reason, "trace_id": row.trace_id}
-        if not self.parsed.chat:
-            choice.update(text=text, logprobs=None)
-        elif delta:
-            choice["delta"] = {"content": text} if text else {}
-        else:
-            choice["message"] = {"role": "assistant", "content": text}
-        return choice
-
-    def _used(self, row: Row) -> dict[str, Any]:
-        """What a finished row's choice says of how it ran: rows sharing its forwards, and its front point."""
-        return {"batch": row.batch, **(self.server.front.reported(self.point) if self.server.front else {})}
-
-    def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
-        kind = ("chat.completion" if self.parsed.chat else "text_completion") + (".chunk" if chunk and self.parsed.chat else "")
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.server.engine.name, "choices": choices}
-
-    async def whole(self) -> dict[str, Any]:
-        async for _ in self._events():
-            pass
-        failed = [r for r in self.rows if r.error is not None]
-        if failed:
-            if failed[0].error == SHUTTING_DOWN:
-                raise HTTPError(503, SHUTTING_DOWN, "server_busy")
-            raise HTTPError(500, failed[0].error or "failed", "server_error")
-        choices = []
-        for row in self.rows:
-            rest, reason = self._finish(row)
-            choices.append({**self._choice(row, rest, reason, delta=False), **self._used(row)})
-        return {**self._envelope(choices, chunk=False), "usage": self.usage()}
-
-    async def stream(self) -> AsyncIterator[str]:
-        """Chunks of final text as records make it final (streaming.py); then each row's rest and
-        finish reason; usage when asked; [DONE]. A failure is an error event, then [DONE]. A stream
-        closed before its rows ended (its client left) cancels them; `_drain` counts it later."""
-        try:
-            async for chunk in self._chunks():
-                yield chunk
-        finally:
-            if self.open_rows:
-                self.cancel.set()
-                with contextlib.suppress(RuntimeError):  # no running loop: the server itself has stopped
-                    self.server.keep(asyncio.get_running_loop().create_task(self._drain()))
-
-    async def _drain(self) -> None:
-        """A left stream's remaining events, read to its rows' end (`_ended` counts the request)."""
-        async for _ in self._events():
-            pass
-
-    async def _chunks(self) -> AsyncIterator[str]:
-        """The stream's server-sent events (`stream`)."""
-        async for row, kind, value in self._events():
-            if kind == "started":  # the row's first chunk: its trace id, how many rows share its batch
-                first = self._choice(row, "", None, delta=True)
-                if self.parsed.chat:
-                    first["delta"] = {"role": "assistant", "content": ""}
-                yield sse(self._envelope([{**first, "batch": row.batch}], True))
-            elif kind == "record" and row.text is not None:
-                delta = row.text.update(value)  # type: ignore[arg-type]
-                if delta and self.first_text is None:
-                    self.first_text = time.monotonic()
-                if self.parsed.provisional:  # the draft after the final text, whenever either changed
-                    draft = row.text.provisional()
-                    if delta or draft != row.draft:
-                        row.draft = draft
-                        yield sse(self._envelope([{**self._choice(row, delta, None, delta=True), "provisional": draft}], True))
-                elif delta:
-                    yield sse(self._envelope([self._choice(row, delta, None, delta=True)], True))
-            elif kind == "finished":
-                rest, reason = self._finish(row)
-                last = {**self._choice(row, rest, reason, delta=True), **self._used(row)}
-                if self.parsed.provisional:
-                    last["provisional"] = ""  # everything is final
-                yield sse(self._envelope([last], True))
-            elif kind == "failed":
-                yield sse(error_body(row.error or "failed", "server_error"))
-        if self.parsed.include_usage:
-            yield sse({**self._envelope([], True), "usage": self.usage()})
-        yield sse("[DONE]")
 
 
 def create_app(

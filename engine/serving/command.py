@@ -84,7 +84,7 @@ def header_deadline_protocol(seconds: float) -> type:
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from .app import error_body
+    from .http_errors import error_body
 
     late = json.dumps(error_body(f"the request headers did not arrive within {seconds:g} s")).encode()
     answer = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(late), late)
