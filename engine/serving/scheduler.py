@@ -261,25 +261,25 @@ class Scheduler:
             asking = self._within_budget(asking, self.forward_positions)
         return asking
 
-    def _newer_than_in_flight(self) -> list[Slot]:
-        """The rows asking (under `_cond`) that have had fewer forwards than every row in flight."""
-        fewest = min((s.forwards for s in self._taken), default=None)
-        return [s for s in self.running if s.call is not None and fewest is not None and s.forwards < fewest]
+    def _cut_in_asking(self) -> list[Slot]:
+        """The rows a cut-in round would be for (under `_cond`): while none runs and every lane
+        runs a round, the rows asking that have had fewer forwards than every row in them (a new
+        request, while the lanes decode rows that have had more); else none."""
+        if self._cutting_in or self._rounds < self.lanes or not self._taken:
+            return []
+        fewest = min(s.forwards for s in self._taken)
+        return [s for s in self.running if s.call is not None and s.forwards < fewest]
 
     def _may_cut_in(self) -> bool:
-        """Whether a cut-in round may start (under `_cond`): none runs, every lane runs a round,
-        and a row asks that has had fewer forwards than every row in them (a new request, while
-        the lanes decode rows that have had more). Its round starts at once, and one lane pauses
-        at its next layer (`_pause_point`) until it ends: the new row waits for no round in
-        flight, and the cores run as many forwards as before."""
-        return not self._cutting_in and self._rounds >= self.lanes and bool(self._newer_than_in_flight())
+        """Whether a cut-in round may start (under `_cond`: `_cut_in_asking`). Its round starts at
+        once, and one lane pauses at its next layer (`_pause_point`) until it ends: the new row
+        waits for no round in flight, and the cores run as many forwards as before."""
+        return bool(self._cut_in_asking())
 
     def _cutting_in_rows(self) -> list[Slot]:
-        """A cut-in's round (under `_cond`): the budget's choice of the rows newer than every row
-        in flight, if it still may start."""
-        if not self._may_cut_in():
-            return []
-        return self._within_budget(self._newer_than_in_flight(), self.forward_positions)  # type: ignore[arg-type]  (cut_in: a budget)
+        """A cut-in's round (under `_cond`): the budget's choice of `_cut_in_asking`'s rows, if it still may start."""
+        rows = self._cut_in_asking()
+        return self._within_budget(rows, self.forward_positions) if rows else []  # type: ignore[arg-type]  (cut_in: a budget)
 
     def between_layers(self) -> None:
         """Before each layer of a lane's forward (`_pause_point`): while a cut-in round runs and
